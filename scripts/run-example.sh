@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the main job under mpirun with 2 ranks (the README's first command).
+# Extra arguments go to the program.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec mpirun -np 2 --oversubscribe build/examples/hello_ranks "$@"

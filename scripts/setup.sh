@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what tutti needs to build, test and run its examples, from Debian's packages.
+# Safe to run again: it installs only what is missing. Run as root (or with sudo).
+# The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not installed here: it is used when present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  openmpi-bin libopenmpi-dev          # MPI: rank bootstrap, CPU communicator
+  libopenblas-dev                     # CPU GEMM
+  libgtest-dev libgmock-dev           # tests
+  libbenchmark-dev                    # benchmarks
+  libcli11-dev nlohmann-json3-dev     # flags, JSON output
+  zlib1g-dev                          # checksums, gzip'ed data sets
+  dataset-fashion-mnist               # the examples' data set
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: CUDA toolkit found: $( (command -v nvcc || echo /usr/local/cuda/bin/nvcc) | head -1)"
+else
+  echo "setup: no CUDA toolkit found; tutti builds for the CPU only"
+fi
