@@ -9,4 +9,5 @@
 #include "tutti/core/error.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
+#include "tutti/kernels.h"
 #include "tutti/version.h"

@@ -1,0 +1,13 @@
+// All of tutti's kernels: forward and backward of every layer, reductions, casts and
+// optimizer updates, each on the CPU and on CUDA behind one function chosen by the
+// tensors' device.
+#pragma once
+
+#include "tutti/kernels/cast.h"
+#include "tutti/kernels/conv.h"
+#include "tutti/kernels/cross_entropy.h"
+#include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/layernorm.h"
+#include "tutti/kernels/linear.h"
+#include "tutti/kernels/optimizer.h"
+#include "tutti/kernels/reduce.h"
