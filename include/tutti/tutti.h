@@ -7,6 +7,7 @@
 #include "tutti/core/device.h"
 #include "tutti/core/dtype.h"
 #include "tutti/core/error.h"
+#include "tutti/core/state_dict.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
 #include "tutti/kernels.h"
