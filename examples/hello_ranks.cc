@@ -1,38 +1,34 @@
-// Placeholder main job: each rank says who it is, which device it would use and which
-// communication backend tutti would choose. Replaced by the Fashion-MNIST trainer.
+// The smallest tutti job: join the job, print who is who, and check one allreduce.
 //
-//   mpirun -np 2 build/examples/hello_ranks
-#include <mpi.h>
+//   mpirun -np 2 build/examples/hello_ranks          (or srun, or alone: a world of one)
+//   TUTTI_DEBUG=1 mpirun -np 2 build/examples/hello_ranks --device cpu
 #include <tutti/tutti.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-  int local_rank = 0;
-  MPI_Comm_rank(local, &local_rank);
-
-  const int gpus = tutti::cuda_device_count();
-  const tutti::Device device = gpus > 0 ? tutti::Device::cuda(local_rank % gpus) : tutti::Device::cpu();
-  const std::string backend = device.is_cuda() ? "nccl" : "mpi";
-  // One line per rank, in rank order.
-  for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      std::printf("rank %d/%d (local %d): device %s [%s], backend %s, tutti %s, CUDA built=%s runtime=%s\n",
-                  rank, size, local_rank, device.str().c_str(), tutti::device_description(device).c_str(),
-                  backend.c_str(), tutti::version(), tutti::built_with_cuda() ? "yes" : "no",
-                  tutti::cuda_runtime_version().c_str());
-      std::fflush(stdout);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+  tutti::JobOptions options;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--device") == 0) options.device = argv[i + 1];
+    if (std::strcmp(argv[i], "--backend") == 0) options.backend = argv[i + 1];
   }
-  MPI_Comm_free(&local);
-  MPI_Finalize();
-  return 0;
+  try {
+    auto job = tutti::init(argc, argv, options);
+    const std::string summary = job.summary();  // collective: every rank calls it
+    if (job.rank() == 0) std::fputs(summary.c_str(), stdout);
+
+    // Every rank contributes rank + 1; the sum is n(n+1)/2 on every rank.
+    const int n = job.world_size();
+    auto x = tutti::Tensor::from_floats({static_cast<float>(job.rank() + 1)}, {1}).to(job.device());
+    job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "hello"}).wait();
+    const float got = x.to_floats()[0];
+    const float want = static_cast<float>(n * (n + 1) / 2);
+    if (job.rank() == 0) std::printf("allreduce over %d rank(s): %g (expected %g) %s\n", n, got, want, got == want ? "ok" : "WRONG");
+    return got == want ? 0 : 1;
+  } catch (const tutti::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
 }

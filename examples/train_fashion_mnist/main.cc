@@ -1,0 +1,366 @@
+// train_fashion_mnist: data-parallel training of Fashion-MNIST, the main job of tutti.
+//
+//   mpirun -np 2 build/examples/train_fashion_mnist --model mlp --epochs 5
+//   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt
+//   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt --resume
+//
+// --batch-size is the GLOBAL batch of one optimizer step: with N ranks and k accumulation
+// steps, each rank computes k micro-batches of batch / (k N) samples. The data order depends
+// only on the seed, so a run trains the same way on any number of ranks.
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <tutti/tutti.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "models.h"
+#include "progress.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string model = "mlp";
+  int epochs = 5;
+  std::int64_t batch_size = 128;
+  int accum_steps = 1;
+  double lr = -1;  // per optimizer when not given
+  std::string optimizer = "sgd";
+  double momentum = 0.9;
+  double weight_decay = -1;  // per optimizer when not given
+  std::string precision = "fp32";
+  std::string grad_comm;  // the precision policy's when not given
+  double bucket_mb = 25;
+  std::string device = "auto";
+  std::uint64_t seed = 1;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  bool resume = false;
+  std::int64_t max_steps = 0;
+  std::string json;
+  bool quiet = false;
+  std::string data = tutti::data::kFashionMnistDefaultDir;
+  std::int64_t train_subset = 0;
+  std::int64_t test_subset = 0;
+  double progress_interval = 2.0;
+  std::string progress = "auto";
+};
+
+tutti::DType dtype_flag(const std::string& name) {
+  return name == "fp32" ? tutti::DType::f32 : name == "bf16" ? tutti::DType::bf16 : tutti::DType::f16;
+}
+
+tutti::amp::Policy policy_of(const Flags& f) {
+  tutti::amp::Policy p = f.precision == "bf16"   ? tutti::amp::Policy::bf16()
+                         : f.precision == "fp16" ? tutti::amp::Policy::fp16()
+                                                 : tutti::amp::Policy::fp32();
+  if (!f.grad_comm.empty()) p.comm = dtype_flag(f.grad_comm);
+  return p;
+}
+
+// crc32 of every parameter's bytes, in name order: equal runs hold bit-identical models.
+std::uint32_t parameters_crc32(tutti::nn::Module& model) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& [name, t] : model.state_dict()) {
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
+    crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+// Test accuracy over the whole test set, data-parallel: each rank counts its share, the
+// counts are summed over ranks. COLLECTIVE.
+double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test, const tutti::Stream& stream) {
+  const tutti::Device device = job.device();
+  const tutti::data::Dataset mine = tutti::data::eval_shard(test, job.rank(), job.world_size());
+  tutti::Tensor correct = tutti::Tensor::zeros({1}, tutti::DType::i64, device);
+  model.eval();
+  const std::int64_t chunk = 1000;
+  for (std::int64_t begin = 0; begin < mine.size(); begin += chunk) {
+    const tutti::data::Dataset part = mine.slice(begin, std::min(mine.size(), begin + chunk));
+    const tutti::Tensor x = device.is_cpu() ? part.images : part.images.to(device, stream);
+    const tutti::Tensor y = device.is_cpu() ? part.labels : part.labels.to(device, stream);
+    tutti::kernels::count_correct(model.forward(x), y, correct, /*accumulate=*/true, -100, stream);
+  }
+  model.train();
+  tutti::CallOptions call;
+  call.label = "evaluation counts";
+  call.stream = stream;
+  job.communicator().allreduce(correct, tutti::ReduceOp::sum, call).wait(stream);
+  return static_cast<double>(correct.to_ints()[0]) / static_cast<double>(test.size());
+}
+
+int run(const Flags& f, int& argc, char**& argv) {
+  const auto t_start = Clock::now();
+  // The data first: a missing data set is an error before MPI starts, on every rank alike.
+  tutti::data::FashionMnistOptions data_options;
+  data_options.flatten = example::spec_of(f.model).flat_input;
+  data_options.standardize = true;
+  tutti::data::FashionMnist data = tutti::data::load_fashion_mnist(f.data, data_options);
+  if (f.train_subset > 0) data.train = data.train.slice(0, std::min(f.train_subset, data.train.size()));
+  if (f.test_subset > 0) data.test = data.test.slice(0, std::min(f.test_subset, data.test.size()));
+
+  tutti::JobOptions job_options;
+  job_options.device = f.device;
+  tutti::Job job(argc, argv, job_options);
+  const int world = job.world_size();
+  const bool chatty = job.rank() == 0 && !f.quiet;
+  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
+                  f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
+                  " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");
+
+  const tutti::Device device = job.device();
+  const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
+  const example::ModelSpec spec = example::spec_of(f.model);
+  auto model = example::make_model(f.model);
+  const tutti::amp::Policy policy = policy_of(f);
+  tutti::amp::apply(policy, *model);
+  model->to(device, stream).init(f.seed);
+
+  tutti::ddp::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = f.bucket_mb;
+  ddp_options.accumulation_steps = f.accum_steps;
+  ddp_options.grad_comm_dtype = policy.comm;
+  tutti::ddp::DistributedDataParallel ddp(job.communicator(), *model, ddp_options);
+
+  std::unique_ptr<tutti::optim::Optimizer> optimizer;
+  double lr = f.lr, weight_decay = f.weight_decay;
+  if (f.optimizer == "sgd") {
+    if (lr < 0) lr = 0.05;
+    if (weight_decay < 0) weight_decay = 0;
+    tutti::optim::SgdOptions o;
+    o.lr = static_cast<float>(lr);
+    o.momentum = static_cast<float>(f.momentum);
+    o.weight_decay = static_cast<float>(weight_decay);
+    optimizer = std::make_unique<tutti::optim::SGD>(model->parameters(), o);
+  } else {
+    if (lr < 0) lr = 1e-3;
+    if (weight_decay < 0) weight_decay = 0.01;
+    tutti::optim::AdamWOptions o;
+    o.lr = static_cast<float>(lr);
+    o.weight_decay = static_cast<float>(weight_decay);
+    optimizer = std::make_unique<tutti::optim::AdamW>(model->parameters(), o);
+  }
+  optimizer->set_stream(stream);
+  tutti::amp::LossScaler scaler(policy.default_scaler());
+  tutti::nn::CrossEntropyLoss loss;
+
+  tutti::data::LoaderOptions loader_options;
+  loader_options.global_batch_size = f.batch_size / f.accum_steps;  // one micro-step over all ranks
+  loader_options.rank = job.rank();
+  loader_options.world_size = world;
+  loader_options.seed = f.seed;
+  tutti::data::DistributedLoader loader(data.train, loader_options);
+  const std::int64_t steps_per_epoch = loader.steps_per_epoch() / f.accum_steps;
+  TUTTI_CHECK_ARG(steps_per_epoch > 0, "--batch-size ", f.batch_size, " is larger than the training set (",
+                  data.train.size(), " samples)");
+  std::int64_t total_steps = steps_per_epoch * f.epochs;
+  if (f.max_steps > 0) total_steps = std::min(total_steps, f.max_steps);
+
+  // Resume: every rank reads the same checkpoint.
+  const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
+  tutti::io::Metadata metadata{{"model", spec.fingerprint},
+                               {"optimizer", f.optimizer},
+                               {"program", "train_fashion_mnist"}};
+  std::int64_t step = 0;
+  if (f.resume) {
+    TUTTI_CHECK_ARG(!ckpt_path.empty(), "--resume needs --checkpoint-dir");
+    TUTTI_CHECK_ARG(std::filesystem::exists(ckpt_path), "--resume: no checkpoint at ", ckpt_path);
+    const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
+    tutti::io::check_metadata(ckpt, "model", spec.fingerprint, ckpt_path);
+    tutti::io::check_metadata(ckpt, "optimizer", f.optimizer, ckpt_path);
+    const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
+    tutti::io::check_state_matches(model_state, model->state_dict(), ckpt_path);
+    model->load_state_dict(model_state);
+    optimizer->load_state_dict(tutti::io::strip_prefix(ckpt.state, "optim."));
+    scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
+    loader.load_state_dict(ckpt.state, "loader.");
+    step = tutti::get_int_scalar(ckpt.state, "train.step");
+  }
+  const std::int64_t first_step = step;
+
+  auto save = [&] {
+    if (job.rank() != 0) return;
+    std::filesystem::create_directories(f.checkpoint_dir);
+    tutti::StateDict state;
+    tutti::io::add_prefixed(state, "model.", model->state_dict());
+    tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
+    tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
+    tutti::io::add_prefixed(state, "", loader.state_dict("loader."));
+    state["train.step"] = tutti::int_scalar_tensor(step);
+    tutti::io::save_checkpoint(ckpt_path, state, metadata);
+  };
+
+  std::int64_t params = 0;
+  for (auto* p : model->parameters()) params += p->numel();
+  if (chatty) {
+    std::printf("train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
+                "grad comm %s, loss scaler %s | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
+                "%lld steps (%lld per epoch)%s\n",
+                world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
+                static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
+                scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
+                static_cast<long long>(loader.local_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
+                static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
+                f.resume ? (" | resumed at step " + std::to_string(step)).c_str() : "");
+    std::fflush(stdout);
+  }
+
+  // Open MPI gives every rank a pseudo-terminal even when mpirun's own output is a pipe or a
+  // file, so "auto" draws the bar only outside Open MPI; --progress bar asks for it anyway.
+  const bool under_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const bool bar = f.progress == "bar" || (f.progress == "auto" && !under_open_mpi && isatty(STDOUT_FILENO));
+  example::Progress progress(chatty, f.progress_interval, total_steps, first_step, bar);
+  tutti::Tensor step_loss = tutti::Tensor::zeros({1}, tutti::DType::f32, device);
+  double first_loss = -1, last_loss = -1, accuracy = -1, train_seconds = 0;
+  tutti::CallOptions loss_call;
+  loss_call.label = "train loss";
+  loss_call.stream = stream;
+  while (step < total_steps) {
+    // A step never straddles two epochs: skip the tail of micro-batches that cannot fill one.
+    if (loader.position().step + f.accum_steps > loader.steps_per_epoch()) {
+      loader.set_position({loader.position().epoch + 1, 0});
+    }
+    const auto t0 = Clock::now();
+    step_loss.zero(stream);
+    for (int micro = 0; micro < f.accum_steps; ++micro) {
+      const tutti::data::Batch b = loader.next();
+      const tutti::Tensor x = device.is_cpu() ? b.images : b.images.to(device, stream);
+      const tutti::Tensor y = device.is_cpu() ? b.labels : b.labels.to(device, stream);
+      loss.forward(ddp.forward(x), y, scaler.scale(), stream);
+      tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
+      ddp.backward(loss.grad(), scaler.scale());
+    }
+    if (scaler.update(ddp.found_nonfinite())) optimizer->step();
+    ddp.zero_grad();
+    ++step;
+    // The mean loss over the whole global batch: the mean of the ranks' equal-sized means.
+    job.communicator().allreduce(step_loss, tutti::ReduceOp::avg, loss_call).wait(stream);
+    last_loss = tutti::nn::item(step_loss, stream);
+    if (first_loss < 0) first_loss = last_loss;
+    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double samples_per_s = static_cast<double>((step - first_step) * f.batch_size) / train_seconds;
+
+    const bool epoch_done = step % steps_per_epoch == 0;
+    const int epoch = static_cast<int>((step - 1) / steps_per_epoch) + 1;
+    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, epoch_done || step == total_steps);
+    if (epoch_done || step == total_steps) {
+      accuracy = evaluate(job, *model, data.test, stream);
+      if (chatty) {
+        progress.finish_line();
+        std::printf("epoch %d: test accuracy %.4f, train loss %.4f, %.0f samples/s, %s elapsed\n", epoch, accuracy,
+                    last_loss, samples_per_s,
+                    example::format_duration(std::chrono::duration<double>(Clock::now() - t_start).count()).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (!ckpt_path.empty() && ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == total_steps)) {
+      save();
+    }
+  }
+  if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
+
+  const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
+  const std::uint32_t crc = parameters_crc32(*model);
+  if (job.rank() == 0) {
+    const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
+    if (!f.quiet) {
+      std::printf("done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped step(s), "
+                  "%.1f s\n",
+                  static_cast<long long>(step), last_loss, accuracy, samples_per_s,
+                  static_cast<long long>(scaler.skipped_steps()), wall);
+    }
+    if (!f.json.empty()) {
+      nlohmann::json out = {{"steps", step},
+                            {"final_train_loss", last_loss},
+                            {"initial_train_loss", first_loss},
+                            {"test_accuracy", accuracy},
+                            {"wall_s", wall},
+                            {"train_s", train_seconds},
+                            {"samples_per_s", samples_per_s},
+                            {"ranks", world},
+                            {"skipped_steps", scaler.skipped_steps()},
+                            {"precision", f.precision},
+                            {"grad_comm", std::string(tutti::name_of(policy.comm))},
+                            {"model", f.model},
+                            {"optimizer", f.optimizer},
+                            {"global_batch_size", f.batch_size},
+                            {"accum_steps", f.accum_steps},
+                            {"epochs", f.epochs},
+                            {"resumed_from_step", f.resume ? first_step : 0},
+                            {"device", device.str()},
+                            {"backend", std::string(job.backend())},
+                            {"params_crc32", crc}};
+      std::ofstream(f.json) << out.dump(2) << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Data-parallel training of Fashion-MNIST with tutti. Run it under mpirun, e.g.\n"
+               "  mpirun -np 2 train_fashion_mnist --model mlp --epochs 5"};
+  app.add_option("--model", f.model, "mlp (784-512-256-10) or cnn (two conv blocks)")
+      ->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
+  app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", f.batch_size, "GLOBAL batch per optimizer step, split evenly across ranks")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate (default 0.05 for sgd, 1e-3 for adamw)")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", f.optimizer, "sgd (momentum) or adamw")->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "weight decay (default 0 for sgd, 0.01 for adamw)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--precision", f.precision, "compute precision: fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the initialization and the data order")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps in total (0: all epochs)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
+  app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_option("--data", f.data, "directory with Fashion-MNIST's *-ubyte.gz files")->capture_default_str();
+  app.add_option("--train-subset", f.train_subset, "use only the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return run(f, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
