@@ -1,0 +1,125 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+#include "kernels/dropout_rng.h"
+#include "kernels/validate.h"
+
+namespace tutti::kernels::cpu {
+namespace {
+
+using std::int64_t;
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+// out[i] = f(in[i]) in fp32. Element i is read before it is written, so out may be in.
+template <typename F>
+void map1(const Tensor& in, const Tensor& out, F f) {
+  detail::dispatch_floating("cpu elementwise", in.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* a = static_cast<const T*>(in.data());
+    T* o = static_cast<T*>(out.data());
+    for (int64_t i = 0, n = in.numel(); i < n; ++i) o[i] = from_float<T>(f(to_float(a[i])));
+  });
+}
+template <typename F>
+void map2(const Tensor& in0, const Tensor& in1, const Tensor& out, F f) {
+  detail::dispatch_floating("cpu elementwise", in0.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* a = static_cast<const T*>(in0.data());
+    const T* b = static_cast<const T*>(in1.data());
+    T* o = static_cast<T*>(out.data());
+    for (int64_t i = 0, n = in0.numel(); i < n; ++i) o[i] = from_float<T>(f(to_float(a[i]), to_float(b[i])));
+  });
+}
+
+}  // namespace
+
+void relu_forward(const Tensor& x, const Tensor& y) {
+  map1(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+}
+void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  map2(x, dy, dx, [](float v, float g) { return v > 0.0f ? g : 0.0f; });
+}
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  map1(x, y, [](float v) {
+    const float u = kGeluC * (v + kGeluA * v * v * v);
+    return 0.5f * v * (1.0f + std::tanh(u));
+  });
+}
+void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  map2(x, dy, dx, [](float v, float g) {
+    const float u = kGeluC * (v + kGeluA * v * v * v);
+    const float t = std::tanh(u);
+    const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  map2(a, b, out, [](float u, float v) { return u + v; });
+}
+void scale(const Tensor& x, float alpha, const Tensor& out) {
+  map1(x, out, [alpha](float v) { return alpha * v; });
+}
+void add_scaled(const Tensor& x, float alpha, const Tensor& out) {
+  map2(x, out, out, [alpha](float v, float o) { return o + alpha * v; });
+}
+void fill(const Tensor& out, float value) {
+  map1(out, out, [value](float) { return value; });
+}
+
+void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channels, int64_t inner,
+              const Tensor& out) {
+  detail::dispatch_floating("bias_add", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data());
+    const T* b = static_cast<const T*>(bias.data());
+    T* o = static_cast<T*>(out.data());
+    for (int64_t n = 0; n < outer; ++n)
+      for (int64_t c = 0; c < channels; ++c) {
+        const float bc = to_float(b[c]);
+        const int64_t base = (n * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) o[base + i] = from_float<T>(to_float(in[base + i]) + bc);
+      }
+  });
+}
+
+void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t inner, const Tensor& dbias,
+                   bool accumulate) {
+  const F32Buffer db(dbias, accumulate);
+  float* acc = db.data();
+  if (!accumulate)
+    for (int64_t c = 0; c < channels; ++c) acc[c] = 0.0f;
+  detail::dispatch_floating("bias_backward", dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = static_cast<const T*>(dy.data());
+    for (int64_t c = 0; c < channels; ++c) {
+      float sum = 0.0f;
+      for (int64_t n = 0; n < outer; ++n) {
+        const int64_t base = (n * channels + c) * inner;
+        for (int64_t i = 0; i < inner; ++i) sum += to_float(g[base + i]);
+      }
+      acc[c] += sum;
+    }
+  });
+  db.store();
+}
+
+void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uint64_t offset, const Tensor& y) {
+  const std::uint64_t key = rng::key_of(seed);
+  detail::dispatch_floating("dropout", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x.data());
+    T* out = static_cast<T*>(y.data());
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+      const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;
+      out[i] = from_float<T>(keep ? to_float(in[i]) * scale : 0.0f);
+    }
+  });
+}
+
+}  // namespace tutti::kernels::cpu

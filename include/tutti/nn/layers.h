@@ -1,0 +1,178 @@
+// The layers: Linear, ReLU, GELU, Dropout, LayerNorm, Conv2d, MaxPool2d, Flatten, Residual.
+// Each is a Module (see module.h for what forward/backward promise) over the kernels of
+// tutti/kernels. Shapes: the first dimension is the batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "tutti/kernels/conv.h"
+#include "tutti/nn/module.h"
+#include "tutti/nn/sequential.h"
+
+namespace tutti::nn {
+
+// How a weight matrix is initialized (biases start at zero).
+enum class WeightInit : std::uint8_t { kaiming_uniform, xavier_uniform };
+
+struct LinearOptions {
+  bool bias = true;
+  WeightInit init = WeightInit::kaiming_uniform;
+};
+
+// y[..., out] = x[..., in] · weight[out, in]^T + bias[out].
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options = {});
+  Parameter weight;
+  Parameter bias;  // a [0]-shaped, unregistered placeholder when options.bias is false
+  std::string describe() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  std::int64_t in_, out_;
+  bool has_bias_;
+  Tensor x_;  // forward input, for backward
+};
+
+class ReLU : public Module {
+ public:
+  std::string describe() const override { return "ReLU"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+};
+
+// GELU, tanh approximation.
+class GELU : public Module {
+ public:
+  std::string describe() const override { return "GELU"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+};
+
+// Drops each element with probability p in training mode (scaling kept ones by 1/(1-p));
+// the identity in eval mode. The mask comes from a counter-based generator keyed by the
+// seed init() gives and a counter that advances with every forward, so it is the same on
+// the CPU and the GPU, and backward recomputes it instead of storing it.
+class Dropout : public Module {
+ public:
+  explicit Dropout(float p);
+  std::string describe() const override;
+  float p() const { return p_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+  void on_init(std::uint64_t seed) override;
+
+ private:
+  float p_;
+  std::uint64_t seed_ = 0;
+  std::uint64_t counter_ = 0;     // elements drawn so far
+  std::uint64_t last_offset_ = 0;  // the counter the last forward used
+  bool last_dropped_ = false;      // whether the last forward dropped (training and p > 0)
+};
+
+// Normalizes over the last dimension: y = (x - mean) / sqrt(var + eps) · gamma + beta.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::int64_t dim, float eps = 1e-5f);
+  Parameter gamma;  // ones
+  Parameter beta;   // zeros
+  std::string describe() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  std::int64_t dim_;
+  float eps_;
+  Tensor x_, mean_, rstd_;
+};
+
+struct Conv2dOptions {
+  int stride = 1;
+  int padding = 0;
+  bool bias = true;
+  WeightInit init = WeightInit::kaiming_uniform;
+};
+
+// x [N, C, H, W] -> y [N, K, P, Q] with a square kernel.
+class Conv2d : public Module {
+ public:
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_size, Conv2dOptions options = {});
+  Parameter weight;  // [K, C, R, R]
+  Parameter bias;    // [K]; [0] and unregistered without bias
+  std::string describe() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  std::int64_t in_, out_;
+  int kernel_;
+  kernels::Conv2dParams params_;
+  bool has_bias_;
+  Tensor x_;
+};
+
+// 2x2 max-pooling with stride 2 (H and W even): [N, C, H, W] -> [N, C, H/2, W/2].
+class MaxPool2d : public Module {
+ public:
+  std::string describe() const override { return "MaxPool2d(2)"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+};
+
+// [N, d1, d2, ...] -> [N, d1·d2·...] as a view (no copy).
+class Flatten : public Module {
+ public:
+  std::string describe() const override { return "Flatten"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Shape in_shape_;
+};
+
+// y = x + body(x); body must keep the shape. Build the body in place:
+//   model.emplace<Residual>().body().add<LayerNorm>(64).add<Linear>(64, 64);
+class Residual : public Module {
+ public:
+  Residual();
+  // A residual around one given module (it becomes body()[0]).
+  explicit Residual(std::unique_ptr<Module> inner);
+  Sequential& body() { return *body_; }
+  std::string describe() const override { return "Residual"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Sequential* body_;
+};
+
+}  // namespace tutti::nn

@@ -1,0 +1,40 @@
+// Softmax cross-entropy loss (mean over the batch), fused with its gradient.
+#pragma once
+
+#include <cstdint>
+
+#include "tutti/core/stream.h"
+#include "tutti/core/tensor.h"
+
+namespace tutti::nn {
+
+class CrossEntropyLoss {
+ public:
+  // Rows whose label is ignore_index count neither in the loss nor in the mean.
+  explicit CrossEntropyLoss(std::int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
+
+  // logits [N, C] (f32/f16/bf16) and labels [N] (i32/i64) on one device. One fused pass
+  // computes the mean loss into a [1] f32 tensor on that device (returned; no host sync:
+  // read it with item() when you want it) and grad() = grad_scale · dLoss/dlogits in the
+  // logits' dtype, which is what model.backward takes. grad_scale folds in the loss scale
+  // of mixed precision (LossScaler::scale()) and, for gradient accumulation, 1/k.
+  // Both results are reused buffers, valid until the next forward.
+  const Tensor& forward(const Tensor& logits, const Tensor& labels, float grad_scale = 1.0f,
+                        const Stream& stream = Stream());
+  const Tensor& loss() const { return loss_; }
+  const Tensor& grad() const { return dlogits_; }
+
+ private:
+  std::int64_t ignore_index_;
+  Tensor loss_, dlogits_;
+};
+
+// Reads a one-element tensor on the host (the host sync point, for a GPU tensor: waits for
+// the work on `stream` that produces it).
+double item(const Tensor& scalar, const Stream& stream = Stream());
+
+// Number of rows whose argmax equals the label, computed on the device and read back
+// (synchronizes). For evaluating accuracy.
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels, const Stream& stream = Stream());
+
+}  // namespace tutti::nn

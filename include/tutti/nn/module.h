@@ -1,0 +1,209 @@
+// Module: the base of every layer and model. A module has parameters, child modules, a
+// forward pass and a backward pass; a model is the root module of such a tree.
+//
+// Threading and streams: a model is used by one thread at a time. Every kernel of forward,
+// backward, zero_grad and the flat-buffer copies is issued on the model's stream (stream());
+// on the CPU, work runs as it is issued. Nothing here synchronizes the host with the device
+// except where a comment says so (init, to, state_dict, load_state_dict).
+//
+// Writing a non-sequential model: derive from Module, hold the layers as members (or
+// unique_ptrs), register them in the constructor with register_module, and implement
+// forward_impl / backward_impl by calling the children's forward / backward (backward in
+// reverse order, adding the gradients of a tensor that fed several children). Modules are
+// neither copyable nor movable, because parents and optimizers hold pointers into them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tutti/core/state_dict.h"
+#include "tutti/core/stream.h"
+#include "tutti/core/tensor.h"
+#include "tutti/nn/parameter.h"
+
+namespace tutti::nn {
+
+// Called during backward right after a layer has issued the last kernel that writes
+// (accumulates into) a parameter's gradient, on the thread that runs backward. On a GPU the
+// kernel is only issued, not finished: record an Event on the model's stream to know when.
+using GradReadyHook = std::function<void(Parameter&)>;
+
+// Settings of one model, shared by all its modules (a child adopts its parent's).
+struct ModuleSettings {
+  Device device = Device::cpu();
+  Stream stream;                     // where the model's kernels are issued
+  DType compute_dtype = DType::f32;  // activations and the parameters' compute copies
+  DType grad_dtype = DType::f32;     // gradients backward writes: f32 or compute_dtype
+  bool training = true;              // Dropout drops only in training mode
+  GradReadyHook grad_ready_hook;     // may be empty
+};
+
+class Module {
+ public:
+  Module();
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&&) = delete;
+  Module& operator=(Module&&) = delete;
+
+  // ---- running ------------------------------------------------------------------------
+  // Forward pass. A floating x of another dtype is first cast to the compute dtype. The
+  // result is in the compute dtype on device(), and stays valid until this module's next
+  // forward: modules reuse their output buffers, so that a training step allocates nothing
+  // after the first one. Issued on stream(); no host sync. Throws if a parameter was never
+  // initialized (call init() or load_state_dict()).
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Backward of the last forward, given dy = dLoss/dOutput (cast to the compute dtype when
+  // needed). Layers run in reverse; each ADDS its parameters' gradients (+=, so k backward
+  // passes accumulate until zero_grad) and then calls the grad-ready hook for each. On the
+  // model (the root) it first allocates a flat gradient buffer (allocate_flat_grads) when
+  // some trainable parameter has no grad yet. Returns dx when input gradients are needed
+  // (set_input_grad; a model's input is data, so by default the root returns an undefined
+  // Tensor and skips that work); valid until the next backward.
+  Tensor backward(const Tensor& dy);
+
+  // ---- structure ----------------------------------------------------------------------
+  // Every parameter of this module and its children, in registration order (depth first),
+  // with Parameter::name set to its dotted path ("0.weight", "fc1.bias"). Includes frozen
+  // ones (requires_grad false). Pointers stay valid as long as the module lives.
+  std::vector<Parameter*> parameters();
+  // Those with requires_grad, in the same order.
+  std::vector<Parameter*> trainable_parameters();
+  // One line per parameter, "name shape dtype requires_grad", in registration order: what
+  // every rank must agree on. structure_hash() is a 64-bit FNV-1a hash of it.
+  std::string signature();
+  std::uint64_t structure_hash();
+  // Direct children with their names, in registration order.
+  const std::vector<std::pair<std::string, Module*>>& children() const { return children_; }
+  // A short type name, "Linear(784, 512)".
+  virtual std::string describe() const = 0;
+
+  // ---- settings (call on the model, not on a child; they apply to the whole tree) -------
+  // Moves parameters (keeping a flat layout, if any) to `device` and issues later work on
+  // `stream` (default: the CPU stream, i.e. the device's default stream on a GPU). Grads that
+  // the model allocated move too (zeroed); grads placed from outside are dropped (undefined).
+  // Synchronizes the host with the copies.
+  Module& to(Device device, const Stream& stream = Stream());
+  Module& set_stream(const Stream& stream);
+  // Mixed precision: compute in `compute` (f32, f16 or bf16) from half copies of the fp32
+  // master weights, gradients stored in `grad` (f32 or `compute`). Grads of another dtype
+  // are dropped (they get reallocated at the next backward, or placed again).
+  Module& set_precision(DType compute, DType grad = DType::f32);
+  // Fills every parameter by its InitSpec from a generator seeded by (seed, index in
+  // registration order): the same seed gives the same values on the CPU and the GPU
+  // (values are drawn on the host and copied). Also seeds the Dropout layers. Refreshes the
+  // compute copies. Synchronizes.
+  Module& init(std::uint64_t seed);
+  Module& train(bool on = true);
+  Module& eval() { return train(false); }
+  // The hook backward calls for each parameter whose gradient is written; empty to remove.
+  void set_grad_ready_hook(GradReadyHook hook);
+  // Whether backward returns dx (see backward). Children of a module other than the first
+  // of a Sequential always compute it.
+  Module& set_input_grad(bool needed);
+  bool input_grad_needed() const { return input_grad_needed_; }
+
+  const ModuleSettings& settings() const { return *settings_; }
+  Device device() const { return settings_->device; }
+  const Stream& stream() const { return settings_->stream; }
+  DType compute_dtype() const { return settings_->compute_dtype; }
+  DType grad_dtype() const { return settings_->grad_dtype; }
+  bool is_training() const { return settings_->training; }
+
+  // ---- flat buffers -------------------------------------------------------------------
+  // Parameters packed back to back in REVERSE registration order (the order in which
+  // backward produces their gradients), each start rounded up to a multiple of
+  // align_elements.
+  FlatLayout default_flat_layout(std::int64_t align_elements = 1);
+  // Moves every parameter's fp32 value (and its compute copy, into a second flat buffer of
+  // the same layout) into one flat buffer; each value becomes a view. Gaps are zero. With
+  // values and grads flat in the same layout, an optimizer updates the whole model in one
+  // fused kernel call. Issued on stream(); synchronizes.
+  void flatten_parameters(const FlatLayout& layout);
+  void flatten_parameters() { flatten_parameters(default_flat_layout()); }
+  // The flat fp32 values / compute copies; undefined unless flatten_parameters ran.
+  const Tensor& flat_values() const { return flat_values_; }
+  const Tensor& flat_compute() const { return flat_compute_; }
+  const FlatLayout& flat_layout() const { return value_layout_; }
+  // Allocates one zeroed flat gradient buffer of grad_dtype() on device() in `layout` and
+  // makes every trainable parameter's grad a view into it. The model owns the buffer.
+  void allocate_flat_grads(const FlatLayout& layout);
+  // The same in the values' layout when they are flat, else in default_flat_layout(). What
+  // the first backward does when some trainable parameter has no gradient.
+  void allocate_flat_grads();
+  // Makes every trainable parameter's grad a view into `buffer` (owned by the caller; its
+  // dtype f32 or compute_dtype(), on device()) at layout's offsets. Does not zero it.
+  void set_grad_buffer(const Tensor& buffer, const FlatLayout& layout);
+  // The gradient buffer the model allocated; undefined when grads were placed from outside.
+  const Tensor& flat_grads() const { return flat_grads_; }
+  // Zeroes every gradient (a few memsets: adjacent views are merged), on stream().
+  void zero_grad();
+  // Makes every grad undefined (the buffers they viewed are released when unused).
+  void drop_grads();
+
+  // ---- state --------------------------------------------------------------------------
+  // "name" -> CPU copy of the fp32 master value, for every parameter. Synchronizes.
+  StateDict state_dict();
+  // Copies values back by name (shapes must match; with strict, every parameter must be
+  // present) and refreshes the compute copies. Synchronizes.
+  void load_state_dict(const StateDict& state, bool strict = true);
+  // Casts every fp32 value into its compute copy (after values changed outside an optimizer).
+  void refresh_compute_copies();
+
+ protected:
+  // The layer's own work, called by forward()/backward() with x and dy already in the
+  // compute dtype.
+  virtual Tensor forward_impl(const Tensor& x) = 0;
+  virtual Tensor backward_impl(const Tensor& dy) = 0;
+  // Called by init() with a seed derived for this module (Dropout keeps it).
+  virtual void on_init(std::uint64_t /*seed*/) {}
+  // Called when the child list changes or input_grad_needed changes: containers pass the
+  // input-gradient need on to their children.
+  virtual void on_input_grad_changed() {}
+
+  // Registers a parameter member under `name` (unique within this module).
+  Parameter& register_parameter(std::string name, Parameter& param);
+  // Registers a child held by the caller / owned by this module; it adopts this model's
+  // settings and computes its input gradient.
+  Module& register_module(std::string name, Module& child);
+  Module& register_module(std::string name, std::unique_ptr<Module> child);
+  // Tells the hook that `param`'s gradient has been written for this backward.
+  void grad_ready(Parameter& param);
+  // A reusable buffer of `shape` and `dtype` on device(), one per slot: reallocated only
+  // when it must grow, so repeated steps allocate nothing. Contents are uninitialized.
+  Tensor buffer(int slot, const Shape& shape, DType dtype);
+  // The gradient of `param` to accumulate into: its grad, allocated (zeroed) if still
+  // undefined (a module used on its own, without the root's flat buffer).
+  const Tensor& grad_of(Parameter& param);
+
+ private:
+  void adopt_settings(const std::shared_ptr<ModuleSettings>& settings);
+  void collect(const std::string& prefix, std::vector<Parameter*>& out);
+  void collect_modules(std::vector<Module*>& out);
+  void require_root(const char* what) const;
+  void structure_changed();
+  void check_initialized();
+  void clear_buffers_recursive();
+
+  std::shared_ptr<ModuleSettings> settings_;
+  Module* parent_ = nullptr;
+  bool input_grad_needed_ = false;
+  std::vector<std::pair<std::string, Parameter*>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  std::vector<std::unique_ptr<Module>> owned_children_;
+  std::vector<Tensor> buffers_;
+  // Root only: cached parameters(), flat buffers and their layouts.
+  std::vector<Parameter*> all_params_;
+  bool all_params_valid_ = false;
+  bool checked_initialized_ = false;
+  Tensor flat_values_, flat_compute_, flat_grads_;
+  FlatLayout value_layout_, grad_layout_;
+};
+
+}  // namespace tutti::nn

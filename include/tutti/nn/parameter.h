@@ -1,0 +1,86 @@
+// Parameter: one trainable tensor of a model, with its fp32 master value, its gradient and,
+// under mixed precision, its half-precision compute copy.
+//
+// Who owns what: a Parameter owns nothing but handles (Tensors share storage). Its value may
+// be a view into a flat buffer of the whole model (Module::flatten_parameters), and its grad a
+// view into a buffer someone else allocated (the data-parallel runtime's buckets): assign
+// `param.grad = bucket.view(offset, param.shape())` before the first backward. Backward only
+// ever accumulates (+=) into grad, so it writes straight into whatever buffer grad points at.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tutti/core/tensor.h"
+
+namespace tutti::nn {
+
+// How Module::init fills a parameter. fan_in / fan_out are those of the layer that owns it.
+struct InitSpec {
+  enum class Kind : std::uint8_t {
+    zeros,
+    ones,
+    uniform,          // U(-bound, bound)
+    kaiming_uniform,  // U(-b, b), b = sqrt(6 / fan_in): He et al., for ReLU-like layers
+    xavier_uniform,   // U(-b, b), b = sqrt(6 / (fan_in + fan_out)): Glorot & Bengio
+  };
+  Kind kind = Kind::zeros;
+  double fan_in = 0;
+  double fan_out = 0;
+  double bound = 0;  // for Kind::uniform
+
+  static InitSpec zeros() { return {Kind::zeros}; }
+  static InitSpec ones() { return {Kind::ones}; }
+  static InitSpec uniform(double bound) { return {Kind::uniform, 0, 0, bound}; }
+  static InitSpec kaiming_uniform(double fan_in) { return {Kind::kaiming_uniform, fan_in, 0, 0}; }
+  static InitSpec xavier_uniform(double fan_in, double fan_out) { return {Kind::xavier_uniform, fan_in, fan_out, 0}; }
+};
+
+struct Parameter {
+  // A zero-filled fp32 CPU parameter of `shape`; Module::init gives it its values.
+  Parameter(Shape shape, InitSpec init);
+  Parameter(const Parameter&) = delete;  // layers and optimizers hold pointers to it
+  Parameter& operator=(const Parameter&) = delete;
+
+  // Dotted path in the model, set when the model enumerates its parameters: "0.weight",
+  // "fc1.bias", "3.body.1.gamma". Stable for a given model structure.
+  std::string name;
+  // fp32 master value, always defined. May be a view into a flat buffer.
+  Tensor value;
+  // Gradient: f32, or the compute dtype under mixed precision; undefined until the model
+  // allocates one (lazily, at the first backward) or someone places a view here. Its shape
+  // must equal shape() and it must live on value's device.
+  Tensor grad;
+  // Half-precision copy of value that forward and backward read under mixed precision;
+  // undefined when the compute dtype is f32. The optimizers keep it equal to value.
+  Tensor compute;
+  // false: backward computes no gradient for it and optimizers skip it (a frozen weight).
+  bool requires_grad = true;
+  // How Module::init fills it.
+  InitSpec init;
+  // false until Module::init or load_state_dict gave it values; forward refuses to run
+  // otherwise, so a forgotten init() is an error rather than a silent all-zero model.
+  bool initialized = false;
+
+  const Shape& shape() const { return value.shape(); }
+  std::int64_t numel() const { return value.numel(); }
+  Device device() const { return value.device(); }
+  // What forward and backward read: the compute copy when there is one, else the value.
+  const Tensor& compute_value() const { return compute.defined() ? compute : value; }
+};
+
+// Where each parameter lives in a flat buffer: offsets[i] (in elements) is where the i-th
+// parameter in registration order starts; `total` is the buffer's length. Offsets are free
+// (the data-parallel runtime may leave gaps to align buckets); ranges must not overlap.
+struct FlatLayout {
+  std::vector<std::int64_t> offsets;
+  std::int64_t total = 0;
+};
+
+// The tensors, in their order, with every run of tensors that lie back to back in one
+// storage (same dtype, consecutive offsets, in either order) merged into one flat view.
+// Used to zero, scale or reduce many gradients with few kernel launches.
+std::vector<Tensor> coalesce_views(const std::vector<Tensor>& tensors);
+
+}  // namespace tutti::nn

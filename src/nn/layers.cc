@@ -1,0 +1,274 @@
+#include "tutti/nn/layers.h"
+
+#include "tutti/kernels/conv.h"
+#include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/layernorm.h"
+#include "tutti/kernels/linear.h"
+
+namespace tutti::nn {
+
+namespace {
+
+InitSpec weight_init(WeightInit init, double fan_in, double fan_out) {
+  return init == WeightInit::kaiming_uniform ? InitSpec::kaiming_uniform(fan_in)
+                                             : InitSpec::xavier_uniform(fan_in, fan_out);
+}
+
+// x viewed as [rows, last] (a 2-D matrix over the last dimension).
+Tensor as_rows(const Tensor& x, std::int64_t last) { return x.reshape({x.numel() / last, last}); }
+
+Shape with_last(Shape shape, std::int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
+// ---- Linear ----------------------------------------------------------------------------
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options)
+    : weight({out_features, in_features},
+             weight_init(options.init, static_cast<double>(in_features), static_cast<double>(out_features))),
+      bias({options.bias ? out_features : 0}, InitSpec::zeros()),
+      in_(in_features),
+      out_(out_features),
+      has_bias_(options.bias) {
+  TUTTI_CHECK_ARG(in_features > 0 && out_features > 0, "Linear(", in_features, ", ", out_features,
+                  "): sizes must be positive");
+  register_parameter("weight", weight);
+  if (has_bias_) register_parameter("bias", bias);
+}
+
+std::string Linear::describe() const { return detail::str("Linear(", in_, ", ", out_, ")"); }
+
+Tensor Linear::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in_, describe(), ": input ", x.str(), " must end in ", in_);
+  x_ = x;
+  Tensor y = buffer(0, with_last(x.shape(), out_), x.dtype());
+  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(),
+                          as_rows(y, out_), stream());
+  return y;
+}
+
+Tensor Linear::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  TUTTI_CHECK_ARG(dy.numel() == x_.numel() / in_ * out_, describe(), ": dy ", dy.str(), " does not match the output");
+  Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
+  // The kernel always writes dw: a frozen weight gets a scratch buffer.
+  Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
+  Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
+  kernels::linear_backward(as_rows(x_, in_), weight.compute_value(), as_rows(dy, out_),
+                           dx.defined() ? as_rows(dx, in_) : Tensor(), dw, db, /*accumulate_params=*/true, stream());
+  // Reverse registration order, the order in which gradients become ready model-wide.
+  if (db.defined()) grad_ready(bias);
+  if (weight.requires_grad) grad_ready(weight);
+  return dx;
+}
+
+// ---- ReLU, GELU ------------------------------------------------------------------------
+
+Tensor ReLU::forward_impl(const Tensor& x) {
+  x_ = x;
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  kernels::relu_forward(x, y, stream());
+  return y;
+}
+
+Tensor ReLU::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), "ReLU: backward before forward");
+  if (!input_grad_needed()) return Tensor();
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
+  kernels::relu_backward(x_, dy.reshape(x_.shape()), dx, stream());
+  return dx;
+}
+
+Tensor GELU::forward_impl(const Tensor& x) {
+  x_ = x;
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  kernels::gelu_forward(x, y, stream());
+  return y;
+}
+
+Tensor GELU::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), "GELU: backward before forward");
+  if (!input_grad_needed()) return Tensor();
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
+  kernels::gelu_backward(x_, dy.reshape(x_.shape()), dx, stream());
+  return dx;
+}
+
+// ---- Dropout ---------------------------------------------------------------------------
+
+Dropout::Dropout(float p) : p_(p) {
+  TUTTI_CHECK_ARG(p >= 0.0f && p < 1.0f, "Dropout: p must be in [0, 1), got ", p);
+}
+
+std::string Dropout::describe() const { return detail::str("Dropout(", p_, ")"); }
+
+void Dropout::on_init(std::uint64_t seed) {
+  seed_ = seed;
+  counter_ = 0;
+}
+
+Tensor Dropout::forward_impl(const Tensor& x) {
+  last_dropped_ = is_training() && p_ > 0.0f;
+  if (!last_dropped_) return x;
+  last_offset_ = counter_;
+  counter_ += static_cast<std::uint64_t>(x.numel());
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  kernels::dropout_forward(x, p_, seed_, last_offset_, y, stream());
+  return y;
+}
+
+Tensor Dropout::backward_impl(const Tensor& dy) {
+  if (!input_grad_needed()) return Tensor();
+  if (!last_dropped_) return dy;
+  Tensor dx = buffer(1, dy.shape(), dy.dtype());
+  kernels::dropout_backward(dy, p_, seed_, last_offset_, dx, stream());
+  return dx;
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(std::int64_t dim, float eps)
+    : gamma({dim}, InitSpec::ones()), beta({dim}, InitSpec::zeros()), dim_(dim), eps_(eps) {
+  TUTTI_CHECK_ARG(dim > 0, "LayerNorm(", dim, "): dim must be positive");
+  register_parameter("gamma", gamma);
+  register_parameter("beta", beta);
+}
+
+std::string LayerNorm::describe() const { return detail::str("LayerNorm(", dim_, ")"); }
+
+Tensor LayerNorm::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == dim_, describe(), ": input ", x.str(), " must end in ", dim_);
+  const std::int64_t rows = x.numel() / dim_;
+  x_ = x;
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  mean_ = buffer(1, {rows}, DType::f32);
+  rstd_ = buffer(2, {rows}, DType::f32);
+  kernels::layernorm_forward(as_rows(x, dim_), gamma.compute_value(), beta.compute_value(), eps_, as_rows(y, dim_),
+                             mean_, rstd_, stream());
+  return y;
+}
+
+Tensor LayerNorm::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  // The kernel always writes dx and both parameter gradients: scratch where not wanted.
+  Tensor dx = buffer(3, x_.shape(), x_.dtype());
+  Tensor dgamma = gamma.requires_grad ? grad_of(gamma) : buffer(4, gamma.shape(), grad_dtype());
+  Tensor dbeta = beta.requires_grad ? grad_of(beta) : buffer(5, beta.shape(), grad_dtype());
+  kernels::layernorm_backward(as_rows(x_, dim_), gamma.compute_value(), mean_, rstd_, as_rows(dy, dim_),
+                              as_rows(dx, dim_), dgamma, dbeta, /*accumulate_params=*/true, stream());
+  if (beta.requires_grad) grad_ready(beta);
+  if (gamma.requires_grad) grad_ready(gamma);
+  return input_grad_needed() ? dx : Tensor();
+}
+
+// ---- Conv2d ----------------------------------------------------------------------------
+
+Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_size, Conv2dOptions options)
+    : weight({out_channels, in_channels, kernel_size, kernel_size},
+             weight_init(options.init, static_cast<double>(in_channels) * kernel_size * kernel_size,
+                         static_cast<double>(out_channels) * kernel_size * kernel_size)),
+      bias({options.bias ? out_channels : 0}, InitSpec::zeros()),
+      in_(in_channels),
+      out_(out_channels),
+      kernel_(kernel_size),
+      params_{options.stride, options.padding},
+      has_bias_(options.bias) {
+  TUTTI_CHECK_ARG(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.stride > 0 &&
+                      options.padding >= 0,
+                  "Conv2d(", in_channels, ", ", out_channels, ", ", kernel_size, ", stride ", options.stride,
+                  ", padding ", options.padding, "): sizes must be positive");
+  register_parameter("weight", weight);
+  if (has_bias_) register_parameter("bias", bias);
+}
+
+std::string Conv2d::describe() const {
+  return detail::str("Conv2d(", in_, ", ", out_, ", ", kernel_, ", stride ", params_.stride, ", padding ",
+                     params_.padding, ")");
+}
+
+Tensor Conv2d::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() == 4 && x.dim(1) == in_, describe(), ": input ", x.str(), " must be [N, ", in_, ", H, W]");
+  const int p = kernels::conv2d_output_size(static_cast<int>(x.dim(2)), kernel_, params_);
+  const int q = kernels::conv2d_output_size(static_cast<int>(x.dim(3)), kernel_, params_);
+  TUTTI_CHECK_ARG(p > 0 && q > 0, describe(), ": input ", x.str(), " is smaller than the kernel");
+  x_ = x;
+  Tensor y = buffer(0, {x.dim(0), out_, p, q}, x.dtype());
+  kernels::conv2d_forward(x, weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(), y, params_,
+                          stream());
+  return y;
+}
+
+Tensor Conv2d::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
+  Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
+  Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
+  kernels::conv2d_backward(x_, weight.compute_value(), dy, dx, dw, db, /*accumulate_params=*/true, params_,
+                           stream());
+  if (db.defined()) grad_ready(bias);
+  if (weight.requires_grad) grad_ready(weight);
+  return dx;
+}
+
+// ---- MaxPool2d, Flatten ----------------------------------------------------------------
+
+Tensor MaxPool2d::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() == 4 && x.dim(2) % 2 == 0 && x.dim(3) % 2 == 0, describe(), ": input ", x.str(),
+                  " must be [N, C, H, W] with H and W even");
+  x_ = x;
+  Tensor y = buffer(0, {x.dim(0), x.dim(1), x.dim(2) / 2, x.dim(3) / 2}, x.dtype());
+  kernels::maxpool2x2_forward(x, y, stream());
+  return y;
+}
+
+Tensor MaxPool2d::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  if (!input_grad_needed()) return Tensor();
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
+  kernels::maxpool2x2_backward(x_, dy, dx, stream());
+  return dx;
+}
+
+Tensor Flatten::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1, "Flatten: input must have a batch dimension, got ", x.str());
+  in_shape_ = x.shape();
+  const std::int64_t n = x.dim(0);
+  return x.reshape({n, n == 0 ? 0 : x.numel() / n});
+}
+
+Tensor Flatten::backward_impl(const Tensor& dy) {
+  if (!input_grad_needed()) return Tensor();
+  return dy.reshape(in_shape_);
+}
+
+// ---- Residual --------------------------------------------------------------------------
+
+Residual::Residual() {
+  auto body = std::make_unique<Sequential>();
+  body_ = body.get();
+  register_module("body", std::move(body));
+}
+
+Residual::Residual(std::unique_ptr<Module> inner) : Residual() { body_->add(std::move(inner)); }
+
+Tensor Residual::forward_impl(const Tensor& x) {
+  Tensor b = body_->forward(x);
+  TUTTI_CHECK_ARG(b.shape() == x.shape(), "Residual: the body turns ", x.str(), " into ", b.str(),
+                  "; it must keep the shape");
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  kernels::add(x, b, y, stream());
+  return y;
+}
+
+Tensor Residual::backward_impl(const Tensor& dy) {
+  Tensor db = body_->backward(dy);
+  if (!input_grad_needed()) return Tensor();
+  Tensor dx = buffer(1, dy.shape(), dy.dtype());
+  kernels::add(dy, db, dx, stream());
+  return dx;
+}
+
+}  // namespace tutti::nn

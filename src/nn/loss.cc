@@ -1,0 +1,44 @@
+#include "tutti/nn/loss.h"
+
+#include "tutti/kernels/cross_entropy.h"
+
+namespace tutti::nn {
+
+namespace {
+// A buffer of shape/dtype/device, reused when it already fits.
+void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dtype || t.device() != device) {
+    t = Tensor();
+    t = Tensor::empty(shape, dtype, device);
+  }
+}
+}  // namespace
+
+const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                        const Stream& stream) {
+  TUTTI_CHECK_ARG(logits.defined() && logits.ndim() == 2, "CrossEntropyLoss: logits must be [N, C], got ",
+                  logits.str());
+  ensure(loss_, {1}, DType::f32, logits.device());
+  ensure(dlogits_, logits.shape(), logits.dtype(), logits.device());
+  kernels::CrossEntropyOptions options;
+  options.ignore_index = ignore_index_;
+  options.grad_scale = grad_scale;
+  kernels::softmax_cross_entropy(logits, labels, loss_, dlogits_, options, stream);
+  return loss_;
+}
+
+double item(const Tensor& scalar, const Stream& stream) {
+  TUTTI_CHECK_ARG(scalar.defined() && scalar.numel() == 1, "item: needs a one-element tensor, got ", scalar.str());
+  stream.synchronize();
+  if (is_floating(scalar.dtype())) return scalar.to_floats()[0];
+  return static_cast<double>(scalar.to_ints()[0]);
+}
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels, const Stream& stream) {
+  Tensor correct = Tensor::empty({1}, DType::i64, logits.device());
+  kernels::count_correct(logits, labels, correct, /*accumulate=*/false, -100, stream);
+  stream.synchronize();
+  return correct.to_ints()[0];
+}
+
+}  // namespace tutti::nn

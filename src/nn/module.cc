@@ -1,0 +1,452 @@
+#include "tutti/nn/module.h"
+
+#include <algorithm>
+#include <set>
+
+#include "tutti/kernels/cast.h"
+#include "tutti/nn/init.h"
+
+namespace tutti::nn {
+
+namespace {
+
+bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+// Checks a layout against the parameters: one offset each, ranges inside [0, total), no
+// overlaps.
+void check_layout(const FlatLayout& layout, const std::vector<Parameter*>& params, const char* what) {
+  TUTTI_ENFORCE_EQ(layout.offsets.size(), params.size(), what, ": layout offsets vs parameters");
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::int64_t b = layout.offsets[i], e = b + params[i]->numel();
+    TUTTI_CHECK_ARG(b >= 0 && e <= layout.total, what, ": parameter ", params[i]->name, " at [", b, ", ", e,
+                    ") lies outside the buffer of ", layout.total, " elements");
+    ranges.emplace_back(b, e);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (std::size_t i = 1; i < ranges.size(); ++i) {
+    TUTTI_CHECK_ARG(ranges[i].first >= ranges[i - 1].second, what, ": parameters overlap at element ",
+                    ranges[i].first);
+  }
+}
+
+}  // namespace
+
+Module::Module() : settings_(std::make_shared<ModuleSettings>()) {}
+Module::~Module() = default;
+
+// ---- running ---------------------------------------------------------------------------
+
+Tensor Module::forward(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.defined(), describe(), ": forward of an undefined tensor");
+  if (parent_ == nullptr) check_initialized();
+  TUTTI_CHECK_ARG(x.device() == device(), describe(), ": input ", x.str(), " is not on the model's device ",
+                  device().str());
+  if (is_floating(x.dtype()) && x.dtype() != compute_dtype()) {
+    // Slot -1 of every module is the cast input: keep it apart from the layers' own slots.
+    Tensor cast = buffer(-1, x.shape(), compute_dtype());
+    kernels::cast(x, cast, stream());
+    return forward_impl(cast);
+  }
+  return forward_impl(x);
+}
+
+Tensor Module::backward(const Tensor& dy) {
+  TUTTI_CHECK_ARG(dy.defined(), describe(), ": backward of an undefined tensor");
+  if (parent_ == nullptr) {
+    bool missing = false;
+    for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
+    if (missing) {
+      if (flat_grads_.defined() || std::none_of(all_params_.begin(), all_params_.end(),
+                                                [](Parameter* p) { return p->grad.defined(); })) {
+        allocate_flat_grads();
+      } else {
+        // Some grads were placed from outside and some not: give the rest their own.
+        for (Parameter* p : trainable_parameters()) grad_of(*p);
+      }
+    }
+  }
+  if (is_floating(dy.dtype()) && dy.dtype() != compute_dtype()) {
+    Tensor cast = buffer(-2, dy.shape(), compute_dtype());
+    kernels::cast(dy, cast, stream());
+    return backward_impl(cast);
+  }
+  return backward_impl(dy);
+}
+
+void Module::check_initialized() {
+  if (checked_initialized_) return;
+  for (Parameter* p : parameters()) {
+    TUTTI_CHECK_ARG(p->initialized, "parameter ", p->name, " of ", describe(),
+                    " was never initialized: call init(seed) or load_state_dict() on the model first");
+  }
+  checked_initialized_ = true;
+}
+
+// ---- structure -------------------------------------------------------------------------
+
+void Module::collect(const std::string& prefix, std::vector<Parameter*>& out) {
+  for (auto& [name, p] : params_) {
+    p->name = prefix + name;
+    out.push_back(p);
+  }
+  for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+void Module::collect_modules(std::vector<Module*>& out) {
+  out.push_back(this);
+  for (auto& [name, child] : children_) child->collect_modules(out);
+}
+
+std::vector<Parameter*> Module::parameters() {
+  if (!all_params_valid_) {
+    all_params_.clear();
+    collect("", all_params_);
+    all_params_valid_ = true;
+  }
+  return all_params_;
+}
+
+std::vector<Parameter*> Module::trainable_parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter* p : parameters()) {
+    if (p->requires_grad) out.push_back(p);
+  }
+  return out;
+}
+
+std::string Module::signature() {
+  std::string s;
+  for (Parameter* p : parameters()) {
+    s += p->name + " " + shape_str(p->shape()) + " " + std::string(name_of(p->value.dtype())) +
+         (p->requires_grad ? " trainable\n" : " frozen\n");
+  }
+  return s;
+}
+
+std::uint64_t Module::structure_hash() {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : signature()) {
+    h ^= c;
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+void Module::structure_changed() {
+  for (Module* m = this; m != nullptr; m = m->parent_) {
+    m->all_params_valid_ = false;
+    m->checked_initialized_ = false;
+  }
+}
+
+Parameter& Module::register_parameter(std::string name, Parameter& param) {
+  for (auto& [n, p] : params_) TUTTI_CHECK_ARG(n != name, describe(), ": parameter '", name, "' registered twice");
+  params_.emplace_back(std::move(name), &param);
+  structure_changed();
+  return param;
+}
+
+Module& Module::register_module(std::string name, Module& child) {
+  TUTTI_CHECK_ARG(child.parent_ == nullptr && &child != this, "register_module: '", name,
+                  "' already belongs to a model");
+  for (auto& [n, c] : children_) TUTTI_CHECK_ARG(n != name, describe(), ": child '", name, "' registered twice");
+  TUTTI_CHECK_ARG(child.device() == device(), "register_module: child '", name, "' is on ", child.device().str(),
+                  " but the parent on ", device().str(), ": add layers before moving the model");
+  child.parent_ = this;
+  child.input_grad_needed_ = true;
+  child.adopt_settings(settings_);
+  children_.emplace_back(std::move(name), &child);
+  child.on_input_grad_changed();
+  on_input_grad_changed();
+  structure_changed();
+  return child;
+}
+
+Module& Module::register_module(std::string name, std::unique_ptr<Module> child) {
+  TUTTI_CHECK_ARG(child != nullptr, "register_module: '", name, "' is null");
+  Module& ref = register_module(std::move(name), *child);
+  owned_children_.push_back(std::move(child));
+  return ref;
+}
+
+void Module::adopt_settings(const std::shared_ptr<ModuleSettings>& settings) {
+  settings_ = settings;
+  for (auto& [name, child] : children_) child->adopt_settings(settings);
+}
+
+void Module::require_root(const char* what) const {
+  TUTTI_CHECK_ARG(parent_ == nullptr, what, ": call it on the model (the root module), not on ", describe());
+}
+
+// ---- settings --------------------------------------------------------------------------
+
+Module& Module::set_stream(const Stream& stream) {
+  require_root("set_stream");
+  TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == device(), "set_stream: stream on ",
+                  stream.device().str(), " but the model on ", device().str());
+  settings_->stream = stream;
+  return *this;
+}
+
+Module& Module::to(Device device, const Stream& stream) {
+  require_root("to");
+  device.require_available();
+  TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == device, "to: stream on ", stream.device().str(),
+                  " but the target is ", device.str());
+  const bool owned_grads = flat_grads_.defined();
+  const std::vector<Parameter*> params = parameters();
+  const Stream& s = stream;
+  if (flat_values_.defined()) {
+    Tensor moved = flat_values_.to(device, s);
+    for (std::size_t i = 0; i < params.size(); ++i) params[i]->value = moved.view(value_layout_.offsets[i], params[i]->shape());
+    flat_values_ = moved;
+  } else {
+    for (Parameter* p : params) p->value = p->value.to(device, s);
+  }
+  s.synchronize();
+  settings_->device = device;
+  settings_->stream = stream;
+  clear_buffers_recursive();
+  drop_grads();
+  for (Parameter* p : params) p->compute = Tensor();
+  flat_compute_ = Tensor();
+  set_precision(settings_->compute_dtype, settings_->grad_dtype);
+  if (owned_grads) allocate_flat_grads(grad_layout_);
+  return *this;
+}
+
+Module& Module::set_precision(DType compute, DType grad) {
+  require_root("set_precision");
+  TUTTI_CHECK_ARG(is_floating(compute), "set_precision: compute dtype must be f32, f16 or bf16, got ",
+                  name_of(compute));
+  TUTTI_CHECK_ARG(grad == DType::f32 || grad == compute, "set_precision: gradients must be f32 or the compute dtype ",
+                  name_of(compute), ", got ", name_of(grad));
+  const std::vector<Parameter*> params = parameters();
+  settings_->compute_dtype = compute;
+  settings_->grad_dtype = grad;
+  clear_buffers_recursive();
+  // Compute copies: none for f32; else one per parameter, flat when the values are.
+  const bool have_copies = !params.empty() && params.front()->compute.defined() &&
+                           params.front()->compute.dtype() == compute;
+  if (!is_half(compute)) {
+    for (Parameter* p : params) p->compute = Tensor();
+    flat_compute_ = Tensor();
+  } else if (!have_copies) {
+    if (flat_values_.defined()) {
+      flat_compute_ = Tensor::zeros({value_layout_.total}, compute, device());
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        params[i]->compute = flat_compute_.view(value_layout_.offsets[i], params[i]->shape());
+      }
+    } else {
+      flat_compute_ = Tensor();
+      for (Parameter* p : params) p->compute = Tensor::empty(p->shape(), compute, device());
+    }
+    refresh_compute_copies();
+  }
+  // Gradients of another dtype cannot be accumulated into: drop them.
+  bool mismatched = false;
+  for (Parameter* p : params) mismatched = mismatched || (p->grad.defined() && p->grad.dtype() != grad);
+  if (mismatched) {
+    const bool owned = flat_grads_.defined();
+    drop_grads();
+    if (owned) allocate_flat_grads(grad_layout_);
+  }
+  return *this;
+}
+
+void Module::refresh_compute_copies() {
+  const Stream& s = stream();
+  if (flat_compute_.defined()) {
+    kernels::cast(flat_values_, flat_compute_, s);
+    return;
+  }
+  for (Parameter* p : parameters()) {
+    if (p->compute.defined()) kernels::cast(p->value, p->compute, s);
+  }
+}
+
+Module& Module::init(std::uint64_t seed) {
+  require_root("init");
+  const std::vector<Parameter*> params = parameters();
+  const Stream& s = stream();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = *params[i];
+    Tensor host = Tensor::empty(p.shape(), DType::f32);
+    InitRng rng(derive_seed(seed, i));
+    fill_init(host, p.init, rng);
+    p.value.copy_from(host, s);
+    s.synchronize();  // the host tensor goes away at the end of this iteration
+    p.initialized = true;
+  }
+  refresh_compute_copies();
+  std::vector<Module*> modules;
+  collect_modules(modules);
+  // A separate seed space from the parameters', so adding a Dropout changes no weight.
+  for (std::size_t i = 0; i < modules.size(); ++i) modules[i]->on_init(derive_seed(~seed, i));
+  s.synchronize();
+  return *this;
+}
+
+Module& Module::train(bool on) {
+  require_root("train");
+  settings_->training = on;
+  return *this;
+}
+
+void Module::set_grad_ready_hook(GradReadyHook hook) {
+  require_root("set_grad_ready_hook");
+  settings_->grad_ready_hook = std::move(hook);
+}
+
+Module& Module::set_input_grad(bool needed) {
+  input_grad_needed_ = needed;
+  on_input_grad_changed();
+  return *this;
+}
+
+void Module::grad_ready(Parameter& param) {
+  if (settings_->grad_ready_hook) settings_->grad_ready_hook(param);
+}
+
+Tensor Module::buffer(int slot, const Shape& shape, DType dtype) {
+  const std::size_t index = static_cast<std::size_t>(slot + 2);  // slots -2 and -1 are the casts
+  if (buffers_.size() <= index) buffers_.resize(index + 1);
+  Tensor& b = buffers_[index];
+  const std::int64_t n = numel_of(shape);
+  if (!b.defined() || b.dtype() != dtype || b.device() != device() || b.numel() < n) {
+    // Before a cudaFree, which synchronizes the device anyway, nothing needs the old one.
+    b = Tensor();
+    b = Tensor::empty({std::max<std::int64_t>(n, 1)}, dtype, device());
+  }
+  return b.view(0, shape);
+}
+
+void Module::clear_buffers_recursive() {
+  buffers_.clear();
+  for (auto& [name, child] : children_) child->clear_buffers_recursive();
+}
+
+const Tensor& Module::grad_of(Parameter& param) {
+  if (!param.grad.defined()) param.grad = Tensor::zeros(param.shape(), grad_dtype(), device());
+  return param.grad;
+}
+
+// ---- flat buffers ----------------------------------------------------------------------
+
+FlatLayout Module::default_flat_layout(std::int64_t align_elements) {
+  TUTTI_CHECK_ARG(align_elements >= 1, "default_flat_layout: align_elements must be >= 1, got ", align_elements);
+  const std::vector<Parameter*> params = parameters();
+  FlatLayout layout;
+  layout.offsets.resize(params.size());
+  std::int64_t at = 0;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    at = (at + align_elements - 1) / align_elements * align_elements;
+    layout.offsets[k] = at;
+    at += params[k]->numel();
+  }
+  layout.total = at;
+  return layout;
+}
+
+void Module::flatten_parameters(const FlatLayout& layout) {
+  require_root("flatten_parameters");
+  const std::vector<Parameter*> params = parameters();
+  check_layout(layout, params, "flatten_parameters");
+  const Stream& s = stream();
+  Tensor flat = Tensor::zeros({layout.total}, DType::f32, device());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Tensor view = flat.view(layout.offsets[i], params[i]->shape());
+    view.copy_from(params[i]->value, s);
+    params[i]->value = view;
+  }
+  flat_values_ = flat;
+  value_layout_ = layout;
+  if (is_half(compute_dtype())) {
+    flat_compute_ = Tensor::zeros({layout.total}, compute_dtype(), device());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      params[i]->compute = flat_compute_.view(layout.offsets[i], params[i]->shape());
+    }
+    refresh_compute_copies();
+  }
+  s.synchronize();
+}
+
+void Module::allocate_flat_grads(const FlatLayout& layout) {
+  require_root("allocate_flat_grads");
+  Tensor buffer = Tensor::zeros({layout.total}, grad_dtype(), device());
+  set_grad_buffer(buffer, layout);
+  flat_grads_ = buffer;
+  grad_layout_ = layout;
+}
+
+void Module::allocate_flat_grads() {
+  allocate_flat_grads(flat_values_.defined() ? value_layout_ : default_flat_layout());
+}
+
+void Module::set_grad_buffer(const Tensor& buffer, const FlatLayout& layout) {
+  require_root("set_grad_buffer");
+  const std::vector<Parameter*> params = parameters();
+  check_layout(layout, params, "set_grad_buffer");
+  TUTTI_CHECK_ARG(buffer.defined() && buffer.numel() >= layout.total, "set_grad_buffer: buffer ", buffer.str(),
+                  " is smaller than the layout's ", layout.total, " elements");
+  TUTTI_CHECK_ARG(buffer.device() == device(), "set_grad_buffer: buffer on ", buffer.device().str(),
+                  " but the model on ", device().str());
+  TUTTI_CHECK_ARG(buffer.dtype() == grad_dtype(), "set_grad_buffer: buffer is ", name_of(buffer.dtype()),
+                  " but the model's gradient dtype is ", name_of(grad_dtype()));
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    params[i]->grad = params[i]->requires_grad ? buffer.view(layout.offsets[i], params[i]->shape()) : Tensor();
+  }
+  flat_grads_ = Tensor();
+}
+
+void Module::zero_grad() {
+  if (flat_grads_.defined()) {
+    flat_grads_.zero(stream());
+    return;
+  }
+  std::vector<Tensor> grads;
+  for (Parameter* p : parameters()) grads.push_back(p->grad);
+  for (Tensor& t : coalesce_views(grads)) t.zero(stream());
+}
+
+void Module::drop_grads() {
+  for (Parameter* p : parameters()) p->grad = Tensor();
+  flat_grads_ = Tensor();
+}
+
+// ---- state -----------------------------------------------------------------------------
+
+StateDict Module::state_dict() {
+  StateDict out;
+  for (Parameter* p : parameters()) out[p->name] = p->value.to(Device::cpu(), stream());
+  stream().synchronize();
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  require_root("load_state_dict");
+  std::set<std::string> used;
+  for (Parameter* p : parameters()) {
+    const auto it = state.find(p->name);
+    if (it == state.end()) {
+      TUTTI_CHECK_ARG(!strict, "load_state_dict: no entry for parameter '", p->name, "'");
+      continue;
+    }
+    TUTTI_CHECK_ARG(it->second.shape() == p->shape() && it->second.dtype() == DType::f32, "load_state_dict: '",
+                    p->name, "' is ", it->second.str(), " but the parameter is ", p->value.str());
+    p->value.copy_from(it->second, stream());
+    p->initialized = true;
+    used.insert(p->name);
+  }
+  if (strict) {
+    for (const auto& [key, t] : state) {
+      TUTTI_CHECK_ARG(used.count(key) == 1, "load_state_dict: entry '", key, "' matches no parameter");
+    }
+  }
+  refresh_compute_copies();
+  stream().synchronize();
+  checked_initialized_ = false;
+}
+
+}  // namespace tutti::nn
