@@ -1,0 +1,339 @@
+#include "kernels/cpu/conv.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/validate.h"
+
+namespace tutti::kernels::cpu {
+namespace {
+
+using std::int64_t;
+
+// The values of t as fp32: t's own memory when it is f32, else a converted copy in `scratch`.
+const float* f32_view(const Tensor& t, std::vector<float>& scratch) {
+  if (t.dtype() == DType::f32) return t.data_as<float>();
+  scratch.resize(static_cast<std::size_t>(t.numel()));
+  detail::dispatch_floating("conv2d", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = t.data_as<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) scratch[static_cast<std::size_t>(i)] = to_float(p[i]);
+  });
+  return scratch.data();
+}
+
+// Writes fp32 values into t (any floating dtype; rounds to nearest even for halves).
+void store_f32(const float* src, const Tensor& t) {
+  detail::dispatch_floating("conv2d", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data_as<T>();
+    if constexpr (std::is_same_v<T, float>) {
+      if (p != src) std::memcpy(p, src, t.nbytes());
+    } else {
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = from_float<T>(src[i]);
+    }
+  });
+}
+
+struct Geometry {
+  int64_t n, c, h, w, k, r, s, p, q;
+  int stride, pad;
+  int64_t crs() const { return c * r * s; }
+  int64_t pq() const { return p * q; }
+  // True when im2col would be the identity (1x1, stride 1, no padding).
+  bool trivial_col() const { return r == 1 && s == 1 && stride == 1 && pad == 0; }
+};
+
+Geometry geometry(const Tensor& x, const Tensor& w, const Conv2dParams& params) {
+  Geometry g{};
+  g.n = x.dim(0), g.c = x.dim(1), g.h = x.dim(2), g.w = x.dim(3);
+  g.k = w.dim(0), g.r = w.dim(2), g.s = w.dim(3);
+  g.stride = params.stride, g.pad = params.padding;
+  g.p = (g.h + 2 * g.pad - g.r) / g.stride + 1;
+  g.q = (g.w + 2 * g.pad - g.s) / g.stride + 1;
+  return g;
+}
+
+// col[(c·R + r)·S + s][p·Q + q] = x[c][p·stride - pad + r][q·stride - pad + s], 0 outside.
+void im2col(const float* x, const Geometry& g, float* col) {
+  for (int64_t c = 0; c < g.c; ++c) {
+    const float* xc = x + c * g.h * g.w;
+    for (int64_t r = 0; r < g.r; ++r) {
+      for (int64_t s = 0; s < g.s; ++s) {
+        float* row = col + ((c * g.r + r) * g.s + s) * g.pq();
+        for (int64_t p = 0; p < g.p; ++p) {
+          const int64_t ih = p * g.stride - g.pad + r;
+          float* out = row + p * g.q;
+          if (ih < 0 || ih >= g.h) {
+            std::memset(out, 0, static_cast<std::size_t>(g.q) * sizeof(float));
+            continue;
+          }
+          const float* xrow = xc + ih * g.w;
+          for (int64_t q = 0; q < g.q; ++q) {
+            const int64_t iw = q * g.stride - g.pad + s;
+            out[q] = (iw >= 0 && iw < g.w) ? xrow[iw] : 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: dx[c][ih][iw] += every col entry that im2col read from there.
+// dx must be zeroed by the caller.
+void col2im(const float* col, const Geometry& g, float* dx) {
+  for (int64_t c = 0; c < g.c; ++c) {
+    float* dxc = dx + c * g.h * g.w;
+    for (int64_t r = 0; r < g.r; ++r) {
+      for (int64_t s = 0; s < g.s; ++s) {
+        const float* row = col + ((c * g.r + r) * g.s + s) * g.pq();
+        for (int64_t p = 0; p < g.p; ++p) {
+          const int64_t ih = p * g.stride - g.pad + r;
+          if (ih < 0 || ih >= g.h) continue;
+          float* dxrow = dxc + ih * g.w;
+          const float* in = row + p * g.q;
+          for (int64_t q = 0; q < g.q; ++q) {
+            const int64_t iw = q * g.stride - g.pad + s;
+            if (iw >= 0 && iw < g.w) dxrow[iw] += in[q];
+          }
+        }
+      }
+    }
+  }
+}
+
+int blas_int(int64_t v) {
+  TUTTI_CHECK(v <= INT32_MAX, "conv2d: dimension ", v, " exceeds the BLAS integer range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                    const Conv2dParams& params) {
+  const Geometry g = geometry(x, w, params);
+  std::vector<float> xs, ws, bs, ys, col;
+  const float* xf = f32_view(x, xs);
+  const float* wf = f32_view(w, ws);
+  const float* bf = bias.defined() ? f32_view(bias, bs) : nullptr;
+  float* yf = y.dtype() == DType::f32 ? y.data_as<float>() : (ys.resize(static_cast<std::size_t>(y.numel())), ys.data());
+  if (!g.trivial_col()) col.resize(static_cast<std::size_t>(g.crs() * g.pq()));
+  const int M = blas_int(g.k), Nn = blas_int(g.pq()), Kk = blas_int(g.crs());
+  for (int64_t n = 0; n < g.n; ++n) {
+    const float* xn = xf + n * g.c * g.h * g.w;
+    float* yn = yf + n * g.k * g.pq();
+    const float* cols = xn;
+    if (!g.trivial_col()) {
+      im2col(xn, g, col.data());
+      cols = col.data();
+    }
+    // y_n[K, PQ] = W[K, CRS] · col[CRS, PQ]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, Nn, Kk, 1.0f, wf, Kk, cols, Nn, 0.0f, yn, Nn);
+    if (bf != nullptr) {
+      for (int64_t k = 0; k < g.k; ++k) {
+        float* row = yn + k * g.pq();
+        for (int64_t i = 0; i < g.pq(); ++i) row[i] += bf[k];
+      }
+    }
+  }
+  if (y.dtype() != DType::f32) store_f32(yf, y);
+}
+
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db, bool accumulate_params, const Conv2dParams& params) {
+  const Geometry g = geometry(x, w, params);
+  std::vector<float> xs, ws, dys, dxs, dws, dbs, col, dcol;
+  const float* xf = f32_view(x, xs);
+  const float* wf = f32_view(w, ws);
+  const float* dyf = f32_view(dy, dys);
+
+  // dw and db accumulate in fp32 over the batch, starting from their old values or zero.
+  dws.assign(static_cast<std::size_t>(dw.numel()), 0.0f);
+  if (accumulate_params) {
+    std::vector<float> tmp;
+    const float* old = f32_view(dw, tmp);
+    std::memcpy(dws.data(), old, dws.size() * sizeof(float));
+  }
+  if (db.defined()) {
+    dbs.assign(static_cast<std::size_t>(db.numel()), 0.0f);
+    if (accumulate_params) {
+      std::vector<float> tmp;
+      const float* old = f32_view(db, tmp);
+      std::memcpy(dbs.data(), old, dbs.size() * sizeof(float));
+    }
+  }
+  float* dxf = nullptr;
+  if (dx.defined()) {
+    dxf = dx.dtype() == DType::f32 ? dx.data_as<float>() : (dxs.resize(static_cast<std::size_t>(dx.numel())), dxs.data());
+    std::memset(dxf, 0, static_cast<std::size_t>(dx.numel()) * sizeof(float));
+  }
+  const bool trivial = g.trivial_col();
+  if (!trivial) col.resize(static_cast<std::size_t>(g.crs() * g.pq()));
+  if (dxf != nullptr && !trivial) dcol.resize(col.size());
+  const int K = blas_int(g.k), PQ = blas_int(g.pq()), CRS = blas_int(g.crs());
+
+  for (int64_t n = 0; n < g.n; ++n) {
+    const float* xn = xf + n * g.c * g.h * g.w;
+    const float* dyn = dyf + n * g.k * g.pq();
+    const float* cols = xn;
+    if (!trivial) {
+      im2col(xn, g, col.data());
+      cols = col.data();
+    }
+    // dW[K, CRS] += dy_n[K, PQ] · col[CRS, PQ]^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, PQ, 1.0f, dyn, PQ, cols, PQ, 1.0f, dws.data(), CRS);
+    if (db.defined()) {
+      for (int64_t k = 0; k < g.k; ++k) {
+        const float* row = dyn + k * g.pq();
+        float acc = 0.0f;
+        for (int64_t i = 0; i < g.pq(); ++i) acc += row[i];
+        dbs[static_cast<std::size_t>(k)] += acc;
+      }
+    }
+    if (dxf != nullptr) {
+      float* dxn = dxf + n * g.c * g.h * g.w;
+      // dcol[CRS, PQ] = W[K, CRS]^T · dy_n[K, PQ]; for a 1x1 conv it is dx_n itself.
+      float* target = trivial ? dxn : dcol.data();
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, PQ, K, 1.0f, wf, CRS, dyn, PQ, 0.0f, target, PQ);
+      if (!trivial) col2im(dcol.data(), g, dxn);
+    }
+  }
+  store_f32(dws.data(), dw);
+  if (db.defined()) store_f32(dbs.data(), db);
+  if (dxf != nullptr && dx.dtype() != DType::f32) store_f32(dxf, dx);
+}
+
+namespace {
+
+// Index (0..3, row-major in the window) of the max of a 2x2 window: the first one on ties;
+// a nan wins over numbers, so a nan input shows up in the output as it does in PyTorch.
+inline int argmax4(const float v[4]) {
+  int best = 0;
+  float bv = v[0];
+  for (int i = 1; i < 4; ++i) {
+    // Written as selects (no data-dependent branch): random data would mispredict half the time.
+    const bool take = v[i] > bv || (v[i] != v[i] && bv == bv);
+    best = take ? i : best;
+    bv = take ? v[i] : bv;
+  }
+  return best;
+}
+
+// True when a row of f32 values holds a nan (then the general, nan-aware path runs).
+inline bool has_nan(const float* p, int64_t n) {
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= p[i] != p[i];
+  return any;
+}
+
+// f32 rows without nan: the same first-max rule as argmax4, as selects that vectorize.
+void maxpool_forward_rows_f32(const float* __restrict r0, const float* __restrict r1, float* __restrict out,
+                              int64_t wo) {
+  for (int64_t j = 0; j < wo; ++j) {
+    float m = r0[2 * j];
+    m = r0[2 * j + 1] > m ? r0[2 * j + 1] : m;
+    m = r1[2 * j] > m ? r1[2 * j] : m;
+    m = r1[2 * j + 1] > m ? r1[2 * j + 1] : m;
+    out[j] = m;
+  }
+}
+void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restrict r1, const float* __restrict dy,
+                               float* __restrict d0, float* __restrict d1, int64_t wo) {
+  for (int64_t j = 0; j < wo; ++j) {
+    const float a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], d = r1[2 * j + 1];
+    float m = a;
+    m = b > m ? b : m;
+    m = c > m ? c : m;
+    m = d > m ? d : m;
+    // The first element equal to the max is the one the strict-> chain of argmax4 picks.
+    const bool e0 = a == m, e1 = !e0 && b == m, e2 = !e0 && !e1 && c == m, e3 = !e0 && !e1 && !e2;
+    const float g = dy[j];
+    d0[2 * j] = e0 ? g : 0.0f;
+    d0[2 * j + 1] = e1 ? g : 0.0f;
+    d1[2 * j] = e2 ? g : 0.0f;
+    d1[2 * j + 1] = e3 ? g : 0.0f;
+  }
+}
+
+template <typename T>
+void maxpool_forward_impl(const Tensor& x, const Tensor& y) {
+  const int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3), ho = h / 2, wo = w / 2;
+  const T* xp = x.data_as<T>();
+  T* yp = y.data_as<T>();
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const T* xs = xp + pl * h * w;
+    T* ys = yp + pl * ho * wo;
+    for (int64_t i = 0; i < ho; ++i) {
+      const T* r0 = xs + (2 * i) * w;
+      const T* r1 = r0 + w;
+      if constexpr (std::is_same_v<T, float>) {
+        if (!has_nan(r0, 2 * w)) {
+          maxpool_forward_rows_f32(r0, r1, ys + i * wo, wo);
+          continue;
+        }
+      }
+      for (int64_t j = 0; j < wo; ++j) {
+        const float v[4] = {to_float(r0[2 * j]), to_float(r0[2 * j + 1]), to_float(r1[2 * j]), to_float(r1[2 * j + 1])};
+        const int a = argmax4(v);
+        // Copy the element itself: no rounding through fp32 and back.
+        ys[i * wo + j] = a == 0 ? r0[2 * j] : a == 1 ? r0[2 * j + 1] : a == 2 ? r1[2 * j] : r1[2 * j + 1];
+      }
+    }
+  }
+}
+
+template <typename T>
+void maxpool_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3), ho = h / 2, wo = w / 2;
+  const T* xp = x.data_as<T>();
+  const T* dyp = dy.data_as<T>();
+  T* dxp = dx.data_as<T>();
+  const T zero = from_float<T>(0.0f);
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    const T* xs = xp + pl * h * w;
+    const T* dys = dyp + pl * ho * wo;
+    T* dxs = dxp + pl * h * w;
+    for (int64_t i = 0; i < ho; ++i) {
+      const T* r0 = xs + (2 * i) * w;
+      const T* r1 = r0 + w;
+      T* d0 = dxs + (2 * i) * w;
+      T* d1 = d0 + w;
+      if constexpr (std::is_same_v<T, float>) {
+        if (!has_nan(r0, 2 * w)) {
+          maxpool_backward_rows_f32(r0, r1, dys + i * wo, d0, d1, wo);
+          continue;
+        }
+      }
+      for (int64_t j = 0; j < wo; ++j) {
+        const float v[4] = {to_float(r0[2 * j]), to_float(r0[2 * j + 1]), to_float(r1[2 * j]), to_float(r1[2 * j + 1])};
+        const int a = argmax4(v);
+        const T g = dys[i * wo + j];
+        d0[2 * j] = a == 0 ? g : zero;
+        d0[2 * j + 1] = a == 1 ? g : zero;
+        d1[2 * j] = a == 2 ? g : zero;
+        d1[2 * j + 1] = a == 3 ? g : zero;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void maxpool2x2_forward(const Tensor& x, const Tensor& y) {
+  detail::dispatch_floating("maxpool2x2_forward", x.dtype(), [&](auto tag) {
+    maxpool_forward_impl<decltype(tag)>(x, y);
+  });
+}
+
+void maxpool2x2_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  detail::dispatch_floating("maxpool2x2_backward", x.dtype(), [&](auto tag) {
+    maxpool_backward_impl<decltype(tag)>(x, dy, dx);
+  });
+}
+
+}  // namespace tutti::kernels::cpu

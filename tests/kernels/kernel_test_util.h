@@ -95,4 +95,23 @@ inline std::vector<double> numeric_gradient(const Tensor& x, const std::function
       GTEST_SKIP() << "no GPU visible: the CUDA kernel is compiled but not run on this machine"; \
   } while (0)
 
+// Expects f() to throw tutti::InvalidArgument whose message contains `needle` (the op's
+// name, say), so that a bad input is refused with a message that says where.
+template <typename F>
+void expect_invalid_argument(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected InvalidArgument mentioning '" << needle << "', nothing was thrown";
+  } catch (const ::tutti::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
+  }
+}
+
+// A tensor that claims to live on cuda:0 over host memory that `backing` keeps alive: lets a
+// machine without a GPU test that a device mismatch is refused (validation never touches
+// the data).
+inline Tensor fake_gpu_tensor(const Tensor& backing) {
+  return Tensor::wrap(backing.data(), backing.shape(), backing.dtype(), Device::cuda(0));
+}
+
 }  // namespace tutti::testing

@@ -1,0 +1,423 @@
+// kernel_bench: speed of tutti's kernels against the machine's ceilings, measured in the same run.
+//
+//   kernel_bench [--device cpu|cuda] [--size-mb 64] [--samples 7] [--json out.json]
+//
+// Memory-bound ops report GB/s (bytes each op must move at least once, read + write) against
+// the copy ceiling (a large device-to-device copy on the GPU, memcpy on the CPU; a copy moves
+// 2 x its size). GEMM-like ops (linear, conv) report TFLOP/s against a GEMM of the same dtype
+// (cuBLAS at 4096^3 on the GPU; OpenBLAS sgemm on the CPU, f32 for every dtype since tutti's CPU
+// path computes halves through fp32). Ceilings are measured before and after the ops, and the
+// better of the two counts. Every number is the median over --samples timings, each timing long
+// enough (an adaptive number of back-to-back calls) to hide the timer's resolution.
+#include <cblas.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tutti/core/device.h"
+#include "tutti/core/stream.h"
+#include "tutti/core/tensor.h"
+#include "tutti/kernels/cast.h"
+#include "tutti/kernels/conv.h"
+#include "tutti/kernels/cross_entropy.h"
+#include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/layernorm.h"
+#include "tutti/kernels/linear.h"
+#include "tutti/kernels/optimizer.h"
+#include "tutti/kernels/reduce.h"
+
+#if TUTTI_BENCH_CUBLAS
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using namespace tutti;
+using namespace tutti::kernels;
+using std::int64_t;
+
+struct Result {
+  std::string op;
+  DType dtype = DType::f32;
+  double bytes = 0;  // memory-bound ops
+  double flops = 0;  // GEMM-like ops
+  double median_ms = 0;
+  double rate = 0;     // GB/s or TFLOP/s
+  double ceiling = 0;  // same unit
+  std::string ceiling_name;
+  double fraction() const { return ceiling > 0 ? rate / ceiling : 0; }
+  bool compute() const { return flops > 0; }
+};
+
+class Bench {
+ public:
+  Bench(Device device, int samples) : device_(device), samples_(samples) {
+    stream_ = device.is_cuda() ? Stream::create(device) : Stream();
+  }
+
+  Device device() const { return device_; }
+  const Stream& stream() const { return stream_; }
+
+  // Median milliseconds per call of f. Warm-up call first; then each sample runs f enough
+  // times back to back to last about target_ms.
+  double time_ms(const std::function<void()>& f) {
+    f();
+    const double once = timed(f, 1);
+    const double target_ms = device_.is_cuda() ? 20.0 : 60.0;
+    const int iters = static_cast<int>(std::clamp(target_ms / std::max(once, 1e-3), 1.0, 2000.0));
+    std::vector<double> ms;
+    for (int s = 0; s < samples_; ++s) ms.push_back(timed(f, iters) / iters);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
+
+ private:
+  double timed(const std::function<void()>& f, int iters) {
+    Event start(device_, true), stop(device_, true);
+    start.record(stream_);
+    for (int i = 0; i < iters; ++i) f();
+    stop.record(stream_);
+    stop.synchronize();
+    return stop.elapsed_ms_since(start);
+  }
+
+  Device device_;
+  int samples_;
+  Stream stream_;
+};
+
+// A tensor on `device` with values spread over [lo, hi) (a cheap hash, not all equal).
+Tensor make(const Shape& shape, DType dtype, Device device, float lo = -1.f, float hi = 1.f, std::uint32_t seed = 1) {
+  std::vector<float> v(static_cast<std::size_t>(numel_of(shape)));
+  std::uint32_t h = seed * 2654435761u + 12345u;
+  for (auto& x : v) {
+    h = h * 1664525u + 1013904223u;
+    x = lo + (hi - lo) * static_cast<float>(h >> 8) / 16777216.0f;
+  }
+  return Tensor::from_floats(v, shape, dtype).to(device);
+}
+
+std::string dtype_str(DType d) { return std::string(name_of(d)); }
+
+// ---- ceilings ----
+
+// GB/s of a copy of `bytes` (counted as 2 x bytes moved); *ms receives the median time.
+double copy_ceiling_gbps(Bench& b, std::size_t bytes, double* ms) {
+  const int64_t n = static_cast<int64_t>(bytes / 4);
+  Tensor src = make({n}, DType::f32, b.device()), dst = Tensor::empty({n}, DType::f32, b.device());
+  *ms = b.time_ms([&] { dst.copy_from(src, b.stream()); });
+  return 2.0 * static_cast<double>(n) * 4 / (*ms * 1e6);
+}
+
+// TFLOP/s of one GEMM C[m, n] = A[m, k] · B[k, n] in `dtype`; *ms_out receives the median time.
+double gemm_tflops(Bench& b, DType dtype, int m, int n, int k, double* ms_out) {
+  const double flops = 2.0 * m * n * k;
+  if (b.device().is_cpu()) {
+    std::vector<float> A(static_cast<std::size_t>(m) * k, 0.5f), B(static_cast<std::size_t>(k) * n, 0.25f),
+        C(static_cast<std::size_t>(m) * n);
+    const double ms = b.time_ms([&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.f, A.data(), k, B.data(), n, 0.f, C.data(), n);
+    });
+    *ms_out = ms;
+    return flops / (ms * 1e9);
+  }
+#if TUTTI_BENCH_CUBLAS
+  Tensor A = make({m, k}, dtype, b.device()), B = make({k, n}, dtype, b.device());
+  Tensor C = Tensor::empty({m, n}, dtype, b.device());
+  cublasHandle_t handle = nullptr;
+  cublasCreate(&handle);
+  cublasSetStream(handle, static_cast<cudaStream_t>(b.stream().native()));
+  const cudaDataType_t t = dtype == DType::f32 ? CUDA_R_32F : dtype == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  const float one = 1.f, zero = 0.f;
+  // Column-major cuBLAS on row-major data: C^T = B^T · A^T.
+  const double ms = b.time_ms([&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, B.data(), t, n, A.data(), t, k, &zero, C.data(), t,
+                 n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  });
+  cublasDestroy(handle);
+  *ms_out = ms;
+  return flops / (ms * 1e9);
+#else
+  (void)dtype;  // no GPU GEMM in a build without CUDA; device() is never cuda there
+  return 0;
+#endif
+}
+
+// ---- the ops ----
+
+struct Ctx {
+  Bench& bench;
+  std::vector<Result>& results;  // ceilings are filled in once every op has run
+};
+
+void memory_op(Ctx& c, const std::string& op, DType dt, double bytes, const std::function<void()>& f) {
+  Result r;
+  r.op = op;
+  r.dtype = dt;
+  r.bytes = bytes;
+  r.median_ms = c.bench.time_ms(f);
+  r.rate = bytes / (r.median_ms * 1e6);
+  c.results.push_back(r);
+}
+
+void compute_op(Ctx& c, const std::string& op, DType dt, double flops, const std::function<void()>& f) {
+  Result r;
+  r.op = op;
+  r.dtype = dt;
+  r.flops = flops;
+  r.median_ms = c.bench.time_ms(f);
+  r.rate = flops / (r.median_ms * 1e9);
+  c.results.push_back(r);
+}
+
+// Runs one op family, reporting (not aborting) when it is not available in this build.
+void guarded(const std::string& what, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    std::cerr << "kernel_bench: skipping " << what << ": " << e.what() << "\n";
+  }
+}
+
+void bench_memory_ops(Ctx& c, DType dt, int64_t n) {
+  const Device dev = c.bench.device();
+  const Stream& s = c.bench.stream();
+  const double es = static_cast<double>(size_of(dt));
+  const double nd = static_cast<double>(n);
+  Tensor x = make({n}, dt, dev), y = Tensor::empty({n}, dt, dev), z = make({n}, dt, dev, -1.f, 1.f, 2);
+
+  guarded("reduce", [&] {
+    Tensor out = Tensor::zeros({1}, DType::f32, dev);
+    Tensor found = Tensor::from_ints({0}, {1}).to(dev);
+    memory_op(c, "sum", dt, nd * es, [&] { sum(x, out, false, s); });
+    memory_op(c, "sum_squares", dt, nd * es, [&] { sum_squares(x, out, false, s); });
+    memory_op(c, "check_finite", dt, nd * es, [&] { check_finite(x, found, s); });
+  });
+  guarded("cast", [&] {
+    const DType other = dt == DType::f32 ? DType::bf16 : DType::f32;
+    Tensor o = Tensor::empty({n}, other, dev);
+    const double bytes = nd * (es + static_cast<double>(size_of(other)));
+    memory_op(c, "cast_to_" + dtype_str(other), dt, bytes, [&] { cast(x, o, s); });
+    Tensor found = Tensor::from_ints({0}, {1}).to(dev);
+    memory_op(c, "unscale_and_check", dt, 2 * nd * es, [&] { unscale_and_check(z, 1.0f, found, s); });
+  });
+  guarded("optimizer", [&] {
+    // fp32 master weights and state; the gradient in dt; a bf16 copy of w when dt is a half.
+    Tensor w = make({n}, DType::f32, dev), buf = Tensor::zeros({n}, DType::f32, dev);
+    Tensor m = Tensor::zeros({n}, DType::f32, dev), v = Tensor::zeros({n}, DType::f32, dev);
+    Tensor half = dt == DType::f32 ? Tensor() : Tensor::empty({n}, dt, dev);
+    const double half_bytes = half.defined() ? nd * es : 0;
+    const SgdParams sp{.lr = 1e-4f, .momentum = 0.9f, .weight_decay = 1e-4f};
+    memory_op(c, "sgd_update_momentum", dt, nd * (4 * 4 + es) + half_bytes,
+              [&] { sgd_update(w, x, buf, half, sp, false, s); });
+    AdamWParams ap{.lr = 1e-4f};
+    memory_op(c, "adamw_update", dt, nd * (6 * 4 + es) + half_bytes, [&] { adamw_update(w, x, m, v, half, ap, s); });
+  });
+  guarded("maxpool", [&] {
+    const int64_t hw = 32, planes = std::max<int64_t>(1, n / (hw * hw));
+    const Shape xs{planes, 1, hw, hw}, ys{planes, 1, hw / 2, hw / 2};
+    Tensor px = x.view(0, xs), py = Tensor::empty(ys, dt, dev), pdy = make(ys, dt, dev), pdx = Tensor::empty(xs, dt, dev);
+    const double xb = static_cast<double>(px.numel()) * es;
+    memory_op(c, "maxpool2x2_forward", dt, xb * 1.25, [&] { maxpool2x2_forward(px, py, s); });
+    memory_op(c, "maxpool2x2_backward", dt, xb * 2.25, [&] { maxpool2x2_backward(px, pdy, pdx, s); });
+  });
+  guarded("elementwise", [&] {
+    memory_op(c, "relu_forward", dt, 2 * nd * es, [&] { relu_forward(x, y, s); });
+    memory_op(c, "relu_backward", dt, 3 * nd * es, [&] { relu_backward(x, z, y, s); });
+    memory_op(c, "gelu_forward", dt, 2 * nd * es, [&] { gelu_forward(x, y, s); });
+    memory_op(c, "gelu_backward", dt, 3 * nd * es, [&] { gelu_backward(x, z, y, s); });
+    memory_op(c, "add", dt, 3 * nd * es, [&] { add(x, z, y, s); });
+  });
+  guarded("layernorm", [&] {
+    const int64_t d = 1024, rows = std::max<int64_t>(1, n / d);
+    Tensor lx = x.view(0, {rows, d}), ly = y.view(0, {rows, d}), ldy = z.view(0, {rows, d});
+    Tensor gamma = make({d}, dt, dev, 0.5f, 1.5f), beta = make({d}, dt, dev);
+    Tensor mean = Tensor::empty({rows}, DType::f32, dev), rstd = Tensor::empty({rows}, DType::f32, dev);
+    Tensor dgamma = Tensor::zeros({d}, DType::f32, dev), dbeta = Tensor::zeros({d}, DType::f32, dev);
+    Tensor ldx = Tensor::empty({rows, d}, dt, dev);
+    const double xb = static_cast<double>(rows * d) * es;
+    memory_op(c, "layernorm_forward", dt, 2 * xb, [&] { layernorm_forward(lx, gamma, beta, 1e-5f, ly, mean, rstd, s); });
+    memory_op(c, "layernorm_backward", dt, 3 * xb,
+              [&] { layernorm_backward(lx, gamma, mean, rstd, ldy, ldx, dgamma, dbeta, false, s); });
+  });
+  guarded("cross_entropy", [&] {
+    const int64_t classes = 1000, rows = std::max<int64_t>(1, n / classes);
+    Tensor logits = x.view(0, {rows, classes}), dlogits = y.view(0, {rows, classes});
+    std::vector<int64_t> labels_v(static_cast<std::size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) labels_v[static_cast<std::size_t>(i)] = (i * 7919) % classes;
+    Tensor labels = Tensor::from_ints(labels_v, {rows}).to(dev);
+    Tensor loss = Tensor::zeros({1}, DType::f32, dev);
+    memory_op(c, "softmax_cross_entropy", dt, 2 * static_cast<double>(rows * classes) * es,
+              [&] { softmax_cross_entropy(logits, labels, loss, dlogits, {}, s); });
+  });
+}
+
+void bench_compute_ops(Ctx& c, DType dt, bool gpu) {
+  const Device dev = c.bench.device();
+  const Stream& s = c.bench.stream();
+  guarded("linear", [&] {
+    // 4096-wide on the GPU; on the CPU a size that a 2-core machine times in a second.
+    const int64_t rows = gpu ? 4096 : 1024, in = gpu ? 4096 : 1024, out = gpu ? 4096 : 1024;
+    Tensor x = make({rows, in}, dt, dev), w = make({out, in}, dt, dev, -0.05f, 0.05f), b = make({out}, dt, dev);
+    Tensor y = Tensor::empty({rows, out}, dt, dev), dy = make({rows, out}, dt, dev);
+    Tensor dx = Tensor::empty({rows, in}, dt, dev), dw = Tensor::empty({out, in}, dt, dev);
+    Tensor db = Tensor::empty({out}, dt, dev);
+    const double flops = 3 * 2.0 * static_cast<double>(rows * in * out);
+    compute_op(c, "linear_fwd_bwd", dt, flops, [&] {
+      linear_forward(x, w, b, y, s);
+      linear_backward(x, w, dy, dx, dw, db, false, s);
+    });
+  });
+  guarded("conv2d", [&] {
+    // The second layer of a small CNN on 28x28 images: 32 -> 64 channels, 3x3, padding 1.
+    const int64_t n = gpu ? 256 : 32, ch = 32, k = 64, hw = 28;
+    const Conv2dParams p{1, 1};
+    Tensor x = make({n, ch, hw, hw}, dt, dev), w = make({k, ch, 3, 3}, dt, dev, -0.1f, 0.1f), b = make({k}, dt, dev);
+    Tensor y = Tensor::empty({n, k, hw, hw}, dt, dev), dy = make({n, k, hw, hw}, dt, dev);
+    Tensor dx = Tensor::empty({n, ch, hw, hw}, dt, dev), dw = Tensor::empty({k, ch, 3, 3}, DType::f32, dev);
+    Tensor db = Tensor::empty({k}, DType::f32, dev);
+    const double flops = 2.0 * static_cast<double>(n * k * hw * hw * ch * 9);
+    compute_op(c, "conv2d_forward", dt, flops, [&] { conv2d_forward(x, w, b, y, p, s); });
+    compute_op(c, "conv2d_backward", dt, 2 * flops, [&] { conv2d_backward(x, w, dy, dx, dw, db, false, p, s); });
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kernel_bench: tutti's kernels against the machine's copy and GEMM ceilings"};
+  std::string device_name = tutti::cuda_available() ? "cuda" : "cpu";
+  double size_mb = 64;
+  int samples = 7;
+  std::string json_path;
+  std::vector<std::string> dtype_names;
+  app.add_option("--device", device_name, "cpu or cuda[:N] (default: cuda when a GPU is visible)");
+  app.add_option("--size-mb", size_mb, "MiB of f32 elements per memory-bound op (the element count is kept for halves)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--samples", samples, "timings per op; the median is reported")->check(CLI::Range(1, 1000));
+  app.add_option("--dtypes", dtype_names, "dtypes to run (default: f32 on the CPU, f32 and bf16 on the GPU)");
+  app.add_option("--json", json_path, "write one JSON object per op to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device device = Device::parse(device_name);
+    device.require_available();
+    const bool gpu = device.is_cuda();
+    std::vector<DType> dtypes;
+    for (const auto& d : dtype_names) dtypes.push_back(parse_dtype(d));
+    if (dtypes.empty()) dtypes = gpu ? std::vector<DType>{DType::f32, DType::bf16} : std::vector<DType>{DType::f32};
+
+    Bench bench(device, samples);
+    std::vector<Result> results;
+    const auto bytes = static_cast<std::size_t>(size_mb * 1024 * 1024);
+    const int64_t n = static_cast<int64_t>(bytes / 4);
+
+    // Ceilings, measured in this run before the ops and again after them; the better of the two
+    // counts (a shared machine can be slowed for a moment, and a low ceiling would flatter).
+    const int gemm_size = gpu ? 4096 : 1024;
+    std::vector<DType> gemm_dtypes;  // the CPU computes every dtype in fp32
+    for (DType dt : dtypes) {
+      const DType g = gpu ? dt : DType::f32;
+      if (std::find(gemm_dtypes.begin(), gemm_dtypes.end(), g) == gemm_dtypes.end()) gemm_dtypes.push_back(g);
+    }
+    Result copy_result;
+    copy_result.op = "ceiling_copy";
+    copy_result.bytes = 2.0 * static_cast<double>(bytes);
+    std::vector<Result> gemm_results;
+    auto measure_ceilings = [&] {
+      double ms = 0;
+      const double gbps = copy_ceiling_gbps(bench, bytes, &ms);
+      if (gbps > copy_result.rate) copy_result.rate = gbps, copy_result.median_ms = ms;
+      for (std::size_t i = 0; i < gemm_dtypes.size(); ++i) {
+        if (gemm_results.size() <= i) {
+          Result r;
+          r.op = "ceiling_gemm_" + std::to_string(gemm_size);
+          r.dtype = gemm_dtypes[i];
+          r.flops = 2.0 * gemm_size * gemm_size * gemm_size;
+          gemm_results.push_back(r);
+        }
+        const double tf = gemm_tflops(bench, gemm_dtypes[i], gemm_size, gemm_size, gemm_size, &ms);
+        if (tf > gemm_results[i].rate) gemm_results[i].rate = tf, gemm_results[i].median_ms = ms;
+      }
+    };
+    measure_ceilings();
+
+    Ctx ctx{bench, results};
+    for (DType dt : dtypes) {
+      bench_memory_ops(ctx, dt, n);
+      bench_compute_ops(ctx, dt, gpu);
+    }
+    measure_ceilings();
+
+    // Every op against its ceiling; the ceilings themselves first.
+    copy_result.ceiling = copy_result.rate;
+    copy_result.ceiling_name = "copy";
+    for (Result& g : gemm_results) g.ceiling = g.rate, g.ceiling_name = "gemm";
+    auto gemm_ceiling = [&](DType dt) {
+      const DType g = gpu ? dt : DType::f32;
+      for (const Result& r : gemm_results) {
+        if (r.dtype == g) return r.rate;
+      }
+      return 0.0;
+    };
+    for (Result& r : results) {
+      r.ceiling = r.compute() ? gemm_ceiling(r.dtype) : copy_result.rate;
+      r.ceiling_name = r.compute() ? "gemm" : "copy";
+    }
+    results.insert(results.begin(), gemm_results.begin(), gemm_results.end());
+    results.insert(results.begin(), copy_result);
+
+    std::printf("kernel_bench on %s (%s), %.0f MiB per memory-bound op, median of %d\n",
+                device.str().c_str(), device_description(device).c_str(), size_mb, samples);
+    std::printf("%-24s %-5s %11s %10s %15s %15s %9s\n", "op", "dtype", "size", "median_ms", "rate", "ceiling",
+                "fraction");
+    nlohmann::json out = nlohmann::json::array();
+    for (const Result& r : results) {
+      const bool comp = r.compute();
+      const std::string unit = comp ? "TFLOP/s" : "GB/s";
+      char size[32];
+      if (comp) {
+        std::snprintf(size, sizeof size, "%.2f GF", r.flops / 1e9);
+      } else {
+        std::snprintf(size, sizeof size, "%.1f MB", r.bytes / 1e6);
+      }
+      std::printf("%-24s %-5s %11s %10.3f %9.3f %-5s %9.3f %-5s %8.1f%%\n", r.op.c_str(), dtype_str(r.dtype).c_str(),
+                  size, r.median_ms, r.rate, comp ? "TF/s" : "GB/s", r.ceiling, comp ? "TF/s" : "GB/s",
+                  100 * r.fraction());
+      nlohmann::json j = {{"op", r.op}, {"dtype", dtype_str(r.dtype)}, {"device", device.str()},
+                          {"median_ms", r.median_ms}, {"ceiling", r.ceiling}, {"ceiling_kind", r.ceiling_name},
+                          {"fraction", r.fraction()}};
+      if (comp) {
+        j["flops"] = r.flops;
+        j["tflops"] = r.rate;
+      } else {
+        j["bytes"] = r.bytes;
+        j["gbps"] = r.rate;
+      }
+      out.push_back(j);
+    }
+    if (!json_path.empty()) {
+      std::ofstream f(json_path);
+      f << out.dump(2) << "\n";
+      if (!f) {
+        std::cerr << "kernel_bench: could not write " << json_path << "\n";
+        return 1;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "kernel_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
