@@ -37,6 +37,8 @@ struct Flags {
   int accum_steps = 1;
   double lr = -1;  // per optimizer when not given
   std::string optimizer = "sgd";
+  std::string lr_schedule = "cosine";
+  std::int64_t warmup_steps = 0;
   double momentum = 0.9;
   double weight_decay = -1;  // per optimizer when not given
   std::string precision = "fp32";
@@ -167,6 +169,14 @@ int run(const Flags& f, int& argc, char**& argv) {
                   data.train.size(), " samples)");
   std::int64_t total_steps = steps_per_epoch * f.epochs;
   if (f.max_steps > 0) total_steps = std::min(total_steps, f.max_steps);
+  // The schedule spans the epochs asked for (not --max-steps), so a run cut short by
+  // --max-steps follows the same learning rates as the whole run up to that step.
+  const std::int64_t schedule_steps = steps_per_epoch * f.epochs;
+  if (f.lr_schedule == "cosine") {
+    optimizer->set_schedule(tutti::optim::LrSchedule::cosine(static_cast<float>(lr), f.warmup_steps, schedule_steps));
+  } else if (f.warmup_steps > 0) {
+    optimizer->set_schedule(tutti::optim::LrSchedule::linear_warmup(static_cast<float>(lr), f.warmup_steps));
+  }
 
   // Resume: every rank reads the same checkpoint.
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
@@ -207,12 +217,12 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (chatty) {
     std::printf("train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
                 "grad comm %s, loss scaler %s | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
-                "%lld steps (%lld per epoch)%s\n",
+                "%s schedule | %lld steps (%lld per epoch)%s\n",
                 world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
                 static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
                 scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
                 static_cast<long long>(loader.local_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
-                static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
+                f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
                 f.resume ? (" | resumed at step " + std::to_string(step)).c_str() : "");
     std::fflush(stdout);
   }
@@ -295,6 +305,8 @@ int run(const Flags& f, int& argc, char**& argv) {
                             {"grad_comm", std::string(tutti::name_of(policy.comm))},
                             {"model", f.model},
                             {"optimizer", f.optimizer},
+                            {"lr", lr},
+                            {"lr_schedule", f.lr_schedule},
                             {"global_batch_size", f.batch_size},
                             {"accum_steps", f.accum_steps},
                             {"epochs", f.epochs},
@@ -324,6 +336,10 @@ int main(int argc, char** argv) {
   app.add_option("--lr", f.lr, "learning rate (default 0.05 for sgd, 1e-3 for adamw)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", f.optimizer, "sgd (momentum) or adamw")->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
+  app.add_option("--lr-schedule", f.lr_schedule, "constant, or cosine decay to 0 over the epochs")
+      ->check(CLI::IsMember({"constant", "cosine"}))->capture_default_str();
+  app.add_option("--warmup-steps", f.warmup_steps, "linear learning-rate warm-up steps")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "weight decay (default 0 for sgd, 0.01 for adamw)")
       ->check(CLI::NonNegativeNumber);
