@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Trains Fashion-MNIST's MLP (784-512-256-10) with tutti's trainer and with PyTorch DDP, one
+# after the other, with the same ranks, global batch, optimizer, learning rate and epochs, and
+# prints samples/s of each, their ratio, test accuracy and final loss.
+#
+#   benchmarks/peers/compare.sh [-n RANKS] [-e EPOCHS] [-b GLOBAL_BATCH] [-l LR] [-o OPTIMIZER]
+#                               [-m MOMENTUM] [--build DIR] [--data DIR] [--out DIR] [--torch-only]
+#
+# Defaults (the trainer's): 2 ranks, 1 epoch, batch 128, sgd, lr 0.05, momentum 0.9 (ignored
+# by adamw), build dir "build", results in a fresh
+# directory under /tmp (tutti.json, torch.json, and each run's log). Extra mpirun flags can
+# be given in MPIRUN_FLAGS (default "--bind-to none --oversubscribe"). Both programs get the
+# same CPU threads per rank, THREADS (default: CPUs / ranks, at least 1), through
+# OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (tutti's OpenBLAS) and --threads (torch).
+# Needs Debian's python3-torch (see README.md).
+set -euo pipefail
+
+ranks=2 epochs=1 batch=128 lr=0.05 momentum=0.9 optimizer=sgd build=build data="" out="" torch_only=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) ranks=$2; shift 2 ;;
+    -e) epochs=$2; shift 2 ;;
+    -b) batch=$2; shift 2 ;;
+    -l) lr=$2; shift 2 ;;
+    -o) optimizer=$2; shift 2 ;;
+    -m) momentum=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --torch-only) torch_only=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+trainer="$build/examples/train_fashion_mnist"
+python=/usr/bin/python3  # Debian's python3-torch installs into the system interpreter only
+out=${out:-$(mktemp -d /tmp/tutti-peers.XXXXXX)}
+mkdir -p "$out"
+
+if ! "$python" -c "import torch, numpy" 2>/dev/null; then
+  echo "compare.sh: $python cannot import torch and numpy; install them with" >&2
+  echo "  apt-get install -y --no-install-recommends python3-torch python3-numpy" >&2
+  exit 2
+fi
+
+# Open MPI refuses root unless told (CI and containers run as root).
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+read -r -a mpiflags <<< "${MPIRUN_FLAGS:---bind-to none --oversubscribe}"
+threads=${THREADS:-$(( $(nproc) / ranks ))}
+[ "$threads" -ge 1 ] || threads=1
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+mpiflags+=(-x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS)
+data_flag=()
+[ -n "$data" ] && data_flag=(--data "$data")
+
+common=(--epochs "$epochs" --batch-size "$batch" --lr "$lr" --optimizer "$optimizer" "${data_flag[@]}")
+[ "$optimizer" = sgd ] && common+=(--momentum "$momentum")
+echo "compare: $ranks ranks x $threads thread(s), $epochs epoch(s), global batch $batch, $optimizer lr $lr;" \
+     "results in $out"
+
+tutti_ran=0
+if [ "$torch_only" -eq 0 ]; then
+  if [ -x "$trainer" ]; then
+    echo "--- tutti: mpirun -np $ranks $trainer --model mlp ${common[*]} --json $out/tutti.json"
+    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp "${common[@]}" --json "$out/tutti.json" \
+      2>&1 | tee "$out/tutti.log"
+    tutti_ran=1
+  else
+    echo "--- tutti: $trainer is not built (cmake --build $build --target train_fashion_mnist); skipped" >&2
+  fi
+fi
+
+# A port of its own for torch's rendezvous, passed to every rank.
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-$((29500 + RANDOM % 1000))}
+echo "--- pytorch: mpirun -np $ranks $python $here/torch_fashion_mnist.py ${common[*]} --json $out/torch.json"
+mpirun -np "$ranks" "${mpiflags[@]}" -x MASTER_ADDR -x MASTER_PORT \
+  "$python" "$here/torch_fashion_mnist.py" "${common[@]}" --threads "$threads" --json "$out/torch.json" \
+  2>&1 | tee "$out/torch.log"
+
+"$python" - "$out" "$tutti_ran" <<'PY'
+import json, os, sys
+out, tutti_ran = sys.argv[1], sys.argv[2] == "1"
+def load(name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+t = load("tutti.json") if tutti_ran else None
+p = load("torch.json")
+def val(r, k):
+    return None if r is None else r.get(k)
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+print()
+print(f"{'':16}{'tutti':>14}{'pytorch':>14}")
+for key, spec in [("samples_per_s", ",.0f"), ("test_accuracy", ".4f"), ("final_train_loss", ".4f"),
+                  ("final_loss", ".4f"), ("train_s", ".2f"), ("wall_s", ".2f")]:
+    print(f"{key:16}{fmt(val(t, key), spec):>14}{fmt(val(p, key), spec):>14}")
+ts, ps = val(t, "samples_per_s"), val(p, "samples_per_s")
+if ts and ps:
+    print(f"\nsamples/s ratio tutti / pytorch: {ts / ps:.2f}x")
+if t is None or p is None:
+    print("\n(one side did not produce its JSON; see the logs in " + out + ")")
+    sys.exit(1)
+PY
