@@ -68,8 +68,9 @@ echo "compare: $ranks ranks x $threads thread(s), $epochs epoch(s), global batch
 tutti_ran=0
 if [ "$torch_only" -eq 0 ]; then
   if [ -x "$trainer" ]; then
-    echo "--- tutti: mpirun -np $ranks $trainer --model mlp ${common[*]} --json $out/tutti.json"
-    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp "${common[@]}" --json "$out/tutti.json" \
+    # The peer keeps its learning rate constant: so does tutti here.
+    echo "--- tutti: mpirun -np $ranks $trainer --model mlp --lr-schedule constant ${common[*]} --json $out/tutti.json"
+    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp --lr-schedule constant "${common[@]}" --json "$out/tutti.json" \
       2>&1 | tee "$out/tutti.log"
     tutti_ran=1
   else
