@@ -1,0 +1,24 @@
+// Which backends this build has. The one place where a build with and without NCCL differ:
+// nccl_backend.cc is compiled only with TUTTI_WITH_NCCL (see src/comm/CMakeLists.txt).
+#include "comm/backend.h"
+
+namespace tutti::detail {
+
+#if TUTTI_WITH_NCCL
+std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Device device, CommOptions options);
+std::string nccl_version_impl();
+
+bool built_with_nccl() { return true; }
+std::string nccl_version() { return nccl_version_impl(); }
+std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Device device, CommOptions options) {
+  return make_nccl_backend_impl(parent, device, std::move(options));
+}
+#else
+bool built_with_nccl() { return false; }
+std::string nccl_version() { return "none"; }
+std::shared_ptr<Backend> make_nccl_backend(MPI_Comm, Device, CommOptions) {
+  TUTTI_THROW(BackendError, "Backend nccl is not available: tutti was built without NCCL (TUTTI_WITH_NCCL=OFF)");
+}
+#endif
+
+}  // namespace tutti::detail

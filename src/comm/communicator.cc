@@ -1,0 +1,411 @@
+// The Communicator base (argument checks, sequence numbers, the loud defaults), Work,
+// CommOptions, and what the backends share (timeout report, fingerprints).
+#include "tutti/comm/communicator.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "comm/backend.h"
+#include "comm/work_state.h"
+#include "core/mpi_check.h"
+
+namespace tutti {
+
+std::string_view name_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+  }
+  return "?";
+}
+
+std::string_view name_of(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::allreduce: return "allreduce";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::allgather: return "allgather";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string bytes_str(double bytes) {
+  char buf[32];
+  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else if (bytes < 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
+  else if (bytes < 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+// What every rank must agree on (the label may differ).
+std::string describe(std::uint64_t seq, CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root) {
+  std::ostringstream s;
+  s << '#' << seq << ' ' << name_of(kind);
+  if (kind == CollectiveKind::allreduce || kind == CollectiveKind::reduce_scatter) s << '(' << name_of(op) << ')';
+  if (kind == CollectiveKind::broadcast) s << "(root " << root << ')';
+  if (kind != CollectiveKind::barrier) {
+    s << ' ' << count << " x " << name_of(dtype) << " ("
+      << bytes_str(static_cast<double>(count) * static_cast<double>(size_of(dtype))) << ')';
+  }
+  return s.str();
+}
+
+std::optional<double> env_double(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  TUTTI_CHECK_ARG(errno == 0 && end != v && *end == '\0' && x > 0,
+                  "environment variable ", name, "='", v, "' is not a positive number of seconds");
+  return x;
+}
+
+}  // namespace
+
+std::string CollectiveInfo::str() const {
+  std::string s = describe(seq, kind, op, dtype, count, root);
+  if (!label.empty()) s += " issued by '" + label + "'";
+  return s;
+}
+
+double CommOptions::timeout_seconds() const {
+  if (timeout) {
+    TUTTI_CHECK_ARG(timeout->count() > 0, "CommOptions::timeout must be positive, got ", timeout->count(), " s");
+    return timeout->count();
+  }
+  if (auto env = env_double("TUTTI_TIMEOUT_S")) return *env;
+  return 300.0;
+}
+
+bool CommOptions::debug_enabled() const {
+  if (debug) return *debug;
+  const char* v = std::getenv("TUTTI_DEBUG");
+  if (v == nullptr || *v == '\0') return false;
+  const std::string s = v;
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  TUTTI_THROW(InvalidArgument, "environment variable TUTTI_DEBUG='", s, "' is not 1 or 0");
+}
+
+// ---- Work ---------------------------------------------------------------------------------
+
+bool Work::test() const { return state_ ? state_->test() : true; }
+void Work::wait() const {
+  if (state_) state_->wait();
+}
+void Work::wait(const Stream& stream) const {
+  if (state_) state_->wait(stream);
+}
+const CollectiveInfo& Work::info() const {
+  static const CollectiveInfo none{};
+  return state_ ? state_->info() : none;
+}
+
+namespace detail {
+
+Work HostWork::failed(CollectiveInfo info, std::exception_ptr error) {
+  auto state = std::make_shared<HostWork>(std::move(info));
+  state->fail(std::move(error));
+  return Work(state);
+}
+
+// complete() is the hot path: no lock unless a waiter sleeps. The waiter publishes
+// has_sleeper_ before it checks the status, and complete() publishes the status before it
+// checks has_sleeper_ (both sequentially consistent), so one of them sees the other.
+void HostWork::complete() {
+  int expected = kPending;
+  if (!status_.compare_exchange_strong(expected, kDone)) return;
+  if (has_sleeper_.load()) {
+    std::lock_guard lock(mutex_);
+    cv_.notify_all();
+  }
+}
+
+void HostWork::fail(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    if (status_.load() != kPending) return;
+    error_ = std::move(error);  // before the status says kFailed
+    int expected = kPending;
+    if (!status_.compare_exchange_strong(expected, kFailed)) return;  // complete() won
+  }
+  if (has_sleeper_.load()) cv_.notify_all();
+}
+
+void HostWork::rethrow_if_failed() const {
+  if (status_.load(std::memory_order_acquire) == kFailed) {
+    std::lock_guard lock(mutex_);
+    std::rethrow_exception(error_);
+  }
+}
+
+bool HostWork::test() {
+  if (!finished()) return false;
+  rethrow_if_failed();
+  return true;
+}
+
+void HostWork::wait() {
+  if (!finished()) {
+    if (auto runner = runner_.lock()) runner->run_until(*this);
+  }
+  // Spin for a few tens of microseconds, yielding so that a communication thread that
+  // shares the core can run.
+  if (!finished()) {
+    const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+    while (!finished() && Clock::now() < spin_until) std::this_thread::yield();
+  }
+  if (!finished()) {
+    std::unique_lock lock(mutex_);
+    has_sleeper_.store(true);
+    cv_.wait(lock, [&] { return status_.load() != kPending; });
+  }
+  rethrow_if_failed();
+}
+
+// ---- shared by the backends -----------------------------------------------------------
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string timeout_report(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
+                           std::size_t queued_behind) {
+  char times[96];
+  std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
+  std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
+                  " did not complete " + times;
+  if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
+  s += ". Some rank probably never issued it, or issued a different collective "
+       "(run with TUTTI_DEBUG=1 to compare them).";
+  return s;
+}
+
+void end_job(const std::string& report) {
+  const int rank = error_rank();
+  std::fprintf(stderr, "tutti [rank %d]: %s Ending the job (MPI_Abort).\n", rank, report.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 14);
+  std::_Exit(14);  // MPI_Abort does not return; in case it does, end at least this process
+}
+
+std::exception_ptr timeout_error(const std::string& report) {
+  return std::make_exception_ptr(TimeoutError(report, strip_path(__FILE__), error_rank()));
+}
+
+std::exception_ptr in_context(std::exception_ptr error, const std::string& what) {
+  auto rebuild = [&](const auto& e) {
+    using E = std::decay_t<decltype(e)>;
+    return std::make_exception_ptr(E(e.message() + " (while " + what + ")", e.where(), e.rank()));
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return rebuild(e);
+  } catch (const InvalidArgument& e) {
+    return rebuild(e);
+  } catch (const BackendError& e) {
+    return rebuild(e);
+  } catch (const Error& e) {
+    return rebuild(e);
+  } catch (...) {
+    return error;
+  }
+}
+
+namespace {
+struct Fingerprint {
+  std::uint64_t seq;
+  std::int64_t count;
+  std::int32_t kind, op, dtype, root;
+};
+
+Fingerprint fingerprint_of(const CollectiveInfo& info) {
+  return Fingerprint{info.seq, info.count, static_cast<std::int32_t>(info.kind), static_cast<std::int32_t>(info.op),
+                     static_cast<std::int32_t>(info.dtype), info.root};
+}
+
+bool same(const Fingerprint& a, const Fingerprint& b) {
+  return a.seq == b.seq && a.count == b.count && a.kind == b.kind && a.op == b.op && a.dtype == b.dtype &&
+         a.root == b.root;
+}
+
+std::string describe(const Fingerprint& f) {
+  if (f.kind < 0 || f.kind > static_cast<int>(CollectiveKind::barrier) || f.dtype < 0 ||
+      f.dtype > static_cast<int>(DType::i64) || f.op < 0 || f.op > static_cast<int>(ReduceOp::min)) {
+    return "an unknown collective";
+  }
+  return tutti::describe(f.seq, static_cast<CollectiveKind>(f.kind), static_cast<ReduceOp>(f.op),
+                         static_cast<DType>(f.dtype), f.count, f.root);
+}
+}  // namespace
+
+bool check_fingerprints(MPI_Comm comm, const CollectiveInfo& info, double timeout_s) {
+  int size = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
+  const Fingerprint mine = fingerprint_of(info);
+  std::vector<Fingerprint> all(static_cast<std::size_t>(size));
+  MPI_Request request = MPI_REQUEST_NULL;
+  TUTTI_MPI_CHECK(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm, &request));
+  const auto start = Clock::now();
+  int done = 0;
+  for (;;) {
+    TUTTI_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (seconds_since(start) > timeout_s) {
+      // `all` must outlive the pending exchange: leak it (the communicator is broken now).
+      new std::vector<Fingerprint>(std::move(all));
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  for (int r = 1; r < size; ++r) {
+    if (!same(all[static_cast<std::size_t>(r)], all[0])) {
+      TUTTI_THROW(InvalidArgument, "collective mismatch (debug mode): rank 0 issued ", describe(all[0]),
+                  " but rank ", r, " issued ", describe(all[static_cast<std::size_t>(r)]),
+                  "; every rank must issue the same collectives in the same order");
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+
+// ---- Communicator -------------------------------------------------------------------------
+
+Communicator::Communicator(int rank, int size, CommOptions options)
+    : rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      timeout_s_(options_.timeout_seconds()),
+      debug_(options_.debug_enabled()) {
+  options_.timeout = std::chrono::duration<double>(timeout_s_);
+  options_.debug = debug_;
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::unsupported(std::string_view what) const {
+  TUTTI_THROW(BackendError, "Backend ", backend(), " does not support ", what);
+}
+
+Work Communicator::do_allreduce(Collective) { unsupported("allreduce"); }
+Work Communicator::do_reduce_scatter(Collective) { unsupported("reduce_scatter"); }
+Work Communicator::do_allgather(Collective) { unsupported("allgather"); }
+Work Communicator::do_broadcast(Collective) { unsupported("broadcast"); }
+Work Communicator::do_barrier(Collective) { unsupported("barrier"); }
+void Communicator::check_device(Device, const CollectiveInfo&) const {}
+
+CollectiveInfo Communicator::make_info(CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root,
+                                       const CallOptions& call) const {
+  CollectiveInfo info;
+  info.kind = kind;
+  info.op = op;
+  info.dtype = dtype;
+  info.count = count;
+  info.root = root;
+  info.label = call.label;
+  return info;
+}
+
+void Communicator::check_tensor(const char* role, const Tensor& t, const CollectiveInfo& info) const {
+  TUTTI_CHECK_ARG(t.defined(), name_of(info.kind), ": ", role, " is an undefined tensor");
+  check_device(t.device(), info);
+}
+
+Communicator::Collective Communicator::make_collective(CollectiveInfo info, Tensor input, Tensor output,
+                                                       const CallOptions& call) const {
+  const Tensor& any = output.defined() ? output : input;
+  if (any.defined()) {
+    if (input.defined()) {
+      TUTTI_CHECK_ARG(input.dtype() == output.dtype(), name_of(info.kind), ": input is ", input.str(),
+                      " but output is ", output.str(), " (dtypes must match)");
+      TUTTI_CHECK_ARG(input.device() == output.device(), name_of(info.kind), ": input is on ",
+                      input.device().str(), " but output on ", output.device().str());
+    }
+    if (info.kind == CollectiveKind::allreduce || info.kind == CollectiveKind::reduce_scatter) {
+      TUTTI_CHECK_ARG(info.op != ReduceOp::avg || is_floating(any.dtype()), name_of(info.kind),
+                      ": ReduceOp::avg is defined for float dtypes only, got ", name_of(any.dtype()),
+                      " (use sum and divide as your integers need)");
+    }
+  }
+  Stream stream = call.stream;
+  if (any.defined() && any.device().is_cuda()) {
+    if (!stream.device().is_cuda()) stream = Stream::default_for(any.device());
+    TUTTI_CHECK_ARG(stream.device() == any.device(), name_of(info.kind), ": tensors on ", any.device().str(),
+                    " but CallOptions::stream on ", stream.device().str());
+  }
+  return Collective{std::move(info), std::move(input), std::move(output), std::move(stream)};
+}
+
+Work Communicator::issue(Collective c, Work (Communicator::*run)(Collective)) {
+  std::lock_guard lock(issue_mutex_);
+  c.info.seq = next_seq_++;
+  return (this->*run)(std::move(c));
+}
+
+Work Communicator::allreduce(const Tensor& tensor, ReduceOp op, const CallOptions& call) {
+  return allreduce(tensor, tensor, op, call);
+}
+
+Work Communicator::allreduce(const Tensor& input, const Tensor& output, ReduceOp op, const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::allreduce, op, output.dtype(), output.numel(), -1, call);
+  check_tensor("input", input, info);
+  check_tensor("output", output, info);
+  TUTTI_CHECK_ARG(input.numel() == output.numel(), "allreduce: input ", input.str(), " and output ", output.str(),
+                  " differ in size");
+  return issue(make_collective(std::move(info), input, output, call), &Communicator::do_allreduce);
+}
+
+Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op, const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::reduce_scatter, op, output.dtype(), output.numel(), -1, call);
+  check_tensor("input", input, info);
+  check_tensor("output", output, info);
+  TUTTI_CHECK_ARG(input.numel() == output.numel() * size_, "reduce_scatter: input ", input.str(),
+                  " must hold world size (", size_, ") x output ", output.str(), " elements");
+  return issue(make_collective(std::move(info), input, output, call), &Communicator::do_reduce_scatter);
+}
+
+Work Communicator::allgather(const Tensor& input, const Tensor& output, const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::allgather, ReduceOp::sum, input.dtype(), input.numel(), -1, call);
+  check_tensor("input", input, info);
+  check_tensor("output", output, info);
+  TUTTI_CHECK_ARG(output.numel() == input.numel() * size_, "allgather: output ", output.str(),
+                  " must hold world size (", size_, ") x input ", input.str(), " elements");
+  return issue(make_collective(std::move(info), input, output, call), &Communicator::do_allgather);
+}
+
+Work Communicator::broadcast(const Tensor& tensor, int root, const CallOptions& call) {
+  return broadcast(tensor, tensor, root, call);
+}
+
+Work Communicator::broadcast(const Tensor& input, const Tensor& output, int root, const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::broadcast, ReduceOp::sum, output.dtype(), output.numel(), root, call);
+  TUTTI_CHECK_ARG(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a world of ", size_);
+  check_tensor("output", output, info);
+  Tensor in;
+  if (rank_ == root) {
+    check_tensor("input (on the root)", input, info);
+    TUTTI_CHECK_ARG(input.numel() == output.numel(), "broadcast: input ", input.str(), " and output ", output.str(),
+                    " differ in size");
+    in = input;
+  }
+  return issue(make_collective(std::move(info), in, output, call), &Communicator::do_broadcast);
+}
+
+Work Communicator::barrier(const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::barrier, ReduceOp::sum, DType::f32, 0, -1, call);
+  return issue(make_collective(std::move(info), Tensor(), Tensor(), call), &Communicator::do_barrier);
+}
+
+}  // namespace tutti

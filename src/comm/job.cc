@@ -1,0 +1,254 @@
+// Bootstrap: MPI, ranks, the device, the communicators; and the orderly teardown.
+#include "tutti/comm/job.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "comm/backend.h"
+#include "core/gpu_runtime.h"
+#include "core/mpi_check.h"
+#include "tutti/version.h"
+
+namespace tutti {
+namespace {
+
+std::atomic<bool> job_alive{false};
+
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
+  int size = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  TUTTI_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += lens[static_cast<std::size_t>(r)];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  TUTTI_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) {
+    out.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                             static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
+  }
+  return out;
+}
+
+// True on every rank when `ok` is true on every rank.
+bool all_ranks(MPI_Comm comm, bool ok) {
+  int mine = ok ? 1 : 0, all = 0;
+  TUTTI_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm));
+  return all == 1;
+}
+
+// Runs a local step of the bootstrap on every rank, then agrees: if it failed anywhere, every
+// rank throws (the failing ones their own error), so that no rank is left waiting in the next
+// collective step.
+template <typename F>
+void agreed(MPI_Comm comm, const char* step, F&& f) {
+  std::exception_ptr error;
+  try {
+    f();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (all_ranks(comm, error == nullptr)) return;
+  if (error) std::rethrow_exception(error);
+  TUTTI_THROW(Error, "job setup failed on another rank while ", step, " (see that rank's error)");
+}
+
+Device choose_device(const std::string& wanted, int local_rank) {
+  const int gpus = cuda_device_count();
+  if (wanted == "auto") return gpus > 0 ? Device::cuda(local_rank % gpus) : Device::cpu();
+  if (wanted == "cpu") return Device::cpu();
+  if (wanted == "cuda") {
+    TUTTI_CHECK_ARG(gpus > 0, "JobOptions::device is 'cuda' but this process sees no GPU (built with CUDA: ",
+                    built_with_cuda() ? "yes" : "no", ")");
+    return Device::cuda(local_rank % gpus);
+  }
+  const Device d = Device::parse(wanted);
+  d.require_available();
+  return d;
+}
+
+}  // namespace
+
+struct Job::Impl {
+  bool initialized_mpi = false;
+  MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
+  MPI_Comm local = MPI_COMM_NULL;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  Device device;
+  std::string hostname;
+  std::shared_ptr<detail::Backend> comm;      // for device
+  std::shared_ptr<detail::Backend> cpu_comm;  // the same as comm when comm is mpi
+  std::mutex extra_mutex;
+  std::vector<std::weak_ptr<detail::Backend>> extra;
+  bool owns_slot = false;
+
+  ~Impl() { teardown(); }
+
+  void teardown() noexcept {
+    bool broken = false;
+    std::vector<std::shared_ptr<detail::Backend>> all;
+    {
+      std::lock_guard lock(extra_mutex);
+      for (auto& w : extra) {
+        if (auto b = w.lock()) all.push_back(std::move(b));
+      }
+      extra.clear();
+    }
+    if (comm) all.push_back(comm);
+    if (cpu_comm && cpu_comm != comm) all.push_back(cpu_comm);
+    // NCCL comms and streams before MPI: shutdown() frees them.
+    for (auto& b : all) {
+      b->shutdown();
+      broken = broken || b->broken();
+    }
+    all.clear();
+    comm.reset();
+    cpu_comm.reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !broken) {
+      if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
+      if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+      // A rank stuck in MPI after a missed deadline (broken) would make MPI_Finalize hang.
+      if (initialized_mpi) MPI_Finalize();
+    }
+    if (owns_slot) job_alive.store(false);
+    owns_slot = false;
+  }
+};
+
+Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& j = *impl_;
+  TUTTI_CHECK(!job_alive.exchange(true), "a tutti::Job exists already in this process (one at a time)");
+  j.owns_slot = true;
+
+  int initialized = 0, finalized = 0;
+  TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
+  TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
+  TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    TUTTI_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided));
+    j.initialized_mpi = true;
+  } else {
+    TUTTI_MPI_CHECK(MPI_Query_thread(&provided));
+  }
+  TUTTI_CHECK(provided >= MPI_THREAD_MULTIPLE, "tutti needs MPI_THREAD_MULTIPLE (its communication threads call MPI "
+              "while other threads may), but MPI provides thread level ", provided,
+              j.initialized_mpi ? " (this MPI library lacks it)" : " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
+
+  TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &j.world));
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(j.world, MPI_ERRORS_RETURN));
+  TUTTI_MPI_CHECK(MPI_Comm_rank(j.world, &j.rank));
+  TUTTI_MPI_CHECK(MPI_Comm_size(j.world, &j.size));
+  set_error_rank(j.rank);
+  ErrorContext context("setting up the job (rank " + std::to_string(j.rank) + " of " + std::to_string(j.size) + ")");
+  TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
+  TUTTI_MPI_CHECK(MPI_Comm_rank(j.local, &j.local_rank));
+  TUTTI_MPI_CHECK(MPI_Comm_size(j.local, &j.local_size));
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+  j.hostname = host;
+
+  agreed(j.world, "choosing the device", [&] {
+    TUTTI_CHECK_ARG(options.backend == "auto" || options.backend == "mpi" || options.backend == "nccl",
+                    "JobOptions::backend must be 'auto', 'mpi' or 'nccl', got '", options.backend, "'");
+    j.device = choose_device(options.device, j.local_rank);
+    if (j.device.is_cuda()) gpu::set_device(j.device.index);
+    (void)options.comm.timeout_seconds();  // malformed environment variables fail here, everywhere alike
+    (void)options.comm.debug_enabled();
+  });
+
+  // NCCL wants one GPU per rank: two ranks of a node on one GPU use mpi instead.
+  std::vector<std::string> devices = allgather_strings(j.local, j.device.str());
+  const bool gpu_to_itself = j.device.is_cuda() &&
+                             std::set<std::string>(devices.begin(), devices.end()).size() == devices.size();
+  const bool nccl_everywhere = all_ranks(j.world, gpu_to_itself && detail::built_with_nccl());
+  bool use_nccl = false;
+  agreed(j.world, "choosing the backend", [&] {
+    if (options.backend == "nccl") {
+      TUTTI_CHECK_ARG(detail::built_with_nccl(), "JobOptions::backend is 'nccl' but tutti was built without NCCL");
+      TUTTI_CHECK_ARG(nccl_everywhere, "JobOptions::backend is 'nccl' but not every rank has a GPU of its own (this "
+                      "rank: ", j.device.str(), ", ", j.local_size, " rank(s) on host ", j.hostname, ")");
+    }
+    use_nccl = options.backend == "nccl" || (options.backend == "auto" && nccl_everywhere);
+  });
+
+  if (use_nccl) {
+    j.comm = detail::make_nccl_backend(j.world, j.device, options.comm);
+    j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm);
+  } else {
+    j.comm = detail::make_mpi_backend(j.world, j.device, options.comm);
+    j.cpu_comm = j.comm;
+  }
+}
+
+Job::~Job() = default;
+Job::Job(Job&&) noexcept = default;
+Job& Job::operator=(Job&&) noexcept = default;
+
+int Job::rank() const { return impl_->rank; }
+int Job::world_size() const { return impl_->size; }
+int Job::local_rank() const { return impl_->local_rank; }
+int Job::local_size() const { return impl_->local_size; }
+Device Job::device() const { return impl_->device; }
+const std::string& Job::hostname() const { return impl_->hostname; }
+std::string_view Job::backend() const { return impl_->comm->backend(); }
+Communicator& Job::communicator() { return *impl_->comm; }
+Communicator& Job::cpu_communicator() { return *impl_->cpu_comm; }
+
+std::string Job::mpi_version() const {
+  int major = 0, minor = 0, len = 0;
+  MPI_Get_version(&major, &minor);
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  MPI_Get_library_version(lib, &len);
+  std::string first(lib, static_cast<std::size_t>(len));
+  first = first.substr(0, first.find_first_of("\n,"));
+  return "MPI " + std::to_string(major) + "." + std::to_string(minor) + ", " + first;
+}
+
+std::string Job::nccl_version() const { return detail::nccl_version(); }
+
+std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::string_view backend) {
+  Impl& j = *impl_;
+  TUTTI_CHECK_ARG(backend == "auto" || backend == "mpi" || backend == "nccl",
+                  "Job::new_communicator: backend must be 'auto', 'mpi' or 'nccl', got '", std::string(backend), "'");
+  const bool nccl = backend == "nccl" || (backend == "auto" && j.comm->backend() == "nccl");
+  std::shared_ptr<detail::Backend> b =
+      nccl ? detail::make_nccl_backend(j.world, j.device, std::move(options))
+           : detail::make_mpi_backend(j.world, j.device, std::move(options));
+  std::lock_guard lock(j.extra_mutex);
+  j.extra.push_back(b);
+  return b;
+}
+
+std::string Job::summary() const {
+  const Impl& j = *impl_;
+  char line[512];
+  std::snprintf(line, sizeof line, "  rank %d/%d  host %s  local %d/%d  device %s [%s]  backend %s\n", j.rank, j.size,
+                j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
+                device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
+  const std::vector<std::string> lines = allgather_strings(j.world, line);
+  const std::vector<std::string> hosts = allgather_strings(j.world, j.hostname);
+  const std::size_t nhosts = std::set<std::string>(hosts.begin(), hosts.end()).size();
+  std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
+                    std::to_string(nhosts) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
+  out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
+         ", driver " + cuda_driver_version() + "\n";
+  for (const auto& l : lines) out += l;
+  return out;
+}
+
+Job init(int& argc, char**& argv, JobOptions options) { return Job(argc, argv, std::move(options)); }
+
+}  // namespace tutti

@@ -1,0 +1,396 @@
+// The nccl backend (compiled only where the build has NCCL): GPU tensors, collectives issued
+// in order on the communicator's own high-priority stream, after the caller's stream (an
+// event, no host sync). A Work is an event recorded after the collective on that stream.
+//
+// Deadlines and asynchronous NCCL errors: Work::wait polls its event, the communicator's
+// async error and its deadline; a watchdog thread does the same for collectives nobody
+// waits on. A missed deadline or an NCCL error ends the job (ncclCommAbort, then MPI_Abort)
+// after the report, or with abort_on_timeout = false aborts the NCCL comm (which frees the
+// stuck stream) and fails the Work and every later one.
+#include <nccl.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+#include "comm/backend.h"
+#include "comm/work_state.h"
+#include "core/gpu_runtime.h"
+#include "core/mpi_check.h"
+#include "core/nccl_check.h"
+
+namespace tutti::detail {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+// NCCL reduces halves in their own type, ring step by ring step; unlike the mpi backend this
+// rounds at every step (NCCL offers no wider accumulation for f16 and bf16).
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+cudaStream_t as_stream(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+struct NcclEngine;
+
+class NcclWork final : public Work::State {
+ public:
+  NcclWork(CollectiveInfo info, std::shared_ptr<NcclEngine> engine, Communicator::Collective keep)
+      : Work::State(std::move(info)), engine_(std::move(engine)), keep_(std::move(keep)), issued_(Clock::now()) {}
+
+  bool test() override;
+  void wait() override;
+  void wait(const Stream& stream) override;
+
+  Event done;  // recorded after the collective on the communicator's stream
+  // Observed complete (event done) or failed; then the tensors are let go.
+  bool poll();
+  void fail(std::exception_ptr error);
+  Clock::time_point issued() const { return issued_; }
+
+ private:
+  void rethrow_if_failed();
+  std::shared_ptr<NcclEngine> engine_;
+  std::mutex mutex_;
+  Communicator::Collective keep_;  // keeps the tensors alive until the collective is done
+  std::exception_ptr error_;
+  bool complete_ = false;
+  Clock::time_point issued_;
+};
+
+struct NcclEngine {
+  // Atomic: a failure path (any thread) takes it away, exactly once, to abort it.
+  std::atomic<ncclComm_t> comm{nullptr};
+  MPI_Comm mpi = MPI_COMM_NULL;  // debug fingerprints
+  Device device;
+  Stream stream;
+  double timeout_s = 300;
+  bool abort_on_timeout = true;
+
+  std::mutex mutex;  // outstanding, broken_report, watch_stop
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<NcclWork>> outstanding;
+  bool watch_stop = false;
+  std::atomic<bool> broken{false};
+  std::string broken_report;
+
+  // The communicator's async error, as a report ("" when none).
+  std::string async_error() {
+    const ncclComm_t c = comm.load();
+    if (c == nullptr || broken.load()) return "";
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(c, &async) != ncclSuccess || async == ncclSuccess || async == ncclInProgress) {
+      return "";
+    }
+    return std::string("NCCL asynchronous error ") + nccl_result_name(async) + ": " + ncclGetErrorString(async) +
+           " (last NCCL message: " + ncclGetLastError(c) + ")";
+  }
+
+  // Ends the job with `report`, or (abort_on_timeout = false) aborts the NCCL comm and fails
+  // every outstanding Work. `timeout` says which exception the Works get.
+  void fatal(const std::string& report, bool timeout) {
+    if (abort_on_timeout) {
+      // Frees the GPU from the stuck kernel before MPI ends the processes.
+      if (const ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
+      end_job(report);
+    }
+    std::deque<std::shared_ptr<NcclWork>> failing;
+    {
+      std::lock_guard lock(mutex);
+      if (broken.exchange(true)) return;
+      broken_report = report;
+      failing.swap(outstanding);
+    }
+    if (const ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
+    for (auto& w : failing) {
+      w->fail(timeout ? timeout_error(report)
+                      : std::make_exception_ptr(BackendError(report, strip_path(__FILE__), error_rank())));
+    }
+  }
+
+  std::exception_ptr broken_error() {
+    std::lock_guard lock(mutex);
+    return timeout_error("communicator unusable after an earlier failure (" + broken_report + ")");
+  }
+
+  // Checks `w` (and the comm) once: returns true when it is complete. Reports a missed
+  // deadline or an async error through fatal().
+  bool check(NcclWork& w) {
+    if (w.poll()) return true;
+    if (std::string err = async_error(); !err.empty()) {
+      fatal(err + " during collective " + w.info().str(), /*timeout=*/false);
+      return w.poll();
+    }
+    const double waited = seconds_since(w.issued());
+    if (waited > timeout_s) {
+      std::size_t behind = 0;
+      {
+        std::lock_guard lock(mutex);
+        behind = outstanding.empty() ? 0 : outstanding.size() - 1;
+      }
+      fatal(timeout_report("nccl", w.info(), timeout_s, waited, behind), /*timeout=*/true);
+      return w.poll();
+    }
+    return false;
+  }
+
+  void watch() {
+    const auto interval = std::chrono::duration<double>(std::clamp(timeout_s / 20, 0.01, 0.5));
+    std::unique_lock lock(mutex);
+    while (!watch_stop) {
+      cv.wait_for(lock, interval);
+      if (watch_stop || broken.load()) continue;
+      // Let go of what is done; check the oldest of the rest.
+      while (!outstanding.empty() && outstanding.front()->poll()) outstanding.pop_front();
+      if (outstanding.empty()) continue;
+      std::shared_ptr<NcclWork> oldest = outstanding.front();
+      lock.unlock();
+      try {
+        check(*oldest);
+      } catch (const std::exception& e) {
+        // A CUDA error while polling: as fatal as an NCCL one (the thread must not throw).
+        fatal(std::string("error while watching collective ") + oldest->info().str() + ": " + e.what(),
+              /*timeout=*/false);
+      }
+      lock.lock();
+    }
+  }
+};
+
+bool NcclWork::poll() {
+  std::lock_guard lock(mutex_);
+  if (complete_ || error_) return true;
+  if (!done.query()) return false;
+  complete_ = true;
+  keep_ = Communicator::Collective{};
+  return true;
+}
+
+void NcclWork::fail(std::exception_ptr error) {
+  std::lock_guard lock(mutex_);
+  if (complete_ || error_) return;
+  error_ = std::move(error);
+}
+
+void NcclWork::rethrow_if_failed() {
+  std::lock_guard lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool NcclWork::test() {
+  const bool finished = engine_->check(*this);
+  rethrow_if_failed();
+  return finished;
+}
+
+void NcclWork::wait() {
+  // Polls (NCCL offers no blocking wait with a deadline): yield first, then sleep a little.
+  for (int i = 0; !engine_->check(*this); ++i) {
+    if (i < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  rethrow_if_failed();
+}
+
+void NcclWork::wait(const Stream& stream) {
+  if (stream.device().is_cpu()) return wait();  // the host waits
+  TUTTI_CHECK_ARG(stream.device() == done.device(), "Work::wait(stream): collective ", info().str(), " ran on ",
+                  done.device().str(), " but the stream is on ", stream.device().str());
+  rethrow_if_failed();
+  done.wait(stream);
+}
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size)
+      : Backend(rank, size, std::move(options)), engine_(std::make_shared<NcclEngine>()) {
+    TUTTI_CHECK_ARG(device.is_cuda(), "the nccl backend needs a GPU device, got ", device.str());
+    device.require_available();
+    NcclEngine& e = *engine_;
+    e.device = device;
+    e.timeout_s = timeout_seconds();
+    e.abort_on_timeout = this->options().abort_on_timeout;
+    TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.mpi));
+    TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.mpi, MPI_ERRORS_RETURN));
+    gpu::set_device(device.index);
+    ncclUniqueId id{};
+    if (rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
+    TUTTI_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, e.mpi));
+    {
+      ErrorContext context("creating the NCCL communicator of rank " + std::to_string(rank) + " of " +
+                           std::to_string(size) + " on " + device.str());
+      ncclComm_t c = nullptr;
+      TUTTI_NCCL_CHECK(ncclCommInitRank(&c, size, id, rank));
+      e.comm.store(c);
+    }
+    e.stream = Stream::create(device, /*high_priority=*/true);
+    watchdog_ = std::thread([e = engine_] { e->watch(); });
+  }
+  ~NcclBackend() override { shutdown(); }
+
+  std::string_view backend() const override { return "nccl"; }
+  bool broken() const override { return engine_->broken.load(); }
+
+  void shutdown() noexcept override {
+    NcclEngine& e = *engine_;
+    if (!watchdog_.joinable()) return;
+    // Issued collectives finish first (their deadlines bound the wait).
+    for (;;) {
+      std::shared_ptr<NcclWork> w;
+      {
+        std::lock_guard lock(e.mutex);
+        while (!e.outstanding.empty() && e.outstanding.front()->poll()) e.outstanding.pop_front();
+        if (e.outstanding.empty() || e.broken.load()) break;
+        w = e.outstanding.front();
+      }
+      try {
+        Work(w).wait();
+      } catch (...) {
+        // reported through the Work; nothing to add at teardown
+      }
+    }
+    {
+      std::lock_guard lock(e.mutex);
+      e.watch_stop = true;
+    }
+    e.cv.notify_all();
+    watchdog_.join();
+    if (!e.broken.load()) {
+      try {
+        gpu::set_device(e.device.index);
+      } catch (...) {
+      }
+      if (const ncclComm_t c = e.comm.exchange(nullptr)) ncclCommDestroy(c);
+      e.stream = Stream();
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && e.mpi != MPI_COMM_NULL && !e.broken.load()) MPI_Comm_free(&e.mpi);
+    e.mpi = MPI_COMM_NULL;
+  }
+
+ protected:
+  void check_device(Device device, const CollectiveInfo& info) const override {
+    if (device == engine_->device) return;
+    TUTTI_THROW(BackendError, "Backend nccl does not support tensors on ", device.str(), " (this communicator serves ",
+                engine_->device.str(), "; use Job::cpu_communicator() for CPU tensors): ", info.str());
+  }
+
+  Work do_allreduce(Collective c) override {
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      return ncclAllReduce(c.input.data(), c.output.data(), static_cast<std::size_t>(c.output.numel()),
+                           nccl_type(c.output.dtype()), nccl_op(c.info.op), comm, s);
+    });
+  }
+  Work do_reduce_scatter(Collective c) override {
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      return ncclReduceScatter(c.input.data(), c.output.data(), static_cast<std::size_t>(c.output.numel()),
+                               nccl_type(c.output.dtype()), nccl_op(c.info.op), comm, s);
+    });
+  }
+  Work do_allgather(Collective c) override {
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      return ncclAllGather(c.input.data(), c.output.data(), static_cast<std::size_t>(c.input.numel()),
+                           nccl_type(c.input.dtype()), comm, s);
+    });
+  }
+  Work do_broadcast(Collective c) override {
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      const void* send = c.input.defined() ? c.input.data() : c.output.data();
+      return ncclBroadcast(send, c.output.data(), static_cast<std::size_t>(c.output.numel()),
+                           nccl_type(c.output.dtype()), c.info.root, comm, s);
+    });
+  }
+  Work do_barrier(Collective c) override {
+    // A one-element allreduce on the stream: complete when every rank has issued it.
+    if (!barrier_buffer_.defined()) barrier_buffer_ = Tensor::zeros({1}, DType::f32, engine_->device);
+    c.input = c.output = barrier_buffer_;
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      return ncclAllReduce(c.input.data(), c.output.data(), 1, ncclFloat32, ncclSum, comm, s);
+    });
+  }
+
+ private:
+  template <typename Launch>
+  Work run(Collective c, Launch launch) {
+    NcclEngine& e = *engine_;
+    CollectiveInfo info = c.info;
+    if (e.broken.load()) return HostWork::failed(info, e.broken_error());
+    auto what = [&] { return "issuing collective " + info.str() + " on backend nccl"; };
+    if (debug()) {
+      // A mismatch fails the Work (as on the mpi backend), not the call.
+      bool in_time = true;
+      try {
+        in_time = check_fingerprints(e.mpi, info, e.timeout_s);
+      } catch (...) {
+        return HostWork::failed(info, in_context(std::current_exception(), what()));
+      }
+      if (!in_time) {
+        e.fatal(timeout_report("nccl", info, e.timeout_s, e.timeout_s, 0) + " (in the debug fingerprint exchange)",
+                /*timeout=*/true);
+        return HostWork::failed(info, e.broken_error());
+      }
+    }
+    try {
+      const ncclComm_t comm = e.comm.load();
+      TUTTI_CHECK(comm != nullptr, "collective ", info.str(), " issued after the communicator was shut down");
+      Event ready(e.device);
+      ready.record(c.stream);
+      ready.wait(e.stream);
+      const bool empty = c.info.kind != CollectiveKind::barrier && c.info.count == 0;
+      if (!empty) TUTTI_NCCL_CHECK(launch(c, comm, as_stream(e.stream)));
+    } catch (...) {
+      std::rethrow_exception(in_context(std::current_exception(), what()));
+    }
+    auto work = std::make_shared<NcclWork>(info, engine_, std::move(c));
+    work->done = Event(e.device);
+    work->done.record(e.stream);
+    {
+      std::lock_guard lock(e.mutex);
+      e.outstanding.push_back(work);
+    }
+    return Work(work);
+  }
+
+  std::shared_ptr<NcclEngine> engine_;
+  std::thread watchdog_;
+  Tensor barrier_buffer_;
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Device device, CommOptions options) {
+  int rank = 0, size = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_rank(parent, &rank));
+  TUTTI_MPI_CHECK(MPI_Comm_size(parent, &size));
+  return std::make_shared<NcclBackend>(parent, device, std::move(options), rank, size);
+}
+
+std::string nccl_version_impl() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace tutti::detail

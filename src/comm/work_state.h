@@ -1,0 +1,74 @@
+// Work::State: what a Work handle points to. Internal header.
+//
+// HostWork is the state of a collective completed by a host thread (the mpi backend's
+// communication thread, or a collective that failed before it was issued). The first outcome
+// wins: a collective failed by the watchdog stays failed if MPI ever returns from it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "tutti/comm/communicator.h"
+
+namespace tutti {
+
+class Work::State {
+ public:
+  explicit State(CollectiveInfo info) : info_(std::move(info)) {}
+  virtual ~State() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+  virtual void wait(const Stream& stream) { wait(); }
+  const CollectiveInfo& info() const { return info_; }
+
+ private:
+  CollectiveInfo info_;
+};
+
+namespace detail {
+
+class HostWork;
+
+// A backend that lets a waiting caller run queued collectives itself.
+class WorkRunner {
+ public:
+  virtual ~WorkRunner() = default;
+  // Runs queued collectives in order until `work` has finished, where it can; returns at
+  // once where it cannot (then the backend's thread runs them).
+  virtual void run_until(const HostWork& work) = 0;
+};
+
+class HostWork : public Work::State {
+ public:
+  using Work::State::State;
+  // A Work that has already failed with `error`.
+  static Work failed(CollectiveInfo info, std::exception_ptr error);
+
+  // Outcomes; the first one wins, later ones are ignored.
+  void complete();
+  void fail(std::exception_ptr error);
+  bool finished() const { return status_.load(std::memory_order_acquire) != kPending; }
+  void set_runner(std::weak_ptr<WorkRunner> runner) { runner_ = std::move(runner); }
+
+  bool test() override;
+  // Spins briefly (a small collective completes in microseconds, and waking a sleeping
+  // thread costs more), then sleeps until the outcome. The watchdog of the backend bounds it.
+  void wait() override;
+
+ private:
+  static constexpr int kPending = 0, kDone = 1, kFailed = 2;
+  void rethrow_if_failed() const;
+
+  std::atomic<int> status_{kPending};
+  std::exception_ptr error_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> has_sleeper_{false};
+  std::weak_ptr<WorkRunner> runner_;
+};
+
+}  // namespace detail
+}  // namespace tutti
