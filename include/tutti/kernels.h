@@ -11,3 +11,4 @@
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/optimizer.h"
 #include "tutti/kernels/reduce.h"
+#include "tutti/kernels/threads.h"

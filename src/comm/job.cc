@@ -3,15 +3,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "comm/backend.h"
 #include "core/gpu_runtime.h"
 #include "core/mpi_check.h"
+#include "tutti/kernels/threads.h"
 #include "tutti/version.h"
 
 namespace tutti {
@@ -156,6 +160,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
   TUTTI_MPI_CHECK(MPI_Comm_rank(j.local, &j.local_rank));
   TUTTI_MPI_CHECK(MPI_Comm_size(j.local, &j.local_size));
+  if (options.cpu_threads > 0) {
+    kernels::set_cpu_threads(options.cpu_threads);
+  } else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    kernels::set_cpu_threads(std::max(1, cores / std::max(1, j.local_size)));
+  }
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   j.hostname = host;

@@ -38,6 +38,11 @@ struct JobOptions {
   std::string backend = "auto";
   // Options of communicator() (timeout, debug, abort_on_timeout).
   CommOptions comm;
+  // Threads of the CPU kernels' GEMMs in this process (kernels::set_cpu_threads). 0: leave
+  // OpenBLAS alone when OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set, else the host's cores
+  // divided by the ranks on it (at least 1), so that ranks sharing a host do not
+  // oversubscribe its cores.
+  int cpu_threads = 0;
 };
 
 class Job {

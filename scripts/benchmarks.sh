@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every CPU benchmark of the project on this machine and writes JSON, text and plots into
+# docs/bench/ (the data behind docs/benchmarks.md). Needs a build (scripts/build.sh); the peer
+# comparison also needs Debian's python3-torch, the plots python3-matplotlib.
+#   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
+#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, peers
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=docs/bench
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OPENBLAS_NUM_THREADS=1
+parts=${*:-kernels allreduce ddp peers}
+machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
+echo "$machine" > "$out/machine.txt"
+
+for part in $parts; do
+  case $part in
+    kernels)
+      build/benchmarks/kernels/kernel_bench --device cpu --json "$out/kernel_bench_cpu.json" | tee "$out/kernel_bench_cpu.txt" ;;
+    allreduce)
+      for n in 2 4; do
+        mpirun -np $n --oversubscribe build/benchmarks/comm/allreduce_bench -b 8 -e 64M \
+          --json "$out/allreduce_np$n.json" | tee "$out/allreduce_np$n.txt"
+      done ;;
+    ddp)
+      for n in 1 2 4; do
+        mpirun -np $n --oversubscribe build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 3 --batch 64 \
+          --bucket-mb 1 --steps 30 --json "$out/ddp_np$n.json" | tee "$out/ddp_np$n.txt"
+      done ;;
+    peers)
+      bash benchmarks/peers/compare.sh -n 2 -e 1 --out "$out/peers" | tee "$out/peers.txt" ;;
+    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, peers)" >&2; exit 2 ;;
+  esac
+done
+/usr/bin/python3 scripts/bench-plots.py "$out" || echo "benchmarks.sh: plots skipped (needs python3-matplotlib)"
