@@ -200,38 +200,27 @@ TEST(Conv2d, OutputSize) {
   EXPECT_THROW(conv2d_output_size(8, 3, {0, 1}), InvalidArgument);
 }
 
-// Expects f() to throw InvalidArgument whose message names `op`.
-template <typename F>
-void expect_invalid(F&& f, const std::string& op) {
-  try {
-    f();
-    ADD_FAILURE() << op << ": expected InvalidArgument, nothing was thrown";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
-  }
-}
-
 TEST(Conv2d, BadInputThrowsBeforeWriting) {
   Tensor x = random_tensor({2, 3, 6, 6}, DType::f32, 1);
   Tensor w = random_tensor({4, 2, 3, 3}, DType::f32, 2);  // 2 input channels, x has 3
   Tensor y = poisoned({2, 4, 6, 6}, DType::f32);
-  expect_invalid([&] { conv2d_forward(x, w, Tensor(), y, {1, 1}); }, "conv2d_forward");
+  testing::expect_invalid_argument([&] { conv2d_forward(x, w, Tensor(), y, {1, 1}); }, "conv2d_forward");
   for (float v : y.to_floats()) ASSERT_TRUE(std::isnan(v)) << "y was written before the check";
   Tensor w_ok = random_tensor({4, 3, 3, 3}, DType::f32, 3);
   Tensor y_bad = poisoned({2, 4, 5, 5}, DType::f32);  // wrong output size for padding 1
-  expect_invalid([&] { conv2d_forward(x, w_ok, Tensor(), y_bad, {1, 1}); }, "conv2d_forward");
+  testing::expect_invalid_argument([&] { conv2d_forward(x, w_ok, Tensor(), y_bad, {1, 1}); }, "conv2d_forward");
   Tensor w_half = random_tensor({4, 3, 3, 3}, DType::f16, 3);
-  expect_invalid([&] { conv2d_forward(x, w_half, Tensor(), y, {1, 1}); }, "conv2d_forward");
+  testing::expect_invalid_argument([&] { conv2d_forward(x, w_half, Tensor(), y, {1, 1}); }, "conv2d_forward");
   Tensor dy = random_tensor({2, 4, 6, 6}, DType::f32, 4);
   Tensor dw_bad = Tensor::zeros({4, 3, 3, 2}, DType::f32);
-  expect_invalid([&] { conv2d_backward(x, w_ok, dy, Tensor(), dw_bad, Tensor(), false, {1, 1}); }, "conv2d_backward");
-  expect_invalid([&] { conv2d_backward(x, w_ok, dy, Tensor(), Tensor(), Tensor(), false, {1, 1}); }, "conv2d_backward");
+  testing::expect_invalid_argument([&] { conv2d_backward(x, w_ok, dy, Tensor(), dw_bad, Tensor(), false, {1, 1}); }, "conv2d_backward");
+  testing::expect_invalid_argument([&] { conv2d_backward(x, w_ok, dy, Tensor(), Tensor(), Tensor(), false, {1, 1}); }, "conv2d_backward");
   Tensor odd = random_tensor({1, 2, 5, 4}, DType::f32, 5);
   Tensor pooled = poisoned({1, 2, 2, 2}, DType::f32);
-  expect_invalid([&] { maxpool2x2_forward(odd, pooled); }, "maxpool2x2_forward");
+  testing::expect_invalid_argument([&] { maxpool2x2_forward(odd, pooled); }, "maxpool2x2_forward");
   Tensor x4 = random_tensor({1, 2, 4, 4}, DType::f32, 6);
   Tensor dx_bad = poisoned({1, 2, 4, 2}, DType::f32);
-  expect_invalid([&] { maxpool2x2_backward(x4, pooled, dx_bad); }, "maxpool2x2_backward");
+  testing::expect_invalid_argument([&] { maxpool2x2_backward(x4, pooled, dx_bad); }, "maxpool2x2_backward");
 }
 
 // ---- maxpool ----
