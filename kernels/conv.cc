@@ -35,13 +35,6 @@ Shape check_conv_inputs(const char* op, const Tensor& x, const Tensor& w, const 
   return {x.dim(0), w.dim(0), p, q};
 }
 
-// dw / db: x's dtype, or f32 (fp32 gradient buffers for half inputs).
-void require_grad_dtype(const char* op, const char* name, const Tensor& t, DType x_dtype) {
-  detail::require_defined(op, name, t);
-  TUTTI_CHECK_ARG(t.dtype() == x_dtype || t.dtype() == DType::f32, op, ": ", name, " must be ", name_of(x_dtype),
-                  " or f32, got ", t.str());
-}
-
 void check_pool_input(const char* op, const Tensor& x) {
   detail::require_floating(op, "x", x);
   TUTTI_CHECK_ARG(x.ndim() == 4, op, ": x must be [N, C, H, W], got ", x.str());
@@ -84,10 +77,10 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     detail::require_dtype(op, "dx", dx, x.dtype());
     detail::require_shape(op, "dx", dx, x.shape());
   }
-  require_grad_dtype(op, "dw", dw, x.dtype());
+  detail::require_dtype_or_f32(op, "dw", dw, x.dtype());
   detail::require_shape(op, "dw", dw, w.shape());
   if (db.defined()) {
-    require_grad_dtype(op, "db", db, x.dtype());
+    detail::require_dtype_or_f32(op, "db", db, x.dtype());
     detail::require_shape(op, "db", db, {w.dim(0)});
   }
   const Device device = detail::require_same_device(op, {&x, &w, &dy, &dx, &dw, &db}, stream);

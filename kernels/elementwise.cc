@@ -119,9 +119,7 @@ void bias_add(const Tensor& x, const Tensor& bias, int channel_dim, const Tensor
 void bias_backward(const Tensor& dy, int channel_dim, const Tensor& dbias, bool accumulate, const Stream& stream) {
   constexpr const char* op = "bias_backward";
   detail::require_floating(op, "dy", dy);
-  detail::require_defined(op, "dbias", dbias);
-  TUTTI_CHECK_ARG(dbias.dtype() == dy.dtype() || dbias.dtype() == DType::f32, op, ": dbias must be ",
-                  name_of(dy.dtype()), " or f32, got ", dbias.str());
+  detail::require_dtype_or_f32(op, "dbias", dbias, dy.dtype());
   const ChannelView v = channel_view(op, dy, channel_dim);
   detail::require_shape(op, "dbias", dbias, {v.channels});
   if (detail::require_same_device(op, {&dy, &dbias}, stream).is_cuda())

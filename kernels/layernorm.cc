@@ -23,8 +23,7 @@ void require_row_stat(const char* op, const char* name, const Tensor& t, std::in
 
 void require_param_grad(const char* op, const char* name, const Tensor& g, const Tensor& x) {
   if (!g.defined()) return;
-  TUTTI_CHECK_ARG(g.dtype() == x.dtype() || g.dtype() == DType::f32, op, ": ", name, " must be ",
-                  name_of(x.dtype()), " or f32, got ", g.str());
+  detail::require_dtype_or_f32(op, name, g, x.dtype());
   detail::require_shape(op, name, g, {x.dim(-1)});
 }
 

@@ -15,12 +15,6 @@ Shape with_last(const Shape& shape, std::int64_t last) {
   return s;
 }
 
-// A parameter gradient may be f32 when the values are half (fp32 gradient buffers).
-void require_grad_dtype(const char* op, const char* name, const Tensor& g, DType value_dtype) {
-  TUTTI_CHECK_ARG(g.dtype() == value_dtype || g.dtype() == DType::f32, op, ": ", name, " must be ",
-                  name_of(value_dtype), " or f32, got ", g.str());
-}
-
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Stream& stream) {
@@ -56,10 +50,10 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     detail::require_shape(op, "dx", dx, x.shape());
   }
   detail::require_defined(op, "dw", dw);
-  require_grad_dtype(op, "dw", dw, x.dtype());
+  detail::require_dtype_or_f32(op, "dw", dw, x.dtype());
   detail::require_shape(op, "dw", dw, w.shape());
   if (db.defined()) {
-    require_grad_dtype(op, "db", db, x.dtype());
+    detail::require_dtype_or_f32(op, "db", db, x.dtype());
     detail::require_shape(op, "db", db, {w.dim(0)});
   }
   const Device device = detail::require_same_device(op, {&x, &w, &dy, &dx, &dw, &db}, stream);
@@ -72,9 +66,7 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
   constexpr const char* op = "matmul";
   detail::require_floating(op, "a", a);
   detail::require_dtype(op, "b", b, a.dtype());
-  detail::require_defined(op, "c", c);
-  TUTTI_CHECK_ARG(c.dtype() == a.dtype() || c.dtype() == DType::f32, op, ": c must be ", name_of(a.dtype()),
-                  " or f32, got ", c.str());
+  detail::require_dtype_or_f32(op, "c", c, a.dtype());
   TUTTI_CHECK_ARG(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, op, ": a, b and c must be 2-D, got a ",
                   a.str(), ", b ", b.str(), ", c ", c.str());
   const std::int64_t M = transpose_a ? a.dim(1) : a.dim(0);

@@ -27,6 +27,14 @@ inline void require_dtype(const char* op, const char* name, const Tensor& t, DTy
   TUTTI_CHECK_ARG(t.dtype() == dtype, op, ": ", name, " must be ", name_of(dtype), ", got ", t.str());
 }
 
+// `name` must be defined and of `dtype` or f32: gradients and outputs that may be kept in fp32
+// buffers when the values are f16/bf16.
+inline void require_dtype_or_f32(const char* op, const char* name, const Tensor& t, DType dtype) {
+  require_defined(op, name, t);
+  TUTTI_CHECK_ARG(t.dtype() == dtype || t.dtype() == DType::f32, op, ": ", name, " must be ", name_of(dtype),
+                  " or f32, got ", t.str());
+}
+
 inline void require_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
   require_defined(op, name, t);
   TUTTI_CHECK_ARG(t.shape() == shape, op, ": ", name, " must have shape ", shape_str(shape), ", got ", t.str());
