@@ -100,6 +100,7 @@ double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Da
   call.label = "evaluation counts";
   call.stream = stream;
   job.communicator().allreduce(correct, tutti::ReduceOp::sum, call).wait(stream);
+  stream.synchronize();
   return static_cast<double>(correct.to_ints()[0]) / static_cast<double>(test.size());
 }
 

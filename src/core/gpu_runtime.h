@@ -34,6 +34,8 @@ void memset_async(void* dst, int value, std::size_t nbytes, void* stream);
 void* stream_create(int device, bool high_priority);
 void stream_destroy(void* stream) noexcept;
 void stream_synchronize(void* stream);
+// Waits for all work on the current device, every stream included.
+void device_synchronize();
 
 void* event_create(int device, bool enable_timing);
 void event_destroy(void* event) noexcept;

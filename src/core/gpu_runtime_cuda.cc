@@ -124,6 +124,8 @@ void stream_destroy(void* stream) noexcept {
 
 void stream_synchronize(void* stream) { TUTTI_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream))); }
 
+void device_synchronize() { TUTTI_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 void* event_create(int device, bool enable_timing) {
   int previous = current_device();
   if (previous != device) set_device(device);

@@ -29,6 +29,7 @@ void memset_async(void*, int, std::size_t, void*) { no_cuda("memset_async"); }
 void* stream_create(int, bool) { no_cuda("stream_create"); }
 void stream_destroy(void*) noexcept {}
 void stream_synchronize(void*) { no_cuda("stream_synchronize"); }
+void device_synchronize() { no_cuda("device_synchronize"); }
 void* event_create(int, bool) { no_cuda("event_create"); }
 void event_destroy(void*) noexcept {}
 void event_record(void*, void*) { no_cuda("event_record"); }

@@ -66,6 +66,17 @@ Storage::~Storage() {
 
 // ---- Tensor ----------------------------------------------------------------------------
 
+namespace {
+// A host copy of a GPU tensor after ALL work on its device: the values may come from a kernel
+// on any stream (tutti's streams do not synchronize with the default stream), and reading
+// them for a test or a printout must not race with it.
+Tensor synchronized_host_copy(const Tensor& t) {
+  gpu::set_device(t.device().index);
+  gpu::device_synchronize();
+  return t.to(Device::cpu());
+}
+}  // namespace
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset_bytes, Shape shape, DType dtype)
     : storage_(std::move(storage)),
       offset_bytes_(offset_bytes),
@@ -192,7 +203,7 @@ void Tensor::zero(const Stream& stream) {
 
 std::vector<float> Tensor::to_floats() const {
   TUTTI_CHECK_ARG(defined() && is_floating(dtype_), "to_floats: needs a floating tensor, got ", str());
-  const Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
+  const Tensor host = device_.is_cpu() ? *this : synchronized_host_copy(*this);
   std::vector<float> out(static_cast<std::size_t>(numel_));
   for (std::size_t i = 0; i < out.size(); ++i) {
     switch (dtype_) {
@@ -208,7 +219,7 @@ std::vector<float> Tensor::to_floats() const {
 std::vector<std::int64_t> Tensor::to_ints() const {
   TUTTI_CHECK_ARG(defined() && (dtype_ == DType::i32 || dtype_ == DType::i64),
                   "to_ints: needs an i32 or i64 tensor, got ", str());
-  const Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
+  const Tensor host = device_.is_cpu() ? *this : synchronized_host_copy(*this);
   std::vector<std::int64_t> out(static_cast<std::size_t>(numel_));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i] = dtype_ == DType::i32 ? host.data_as<std::int32_t>()[i] : host.data_as<std::int64_t>()[i];

@@ -129,7 +129,10 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   return true;
 }
 
-bool DistributedDataParallel::found_nonfinite() { return found_.to_ints()[0] != 0; }
+bool DistributedDataParallel::found_nonfinite() {
+  model_.stream().synchronize();  // the flag is written on the model's stream
+  return found_.to_ints()[0] != 0;
+}
 
 void DistributedDataParallel::zero_grad() { reducer_->zero(); }
 

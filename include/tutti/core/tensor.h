@@ -113,8 +113,9 @@ class Tensor {
   // Sets every byte to zero.
   void zero(const Stream& stream = Stream());
 
-  // The values as floats (any floating dtype; a GPU tensor is copied to the host first,
-  // synchronously). For tests and printing, not for hot paths.
+  // The values as floats (any floating dtype; a GPU tensor is copied to the host after all
+  // work issued to its device, on every stream, has finished). For tests and printing, not
+  // for hot paths: it waits for the whole device.
   std::vector<float> to_floats() const;
   // The values as int64 (i32 or i64 tensors), likewise.
   std::vector<std::int64_t> to_ints() const;
