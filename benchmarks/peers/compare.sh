@@ -4,7 +4,11 @@
 # prints samples/s of each, their ratio, test accuracy and final loss.
 #
 #   benchmarks/peers/compare.sh [-n RANKS] [-e EPOCHS] [-b GLOBAL_BATCH] [-l LR] [-o OPTIMIZER]
-#                               [-m MOMENTUM] [--build DIR] [--data DIR] [--out DIR] [--torch-only]
+#                               [-m MOMENTUM] [-r REPEATS] [--build DIR] [--data DIR] [--out DIR]
+#                               [--torch-only]
+#
+# The two run alternately REPEATS times (default 3: tutti, pytorch, tutti, pytorch, ...), so
+# that a change in the machine's load hits both alike; the table gives medians.
 #
 # Defaults (the trainer's): 2 ranks, 1 epoch, batch 128, sgd, lr 0.05, momentum 0.9 (ignored
 # by adamw), build dir "build", results in a fresh
@@ -15,7 +19,7 @@
 # Needs Debian's python3-torch (see README.md).
 set -euo pipefail
 
-ranks=2 epochs=1 batch=128 lr=0.05 momentum=0.9 optimizer=sgd build=build data="" out="" torch_only=0
+ranks=2 epochs=1 batch=128 lr=0.05 momentum=0.9 optimizer=sgd build=build data="" out="" torch_only=0 repeats=3
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) ranks=$2; shift 2 ;;
@@ -24,11 +28,12 @@ while [ $# -gt 0 ]; do
     -l) lr=$2; shift 2 ;;
     -o) optimizer=$2; shift 2 ;;
     -m) momentum=$2; shift 2 ;;
+    -r) repeats=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --torch-only) torch_only=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,49 +71,63 @@ echo "compare: $ranks ranks x $threads thread(s), $epochs epoch(s), global batch
      "results in $out"
 
 tutti_ran=0
-if [ "$torch_only" -eq 0 ]; then
-  if [ -x "$trainer" ]; then
-    # The peer keeps its learning rate constant: so does tutti here.
-    echo "--- tutti: mpirun -np $ranks $trainer --model mlp --lr-schedule constant ${common[*]} --json $out/tutti.json"
-    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp --lr-schedule constant "${common[@]}" --json "$out/tutti.json" \
-      2>&1 | tee "$out/tutti.log"
-    tutti_ran=1
-  else
-    echo "--- tutti: $trainer is not built (cmake --build $build --target train_fashion_mnist); skipped" >&2
-  fi
+if [ "$torch_only" -eq 0 ] && [ ! -x "$trainer" ]; then
+  echo "--- tutti: $trainer is not built (cmake --build $build --target train_fashion_mnist); skipped" >&2
+  torch_only=1
 fi
-
-# A port of its own for torch's rendezvous, passed to every rank.
-export MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-$((29500 + RANDOM % 1000))}
-echo "--- pytorch: mpirun -np $ranks $python $here/torch_fashion_mnist.py ${common[*]} --json $out/torch.json"
-mpirun -np "$ranks" "${mpiflags[@]}" -x MASTER_ADDR -x MASTER_PORT \
-  "$python" "$here/torch_fashion_mnist.py" "${common[@]}" --threads "$threads" --json "$out/torch.json" \
-  2>&1 | tee "$out/torch.log"
+# A port of its own for each of torch's rendezvous, passed to every rank.
+export MASTER_ADDR=127.0.0.1
+port0=${MASTER_PORT:-$((29500 + RANDOM % 1000))}
+for r in $(seq 1 "$repeats"); do
+  export MASTER_PORT=$((port0 + r))
+  if [ "$torch_only" -eq 0 ]; then
+    # The peer keeps its learning rate constant: so does tutti here.
+    echo "--- tutti ($r/$repeats): mpirun -np $ranks $trainer --model mlp --lr-schedule constant ${common[*]}"
+    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp --lr-schedule constant "${common[@]}" \
+      --progress lines --json "$out/tutti.$r.json" > "$out/tutti.$r.log" 2>&1 || { cat "$out/tutti.$r.log"; exit 1; }
+    tail -n 1 "$out/tutti.$r.log"
+    tutti_ran=1
+  fi
+  echo "--- pytorch ($r/$repeats): mpirun -np $ranks $python $here/torch_fashion_mnist.py ${common[*]}"
+  mpirun -np "$ranks" "${mpiflags[@]}" -x MASTER_ADDR -x MASTER_PORT \
+    "$python" "$here/torch_fashion_mnist.py" "${common[@]}" --threads "$threads" --json "$out/torch.$r.json" \
+    > "$out/torch.$r.log" 2>&1 || { cat "$out/torch.$r.log"; exit 1; }
+  tail -n 2 "$out/torch.$r.log" | head -n 1
+done
 
 "$python" - "$out" "$tutti_ran" <<'PY'
 import json, os, sys
 out, tutti_ran = sys.argv[1], sys.argv[2] == "1"
-def load(name):
-    path = os.path.join(out, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-t = load("tutti.json") if tutti_ran else None
-p = load("torch.json")
-def val(r, k):
-    return None if r is None else r.get(k)
+import glob, statistics
+def runs(name):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(out, name + ".*.json"))):
+        with open(path) as f:
+            rows.append(json.load(f))
+    return rows
+t = runs("tutti") if tutti_ran else []
+p = runs("torch")
+def med(rows, k):
+    vals = [r[k] for r in rows if r.get(k) is not None]
+    return statistics.median(vals) if vals else None
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 print()
+print(f"medians of {max(len(t), len(p))} alternating run(s)")
 print(f"{'':16}{'tutti':>14}{'pytorch':>14}")
 for key, spec in [("samples_per_s", ",.0f"), ("test_accuracy", ".4f"), ("final_train_loss", ".4f"),
-                  ("final_loss", ".4f"), ("train_s", ".2f"), ("wall_s", ".2f")]:
-    print(f"{key:16}{fmt(val(t, key), spec):>14}{fmt(val(p, key), spec):>14}")
-ts, ps = val(t, "samples_per_s"), val(p, "samples_per_s")
+                  ("train_s", ".2f"), ("wall_s", ".2f")]:
+    print(f"{key:16}{fmt(med(t, key), spec):>14}{fmt(med(p, key), spec):>14}")
+ts, ps = med(t, "samples_per_s"), med(p, "samples_per_s")
+summary = {"tutti": t, "pytorch": p}
 if ts and ps:
-    print(f"\nsamples/s ratio tutti / pytorch: {ts / ps:.2f}x")
-if t is None or p is None:
-    print("\n(one side did not produce its JSON; see the logs in " + out + ")")
+    pairs = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(t, p)]
+    print(f"\nsamples/s ratio tutti / pytorch: {ts / ps:.2f}x (per pair: {', '.join(f'{x:.2f}' for x in pairs)})")
+    summary.update({"ratio_of_medians": ts / ps, "pair_ratios": pairs,
+                    "accuracy_difference": med(t, "test_accuracy") - med(p, "test_accuracy")})
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+if not t or not p:
+    print("\n(one side produced no JSON; see the logs in " + out + ")")
     sys.exit(1)
 PY

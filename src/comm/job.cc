@@ -142,6 +142,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
   int provided = MPI_THREAD_SINGLE;
   if (!initialized) {
+    // Every rank runs a compute thread and a communication thread, so a host's cores are
+    // shared even with one rank per core. Open MPI busy-polls inside blocking calls; told to
+    // yield while it waits, a waiting rank gives its core to the thread or rank that the
+    // collective is waiting for (measured on 2 cores: a step's exposed communication fell
+    // from ~25 ms to ~3 ms under load). The user's own setting wins.
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
     TUTTI_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided));
     j.initialized_mpi = true;
   } else {
