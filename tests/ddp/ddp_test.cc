@@ -323,6 +323,21 @@ TEST(Ddp, ParameterWithoutGradientIsNamedNotAHang) {
   }
 }
 
+TEST(Ddp, OptimizerUpdatesTheWholeModelInOneFusedCall) {
+  auto model = make_mlp();
+  model->init(kSeed);
+  DdpOptions o;
+  o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-9;  // many buckets: still one flat layout
+  DistributedDataParallel ddp(world().communicator(), *model, o);
+  auto opt = make_optimizer(Opt::adamw, *model);
+  nn::CrossEntropyLoss loss;
+  const Batch b = my_slice(global_batch({12}, 12, 9));
+  loss.forward(ddp.forward(b.x), b.y);
+  ASSERT_TRUE(ddp.backward(loss.grad()));
+  opt->step();
+  EXPECT_EQ(opt->last_step_kernel_calls(), 1);
+}
+
 TEST(Ddp, StatsCountBytesAndBuckets) {
   auto model = make_mlp();
   model->init(kSeed);
