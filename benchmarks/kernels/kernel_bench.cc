@@ -1,6 +1,6 @@
 // kernel_bench: speed of tutti's kernels against the machine's ceilings, measured in the same run.
 //
-//   kernel_bench [--device cpu|cuda] [--size-mb 64] [--samples 7] [--json out.json]
+//   kernel_bench [--device cpu|cuda] [--size-mb 64] [--samples 7] [--blas-threads 1] [--json out.json]
 //
 // Memory-bound ops report GB/s (bytes each op must move at least once, read + write) against
 // the copy ceiling (a large device-to-device copy on the GPU, memcpy on the CPU; a copy moves
@@ -8,7 +8,9 @@
 // (cuBLAS at 4096^3 on the GPU; OpenBLAS sgemm on the CPU, f32 for every dtype since tutti's CPU
 // path computes halves through fp32). Ceilings are measured before and after the ops, and the
 // better of the two counts. Every number is the median over --samples timings, each timing long
-// enough (an adaptive number of back-to-back calls) to hide the timer's resolution.
+// enough (an adaptive number of back-to-back calls) to hide the timer's resolution. On the CPU
+// everything runs on one thread (OpenBLAS included, unless --blas-threads says otherwise), as
+// in training, where each rank is one thread and the ranks fill the cores.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +37,7 @@
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/optimizer.h"
 #include "tutti/kernels/reduce.h"
+#include "tutti/kernels/threads.h"
 
 #if TUTTI_BENCH_CUBLAS
 #include <cublas_v2.h>
@@ -112,11 +115,41 @@ std::string dtype_str(DType d) { return std::string(name_of(d)); }
 
 // ---- ceilings ----
 
+// Plain element-by-element copy loops, compiled like the kernels: ordinary stores through the
+// cache, once for baseline x86-64 and once with clones for wider vector units as the CPU
+// kernels' compute-bound loops have (kernels/cpu/common.h; which is faster varies by machine).
+// GCC would otherwise recognize the loops and call memcpy instead.
+#if defined(__GNUC__) && !defined(__clang__)
+#define TUTTI_BENCH_COPY_LOOP [[gnu::noinline, gnu::optimize("no-tree-loop-distribute-patterns")]]
+#else
+#define TUTTI_BENCH_COPY_LOOP [[gnu::noinline]]
+#endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define TUTTI_BENCH_WIDE [[gnu::target_clones("arch=x86-64-v3", "avx", "default")]]
+#else
+#define TUTTI_BENCH_WIDE
+#endif
+TUTTI_BENCH_COPY_LOOP void copy_loop(const float* __restrict src, float* __restrict dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+TUTTI_BENCH_COPY_LOOP TUTTI_BENCH_WIDE void copy_loop_wide(const float* __restrict src, float* __restrict dst,
+                                                           int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
 // GB/s of a copy of `bytes` (counted as 2 x bytes moved); *ms receives the median time.
+// On the CPU, the best of memcpy and the copy loops, all single-threaded like the kernels:
+// glibc's memcpy switches to non-temporal stores for large copies, which on some machines (VMs
+// in particular) is slower than the write-allocate stores every kernel uses, and a ceiling that
+// the kernels' own loops beat would make the ratios meaningless.
 double copy_ceiling_gbps(Bench& b, std::size_t bytes, double* ms) {
   const int64_t n = static_cast<int64_t>(bytes / 4);
   Tensor src = make({n}, DType::f32, b.device()), dst = Tensor::empty({n}, DType::f32, b.device());
   *ms = b.time_ms([&] { dst.copy_from(src, b.stream()); });
+  if (b.device().is_cpu()) {
+    for (auto* loop : {&copy_loop, &copy_loop_wide})
+      *ms = std::min(*ms, b.time_ms([&] { loop(src.data_as<float>(), dst.data_as<float>(), n); }));
+  }
   return 2.0 * static_cast<double>(n) * 4 / (*ms * 1e6);
 }
 
@@ -279,18 +312,24 @@ void bench_compute_ops(Ctx& c, DType dt, bool gpu) {
       linear_backward(x, w, dy, dx, dw, db, false, s);
     });
   });
-  guarded("conv2d", [&] {
-    // The second layer of a small CNN on 28x28 images: 32 -> 64 channels, 3x3, padding 1.
-    const int64_t n = gpu ? 256 : 32, ch = 32, k = 64, hw = 28;
-    const Conv2dParams p{1, 1};
-    Tensor x = make({n, ch, hw, hw}, dt, dev), w = make({k, ch, 3, 3}, dt, dev, -0.1f, 0.1f), b = make({k}, dt, dev);
-    Tensor y = Tensor::empty({n, k, hw, hw}, dt, dev), dy = make({n, k, hw, hw}, dt, dev);
-    Tensor dx = Tensor::empty({n, ch, hw, hw}, dt, dev), dw = Tensor::empty({k, ch, 3, 3}, DType::f32, dev);
-    Tensor db = Tensor::empty({k}, DType::f32, dev);
-    const double flops = 2.0 * static_cast<double>(n * k * hw * hw * ch * 9);
-    compute_op(c, "conv2d_forward", dt, flops, [&] { conv2d_forward(x, w, b, y, p, s); });
-    compute_op(c, "conv2d_backward", dt, 2 * flops, [&] { conv2d_backward(x, w, dy, dx, dw, db, false, p, s); });
-  });
+  // The two conv layers of a small CNN on 28x28 images (examples/train_fashion_mnist): 3x3,
+  // padding 1; the first (1 -> 32 channels, on the input, no dx) is tiny per image.
+  auto conv = [&](const std::string& name, int64_t ch, int64_t k, bool need_dx) {
+    guarded(name, [&] {
+      const int64_t n = gpu ? 256 : 32, hw = 28;
+      const Conv2dParams p{1, 1};
+      Tensor x = make({n, ch, hw, hw}, dt, dev), w = make({k, ch, 3, 3}, dt, dev, -0.1f, 0.1f), b = make({k}, dt, dev);
+      Tensor y = Tensor::empty({n, k, hw, hw}, dt, dev), dy = make({n, k, hw, hw}, dt, dev);
+      Tensor dx = need_dx ? Tensor::empty({n, ch, hw, hw}, dt, dev) : Tensor();
+      Tensor dw = Tensor::empty({k, ch, 3, 3}, DType::f32, dev), db = Tensor::empty({k}, DType::f32, dev);
+      const double flops = 2.0 * static_cast<double>(n * k * hw * hw * ch * 9);
+      compute_op(c, name + "_forward", dt, flops, [&] { conv2d_forward(x, w, b, y, p, s); });
+      compute_op(c, name + "_backward", dt, (need_dx ? 2 : 1) * flops,
+                 [&] { conv2d_backward(x, w, dy, dx, dw, db, false, p, s); });
+    });
+  };
+  conv("conv2d", 32, 64, true);
+  conv("conv2d_1to32", 1, 32, false);
 }
 
 }  // namespace
@@ -300,6 +339,7 @@ int main(int argc, char** argv) {
   std::string device_name = tutti::cuda_available() ? "cuda" : "cpu";
   double size_mb = 64;
   int samples = 7;
+  int blas_threads = 1;
   std::string json_path;
   std::vector<std::string> dtype_names;
   app.add_option("--device", device_name, "cpu or cuda[:N] (default: cuda when a GPU is visible)");
@@ -307,6 +347,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timings per op; the median is reported")->check(CLI::Range(1, 1000));
   app.add_option("--dtypes", dtype_names, "dtypes to run (default: f32 on the CPU, f32 and bf16 on the GPU)");
+  app.add_option("--blas-threads", blas_threads,
+                 "threads of the CPU GEMMs (kernels::set_cpu_threads), ceiling and ops alike")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--json", json_path, "write one JSON object per op to this file");
   CLI11_PARSE(app, argc, argv);
 
@@ -314,6 +357,7 @@ int main(int argc, char** argv) {
     const Device device = Device::parse(device_name);
     device.require_available();
     const bool gpu = device.is_cuda();
+    set_cpu_threads(blas_threads);
     std::vector<DType> dtypes;
     for (const auto& d : dtype_names) dtypes.push_back(parse_dtype(d));
     if (dtypes.empty()) dtypes = gpu ? std::vector<DType>{DType::f32, DType::bf16} : std::vector<DType>{DType::f32};

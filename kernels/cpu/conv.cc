@@ -2,12 +2,15 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/common.h"
 #include "kernels/validate.h"
 
 namespace tutti::kernels::cpu {
@@ -59,6 +62,15 @@ Geometry geometry(const Tensor& x, const Tensor& w, const Conv2dParams& params) 
   return g;
 }
 
+// The range [lo, hi) of output columns q whose input column q·stride - pad + s is inside
+// [0, W) (ceil and floor divisions written for possibly negative numerators).
+std::pair<int64_t, int64_t> inside_columns(const Geometry& g, int64_t s) {
+  const int64_t first = g.pad - s, last = g.w - 1 + g.pad - s;  // q·stride must lie in [first, last]
+  const int64_t lo = first <= 0 ? 0 : (first + g.stride - 1) / g.stride;
+  const int64_t hi = last < 0 ? 0 : last / g.stride + 1;
+  return {std::min(lo, g.q), std::clamp(hi, std::min(lo, g.q), g.q)};
+}
+
 // col[(c·R + r)·S + s][p·Q + q] = x[c][p·stride - pad + r][q·stride - pad + s], 0 outside.
 void im2col(const float* x, const Geometry& g, float* col) {
   for (int64_t c = 0; c < g.c; ++c) {
@@ -66,6 +78,9 @@ void im2col(const float* x, const Geometry& g, float* col) {
     for (int64_t r = 0; r < g.r; ++r) {
       for (int64_t s = 0; s < g.s; ++s) {
         float* row = col + ((c * g.r + r) * g.s + s) * g.pq();
+        // The output columns whose input column q·stride - pad + s lies inside the image: the
+        // rest are padding zeros, so the inner loop below has no per-element test.
+        const auto [q_lo, q_hi] = inside_columns(g, s);
         for (int64_t p = 0; p < g.p; ++p) {
           const int64_t ih = p * g.stride - g.pad + r;
           float* out = row + p * g.q;
@@ -74,10 +89,14 @@ void im2col(const float* x, const Geometry& g, float* col) {
             continue;
           }
           const float* xrow = xc + ih * g.w;
-          for (int64_t q = 0; q < g.q; ++q) {
-            const int64_t iw = q * g.stride - g.pad + s;
-            out[q] = (iw >= 0 && iw < g.w) ? xrow[iw] : 0.0f;
+          const int64_t shift = s - g.pad;  // output column q reads input column q·stride + shift
+          for (int64_t q = 0; q < q_lo; ++q) out[q] = 0.0f;
+          if (g.stride == 1) {
+            std::memcpy(out + q_lo, xrow + q_lo + shift, static_cast<std::size_t>(q_hi - q_lo) * sizeof(float));
+          } else {
+            for (int64_t q = q_lo; q < q_hi; ++q) out[q] = xrow[q * g.stride + shift];
           }
+          for (int64_t q = q_hi; q < g.q; ++q) out[q] = 0.0f;
         }
       }
     }
@@ -92,14 +111,17 @@ void col2im(const float* col, const Geometry& g, float* dx) {
     for (int64_t r = 0; r < g.r; ++r) {
       for (int64_t s = 0; s < g.s; ++s) {
         const float* row = col + ((c * g.r + r) * g.s + s) * g.pq();
+        const auto [q_lo, q_hi] = inside_columns(g, s);
         for (int64_t p = 0; p < g.p; ++p) {
           const int64_t ih = p * g.stride - g.pad + r;
           if (ih < 0 || ih >= g.h) continue;
           float* dxrow = dxc + ih * g.w;
+          const int64_t shift = s - g.pad;
           const float* in = row + p * g.q;
-          for (int64_t q = 0; q < g.q; ++q) {
-            const int64_t iw = q * g.stride - g.pad + s;
-            if (iw >= 0 && iw < g.w) dxrow[iw] += in[q];
+          if (g.stride == 1) {
+            for (int64_t q = q_lo; q < q_hi; ++q) dxrow[q + shift] += in[q];  // contiguous: vectorizes
+          } else {
+            for (int64_t q = q_lo; q < q_hi; ++q) dxrow[q * g.stride + shift] += in[q];
           }
         }
       }
@@ -114,6 +136,13 @@ int blas_int(int64_t v) {
 
 }  // namespace
 
+// One GEMM per image, on its im2col matrix. Batching several images into one GEMM (their
+// im2col matrices side by side, N = nb·PQ) was measured and is slower on the CPU: one image's
+// GEMM (64 x 784 x 288 for a 32 -> 64 channel 28x28 layer) already runs at OpenBLAS's peak
+// while its im2col matrix (0.9 MB) is still in L2; a batch's matrix spills to DRAM (40% of
+// peak for 32 images), and even a cache-sized batch must copy y / dy between the GEMM's
+// [K, nb·PQ] layout and the tensors' [N, K, PQ] (the first layer, 1 -> 32 channels, ran at
+// 37% / 21% of peak forward / backward in batches of 8 against ~50% / ~55% one image at a time).
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
                     const Conv2dParams& params) {
   const Geometry g = geometry(x, w, params);
@@ -122,22 +151,24 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   const float* wf = f32_view(w, ws);
   const float* bf = bias.defined() ? f32_view(bias, bs) : nullptr;
   float* yf = y.dtype() == DType::f32 ? y.data_as<float>() : (ys.resize(static_cast<std::size_t>(y.numel())), ys.data());
-  if (!g.trivial_col()) col.resize(static_cast<std::size_t>(g.crs() * g.pq()));
-  const int M = blas_int(g.k), Nn = blas_int(g.pq()), Kk = blas_int(g.crs());
+  const bool trivial = g.trivial_col();
+  if (!trivial) col.resize(static_cast<std::size_t>(g.crs() * g.pq()));
+  const int M = blas_int(g.k), PQ = blas_int(g.pq()), CRS = blas_int(g.crs());
   for (int64_t n = 0; n < g.n; ++n) {
     const float* xn = xf + n * g.c * g.h * g.w;
     float* yn = yf + n * g.k * g.pq();
-    const float* cols = xn;
-    if (!g.trivial_col()) {
+    const float* cols = xn;  // for a 1x1 conv, x_n is its own im2col matrix
+    if (!trivial) {
       im2col(xn, g, col.data());
       cols = col.data();
     }
     // y_n[K, PQ] = W[K, CRS] · col[CRS, PQ]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, Nn, Kk, 1.0f, wf, Kk, cols, Nn, 0.0f, yn, Nn);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, PQ, CRS, 1.0f, wf, CRS, cols, PQ, 0.0f, yn, PQ);
     if (bf != nullptr) {
       for (int64_t k = 0; k < g.k; ++k) {
         float* row = yn + k * g.pq();
-        for (int64_t i = 0; i < g.pq(); ++i) row[i] += bf[k];
+        const float b = bf[k];
+        for (int64_t i = 0; i < g.pq(); ++i) row[i] += b;
       }
     }
   }
@@ -188,12 +219,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     // dW[K, CRS] += dy_n[K, PQ] · col[CRS, PQ]^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, PQ, 1.0f, dyn, PQ, cols, PQ, 1.0f, dws.data(), CRS);
     if (db.defined()) {
-      for (int64_t k = 0; k < g.k; ++k) {
-        const float* row = dyn + k * g.pq();
-        float acc = 0.0f;
-        for (int64_t i = 0; i < g.pq(); ++i) acc += row[i];
-        dbs[static_cast<std::size_t>(k)] += acc;
-      }
+      for (int64_t k = 0; k < g.k; ++k) dbs[static_cast<std::size_t>(k)] += sum_f32(dyn + k * g.pq(), g.pq());
     }
     if (dxf != nullptr) {
       float* dxn = dxf + n * g.c * g.h * g.w;
@@ -224,15 +250,20 @@ inline int argmax4(const float v[4]) {
   return best;
 }
 
-// True when a row of f32 values holds a nan (then the general, nan-aware path runs).
+// True when n f32 values hold a nan (then the general, nan-aware path runs). Written on the
+// bit patterns (a nan's magnitude bits exceed inf's) as a max reduction, which
+// vectorizes; a bool "any" does not.
 inline bool has_nan(const float* p, int64_t n) {
-  bool any = false;
-  for (int64_t i = 0; i < n; ++i) any |= p[i] != p[i];
-  return any;
+  std::uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::uint32_t magnitude = bits_of(p[i]) & 0x7fffffffu;
+    largest = magnitude > largest ? magnitude : largest;
+  }
+  return largest > 0x7f800000u;
 }
 
 // f32 rows without nan: the same first-max rule as argmax4, as selects that vectorize.
-void maxpool_forward_rows_f32(const float* __restrict r0, const float* __restrict r1, float* __restrict out,
+inline void maxpool_forward_rows_f32(const float* __restrict r0, const float* __restrict r1, float* __restrict out,
                               int64_t wo) {
   for (int64_t j = 0; j < wo; ++j) {
     float m = r0[2 * j];
@@ -242,7 +273,7 @@ void maxpool_forward_rows_f32(const float* __restrict r0, const float* __restric
     out[j] = m;
   }
 }
-void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restrict r1, const float* __restrict dy,
+inline void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restrict r1, const float* __restrict dy,
                                float* __restrict d0, float* __restrict d1, int64_t wo) {
   for (int64_t j = 0; j < wo; ++j) {
     const float a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], d = r1[2 * j + 1];
@@ -250,14 +281,40 @@ void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restri
     m = b > m ? b : m;
     m = c > m ? c : m;
     m = d > m ? d : m;
-    // The first element equal to the max is the one the strict-> chain of argmax4 picks.
-    const bool e0 = a == m, e1 = !e0 && b == m, e2 = !e0 && !e1 && c == m, e3 = !e0 && !e1 && !e2;
+    // The first element equal to the max is the one the strict-> chain of argmax4 picks: the
+    // gradient goes to it, and `rest` (what is still to be given) drops to 0. Float selects
+    // only, so the loop vectorizes.
     const float g = dy[j];
-    d0[2 * j] = e0 ? g : 0.0f;
-    d0[2 * j + 1] = e1 ? g : 0.0f;
-    d1[2 * j] = e2 ? g : 0.0f;
-    d1[2 * j + 1] = e3 ? g : 0.0f;
+    const float ga = a == m ? g : 0.0f;
+    float rest = a == m ? 0.0f : g;
+    const float gb = b == m ? rest : 0.0f;
+    rest = b == m ? 0.0f : rest;
+    const float gc = c == m ? rest : 0.0f;
+    rest = c == m ? 0.0f : rest;
+    d0[2 * j] = ga;
+    d0[2 * j + 1] = gb;
+    d1[2 * j] = gc;
+    d1[2 * j + 1] = rest;
   }
+}
+
+// One f32 plane [h, w] when it holds no nan (checked once per plane: rows are short, and a
+// per-row scan cost as much as the pooling); returns false, writing nothing, when it does.
+// Compiled for wider vector units too (common.h): the selects and the even/odd shuffles are
+// much shorter with SSE4.1 / AVX than in baseline SSE2.
+TUTTI_CPU_SIMD_CLONES bool maxpool_forward_plane_f32(const float* x, float* y, int64_t h, int64_t w) {
+  const int64_t ho = h / 2, wo = w / 2;
+  if (has_nan(x, 2 * ho * w)) return false;
+  for (int64_t i = 0; i < ho; ++i) maxpool_forward_rows_f32(x + 2 * i * w, x + (2 * i + 1) * w, y + i * wo, wo);
+  return true;
+}
+TUTTI_CPU_SIMD_CLONES bool maxpool_backward_plane_f32(const float* x, const float* dy, float* dx, int64_t h,
+                                                      int64_t w) {
+  const int64_t ho = h / 2, wo = w / 2;
+  if (has_nan(x, 2 * ho * w)) return false;
+  for (int64_t i = 0; i < ho; ++i)
+    maxpool_backward_rows_f32(x + 2 * i * w, x + (2 * i + 1) * w, dy + i * wo, dx + 2 * i * w, dx + (2 * i + 1) * w, wo);
+  return true;
 }
 
 template <typename T>
@@ -268,15 +325,12 @@ void maxpool_forward_impl(const Tensor& x, const Tensor& y) {
   for (int64_t pl = 0; pl < planes; ++pl) {
     const T* xs = xp + pl * h * w;
     T* ys = yp + pl * ho * wo;
+    if constexpr (std::is_same_v<T, float>) {
+      if (maxpool_forward_plane_f32(xs, ys, h, w)) continue;
+    }
     for (int64_t i = 0; i < ho; ++i) {
       const T* r0 = xs + (2 * i) * w;
       const T* r1 = r0 + w;
-      if constexpr (std::is_same_v<T, float>) {
-        if (!has_nan(r0, 2 * w)) {
-          maxpool_forward_rows_f32(r0, r1, ys + i * wo, wo);
-          continue;
-        }
-      }
       for (int64_t j = 0; j < wo; ++j) {
         const float v[4] = {to_float(r0[2 * j]), to_float(r0[2 * j + 1]), to_float(r1[2 * j]), to_float(r1[2 * j + 1])};
         const int a = argmax4(v);
@@ -298,17 +352,14 @@ void maxpool_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& dx) 
     const T* xs = xp + pl * h * w;
     const T* dys = dyp + pl * ho * wo;
     T* dxs = dxp + pl * h * w;
+    if constexpr (std::is_same_v<T, float>) {
+      if (maxpool_backward_plane_f32(xs, dys, dxs, h, w)) continue;
+    }
     for (int64_t i = 0; i < ho; ++i) {
       const T* r0 = xs + (2 * i) * w;
       const T* r1 = r0 + w;
       T* d0 = dxs + (2 * i) * w;
       T* d1 = d0 + w;
-      if constexpr (std::is_same_v<T, float>) {
-        if (!has_nan(r0, 2 * w)) {
-          maxpool_backward_rows_f32(r0, r1, dys + i * wo, d0, d1, wo);
-          continue;
-        }
-      }
       for (int64_t j = 0; j < wo; ++j) {
         const float v[4] = {to_float(r0[2 * j]), to_float(r0[2 * j + 1]), to_float(r1[2 * j]), to_float(r1[2 * j + 1])};
         const int a = argmax4(v);

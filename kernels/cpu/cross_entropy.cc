@@ -1,5 +1,6 @@
 #include "kernels/cpu/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -24,6 +25,40 @@ std::vector<int64_t> read_labels(const Tensor& labels) {
   return out;
 }
 
+// Sum over the rows of -log softmax(row)[label]; when `dl` is not null it also receives
+// g_scale · (softmax(row) - onehot(label)) (zeros for ignored rows). `e_scratch` holds C floats
+// when dl is null. Labels are already checked. Compute-bound on exp_f32, so it is compiled for
+// wider vector units too (common.h).
+TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, float* e_scratch, const int64_t* labels,
+                                               int64_t N, int64_t C, int64_t ignore_index, float g_scale) {
+  double total = 0.0;
+  for (int64_t r = 0; r < N; ++r) {
+    const float* row = logits + r * C;
+    float* drow = dl != nullptr ? dl + r * C : nullptr;
+    const int64_t label = labels[r];
+    if (label == ignore_index) {
+      if (drow != nullptr) std::fill(drow, drow + C, 0.0f);
+      continue;
+    }
+    // e^(x - max) goes straight into the gradient row (or a scratch row), then is scaled in
+    // place: each pass is a simple loop that vectorizes (exp_f32, 8-lane max and sum). The
+    // label's logit is read first: dlogits may be logits itself.
+    float* e = drow != nullptr ? drow : e_scratch;
+    const float picked = row[label];
+    const float mx = max_f32(row, C);
+    TUTTI_IVDEP
+    for (int64_t c = 0; c < C; ++c) e[c] = exp_f32(row[c] - mx);
+    const float sum = sum_f32(e, C);
+    total += static_cast<double>(std::log(sum) + mx - picked);
+    if (drow != nullptr) {
+      const float scale = g_scale / sum;
+      for (int64_t c = 0; c < C; ++c) drow[c] *= scale;
+      drow[label] -= g_scale;
+    }
+  }
+  return total;
+}
+
 }  // namespace
 
 void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
@@ -40,33 +75,11 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
   }
   const float inv_count = counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f;
   const float g_scale = grad_scale * inv_count;
-  double total = 0.0;
   const F32Buffer L(logits, true);
   const F32Buffer D(dlogits, false);
-  std::vector<float> probs(static_cast<std::size_t>(C));
-  for (int64_t r = 0; r < N; ++r) {
-    const float* row = L.data() + r * C;
-    float* drow = dlogits.defined() ? D.data() + r * C : nullptr;
-    const int64_t label = y[static_cast<std::size_t>(r)];
-    if (label == ignore_index) {
-      if (drow != nullptr)
-        for (int64_t c = 0; c < C; ++c) drow[c] = 0.0f;
-      continue;
-    }
-    float mx = row[0];
-    for (int64_t c = 1; c < C; ++c) mx = std::fmax(mx, row[c]);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      probs[static_cast<std::size_t>(c)] = std::exp(row[c] - mx);
-      sum += probs[static_cast<std::size_t>(c)];
-    }
-    total += static_cast<double>(std::log(sum) + mx - row[label]);
-    if (drow != nullptr) {
-      const float inv_sum = 1.0f / sum;
-      for (int64_t c = 0; c < C; ++c)
-        drow[c] = g_scale * (probs[static_cast<std::size_t>(c)] * inv_sum - (c == label ? 1.0f : 0.0f));
-    }
-  }
+  std::vector<float> scratch(dlogits.defined() ? 0 : static_cast<std::size_t>(C));
+  const double total = softmax_xent_rows(L.data(), dlogits.defined() ? D.data() : nullptr, scratch.data(), y.data(), N,
+                                         C, ignore_index, g_scale);
   static_cast<float*>(loss.data())[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
   D.store();
 }

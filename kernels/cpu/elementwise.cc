@@ -1,6 +1,7 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/common.h"
 #include "kernels/dropout_rng.h"
@@ -21,7 +22,7 @@ void map1(const Tensor& in, const Tensor& out, F f) {
     using T = decltype(tag);
     const T* a = static_cast<const T*>(in.data());
     T* o = static_cast<T*>(out.data());
-    for (int64_t i = 0, n = in.numel(); i < n; ++i) o[i] = from_float<T>(f(to_float(a[i])));
+    for (int64_t i = 0, n = in.numel(); i < n; ++i) o[i] = store_as<T>(f(load_f32(a[i])));
   });
 }
 template <typename F>
@@ -31,8 +32,37 @@ void map2(const Tensor& in0, const Tensor& in1, const Tensor& out, F f) {
     const T* a = static_cast<const T*>(in0.data());
     const T* b = static_cast<const T*>(in1.data());
     T* o = static_cast<T*>(out.data());
-    for (int64_t i = 0, n = in0.numel(); i < n; ++i) o[i] = from_float<T>(f(to_float(a[i]), to_float(b[i])));
+    for (int64_t i = 0, n = in0.numel(); i < n; ++i) o[i] = store_as<T>(f(load_f32(a[i]), load_f32(b[i])));
   });
+}
+
+// GELU (tanh form) rewritten through 0.5 · (1 + tanh(u)) = 1 / (1 + e^(-2u)) = s, a sigmoid:
+// gelu(v) = v · s. No cancellation (unlike 1 + tanh(u) near u = -inf), and exp_f32 vectorizes
+// where std::tanh does not. Inf and nan behave as in the tanh form: gelu(inf) = inf,
+// gelu(-inf) = -inf / inf = nan, gelu(nan) = nan.
+inline float gelu(float v) {
+  const float u = kGeluC * (v + kGeluA * v * v * v);
+  return v / (1.0f + exp_f32(-2.0f * u));
+}
+// d/dv [v · s(2u)] = s + 2 v s (1 - s) u', with 1 - s = e · s (e = e^(-2u)), which keeps its
+// relative accuracy where s is near 1. When e overflows (s = 0) the term is 0.
+inline float gelu_grad(float v, float g) {
+  const float u = kGeluC * (v + kGeluA * v * v * v);
+  const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+  const float e = exp_f32(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);
+  const float one_minus_s = e < std::numeric_limits<float>::infinity() ? e * s : 1.0f;
+  return g * (s + 2.0f * v * s * one_minus_s * du);
+}
+
+// The f32 loops, compute-bound on exp_f32: compiled for wider vector units too (common.h).
+TUTTI_CPU_SIMD_CLONES void gelu_forward_f32(const float* x, float* y, int64_t n) {
+  TUTTI_IVDEP
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
+}
+TUTTI_CPU_SIMD_CLONES void gelu_backward_f32(const float* x, const float* dy, float* dx, int64_t n) {
+  TUTTI_IVDEP
+  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i]);
 }
 
 }  // namespace
@@ -45,18 +75,13 @@ void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
-  map1(x, y, [](float v) {
-    const float u = kGeluC * (v + kGeluA * v * v * v);
-    return 0.5f * v * (1.0f + std::tanh(u));
-  });
+  if (x.dtype() == DType::f32) return gelu_forward_f32(x.data_as<float>(), y.data_as<float>(), x.numel());
+  map1(x, y, gelu);
 }
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  map2(x, dy, dx, [](float v, float g) {
-    const float u = kGeluC * (v + kGeluA * v * v * v);
-    const float t = std::tanh(u);
-    const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-    return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-  });
+  if (x.dtype() == DType::f32)
+    return gelu_backward_f32(x.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(), x.numel());
+  map2(x, dy, dx, gelu_grad);
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -81,9 +106,9 @@ void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channe
     T* o = static_cast<T*>(out.data());
     for (int64_t n = 0; n < outer; ++n)
       for (int64_t c = 0; c < channels; ++c) {
-        const float bc = to_float(b[c]);
+        const float bc = load_f32(b[c]);
         const int64_t base = (n * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) o[base + i] = from_float<T>(to_float(in[base + i]) + bc);
+        for (int64_t i = 0; i < inner; ++i) o[base + i] = store_as<T>(load_f32(in[base + i]) + bc);
       }
   });
 }
@@ -101,7 +126,7 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
       float sum = 0.0f;
       for (int64_t n = 0; n < outer; ++n) {
         const int64_t base = (n * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) sum += to_float(g[base + i]);
+        for (int64_t i = 0; i < inner; ++i) sum += load_f32(g[base + i]);
       }
       acc[c] += sum;
     }
@@ -117,7 +142,7 @@ void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uin
     T* out = static_cast<T*>(y.data());
     for (int64_t i = 0, n = x.numel(); i < n; ++i) {
       const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;
-      out[i] = from_float<T>(keep ? to_float(in[i]) * scale : 0.0f);
+      out[i] = store_as<T>(keep ? load_f32(in[i]) * scale : 0.0f);
     }
   });
 }

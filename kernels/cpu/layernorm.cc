@@ -16,18 +16,18 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const F32Buffer X(x, true), G(gamma, true), B(beta, true), Y(y, false);
   float* m_out = static_cast<float*>(mean.data());
   float* r_out = static_cast<float*>(rstd.data());
+  const float* gam = G.data();
+  const float* bet = B.data();
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = X.data() + r * D;
     float* out = Y.data() + r * D;
-    // Two passes (mean, then squared deviations): no cancellation for rows far from 0.
-    float sum = 0.0f;
-    for (int64_t i = 0; i < D; ++i) sum += row[i];
-    const float mu = D > 0 ? sum / static_cast<float>(D) : 0.0f;
-    float sq = 0.0f;
-    for (int64_t i = 0; i < D; ++i) sq += (row[i] - mu) * (row[i] - mu);
+    // Two passes (mean, then squared deviations): no cancellation for rows far from 0. The
+    // sums run in 8 lanes (sum_lanes) so that they vectorize.
+    const float mu = D > 0 ? sum_f32(row, D) / static_cast<float>(D) : 0.0f;
+    const float sq = sum_lanes(D, [&](int64_t i) { return (row[i] - mu) * (row[i] - mu); });
     const float var = D > 0 ? sq / static_cast<float>(D) : 0.0f;
     const float rs = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < D; ++i) out[i] = (row[i] - mu) * rs * G.data()[i] + B.data()[i];
+    for (int64_t i = 0; i < D; ++i) out[i] = (row[i] - mu) * rs * gam[i] + bet[i];
     m_out[r] = mu;
     r_out[r] = rs;
   }
@@ -44,25 +44,29 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
   const float* m_in = static_cast<const float*>(mean.data());
   const float* r_in = static_cast<const float*>(rstd.data());
   std::vector<float> dg(static_cast<std::size_t>(D), 0.0f), db(static_cast<std::size_t>(D), 0.0f);
+  const float* gam = G.data();
+  float* dgp = dg.data();
+  float* dbp = db.data();
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = X.data() + r * D;
     const float* gr = DY.data() + r * D;
     float* out = DX.data() + r * D;
     const float mu = m_in[r], rs = r_in[r];
-    // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · gamma.
-    float sum_g = 0.0f, sum_gx = 0.0f;
+    // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · gamma. Separate simple loops
+    // (the row is in L1 by then) so that each vectorizes; the sums run in 8 lanes. (Fusing the
+    // two sums, the sums and the dgamma/dbeta updates, or the updates and dx, into one loop
+    // measured at a half to a third of the speed: GCC then vectorizes across the 8-lane blocks
+    // with strided accesses, or gives up on the many-pointer alias check.)
+    const float sum_g = sum_lanes(D, [&](int64_t i) { return gr[i] * gam[i]; });
+    const float sum_gx = sum_lanes(D, [&](int64_t i) { return gr[i] * gam[i] * ((xr[i] - mu) * rs); });
     for (int64_t i = 0; i < D; ++i) {
-      const float xhat = (xr[i] - mu) * rs;
-      const float g = gr[i] * G.data()[i];
-      sum_g += g;
-      sum_gx += g * xhat;
-      dg[static_cast<std::size_t>(i)] += gr[i] * xhat;
-      db[static_cast<std::size_t>(i)] += gr[i];
+      dgp[i] += gr[i] * ((xr[i] - mu) * rs);
+      dbp[i] += gr[i];
     }
     const float mean_g = sum_g / static_cast<float>(D), mean_gx = sum_gx / static_cast<float>(D);
     for (int64_t i = 0; i < D; ++i) {
       const float xhat = (xr[i] - mu) * rs;
-      out[i] = rs * (gr[i] * G.data()[i] - mean_g - xhat * mean_gx);
+      out[i] = rs * (gr[i] * gam[i] - mean_g - xhat * mean_gx);
     }
   }
   DX.store();

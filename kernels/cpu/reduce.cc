@@ -48,11 +48,14 @@ void reduce_into(const char* op, const Tensor& x, const Tensor& out, bool accumu
   *o = accumulate ? static_cast<float>(static_cast<double>(*o) + s) : static_cast<float>(s);
 }
 
-// Non-finite test on the bit patterns: the exponent field is all ones. The largest exponent
-// field over a chunk (an integer max, which vectorizes) says whether any element is inf/nan.
+// Non-finite test on the bit patterns: the exponent field is all ones. The exponent field e
+// is at most kExp, and e + kExpLsb carries into the sign bit exactly when e == kExp, so OR-ing
+// those sums over a chunk and testing the sign bit finds any inf/nan with three plain integer
+// ops per element (and, add, or), which vectorize on any SIMD level (an unsigned max does not
+// exist before SSE4.1).
 struct F32Bits {
   using U = std::uint32_t;
-  static constexpr U kExp = 0x7f800000u;
+  static constexpr U kExp = 0x7f800000u, kExpLsb = 0x00800000u, kSign = 0x80000000u;
   static U exp(float v) {
     U u;
     std::memcpy(&u, &v, 4);
@@ -61,12 +64,12 @@ struct F32Bits {
 };
 struct F16Bits {
   using U = std::uint16_t;
-  static constexpr U kExp = 0x7c00u;
+  static constexpr U kExp = 0x7c00u, kExpLsb = 0x0400u, kSign = 0x8000u;
   static U exp(Half v) { return static_cast<U>(v.bits & kExp); }
 };
 struct BF16Bits {
   using U = std::uint16_t;
-  static constexpr U kExp = 0x7f80u;
+  static constexpr U kExp = 0x7f80u, kExpLsb = 0x0080u, kSign = 0x8000u;
   static U exp(BFloat16 v) { return static_cast<U>(v.bits & kExp); }
 };
 template <typename T> struct BitsOf;
@@ -77,15 +80,13 @@ template <> struct BitsOf<BFloat16> { using type = BF16Bits; };
 template <typename T>
 bool any_nonfinite(const T* x, int64_t n) {
   using B = typename BitsOf<T>::type;
+  using U = typename B::U;
   constexpr int64_t kChunk = 4096;
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t end = start + kChunk < n ? start + kChunk : n;
-    typename B::U largest = 0;  // no early exit inside a chunk, so the loop vectorizes
-    for (int64_t i = start; i < end; ++i) {
-      const typename B::U e = B::exp(x[i]);
-      largest = e > largest ? e : largest;
-    }
-    if (largest == B::kExp) return true;
+    U carries = 0;  // no early exit inside a chunk, so the loop vectorizes
+    for (int64_t i = start; i < end; ++i) carries |= static_cast<U>(B::exp(x[i]) + B::kExpLsb);
+    if ((carries & B::kSign) != 0) return true;
   }
   return false;
 }
