@@ -9,7 +9,6 @@ cd "$(dirname "$0")/.."
 out=docs/bench
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OPENBLAS_NUM_THREADS=1
 parts=${*:-kernels allreduce ddp peers}
 machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
@@ -25,12 +24,15 @@ for part in $parts; do
           --json "$out/allreduce_np$n.json" | tee "$out/allreduce_np$n.txt"
       done ;;
     ddp)
-      for n in 1 2 4; do
-        mpirun -np $n --oversubscribe build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 3 --batch 64 \
-          --bucket-mb 1 --steps 30 --json "$out/ddp_np$n.json" | tee "$out/ddp_np$n.txt"
+      # Per-rank batch 256 (compute-bound steps) and 64 (communication weighs more).
+      for b in 256 64; do
+        for n in 1 2 4; do
+          mpirun -np $n --oversubscribe build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 3 --batch $b \
+            --bucket-mb 1 --steps 20 --json "$out/ddp_b${b}_np$n.json" | tee "$out/ddp_b${b}_np$n.txt"
+        done
       done ;;
     peers)
-      bash benchmarks/peers/compare.sh -n 2 -e 1 --out "$out/peers" | tee "$out/peers.txt" ;;
+      bash benchmarks/peers/compare.sh -n 2 -e 3 -r 3 --out "$out/peers" | tee "$out/peers.txt" ;;
     *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, peers)" >&2; exit 2 ;;
   esac
 done

@@ -56,7 +56,7 @@ fi
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+
 read -r -a mpiflags <<< "${MPIRUN_FLAGS:---bind-to none --oversubscribe}"
 threads=${THREADS:-$(( $(nproc) / ranks ))}
 [ "$threads" -ge 1 ] || threads=1
