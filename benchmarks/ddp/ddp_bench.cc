@@ -94,8 +94,10 @@ Result run(tutti::Job& job, const Config& c, int mode, std::int64_t* params_out)
   const tutti::Tensor y = tutti::Tensor::from_ints(ys, {c.batch}, tutti::DType::i32).to(device, stream);
 
   std::vector<double> step, compute, exposed, busbw;
+  // Ranks line up once; after that they run free, as in training, so that the measured
+  // steps include the drift between ranks that overlap can hide.
+  job.cpu_communicator().barrier().wait();
   for (int it = 0; it < c.warmup + c.steps; ++it) {
-    job.cpu_communicator().barrier().wait();  // every rank starts the step together
     const auto t0 = Clock::now();
     if (ddp) {
       loss.forward(ddp->forward(x), y, 1.0f, stream);
