@@ -6,6 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# One BLAS thread per rank: the ranks already use every core.
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 exec mpirun -np 2 --oversubscribe build/examples/train_fashion_mnist --model mlp --epochs 5 "$@"
