@@ -56,6 +56,13 @@ if [ -x build-gpu/benchmarks/comm/allreduce_bench ]; then
   timeout 120 mpiexec -n 1 build-gpu/benchmarks/comm/allreduce_bench --device cuda --json "$OUT/allreduce_bench.json" > "$OUT/allreduce_bench.txt" 2>&1
   say "allreduce_bench rc=$?"; cat "$OUT/allreduce_bench.txt" >> "$summary"
 fi
+data=/usr/share/datasets/fashion-mnist
+[ -d "${root:-/nonexistent}/usr/share/datasets/fashion-mnist" ] && data=$root/usr/share/datasets/fashion-mnist
+if [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ]; then
+  timeout 120 mpiexec -n 1 build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --data "$data" \
+    --json "$OUT/train_cnn_gpu.json" > "$OUT/train_cnn_gpu.txt" 2>&1
+  say "train_fashion_mnist cnn on the GPU rc=$?"; tail -n 3 "$OUT/train_cnn_gpu.txt" >> "$summary"
+fi
 if [ -x build-gpu/benchmarks/ddp/ddp_bench ]; then
   timeout 120 mpiexec -n 1 build-gpu/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json" > "$OUT/ddp_bench.txt" 2>&1
   say "ddp_bench rc=$?"; cat "$OUT/ddp_bench.txt" >> "$summary"

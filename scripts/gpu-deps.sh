@@ -13,6 +13,6 @@ pkgs=(libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libpmix-dev
       libevent-pthreads-2.1-7 libevent-dev libfabric1 libucx0 libpsm-infinipath1 libpsm2-2 libibverbs1 librdmacm1
       libnl-3-200 libnl-route-3-200 libmunge2 libopenblas-dev libopenblas0-pthread libopenblas-pthread-dev libgfortran5
       libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libcli11-dev nlohmann-json3-dev zlib1g-dev
-      libltdl7 libxnvctrl0 libhwloc-plugins)
+      libltdl7 libxnvctrl0 libhwloc-plugins dataset-fashion-mnist)
 apt-get download "${pkgs[@]}" 2>&1 | tail -n 3
 ls -1 | wc -l
