@@ -7,10 +7,14 @@
 # Budget on an H200 with 16 cores: ~3 min build, ~2 min tests, ~1 min benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
+# The device tool brings back at most 8 files from $OUT: everything is written to a work
+# folder and packed into $OUT/gpu-check.tar.gz at exit, beside a copy of summary.txt.
+FINAL=${OUT:-$PWD/gpu-check-out}
+OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
+mkdir -p "$FINAL"
 summary=$OUT/summary.txt
 : > "$summary"
+trap 'cp "$summary" "$FINAL/summary.txt"; tar czf "$FINAL/gpu-check.tar.gz" -C "$OUT" .' EXIT
 say() { echo "$*" | tee -a "$summary"; }
 
 # Dependencies the GPU machine lacks, unpacked from carried .deb files into a private root.
