@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one GPU check: builds tutti for sm_90, runs every test (the GPU twins run for real
-# there) and the GPU benchmarks, and writes a summary and logs to $OUT (or gpu-check-out/).
+# there) and the GPU benchmarks, and writes summary.txt and gpu-check.tar.gz (every log and
+# JSON) to $OUT (or gpu-check-out/).
 # Meant for one H100/H200 lent for a few minutes:
 #   here:    bash scripts/gpu-deps.sh
 #   device:  run(command="bash scripts/gpu-check.sh", carry=[".gpu-deps"], timeout_s=540)
