@@ -2,6 +2,7 @@
 // Internal header (kernels/cpu/*.cc).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -19,16 +20,8 @@ inline std::int64_t leading_rows(const Tensor& t) {
   return rows;
 }
 
-inline std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
+inline float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 
 // Inline, branch-free twins of core/dtype.cc's scalar conversions (bit for bit the same results:
 // round to nearest even, inf kept, nan kept as a quiet nan with its sign). Those are out-of-line

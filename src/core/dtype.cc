@@ -1,6 +1,6 @@
 #include "tutti/core/dtype.h"
 
-#include <cstring>
+#include <bit>
 #include <string>
 
 #include "tutti/core/error.h"
@@ -43,16 +43,8 @@ bool is_floating(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
 }
 
-static std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-static float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+static std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
+static float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 
 std::uint16_t float_to_half_bits(float value) {
   const std::uint32_t x = bits_of(value);
