@@ -104,15 +104,19 @@ Clock::time_point coarse_now() {
 
 const char* byte_ptr(const Tensor& t) { return static_cast<const char*>(t.data()); }
 
+bool overlap(const char* a, std::size_t a_bytes, const char* b, std::size_t b_bytes) {
+  return a_bytes > 0 && b_bytes > 0 && a < b + b_bytes && b < a + a_bytes;
+}
+
 bool overlap(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  return byte_ptr(a) < byte_ptr(b) + b.nbytes() && byte_ptr(b) < byte_ptr(a) + a.nbytes();
+  if (!a.defined() || !b.defined()) return false;
+  return overlap(byte_ptr(a), a.nbytes(), byte_ptr(b), b.nbytes());
 }
 
 // A queued collective is its own Work state (one allocation per collective).
 struct Op final : HostWork {
   // The info moves to the Work state (the label with it; c.info keeps the rest).
-  explicit Op(Communicator::Collective collective)
+  explicit Op(Communicator::Collective&& collective)
       : HostWork(std::move(collective.info)), c(std::move(collective)) {}
   Communicator::Collective c;
   std::shared_ptr<Event> input_ready;  // GPU tensors: recorded on the caller's stream
@@ -145,9 +149,11 @@ struct Engine final : WorkRunner {
   std::condition_variable done_cv;
 
   // The collective in progress, for the watchdog (under queue_mutex too: the runner sets it
-  // while it holds the lock to pop anyway, so watching costs no lock of its own).
+  // while it holds the lock to pop anyway, so watching costs no lock of its own). A plain
+  // pointer (no reference count to touch per collective): the runner holds the op alive
+  // from begin_next until after end_current, and a thread stuck in MPI holds it forever.
   std::condition_variable watch_cv;
-  std::shared_ptr<Op> current;
+  Op* current = nullptr;
   Clock::time_point started;
   bool watch_stop = false;
   std::atomic<bool> broken{false};
@@ -244,14 +250,14 @@ std::shared_ptr<Op> Engine::begin_next() {
   std::shared_ptr<Op> op = std::move(queue.front());
   queue.pop_front();
   queued.fetch_sub(1, std::memory_order_release);
-  current = op;
+  current = op.get();
   started = coarse_now();
   executing = true;
   return op;
 }
 
 void Engine::end_current() {
-  current.reset();
+  current = nullptr;
   executing = false;
 }
 
@@ -358,18 +364,22 @@ void Engine::allreduce(const Tensor& in, const Tensor& out, ReduceOp op) {
     }
     return;
   }
-  const std::size_t es = size_of(dt);
-  const bool in_place = in.data() == out.data();
-  if (!in_place && overlap(in, out)) {
-    std::memmove(out.data(), in.data(), out.nbytes());
-  }
-  const bool use_in_place = in_place || overlap(in, out);
+  // The hot path of small collectives: the pointers and sizes are read once.
+  const std::int64_t es = static_cast<std::int64_t>(size_of(dt));
+  char* const out_ptr = static_cast<char*>(out.data());
+  const char* const in_ptr = byte_ptr(in);
+  const std::size_t bytes = static_cast<std::size_t>(n * es);
+  const bool in_place = in_ptr == out_ptr;
+  const bool overlapping = !in_place && overlap(in_ptr, bytes, out_ptr, bytes);
+  if (overlapping) std::memmove(out_ptr, in_ptr, bytes);
+  const bool use_in_place = in_place || overlapping;
+  const MPI_Datatype type = mpi_type(dt);
   const std::int64_t chunk = kMaxMpiCount / 2;
   for (std::int64_t off = 0; off < n || (n == 0 && off == 0); off += chunk) {
     const std::int64_t m = std::min(chunk, n - off);
-    char* o = static_cast<char*>(out.data()) + off * static_cast<std::int64_t>(es);
-    const void* i = use_in_place ? MPI_IN_PLACE : static_cast<const char*>(in.data()) + off * static_cast<std::int64_t>(es);
-    TUTTI_MPI_CHECK(MPI_Allreduce(i, o, static_cast<int>(m), mpi_type(dt), mpi_op(op), comm));
+    char* o = out_ptr + off * es;
+    const void* i = use_in_place ? MPI_IN_PLACE : in_ptr + off * es;
+    TUTTI_MPI_CHECK(MPI_Allreduce(i, o, static_cast<int>(m), type, mpi_op(op), comm));
     if (n == 0) break;
   }
   if (op == ReduceOp::avg) divide(static_cast<float*>(out.data()), n, size);  // f32 (ints refused)
@@ -537,7 +547,8 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  Work enqueue(Collective c) {
+  // Takes the collective by rvalue reference: every move of it costs on the issue path.
+  Work enqueue(Collective&& c) {
     Engine& e = *engine_;
     const Tensor& any = c.output.defined() ? c.output : c.input;
     std::shared_ptr<Event> input_ready;
