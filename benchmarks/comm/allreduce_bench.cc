@@ -4,6 +4,9 @@
 //       [--factor 2] [--dtype f32] [--device auto|cpu|cuda] [--backend auto|mpi|nccl]
 //       [--iters 100] [--warmup 5] [--in-place] [--json results.json]
 //
+// Up to 64 KiB it also reports "loop": the mean time per call of a run of back-to-back calls
+// of each kind (tutti, then raw), slowest rank, and their ratio (raw / tutti).
+//
 // For each size: the median time of many iterations after warm-up (each rank times every
 // iteration from issue to completion, tutti's and the raw call's interleaved; the slowest
 // rank's median is reported), algbw =
@@ -34,6 +37,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Sizes up to this also get the back-to-back latency loop (see below).
+constexpr std::size_t kLoopMaxBytes = 64 * 1024;
 
 std::size_t parse_bytes(const std::string& s) {
   std::size_t pos = 0;
@@ -109,8 +115,9 @@ int main(int argc, char** argv) {
     std::printf("# allreduce sum, %s, %s, %d rank(s), backend %s, device %s; times: median over iterations, slowest rank\n",
                 dtype_s.c_str(), in_place ? "in place" : "out of place", world, std::string(comm.backend()).c_str(),
                 dev.str().c_str());
-    std::printf("# %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s\n", "bytes", "count", "type", "tutti(us)",
-                "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong");
+    std::printf("# %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s | %8s %8s %6s\n", "bytes", "count", "type",
+                "tutti(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong", "loop:tutti", "raw",
+                "ratio");
   }
 
 #if TUTTI_BENCH_WITH_NCCL
@@ -192,6 +199,25 @@ int main(int argc, char** argv) {
     double times[2] = {median(t_tutti), median(t_raw)}, slowest[2] = {0, 0};
     MPI_Allreduce(times, slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
+    // Latency of back-to-back calls, for small messages: the mean per call of a run of tutti
+    // calls, then of a run of raw calls. Interleaving single calls (above) lets the ranks fall
+    // into a rhythm where one call of each pair absorbs the other rank's lag; a run of calls
+    // of one kind does not split the waiting that way.
+    double loop[2] = {0, 0}, loop_slowest[2] = {0, 0};
+    const bool measure_loop = bytes <= kLoopMaxBytes;
+    if (measure_loop) {
+      const std::function<void()>* runs[2] = {nullptr, &raw.run};
+      const std::function<void()> tutti_fn = tutti_run;
+      runs[0] = &tutti_fn;
+      for (int k = 0; k < 2; ++k) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < n_iters; ++i) (*runs[k])();
+        loop[k] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n_iters;
+      }
+      MPI_Allreduce(loop, loop_slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+
     // Check: one more call of each from fresh inputs; every element must be the exact sum.
     long long wrong[2] = {0, 0}, wrong_all[2] = {0, 0};
     auto count_wrong = [&](const tutti::Tensor& t) {
@@ -219,9 +245,15 @@ int main(int argc, char** argv) {
     const double bus = world > 1 ? 2.0 * (world - 1) / world : 0.0;
     const double alg_t = gb / (slowest[0] * 1e-6), alg_r = gb / (slowest[1] * 1e-6);
     if (rank == 0) {
-      std::printf("  %12zu %11lld %5s | %11.1f %9.3f %9.3f | %11.1f %9.3f %9.3f | %6.3f %6lld\n",
+      char loop_text[64] = "";
+      if (measure_loop) {
+        std::snprintf(loop_text, sizeof loop_text, " | %8.2f %8.2f %6.3f", loop_slowest[0], loop_slowest[1],
+                      loop_slowest[1] / loop_slowest[0]);
+      }
+      std::printf("  %12zu %11lld %5s | %11.1f %9.3f %9.3f | %11.1f %9.3f %9.3f | %6.3f %6lld%s\n",
                   static_cast<std::size_t>(count) * es, static_cast<long long>(count), dtype_s.c_str(), slowest[0],
-                  alg_t, alg_t * bus, slowest[1], alg_r, alg_r * bus, alg_t / alg_r, wrong_all[0] + wrong_all[1]);
+                  alg_t, alg_t * bus, slowest[1], alg_r, alg_r * bus, alg_t / alg_r, wrong_all[0] + wrong_all[1],
+                  loop_text);
       std::fflush(stdout);
       table.push_back({{"bytes", static_cast<std::size_t>(count) * es},
                        {"count", count},
@@ -241,6 +273,10 @@ int main(int argc, char** argv) {
                        {"ratio", alg_t / alg_r},
                        {"wrong", wrong_all[0]},
                        {"raw_wrong", wrong_all[1]}});
+      if (measure_loop) {
+        table.back()["tutti_loop_us"] = loop_slowest[0];
+        table.back()["raw_loop_us"] = loop_slowest[1];
+      }
     }
   }
   if (rank == 0 && !json_path.empty()) {
