@@ -4,8 +4,9 @@
 //       [--factor 2] [--dtype f32] [--device auto|cpu|cuda] [--backend auto|mpi|nccl]
 //       [--iters 100] [--warmup 5] [--in-place] [--json results.json]
 //
-// Up to 64 KiB it also reports "loop": the mean time per call of a run of back-to-back calls
-// of each kind (tutti, then raw), slowest rank, and their ratio (raw / tutti).
+// Up to 64 KiB it also reports "loop": the time per call in runs of back-to-back calls of
+// each kind (median over 15 alternating runs of 64 calls, slowest rank), and the ratio
+// raw / tutti.
 //
 // For each size: the median time of many iterations after warm-up (each rank times every
 // iteration from issue to completion, tutti's and the raw call's interleaved; the slowest
@@ -40,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 
 // Sizes up to this also get the back-to-back latency loop (see below).
 constexpr std::size_t kLoopMaxBytes = 64 * 1024;
+constexpr int kLoopBlocks = 15;
+constexpr int kLoopCalls = 64;
 
 std::size_t parse_bytes(const std::string& s) {
   std::size_t pos = 0;
@@ -203,18 +206,24 @@ int main(int argc, char** argv) {
     // calls, then of a run of raw calls. Interleaving single calls (above) lets the ranks fall
     // into a rhythm where one call of each pair absorbs the other rank's lag; a run of calls
     // of one kind does not split the waiting that way.
+    // Blocks of kLoopCalls calls, tutti's and raw's blocks alternating; the median block's mean
+    // per call is reported, so that a rank preempted once does not decide the figure.
     double loop[2] = {0, 0}, loop_slowest[2] = {0, 0};
     const bool measure_loop = bytes <= kLoopMaxBytes;
     if (measure_loop) {
-      const std::function<void()>* runs[2] = {nullptr, &raw.run};
       const std::function<void()> tutti_fn = tutti_run;
-      runs[0] = &tutti_fn;
-      for (int k = 0; k < 2; ++k) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const auto t0 = Clock::now();
-        for (int i = 0; i < n_iters; ++i) (*runs[k])();
-        loop[k] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / n_iters;
+      const std::function<void()>* runs[2] = {&tutti_fn, &raw.run};
+      std::vector<double> blocks[2];
+      for (int b = 0; b < kLoopBlocks; ++b) {
+        for (int k = 0; k < 2; ++k) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          const auto t0 = Clock::now();
+          for (int i = 0; i < kLoopCalls; ++i) (*runs[k])();
+          blocks[k].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kLoopCalls);
+        }
       }
+      loop[0] = median(blocks[0]);
+      loop[1] = median(blocks[1]);
       MPI_Allreduce(loop, loop_slowest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     }
 
