@@ -113,6 +113,12 @@ const CollectiveInfo& Work::info() const {
   return state_ ? state_->info() : none;
 }
 
+std::optional<double> Work::run_ms() const {
+  if (!state_ || !state_->test()) return std::nullopt;
+  const double ms = state_->run_ms();
+  return ms >= 0 ? std::optional<double>(ms) : std::nullopt;
+}
+
 namespace detail {
 
 Work HostWork::failed(CollectiveInfo info, std::exception_ptr error) {

@@ -267,7 +267,9 @@ void Engine::run(const std::shared_ptr<Op>& op) {
     return;
   }
   try {
+    const Clock::time_point start = Clock::now();
     execute(*op);
+    op->work->set_run_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
     op->work->complete();
   } catch (...) {
     op->work->fail(in_context(std::current_exception(), "running collective " + op->info().str() + " on backend mpi"));

@@ -23,9 +23,14 @@ class Work::State {
   virtual void wait() = 0;
   virtual void wait(const Stream& stream) { wait(); }
   const CollectiveInfo& info() const { return info_; }
+  // The collective's own run time (Work::run_ms), negative while unknown. A backend sets it
+  // before it marks the collective complete, so a waiter that saw completion sees it too.
+  double run_ms() const { return run_ms_.load(std::memory_order_acquire); }
+  void set_run_ms(double ms) { run_ms_.store(ms, std::memory_order_release); }
 
  private:
   CollectiveInfo info_;
+  std::atomic<double> run_ms_{-1.0};
 };
 
 namespace detail {

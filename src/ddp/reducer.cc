@@ -204,9 +204,11 @@ const Tensor& Reducer::finish(double divisor) {
   stats_.exposed_comm_ms = ms_between(t_finish, t_done);
   stats_.comm_ms = launched_any_ ? ms_between(t_first_launch_, t_done) : 0.0;
   stats_.finish_ms = ms_between(t_finish, t_end);
+  for (const Bucket& b : buckets_) stats_.comm_run_ms += b.work.run_ms().value_or(0.0);
   const int n = comm_.size();
-  if (stats_.comm_ms > 0 && n > 1) {
-    stats_.busbw_gbs = static_cast<double>(stats_.bytes_reduced) * 2.0 * (n - 1) / n / (stats_.comm_ms * 1e-3) / 1e9;
+  const double busy_ms = stats_.comm_run_ms > 0 ? stats_.comm_run_ms : stats_.comm_ms;
+  if (busy_ms > 0 && n > 1) {
+    stats_.busbw_gbs = static_cast<double>(stats_.bytes_reduced) * 2.0 * (n - 1) / n / (busy_ms * 1e-3) / 1e9;
   }
   return found_;
 }

@@ -190,6 +190,24 @@ TEST_P(Collectives, SeveralMegabytes) {
   check_allgather(DType::f16, (std::int64_t{1} << 20) / comm_->size() + 5, false, ++seed);
 }
 
+// A completed collective on the mpi backend reports how long it ran; an unfinished one
+// and a default Work report nothing.
+TEST_P(Collectives, RunTimeOfACompletedCollective) {
+  EXPECT_FALSE(Work().run_ms().has_value());
+  const Tensor t = Tensor::zeros({1 << 16}, DType::f32, device_);
+  const auto t0 = std::chrono::steady_clock::now();
+  Work work = comm_->allreduce(t);
+  work.wait();
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (comm_->backend() != "mpi") {
+    EXPECT_FALSE(work.run_ms().has_value()) << comm_->backend() << " does not time its collectives";
+    return;
+  }
+  ASSERT_TRUE(work.run_ms().has_value());
+  EXPECT_GE(*work.run_ms(), 0.0);
+  EXPECT_LE(*work.run_ms(), waited_ms);
+}
+
 // Many collectives in flight at once, of different kinds and sizes, all issued before any is
 // waited for: every one is right, and they complete in issue order.
 TEST_P(Collectives, ManyInFlightCompleteInOrderAndCorrectly) {

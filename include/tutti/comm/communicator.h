@@ -118,6 +118,10 @@ class Work {
   void wait(const Stream& stream) const;
   // What the collective is (seq 0 for a default-constructed Work).
   const CollectiveInfo& info() const;
+  // Milliseconds the collective itself ran, from when it started (not while it waited in the
+  // queue) to its completion, once it has completed on a backend that measures it (mpi);
+  // empty otherwise (nccl, not complete yet, failed).
+  std::optional<double> run_ms() const;
 
  private:
   std::shared_ptr<State> state_;

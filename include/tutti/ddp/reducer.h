@@ -63,10 +63,12 @@ struct StepStats {
   double comm_ms = 0;           // from the first launch until finish() saw the last bucket
                                 // complete: the span communication was in flight (an upper
                                 // bound of the time spent communicating)
+  double comm_run_ms = 0;       // the buckets' allreduces' own run times added up, where the
+                                // backend measures them (mpi; 0 on nccl): time spent communicating
   double exposed_comm_ms = 0;   // time finish() waited for communication: NOT hidden by backward
   double finish_ms = 0;         // all of finish(): waits, casts, unscale and check
   std::int64_t bytes_reduced = 0;  // per rank, on the wire
-  double busbw_gbs = 0;         // bytes_reduced · 2(n-1)/n / comm_ms
+  double busbw_gbs = 0;         // bytes_reduced · 2(n-1)/n / comm_run_ms (comm_ms where not measured)
   int buckets = 0;
 };
 
