@@ -62,6 +62,19 @@ Tensor labels_with_ignored(int64_t N, int64_t C, DType dtype, std::uint32_t seed
   return Tensor::from_ints(v, {N}, dtype);
 }
 
+// Labels for count_correct: every other counted row gets its logits' argmax, so that both
+// correct and wrong rows occur (rows 1, 4, 7... are ignored, -100). As i64 values.
+std::vector<int64_t> labels_half_argmax(const Tensor& logits, int64_t N, int64_t C, std::uint32_t seed) {
+  std::vector<int64_t> lv = labels_with_ignored(N, C, DType::i64, seed, -100).to_ints();
+  const std::vector<float> fv = logits.to_floats();
+  for (int64_t r = 0; r < N; r += 2)
+    if (lv[static_cast<std::size_t>(r)] != -100) {
+      const auto row = fv.begin() + r * C;
+      lv[static_cast<std::size_t>(r)] = std::max_element(row, row + C) - row;
+    }
+  return lv;
+}
+
 // Absolute floor for comparing dlogits: fp32 rounding at the largest value, and f16's
 // subnormal spacing (2^-24) for the many tiny probabilities.
 double dlogits_atol(DType d, double max_abs_value) {
@@ -171,14 +184,8 @@ TEST(CountCorrectCpu, MatchesNaiveAndAccumulates) {
     for (DType ld : {DType::i32, DType::i64})
       for (auto [N, C] : kShapes) {
         const Tensor logits = random_tensor({N, C}, d, seed++);
-        // Make about half the labels the argmax so both outcomes occur.
-        std::vector<int64_t> lv = labels_with_ignored(N, C, DType::i64, seed++, -100).to_ints();
+        const std::vector<int64_t> lv = labels_half_argmax(logits, N, C, seed++);
         const std::vector<float> fv = logits.to_floats();
-        for (int64_t r = 0; r < N; r += 2)
-          if (lv[static_cast<std::size_t>(r)] != -100) {
-            const auto row = fv.begin() + r * C;
-            lv[static_cast<std::size_t>(r)] = std::max_element(row, row + C) - row;
-          }
         const Tensor labels = Tensor::from_ints(lv, {N}, ld);
         const int64_t want = naive_correct(fv, lv, C, -100);
         const Tensor correct = Tensor::from_ints({-5}, {1}, DType::i64);
@@ -275,13 +282,7 @@ TEST(CountCorrectCuda, MatchesCpu) {
   for (DType d : kValueDtypes)
     for (auto [N, C] : shapes) {
       const Tensor logits = random_tensor({N, C}, d, seed++);
-      std::vector<int64_t> lv = labels_with_ignored(N, C, DType::i64, seed++, -100).to_ints();
-      const std::vector<float> fv = logits.to_floats();
-      for (int64_t r = 0; r < N; r += 2)
-        if (lv[static_cast<std::size_t>(r)] != -100) {
-          const auto row = fv.begin() + r * C;
-          lv[static_cast<std::size_t>(r)] = std::max_element(row, row + C) - row;
-        }
+      const std::vector<int64_t> lv = labels_half_argmax(logits, N, C, seed++);
       for (DType ld : {DType::i32, DType::i64}) {
         const Tensor labels = Tensor::from_ints(lv, {N}, ld);
         const Tensor c_cpu = Tensor::from_ints({11}, {1}, DType::i64);
