@@ -57,7 +57,6 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   });
 
   if (options_.broadcast_parameters) broadcast_parameters();
-  found_ = Tensor::zeros({1}, DType::i32, model_.device());
 }
 
 DistributedDataParallel::~DistributedDataParallel() { model_.set_grad_ready_hook({}); }
@@ -125,13 +124,13 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
     return false;
   }
   micro_step_ = 0;
-  found_ = reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
+  reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
   return true;
 }
 
 bool DistributedDataParallel::found_nonfinite() {
   model_.stream().synchronize();  // the flag is written on the model's stream
-  return found_.to_ints()[0] != 0;
+  return found_nonfinite_flag().to_ints()[0] != 0;
 }
 
 void DistributedDataParallel::zero_grad() { reducer_->zero(); }

@@ -68,7 +68,7 @@ class DistributedDataParallel {
   // same answer on every rank). Reads a flag from the device: the step's one host sync.
   bool found_nonfinite();
   // The flag itself (i32 [1] on the device), for callers that read it later.
-  const Tensor& found_nonfinite_flag() const { return found_; }
+  const Tensor& found_nonfinite_flag() const { return reducer_->found_nonfinite_flag(); }
   // Zeroes all gradients (one memset of the bucket buffer).
   void zero_grad();
 
@@ -87,7 +87,6 @@ class DistributedDataParallel {
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
   int micro_step_ = 0;
-  Tensor found_;
 };
 
 }  // namespace tutti::ddp

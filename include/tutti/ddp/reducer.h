@@ -111,6 +111,8 @@ class Reducer {
   const Tensor& finish(double divisor = 1.0);
   // Zeroes the whole buffer (one memset on the stream of the last prepare()).
   void zero();
+  // The found-nonfinite flag of the last finish() (i32 [1] on the device; 0 before any).
+  const Tensor& found_nonfinite_flag() const { return found_; }
   // Statistics of the last finish().
   const StepStats& last_stats() const { return stats_; }
 
