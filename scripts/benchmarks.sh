@@ -11,13 +11,19 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1
 parts=${*:-kernels allreduce ddp peers}
-machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r)"
-echo "$machine" > "$out/machine.txt"
+# The widest x86 vector unit: the CPU kernels' compute-bound loops are built for each (common.h).
+isa=baseline
+for f in avx avx2 avx512f; do grep -qw "$f" /proc/cpuinfo && isa=$f; done
+machine="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), widest vector ISA $isa, $(uname -r)"
+# Each part's text file starts with the machine it ran on (a run of one part leaves the others'
+# files, measured elsewhere, as they were); machine.txt names the last full run's machine.
+[ -z "${*:-}" ] && echo "$machine" > "$out/machine.txt"
 
 for part in $parts; do
   case $part in
     kernels)
-      build/benchmarks/kernels/kernel_bench --device cpu --json "$out/kernel_bench_cpu.json" | tee "$out/kernel_bench_cpu.txt" ;;
+      { echo "# measured on: $machine"
+        build/benchmarks/kernels/kernel_bench --device cpu --json "$out/kernel_bench_cpu.json"; } | tee "$out/kernel_bench_cpu.txt" ;;
     allreduce)
       for n in 2 4; do
         mpirun -np $n --oversubscribe build/benchmarks/comm/allreduce_bench -b 8 -e 64M \

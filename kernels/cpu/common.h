@@ -2,6 +2,7 @@
 // Internal header (kernels/cpu/*.cc).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -85,74 +86,128 @@ void from_f32(const float* __restrict src, T* __restrict dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(src[i]);
 }
 
-// For the few compute-bound loops (the ones built on exp_f32): GCC function multiversioning
+// For the loops that are compute-bound on SSE2 (the ones built on exp_f32, the casts, AdamW's
+// sqrt and divide, LayerNorm's short passes over rows in L1): GCC function multiversioning
 // compiles the function once per listed target and picks the best one the running CPU supports
-// when the library loads (x86-64-v3 = AVX2 + FMA, AVX alone, or the baseline SSE2 build). These
-// loops run 2-3x faster on 8-wide vectors; one binary still runs everywhere.
+// when the library loads (x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA, AVX alone, or the
+// baseline SSE2 build). These loops run 2-3x faster on 8-wide vectors and faster again on
+// 16-wide ones (masked selects, fewer instructions); one binary still runs everywhere. The
+// helpers such a function calls must be inlined into it to get the clone's code (GCC may share
+// one baseline copy of a non-inline template otherwise: see kernels/cpu/optimizer.cc).
 // TUTTI_IVDEP: the loop after it has no dependence between iterations even if the output is the
 // input (exact aliasing, as in-place ops do), so GCC need not fall back to a scalar loop.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define TUTTI_CPU_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "avx", "default")))
+#define TUTTI_CPU_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "avx", "default")))
 #define TUTTI_IVDEP _Pragma("GCC ivdep")
 #else
 #define TUTTI_CPU_SIMD_CLONES
 #define TUTTI_IVDEP
 #endif
 
-// Sum of term(i) for i in [0, n) with 8 interleaved partial sums: the compiler vectorizes it (a
+// Sum of term(i) for i in [0, n) with 16 interleaved partial sums: the compiler vectorizes it (a
 // single running sum is a serial chain of dependent adds that it may not reorder without
-// -ffast-math), and it is no less accurate.
+// -ffast-math), and it is no less accurate. The lanes are always 16, whatever the vector unit,
+// so the result is the same on every CPU. The tail goes to its own sum: indexing the lanes with
+// i % 16 there would force them into memory and keep the main loop scalar.
 template <typename Term>
 inline float sum_lanes(std::int64_t n, Term term) {
-  float acc[8] = {};
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += term(i + j);
-  for (; i < n; ++i) acc[i % 8] += term(i);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += term(i + j);
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += term(i);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
+  return acc[0] + tail;
 }
 inline float sum_f32(const float* p, std::int64_t n) {
   return sum_lanes(n, [p](std::int64_t i) { return p[i]; });
 }
 
-// Largest of n >= 1 floats, 8 lanes at a time (vectorizes, like sum_f32). A nan is skipped
-// unless it comes first in its lane; either way a row holding a nan gives a nan loss downstream.
+// Largest of n >= 1 floats. GCC does not vectorize a max over plain floats without
+// -ffinite-math-only (x86's max is not IEEE's on nan), so this one is written with 4-lane vector
+// types (GCC/Clang vector extensions), 4 of them in flight: native on every x86-64 target.
+// A nan is skipped unless it comes first in its lane or is p[0]; either way a row holding a nan
+// gives a nan loss downstream.
 inline float max_f32(const float* p, std::int64_t n) {
-  float acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = p[0];
+  using f32x4 = float __attribute__((vector_size(16)));
+  f32x4 acc[4];
+  for (f32x4& a : acc) a = f32x4{} + p[0];
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] = p[i + j] > acc[j] ? p[i + j] : acc[j];
-  for (; i < n; ++i) acc[0] = p[i] > acc[0] ? p[i] : acc[0];
-  float m = acc[0];
-  for (int j = 1; j < 8; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 4; ++k) {
+      f32x4 v;
+      std::memcpy(&v, p + i + 4 * k, sizeof v);
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
+  float m = p[0];
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  for (const f32x4& a : acc)
+    for (int j = 0; j < 4; ++j) m = a[j] > m ? a[j] : m;
   return m;
 }
 
-// e^x in fp32 as a branch-free polynomial (Cephes' expf: Cody-Waite range reduction by ln 2,
-// degree-7 polynomial, within ~1 ulp of the true value) that the compiler vectorizes; the libm
-// call does not vectorize without -ffast-math, which tutti does not use (nan/inf must survive).
-// Outside the range of normal results: x > 88.72 gives inf, x < -87.33 gives 0 (the true value
-// is below the smallest normal float, 1.2e-38), and x in (88.37, 88.72] gives e^88.37 (callers
-// use it where only "huge next to 1" matters there). nan gives nan.
-inline float exp_f32(float x) {
+// Asks for the next row (into L2) while this one is worked on, for row-wise kernels that make a
+// few passes over each row in L1: the hardware prefetchers stop at 4 KiB page boundaries, about
+// one such row, so without this each row can start with a wait on DRAM. It pays for
+// LayerNorm's forward pass; softmax cross-entropy measured no gain (1 row ahead) or a loss
+// (4 rows ahead), so it has none.
+inline void prefetch_row(const float* row, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += 64 / static_cast<std::int64_t>(sizeof(float))) __builtin_prefetch(row + i, 0, 2);
+}
+
+// The clamp bounds of exp_f32, as values the optimizer cannot see through. With the bounds as
+// constants GCC folds the clamp into the later selects and emits compare/blend chains instead
+// of one max and one min: measured 25% slower for GELU. A vectorized loop reads them once,
+// before the loop (exp_bounds()), and passes them in. A caller may lower `hi` to make e^x
+// saturate at e^hi instead of reaching inf (GELU's derivative does, to need no inf check).
+struct ExpBounds {
+  float lo = -87.33654f;   // e^lo is the smallest normal float
+  float hi = 88.7228394f;  // rounds to n = 128, whose 2^n bit pattern is inf
+};
+inline ExpBounds exp_bounds(float hi = ExpBounds{}.hi) {
+  ExpBounds b;
+  b.hi = hi;
+#if defined(__GNUC__)
+  asm("" : "+m"(b));  // an empty statement that "may change" b: its values are unknown from here on
+#endif
+  return b;
+}
+
+// e^x in fp32 as a branch-free polynomial that the compiler vectorizes (the libm call does not
+// vectorize without -ffast-math, which tutti does not use: nan/inf must survive). Cody-Waite
+// range reduction by ln 2 as in Cephes' expf, then a degree-6 polynomial fitted to e^r over
+// |r| <= ln 2 / 2 (minimax by Lawson's method, coefficients rounded to float): within 1.6 ulp of
+// the true value over the normal range. Cheap on purpose, since GELU and softmax are
+// compute-bound on it: 2^n comes straight from the bits of the rounding sum (no float-to-int
+// conversion), and the only range checks are one max, one min and the underflow select.
+// Outside the range of normal results: x > 88.376 gives inf (the true value, finite up to 88.72,
+// is then "huge next to 1" everywhere tutti uses it) and x < -87.337 gives 0 (the true value is
+// below the smallest normal float); nan gives nan. `bounds` comes from exp_bounds() (see above).
+inline float exp_f32(float x, ExpBounds bounds) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23: adding it rounds a float to an integer
-  const float xc = x > 88.37626f ? 88.37626f : (x < -87.33654f ? -87.33654f : x);
-  const float n = (xc * kLog2e + kRound) - kRound;  // round(x / ln 2), in [-126, 127]
-  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;   // |r| <= ln 2 / 2
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float scale = float_of(static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23);  // 2^n
-  const float e = p * scale;
-  const float out = x < -87.33654f ? 0.0f : e;
-  return x > 88.72283f ? std::numeric_limits<float>::infinity() : (x != x ? x : out);
+  // 1.5 · 2^23 + 127: adding it rounds x / ln 2 to an integer n and leaves n + 127 (the biased
+  // exponent of 2^n) in the low mantissa bits, so shifting the sum's bits left by 23 gives 2^n.
+  constexpr float kRoundBias = 12582912.0f + 127.0f;
+  // The clamp keeps n in [-126, 128] and lets nan through (x86's max and min, which these
+  // compile to, return their second operand x when it is nan).
+  float xc = bounds.lo > x ? bounds.lo : x;
+  xc = bounds.hi < xc ? bounds.hi : xc;
+  const float t = xc * kLog2e + kRoundBias;
+  const float n = t - kRoundBias;
+  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;  // |r| <= ln 2 / 2, exact to ~1 ulp
+  float p = 1.3843653724e-03f;
+  p = p * r + 8.3741554990e-03f;
+  p = p * r + 4.1668001562e-02f;
+  p = p * r + 1.6666431725e-01f;
+  p = p * r + 4.9999994040e-01f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float e = p * float_of(bits_of(t) << 23);
+  return x < ExpBounds{}.lo ? 0.0f : e;
 }
 
 // A floating tensor seen as fp32 memory: an f32 tensor's own data, or for f16/bf16 an fp32

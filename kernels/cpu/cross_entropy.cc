@@ -32,6 +32,7 @@ std::vector<int64_t> read_labels(const Tensor& labels) {
 TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, float* e_scratch, const int64_t* labels,
                                                int64_t N, int64_t C, int64_t ignore_index, float g_scale) {
   double total = 0.0;
+  const ExpBounds bounds = exp_bounds();
   for (int64_t r = 0; r < N; ++r) {
     const float* row = logits + r * C;
     float* drow = dl != nullptr ? dl + r * C : nullptr;
@@ -41,13 +42,13 @@ TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, f
       continue;
     }
     // e^(x - max) goes straight into the gradient row (or a scratch row), then is scaled in
-    // place: each pass is a simple loop that vectorizes (exp_f32, 8-lane max and sum). The
+    // place: each pass is a simple loop that vectorizes (exp_f32, the lane-wise max and sum of common.h). The
     // label's logit is read first: dlogits may be logits itself.
     float* e = drow != nullptr ? drow : e_scratch;
     const float picked = row[label];
     const float mx = max_f32(row, C);
     TUTTI_IVDEP
-    for (int64_t c = 0; c < C; ++c) e[c] = exp_f32(row[c] - mx);
+    for (int64_t c = 0; c < C; ++c) e[c] = exp_f32(row[c] - mx, bounds);
     const float sum = sum_f32(e, C);
     total += static_cast<double>(std::log(sum) + mx - picked);
     if (drow != nullptr) {

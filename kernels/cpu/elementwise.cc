@@ -1,7 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <cmath>
-#include <limits>
 
 #include "kernels/cpu/common.h"
 #include "kernels/dropout_rng.h"
@@ -37,32 +36,39 @@ void map2(const Tensor& in0, const Tensor& in1, const Tensor& out, F f) {
 }
 
 // GELU (tanh form) rewritten through 0.5 · (1 + tanh(u)) = 1 / (1 + e^(-2u)) = s, a sigmoid:
-// gelu(v) = v · s. No cancellation (unlike 1 + tanh(u) near u = -inf), and exp_f32 vectorizes
-// where std::tanh does not. Inf and nan behave as in the tanh form: gelu(inf) = inf,
+// gelu(v) = v · s, with u = c (v + a v^3). No cancellation (unlike 1 + tanh(u) near u = -inf), and
+// exp_f32 vectorizes where std::tanh does not. -2u is computed as v (k1 + k2 v^2), three
+// operations. Inf and nan behave as in the tanh form: gelu(inf) = inf,
 // gelu(-inf) = -inf / inf = nan, gelu(nan) = nan.
-inline float gelu(float v) {
-  const float u = kGeluC * (v + kGeluA * v * v * v);
-  return v / (1.0f + exp_f32(-2.0f * u));
+constexpr float kMinus2C = -2.0f * kGeluC, kMinus2CA = -2.0f * kGeluC * kGeluA;
+inline float gelu(float v, ExpBounds bounds) {
+  const float minus_2u = v * (kMinus2C + kMinus2CA * (v * v));
+  return v / (1.0f + exp_f32(minus_2u, bounds));
 }
-// d/dv [v · s(2u)] = s + 2 v s (1 - s) u', with 1 - s = e · s (e = e^(-2u)), which keeps its
-// relative accuracy where s is near 1. When e overflows (s = 0) the term is 0.
-inline float gelu_grad(float v, float g) {
-  const float u = kGeluC * (v + kGeluA * v * v * v);
-  const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-  const float e = exp_f32(-2.0f * u);
+// d/dv [v · s(2u)] = s + 2 v s (1 - s) u' = s (1 + v (1 - s) 2u'), with 1 - s = e · s
+// (e = e^(-2u)), which keeps its relative accuracy where s is near 1. The caller's bounds cap e
+// at e^kGradExpMax (finite, so e · s stays 1 where s underflows; v < -9.5 there, where the true
+// derivative is below 1e-28 and this one is too). For v = ±inf the result is not finite.
+constexpr float kGradExpMax = 69.0f;  // e^69 ~ 9e29: 1 + e keeps 1/(1 + e) normal
+inline float gelu_grad(float v, float g, ExpBounds bounds) {
+  constexpr float k2C = 2.0f * kGeluC, k6CA = 6.0f * kGeluC * kGeluA;
+  const float v2 = v * v;
+  const float e = exp_f32(v * (kMinus2C + kMinus2CA * v2), bounds);
   const float s = 1.0f / (1.0f + e);
-  const float one_minus_s = e < std::numeric_limits<float>::infinity() ? e * s : 1.0f;
-  return g * (s + 2.0f * v * s * one_minus_s * du);
+  const float two_du = k2C + k6CA * v2;
+  return g * (s * (1.0f + v * (e * s) * two_du));
 }
 
 // The f32 loops, compute-bound on exp_f32: compiled for wider vector units too (common.h).
 TUTTI_CPU_SIMD_CLONES void gelu_forward_f32(const float* x, float* y, int64_t n) {
+  const ExpBounds bounds = exp_bounds();
   TUTTI_IVDEP
-  for (int64_t i = 0; i < n; ++i) y[i] = gelu(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu(x[i], bounds);
 }
 TUTTI_CPU_SIMD_CLONES void gelu_backward_f32(const float* x, const float* dy, float* dx, int64_t n) {
+  const ExpBounds bounds = exp_bounds(kGradExpMax);
   TUTTI_IVDEP
-  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i]);
+  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i], bounds);
 }
 
 }  // namespace
@@ -76,12 +82,14 @@ void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
   if (x.dtype() == DType::f32) return gelu_forward_f32(x.data_as<float>(), y.data_as<float>(), x.numel());
-  map1(x, y, gelu);
+  const ExpBounds bounds = exp_bounds();
+  map1(x, y, [bounds](float v) { return gelu(v, bounds); });
 }
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (x.dtype() == DType::f32)
     return gelu_backward_f32(x.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(), x.numel());
-  map2(x, dy, dx, gelu_grad);
+  const ExpBounds bounds = exp_bounds(kGradExpMax);
+  map2(x, dy, dx, [bounds](float v, float g) { return gelu_grad(v, g, bounds); });
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
