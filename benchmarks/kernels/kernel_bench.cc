@@ -125,7 +125,7 @@ std::string dtype_str(DType d) { return std::string(name_of(d)); }
 #define TUTTI_BENCH_COPY_LOOP [[gnu::noinline]]
 #endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define TUTTI_BENCH_WIDE [[gnu::target_clones("arch=x86-64-v3", "avx", "default")]]
+#define TUTTI_BENCH_WIDE [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "avx", "default")]]
 #else
 #define TUTTI_BENCH_WIDE
 #endif
@@ -271,6 +271,16 @@ void bench_memory_ops(Ctx& c, DType dt, int64_t n) {
     memory_op(c, "gelu_forward", dt, 2 * nd * es, [&] { gelu_forward(x, y, s); });
     memory_op(c, "gelu_backward", dt, 3 * nd * es, [&] { gelu_backward(x, z, y, s); });
     memory_op(c, "add", dt, 3 * nd * es, [&] { add(x, z, y, s); });
+    memory_op(c, "scale", dt, 2 * nd * es, [&] { scale(x, 0.5f, y, s); });
+    // Rows of 1024 channels; the bias itself stays in cache.
+    const int64_t channels = 1024, rows = std::max<int64_t>(1, n / channels);
+    Tensor bx = x.view(0, {rows, channels}), by = y.view(0, {rows, channels});
+    Tensor bias = make({channels}, dt, dev);
+    memory_op(c, "bias_add", dt, 2 * static_cast<double>(rows * channels) * es, [&] { bias_add(bx, bias, 1, by, s); });
+    Tensor dbias = Tensor::zeros({channels}, DType::f32, dev);
+    memory_op(c, "bias_backward", dt, static_cast<double>(rows * channels) * es,
+              [&] { bias_backward(bx, 1, dbias, false, s); });
+    memory_op(c, "dropout_forward", dt, 2 * nd * es, [&] { dropout_forward(x, 0.1f, 1234, 0, y, s); });
   });
   guarded("layernorm", [&] {
     const int64_t d = 1024, rows = std::max<int64_t>(1, n / d);

@@ -1,6 +1,7 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/common.h"
 #include "kernels/dropout_rng.h"
@@ -112,10 +113,21 @@ void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channe
     const T* in = static_cast<const T*>(x.data());
     const T* b = static_cast<const T*>(bias.data());
     T* o = static_cast<T*>(out.data());
+    if (inner == 1) {
+      // [outer, channels] (a Linear's output): the loop runs along the channels, so it
+      // vectorizes; a loop over `inner` would be one element long.
+      for (int64_t n = 0; n < outer; ++n) {
+        const int64_t base = n * channels;
+        TUTTI_IVDEP
+        for (int64_t c = 0; c < channels; ++c) o[base + c] = store_as<T>(load_f32(in[base + c]) + load_f32(b[c]));
+      }
+      return;
+    }
     for (int64_t n = 0; n < outer; ++n)
       for (int64_t c = 0; c < channels; ++c) {
         const float bc = load_f32(b[c]);
         const int64_t base = (n * channels + c) * inner;
+        TUTTI_IVDEP
         for (int64_t i = 0; i < inner; ++i) o[base + i] = store_as<T>(load_f32(in[base + i]) + bc);
       }
   });
@@ -130,11 +142,23 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
   detail::dispatch_floating("bias_backward", dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = static_cast<const T*>(dy.data());
+    if (inner == 1) {
+      // [outer, channels]: rows are added into one fp32 row of sums (contiguous, vectorizes)
+      // instead of walking each channel's column with a stride.
+      std::vector<float> sums(static_cast<std::size_t>(channels), 0.0f);
+      float* sp = sums.data();
+      for (int64_t n = 0; n < outer; ++n) {
+        const T* row = g + n * channels;
+        for (int64_t c = 0; c < channels; ++c) sp[c] += load_f32(row[c]);
+      }
+      for (int64_t c = 0; c < channels; ++c) acc[c] += sp[c];
+      return;
+    }
     for (int64_t c = 0; c < channels; ++c) {
       float sum = 0.0f;
       for (int64_t n = 0; n < outer; ++n) {
         const int64_t base = (n * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) sum += load_f32(g[base + i]);
+        sum += sum_lanes(inner, [&](int64_t i) { return load_f32(g[base + i]); });
       }
       acc[c] += sum;
     }
@@ -142,8 +166,26 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
   db.store();
 }
 
+namespace {
+
+// Dropout's loop: two 64-bit multiplies per element (rng::uniform), which only AVX-512 has as
+// a vector instruction; compiled for it too (common.h). For f32 only: halves take the generic
+// loop below.
+TUTTI_CPU_SIMD_CLONES void dropout_f32(const float* in, float* out, int64_t n, float p, float scale, std::uint64_t key,
+                                       std::uint64_t offset) {
+  TUTTI_IVDEP
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;
+    out[i] = keep ? in[i] * scale : 0.0f;
+  }
+}
+
+}  // namespace
+
 void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uint64_t offset, const Tensor& y) {
   const std::uint64_t key = rng::key_of(seed);
+  if (x.dtype() == DType::f32)
+    return dropout_f32(x.data_as<float>(), y.data_as<float>(), x.numel(), p, scale, key, offset);
   detail::dispatch_floating("dropout", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data());
