@@ -1,9 +1,11 @@
 # Finds NCCL (headers and libnccl) and defines the imported target NCCL::nccl.
-# Looks beside the CUDA toolkit first (it ships NCCL under lib/ on these machines), then the system.
+# Looks in NCCL_ROOT, then beside the CUDA toolkit (it ships NCCL under lib/ on these machines),
+# then the system. NCCL_ROOT may be Python's nvidia-nccl wheel (site-packages/nvidia/nccl), which
+# holds only the versioned libnccl.so.2.
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY nccl
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
   HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib lib64)
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")

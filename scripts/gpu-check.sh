@@ -23,16 +23,27 @@ if [ -d .gpu-deps ]; then
   root=/tmp/tutti-deps
   mkdir -p $root
   for f in .gpu-deps/*.deb; do dpkg -x "$f" $root; done
+  # Debian names Open MPI's programs mpicc.openmpi etc. and links the plain names through the
+  # alternatives system when a package is installed; dpkg -x does not, so link them here.
+  for p in mpicc mpicxx mpiexec mpirun; do ln -sf $p.openmpi $root/usr/bin/$p; done
   arch=x86_64-linux-gnu
   export PATH=$root/usr/bin:$PATH
   export LD_LIBRARY_PATH=$root/usr/lib/$arch:$root/usr/lib/$arch/openblas-pthread:$root/usr/lib/$arch/openmpi/lib:${LD_LIBRARY_PATH:-}
   export OPAL_PREFIX=$root/usr
+  # PMIx's compression plugin does not load from the private root, and PMIx then prints a
+  # help text it cannot find either; it is only used to shrink launch messages.
+  export PMIX_MCA_pcompress_base_silence_warning=1
   export OMPI_MCA_plm=isolated OMPI_MCA_btl_vader_single_copy_mechanism=none
+  # Components whose drivers the machine lacks (PSM, UCX, ...) fail to load; that is expected.
+  export OMPI_MCA_mca_base_component_show_load_errors=0
+  # The data set from the carried dataset-fashion-mnist .deb (the trainer's and tests' default).
+  [ -d $root/usr/share/datasets/fashion-mnist ] && export TUTTI_FASHION_MNIST_DIR=$root/usr/share/datasets/fashion-mnist
   export CMAKE_PREFIX_PATH=$root/usr:$root/usr/lib/$arch/cmake
   extra=(-DMPI_C_COMPILER=$root/usr/bin/mpicc -DMPIEXEC_EXECUTABLE=$root/usr/bin/mpiexec
-         -DOpenBLAS_DIR=$root/usr/lib/$arch/cmake/openblas)
-  # Debian's OpenBLAS config hardcodes /usr paths: point it at the private root.
-  sed -i "s|/usr/|$root/usr/|g" $root/usr/lib/$arch/cmake/openblas/OpenBLASConfig.cmake 2>/dev/null
+         -DOpenBLAS_DIR=$root/usr/lib/$arch/openblas-pthread/cmake/openblas)
+  # Debian's OpenBLAS config (the real file: the one under cmake/ is an alternatives link)
+  # hardcodes /usr paths: point it at the private root.
+  sed -i "s|/usr/|$root/usr/|g" $root/usr/lib/$arch/openblas-pthread/cmake/openblas/OpenBLASConfig.cmake
 else
   extra=()
 fi
@@ -40,7 +51,31 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 say "== gpu-check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 start=$(date +%s)
-cmake --preset gpu -G Ninja "${extra[@]}" > "$OUT/configure.log" 2>&1 || { say "configure FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
+# NCCL and cuDNN: beside the CUDA toolkit, or else (as in images built around PyTorch) inside
+# Python's nvidia-nccl / nvidia-cudnn wheels; if neither has one, build without it and say so,
+# so that the rest is still checked.
+wheel_root() {  # site-packages/nvidia/<name> of the python3 on PATH, if it has that wheel
+  python3 -c "import importlib, sys; print(list(importlib.import_module('nvidia.' + sys.argv[1]).__path__)[0])" "$1" 2>/dev/null
+}
+configured=0
+for attempt in 1 2 3 4 5; do
+  rm -f build-gpu/CMakeCache.txt
+  if cmake --preset gpu -G Ninja "${extra[@]}" > "$OUT/configure.log" 2>&1; then configured=1; break; fi
+  missing=$(grep -o -m1 -E "Could NOT find (NCCL|CUDNN)" "$OUT/configure.log" | awk '{print $4}')
+  [ -n "$missing" ] || break
+  lib=$(echo "$missing" | tr 'A-Z' 'a-z')
+  dir=$(wheel_root "$lib")
+  if [ -n "$dir" ] && ! printf '%s\n' "${extra[@]}" | grep -q "^-D${missing}_ROOT="; then
+    extra+=("-D${missing}_ROOT=$dir")
+    export LD_LIBRARY_PATH=$dir/lib:${LD_LIBRARY_PATH:-}
+    say "$lib: not beside the CUDA toolkit; using Python's wheel at $dir"
+  else
+    extra+=("-DTUTTI_WITH_${missing}=OFF")
+    say "$lib: NOT FOUND: built without it; its GPU paths are NOT checked"
+  fi
+done
+[ $configured = 1 ] || { say "configure FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
+say "$(grep -m1 'tutti: CUDA=' "$OUT/configure.log" | sed 's/^-- //')"
 cmake --build --preset gpu -j "$(nproc)" > "$OUT/build.log" 2>&1 || { say "build FAILED (see build.log)"; grep -m 20 -E "error" "$OUT/build.log"; exit 1; }
 say "build: $(( $(date +%s) - start )) s"
 python3 scripts/cuda-archs.py build-gpu/src/libtutti.so | tee -a "$summary"
@@ -64,8 +99,7 @@ if [ -x build-gpu/benchmarks/comm/allreduce_bench ]; then
   timeout 120 mpiexec -n 1 build-gpu/benchmarks/comm/allreduce_bench --device cuda --json "$OUT/allreduce_bench.json" > "$OUT/allreduce_bench.txt" 2>&1
   say "allreduce_bench rc=$?"; cat "$OUT/allreduce_bench.txt" >> "$summary"
 fi
-data=/usr/share/datasets/fashion-mnist
-[ -d "${root:-/nonexistent}/usr/share/datasets/fashion-mnist" ] && data=$root/usr/share/datasets/fashion-mnist
+data=${TUTTI_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ]; then
   timeout 120 mpiexec -n 1 build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --data "$data" \
     --json "$OUT/train_cnn_gpu.json" > "$OUT/train_cnn_gpu.txt" 2>&1

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -81,7 +82,20 @@ struct Raw {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
+// A failure (no GPU for --device cuda, a backend missing from this build, ...) is reported as a
+// one-line error, not an uncaught exception.
 int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "allreduce_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
   CLI::App app{"tutti allreduce benchmark: tutti's allreduce next to the raw backend call"};
   std::string min_bytes_s = "8", max_bytes_s = "256M", dtype_s = "f32", device = "auto", backend = "auto", json_path;
   int factor = 2, iters = 100, warmup = 5;

@@ -52,7 +52,7 @@ struct Flags {
   std::int64_t max_steps = 0;
   std::string json;
   bool quiet = false;
-  std::string data = tutti::data::kFashionMnistDefaultDir;
+  std::string data = tutti::data::fashion_mnist_dir();
   std::int64_t train_subset = 0;
   std::int64_t test_subset = 0;
   double progress_interval = 2.0;
@@ -359,7 +359,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
-  app.add_option("--data", f.data, "directory with Fashion-MNIST's *-ubyte.gz files")->capture_default_str();
+  app.add_option("--data", f.data,
+                 "directory with Fashion-MNIST's *-ubyte.gz files (default: $TUTTI_FASHION_MNIST_DIR if set, "
+                 "else Debian's)")
+      ->capture_default_str();
   app.add_option("--train-subset", f.train_subset, "use only the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -15,7 +16,7 @@ namespace {
 constexpr const char* kFashionMnistHint =
     ". Fashion-MNIST comes from Debian's package: `apt-get install dataset-fashion-mnist` "
     "(scripts/setup.sh installs it), which puts it in /usr/share/datasets/fashion-mnist; "
-    "for a copy elsewhere, pass its directory (--data DIR)";
+    "for a copy elsewhere, pass its directory (--data DIR) or set TUTTI_FASHION_MNIST_DIR";
 
 std::size_t element_size(IdxType type) {
   switch (type) {
@@ -196,6 +197,11 @@ Dataset load_split(const std::string& dir, const std::string& prefix, const Fash
 }
 
 }  // namespace
+
+std::string fashion_mnist_dir() {
+  const char* env = std::getenv(kFashionMnistDirEnv);
+  return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(kFashionMnistDefaultDir);
+}
 
 IdxArray read_idx(const std::string& path) { return read_idx_impl(path, ""); }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -357,11 +358,27 @@ TEST(FashionMnist, BadContentsAreRefusedWithTheHint) {
   }
 }
 
+TEST(FashionMnistDir, EnvironmentMovesTheDefault) {
+  const char* before = std::getenv(kFashionMnistDirEnv);
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv(kFashionMnistDirEnv);
+  EXPECT_EQ(fashion_mnist_dir(), kFashionMnistDefaultDir);
+  ::setenv(kFashionMnistDirEnv, "", 1);  // empty: as if unset
+  EXPECT_EQ(fashion_mnist_dir(), kFashionMnistDefaultDir);
+  ::setenv(kFashionMnistDirEnv, "/data/fmnist", 1);
+  EXPECT_EQ(fashion_mnist_dir(), "/data/fmnist");
+  // The loader's default follows it: the error names the moved directory.
+  const std::string msg = invalid_argument_message([] { load_fashion_mnist(); });
+  EXPECT_NE(msg.find("/data/fmnist"), std::string::npos) << msg;
+  if (before != nullptr) ::setenv(kFashionMnistDirEnv, saved.c_str(), 1);
+  else ::unsetenv(kFashionMnistDirEnv);
+}
+
 // ---- the real files, when Debian's dataset-fashion-mnist package is installed ---------------
 
 TEST(FashionMnist, RealFilesFromDebiansPackage) {
-  if (!fs::exists(fs::path(kFashionMnistDefaultDir) / "train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << "Fashion-MNIST is not installed in " << kFashionMnistDefaultDir
+  if (!fs::exists(fs::path(fashion_mnist_dir()) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed in " << fashion_mnist_dir()
                  << " (apt-get install dataset-fashion-mnist)";
   }
   const FashionMnist d = load_fashion_mnist();
@@ -395,7 +412,7 @@ TEST(FashionMnist, RealFilesFromDebiansPackage) {
   EXPECT_NEAR(mean, kFashionMnistMean, 1e-5);
   EXPECT_NEAR(std::sqrt(sum_sq / n - mean * mean), kFashionMnistStd, 1e-5);
   // The first test image, decoded here straight through zlib (bytes 16.. of the file).
-  gzFile f = gzopen((fs::path(kFashionMnistDefaultDir) / "t10k-images-idx3-ubyte.gz").c_str(), "rb");
+  gzFile f = gzopen((fs::path(fashion_mnist_dir()) / "t10k-images-idx3-ubyte.gz").c_str(), "rb");
   ASSERT_NE(f, nullptr);
   unsigned char buf[16 + 784];
   ASSERT_EQ(gzread(f, buf, sizeof buf), static_cast<int>(sizeof buf));

@@ -48,6 +48,12 @@ Tensor read_idx_labels(const std::string& path);
 
 // Where Debian's `dataset-fashion-mnist` package puts the files.
 inline constexpr const char* kFashionMnistDefaultDir = "/usr/share/datasets/fashion-mnist";
+// The environment variable that moves the default (for a copy unpacked elsewhere, e.g. from the
+// .deb without installing it).
+inline constexpr const char* kFashionMnistDirEnv = "TUTTI_FASHION_MNIST_DIR";
+// The directory to read Fashion-MNIST from when none is given: $TUTTI_FASHION_MNIST_DIR when
+// set and not empty, else kFashionMnistDefaultDir.
+std::string fashion_mnist_dir();
 
 struct FashionMnistOptions {
   // Images as [N, 784] (for an MLP) when true, as [N, 1, 28, 28] (for a CNN) when false;
@@ -73,8 +79,8 @@ struct FashionMnist {
 // samples is not checked, so a subset in Fashion-MNIST's format loads too). A missing or bad
 // file throws InvalidArgument that names it and says how to get the data (install the
 // `dataset-fashion-mnist` package, e.g. with scripts/setup.sh, or point --data at a copy).
-// Reads ~30 MB of gzip; takes about a second.
-FashionMnist load_fashion_mnist(const std::string& dir = kFashionMnistDefaultDir,
+// Reads ~30 MB of gzip; takes about a second. `dir` defaults to fashion_mnist_dir().
+FashionMnist load_fashion_mnist(const std::string& dir = fashion_mnist_dir(),
                                 const FashionMnistOptions& options = {});
 
 }  // namespace tutti::data
