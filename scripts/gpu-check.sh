@@ -5,18 +5,32 @@
 # Meant for one H100/H200 lent for a few minutes:
 #   here:    bash scripts/gpu-deps.sh
 #   device:  run(command="bash scripts/gpu-check.sh", carry=[".gpu-deps"], timeout_s=540)
-# Budget on an H200 with 16 cores: ~3 min build, ~2 min tests, ~1 min benchmarks.
+# Expected on an H200 with 16 cores: ~3 min build, ~2 min tests, ~1 min benchmarks. The whole
+# script keeps to GPU_CHECK_BUDGET_S (default 500 s, under the device call's limit): each later
+# step gets what is left, and a step that would start with under 30 s left is skipped and
+# named in the summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The device tool brings back at most 8 files from $OUT: everything is written to a work
-# folder and packed into $OUT/gpu-check.tar.gz at exit, beside a copy of summary.txt.
+# The device tool brings back at most 8 files from $OUT: the logs and JSON are written to a
+# work folder and packed into $OUT/gpu-check.tar.gz at exit; summary.txt is written into $OUT
+# as it grows, so that even a run killed at the call's limit brings back what it got to.
 FINAL=${OUT:-$PWD/gpu-check-out}
 OUT=$(mktemp -d /tmp/gpu-check.XXXXXX)
 mkdir -p "$FINAL"
-summary=$OUT/summary.txt
+summary=$FINAL/summary.txt
 : > "$summary"
-trap 'cp "$summary" "$FINAL/summary.txt"; tar czf "$FINAL/gpu-check.tar.gz" -C "$OUT" .' EXIT
+trap 'cp "$summary" "$OUT/summary.txt"; tar czf "$FINAL/gpu-check.tar.gz" -C "$OUT" .' EXIT
 say() { echo "$*" | tee -a "$summary"; }
+budget=${GPU_CHECK_BUDGET_S:-500}
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+# step_timeout WANT NAME: prints the seconds NAME may take (WANT, or what is left), or nothing
+# (and says so in the summary) when too little is left to start it.
+step_timeout() {
+  local l; l=$(( $(left) - 10 ))
+  if [ "$l" -lt 30 ]; then say "$2: SKIPPED, out of time (${l}s left of ${budget}s)"; return 1; fi
+  [ "$1" -lt "$l" ] && echo "$1" || echo "$l"
+}
 
 # Dependencies the GPU machine lacks, unpacked from carried .deb files into a private root.
 if [ -d .gpu-deps ]; then
@@ -76,37 +90,51 @@ for attempt in 1 2 3 4 5; do
 done
 [ $configured = 1 ] || { say "configure FAILED (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1; }
 say "$(grep -m1 'tutti: CUDA=' "$OUT/configure.log" | sed 's/^-- //')"
-cmake --build --preset gpu -j "$(nproc)" > "$OUT/build.log" 2>&1 || { say "build FAILED (see build.log)"; grep -m 20 -E "error" "$OUT/build.log"; exit 1; }
+t=$(step_timeout 400 build) || exit 1
+timeout "$t" cmake --build --preset gpu -j "$(nproc)" > "$OUT/build.log" 2>&1 ||
+  { say "build FAILED or out of time after ${t}s (see build.log)"; grep -m 20 -E "error" "$OUT/build.log" | tee -a "$summary"; exit 1; }
 say "build: $(( $(date +%s) - start )) s"
 python3 scripts/cuda-archs.py build-gpu/src/libtutti.so | tee -a "$summary"
 
 # Every test; GPU twins run here instead of skipping. The log keeps each test's output.
 # Each GoogleTest binary also writes XML, so that skipped tests (a GPU path NOT exercised)
 # can be counted and named: on a GPU machine there should be none.
-GTEST_OUTPUT=xml:$OUT/gtest/ ctest --test-dir build-gpu --output-on-failure -j 8 --timeout 300 > "$OUT/ctest.log" 2>&1
-say "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
-grep -E "^\s*[0-9]+ - " "$OUT/ctest.log" | tee -a "$summary"
+if t=$(step_timeout 300 ctest); then
+  GTEST_OUTPUT=xml:$OUT/gtest/ timeout "$t" ctest --test-dir build-gpu --output-on-failure -j 8 --timeout 240 \
+    > "$OUT/ctest.log" 2>&1
+  [ $? = 124 ] && say "ctest: STOPPED after ${t}s (out of time); the counts below are of the tests that finished"
+fi
+say "ctest: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null)"
+grep -E "^\s*[0-9]+ - " "$OUT/ctest.log" 2>/dev/null | tee -a "$summary"
 skipped=$(grep -ho '<testcase name="[^"]*"[^>]*result="skipped"' "$OUT"/gtest/*.xml 2>/dev/null | sed 's/.*name="\([^"]*\)".*/\1/' | sort -u)
 say "skipped tests: $(echo -n "$skipped" | grep -c .)"
 [ -n "$skipped" ] && echo "$skipped" | tee -a "$summary"
 
 # Benchmarks (each writes JSON next to the summary).
 if [ -x build-gpu/benchmarks/kernels/kernel_bench ]; then
-  timeout 180 build-gpu/benchmarks/kernels/kernel_bench --device cuda --json "$OUT/kernel_bench.json" > "$OUT/kernel_bench.txt" 2>&1
-  say "kernel_bench rc=$?"; cat "$OUT/kernel_bench.txt" >> "$summary"
+  if t=$(step_timeout 120 kernel_bench); then
+    timeout "$t" build-gpu/benchmarks/kernels/kernel_bench --device cuda --json "$OUT/kernel_bench.json" > "$OUT/kernel_bench.txt" 2>&1
+    say "kernel_bench rc=$?"; cat "$OUT/kernel_bench.txt" >> "$summary"
+  fi
 fi
 if [ -x build-gpu/benchmarks/comm/allreduce_bench ]; then
-  timeout 120 mpiexec -n 1 build-gpu/benchmarks/comm/allreduce_bench --device cuda --json "$OUT/allreduce_bench.json" > "$OUT/allreduce_bench.txt" 2>&1
-  say "allreduce_bench rc=$?"; cat "$OUT/allreduce_bench.txt" >> "$summary"
+  if t=$(step_timeout 60 allreduce_bench); then
+    timeout "$t" mpiexec -n 1 build-gpu/benchmarks/comm/allreduce_bench --device cuda --json "$OUT/allreduce_bench.json" > "$OUT/allreduce_bench.txt" 2>&1
+    say "allreduce_bench rc=$?"; cat "$OUT/allreduce_bench.txt" >> "$summary"
+  fi
 fi
 data=${TUTTI_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ]; then
-  timeout 120 mpiexec -n 1 build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --data "$data" \
-    --json "$OUT/train_cnn_gpu.json" > "$OUT/train_cnn_gpu.txt" 2>&1
-  say "train_fashion_mnist cnn on the GPU rc=$?"; tail -n 3 "$OUT/train_cnn_gpu.txt" >> "$summary"
+  if t=$(step_timeout 90 train_fashion_mnist); then
+    timeout "$t" mpiexec -n 1 build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --data "$data" \
+      --json "$OUT/train_cnn_gpu.json" > "$OUT/train_cnn_gpu.txt" 2>&1
+    say "train_fashion_mnist cnn on the GPU rc=$?"; tail -n 3 "$OUT/train_cnn_gpu.txt" >> "$summary"
+  fi
 fi
 if [ -x build-gpu/benchmarks/ddp/ddp_bench ]; then
-  timeout 120 mpiexec -n 1 build-gpu/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json" > "$OUT/ddp_bench.txt" 2>&1
-  say "ddp_bench rc=$?"; cat "$OUT/ddp_bench.txt" >> "$summary"
+  if t=$(step_timeout 60 ddp_bench); then
+    timeout "$t" mpiexec -n 1 build-gpu/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json" > "$OUT/ddp_bench.txt" 2>&1
+    say "ddp_bench rc=$?"; cat "$OUT/ddp_bench.txt" >> "$summary"
+  fi
 fi
 say "total: $(( $(date +%s) - start )) s"
