@@ -110,31 +110,27 @@ skipped=$(grep -ho '<testcase name="[^"]*"[^>]*result="skipped"' "$OUT"/gtest/*.
 say "skipped tests: $(echo -n "$skipped" | grep -c .)"
 [ -n "$skipped" ] && echo "$skipped" | tee -a "$summary"
 
-# Benchmarks (each writes JSON next to the summary).
-if [ -x build-gpu/benchmarks/kernels/kernel_bench ]; then
-  if t=$(step_timeout 120 kernel_bench); then
-    timeout "$t" build-gpu/benchmarks/kernels/kernel_bench --device cuda --json "$OUT/kernel_bench.json" > "$OUT/kernel_bench.txt" 2>&1
-    say "kernel_bench rc=$?"; cat "$OUT/kernel_bench.txt" >> "$summary"
-  fi
-fi
-if [ -x build-gpu/benchmarks/comm/allreduce_bench ]; then
-  if t=$(step_timeout 60 allreduce_bench); then
-    timeout "$t" mpiexec -n 1 build-gpu/benchmarks/comm/allreduce_bench --device cuda --json "$OUT/allreduce_bench.json" > "$OUT/allreduce_bench.txt" 2>&1
-    say "allreduce_bench rc=$?"; cat "$OUT/allreduce_bench.txt" >> "$summary"
-  fi
-fi
+# The GPU programs (each writes JSON beside its log). gpu_step NAME WANT LINES CMD...: runs CMD
+# within the budget (at most WANT s), its output in $OUT/NAME.txt; the summary gets its exit
+# status and its last LINES lines (0: all of it).
+gpu_step() {
+  local name=$1 want=$2 lines=$3 t
+  shift 3
+  t=$(step_timeout "$want" "$name") || return 0
+  timeout "$t" "$@" > "$OUT/$name.txt" 2>&1
+  say "$name rc=$?"
+  if [ "$lines" = 0 ]; then cat "$OUT/$name.txt"; else tail -n "$lines" "$OUT/$name.txt"; fi >> "$summary"
+}
+bin=build-gpu
+[ -x $bin/benchmarks/kernels/kernel_bench ] &&
+  gpu_step kernel_bench 120 0 $bin/benchmarks/kernels/kernel_bench --device cuda --json "$OUT/kernel_bench.json"
+[ -x $bin/benchmarks/comm/allreduce_bench ] &&
+  gpu_step allreduce_bench 60 0 mpiexec -n 1 $bin/benchmarks/comm/allreduce_bench --device cuda \
+    --json "$OUT/allreduce_bench.json"
 data=${TUTTI_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-if [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ]; then
-  if t=$(step_timeout 90 train_fashion_mnist); then
-    timeout "$t" mpiexec -n 1 build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --data "$data" \
-      --json "$OUT/train_cnn_gpu.json" > "$OUT/train_cnn_gpu.txt" 2>&1
-    say "train_fashion_mnist cnn on the GPU rc=$?"; tail -n 3 "$OUT/train_cnn_gpu.txt" >> "$summary"
-  fi
-fi
-if [ -x build-gpu/benchmarks/ddp/ddp_bench ]; then
-  if t=$(step_timeout 60 ddp_bench); then
-    timeout "$t" mpiexec -n 1 build-gpu/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json" > "$OUT/ddp_bench.txt" 2>&1
-    say "ddp_bench rc=$?"; cat "$OUT/ddp_bench.txt" >> "$summary"
-  fi
-fi
+[ -x $bin/examples/train_fashion_mnist ] && [ -d "$data" ] &&
+  gpu_step train_cnn_gpu 90 3 mpiexec -n 1 $bin/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 \
+    --data "$data" --json "$OUT/train_cnn_gpu.json"
+[ -x $bin/benchmarks/ddp/ddp_bench ] &&
+  gpu_step ddp_bench 60 0 mpiexec -n 1 $bin/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json"
 say "total: $(( $(date +%s) - start )) s"

@@ -9,10 +9,11 @@
 // path computes halves through fp32). Ceilings are measured before and after the ops, and the
 // better of the two counts; in addition, each memory-bound op is compared with the copy timed
 // right before and right after it (the better of the two), so that a shared machine's drift
-// during the run does not move the ratio (the ceiling_copy row is the run's best). Every number is the median over --samples timings, each timing long
-// enough (an adaptive number of back-to-back calls) to hide the timer's resolution. On the CPU
-// everything runs on one thread (OpenBLAS included, unless --blas-threads says otherwise), as
-// in training, where each rank is one thread and the ranks fill the cores.
+// during the run does not move the ratio (the ceiling_copy row is the run's best). Every number
+// is the median over --samples timings, each timing long enough (an adaptive number of
+// back-to-back calls) to hide the timer's resolution. On the CPU everything runs on one thread
+// (OpenBLAS included, unless --blas-threads says otherwise), as in training, where each rank is
+// one thread and the ranks fill the cores.
 #include <cblas.h>
 
 #include <CLI/CLI.hpp>
@@ -462,7 +463,7 @@ int main(int argc, char** argv) {
       return 0.0;
     };
     for (Result& r : results) {
-      r.ceiling = r.compute() ? gemm_ceiling(r.dtype) : r.local_ceiling > 0 ? r.local_ceiling : copy_result.rate;
+      r.ceiling = r.compute() ? gemm_ceiling(r.dtype) : r.local_ceiling;
       r.ceiling_name = r.compute() ? "gemm" : "copy";
     }
     results.insert(results.begin(), gemm_results.begin(), gemm_results.end());

@@ -42,8 +42,8 @@ TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, f
       continue;
     }
     // e^(x - max) goes straight into the gradient row (or a scratch row), then is scaled in
-    // place: each pass is a simple loop that vectorizes (exp_f32, the lane-wise max and sum of common.h). The
-    // label's logit is read first: dlogits may be logits itself.
+    // place: each pass is a simple loop that vectorizes (exp_f32, the lane-wise max and sum of
+    // common.h). The label's logit is read first: dlogits may be logits itself.
     float* e = drow != nullptr ? drow : e_scratch;
     const float picked = row[label];
     const float mx = max_f32(row, C);

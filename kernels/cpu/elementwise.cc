@@ -168,16 +168,21 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
 
 namespace {
 
-// Dropout's loop: two 64-bit multiplies per element (rng::uniform), which only AVX-512 has as
-// a vector instruction; compiled for it too (common.h). For f32 only: halves take the generic
-// loop below.
-TUTTI_CPU_SIMD_CLONES void dropout_f32(const float* in, float* out, int64_t n, float p, float scale, std::uint64_t key,
-                                       std::uint64_t offset) {
+// Dropout's loop, one body for every dtype. It costs two 64-bit multiplies per element
+// (rng::uniform), which only AVX-512 has as a vector instruction, so the f32 case is also
+// compiled for it (common.h); forced inline so that the clone gets its own copy.
+template <typename T>
+[[gnu::always_inline]] inline void dropout_loop(const T* in, T* out, int64_t n, float p, float scale,
+                                                std::uint64_t key, std::uint64_t offset) {
   TUTTI_IVDEP
   for (int64_t i = 0; i < n; ++i) {
     const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;
-    out[i] = keep ? in[i] * scale : 0.0f;
+    out[i] = store_as<T>(keep ? load_f32(in[i]) * scale : 0.0f);
   }
+}
+TUTTI_CPU_SIMD_CLONES void dropout_f32(const float* in, float* out, int64_t n, float p, float scale, std::uint64_t key,
+                                       std::uint64_t offset) {
+  dropout_loop(in, out, n, p, scale, key, offset);
 }
 
 }  // namespace
@@ -188,12 +193,7 @@ void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uin
     return dropout_f32(x.data_as<float>(), y.data_as<float>(), x.numel(), p, scale, key, offset);
   detail::dispatch_floating("dropout", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* in = static_cast<const T*>(x.data());
-    T* out = static_cast<T*>(y.data());
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
-      const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;
-      out[i] = store_as<T>(keep ? load_f32(in[i]) * scale : 0.0f);
-    }
+    dropout_loop(static_cast<const T*>(x.data()), static_cast<T*>(y.data()), x.numel(), p, scale, key, offset);
   });
 }
 

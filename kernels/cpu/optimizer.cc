@@ -17,8 +17,8 @@ using std::int64_t;
 // vectorizable body (a branch inside the loop, even an invariant one, kept GCC from vectorizing
 // most of the variants).
 template <bool kMomentum, bool kNesterov, bool kFirstStep, typename G, typename H>
-[[gnu::always_inline]] inline void sgd_loop(float* __restrict w, const G* __restrict grad, float* __restrict buf, H* __restrict half, int64_t n,
-              const SgdParams& p) {
+[[gnu::always_inline]] inline void sgd_loop(float* __restrict w, const G* __restrict grad, float* __restrict buf,
+                                            H* __restrict half, int64_t n, const SgdParams& p) {
   const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, gs = p.grad_scale;
   for (int64_t i = 0; i < n; ++i) {
     const float g = gs * load_f32(grad[i]) + wd * w[i];
@@ -35,7 +35,8 @@ template <bool kMomentum, bool kNesterov, bool kFirstStep, typename G, typename 
 }
 
 template <typename G, typename H>
-[[gnu::always_inline]] inline void sgd_impl(float* w, const G* grad, float* buf, H* half, int64_t n, const SgdParams& p, bool first_step) {
+[[gnu::always_inline]] inline void sgd_impl(float* w, const G* grad, float* buf, H* half, int64_t n,
+                                            const SgdParams& p, bool first_step) {
   if (p.momentum == 0.0f) return sgd_loop<false, false, false>(w, grad, buf, half, n, p);
   if (p.nesterov) {
     if (first_step) return sgd_loop<true, true, true>(w, grad, buf, half, n, p);
@@ -46,8 +47,9 @@ template <typename G, typename H>
 }
 
 template <typename G, typename H>
-[[gnu::always_inline]] inline void adamw_impl(float* __restrict w, const G* __restrict grad, float* __restrict m, float* __restrict v,
-                H* __restrict half, int64_t n, const AdamWParams& p) {
+[[gnu::always_inline]] inline void adamw_impl(float* __restrict w, const G* __restrict grad, float* __restrict m,
+                                              float* __restrict v, H* __restrict half, int64_t n,
+                                              const AdamWParams& p) {
   // Bias corrections in double on the host, once per call.
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
