@@ -19,6 +19,7 @@
 namespace tutti::kernels {
 namespace {
 
+using testing::kFloatDtypes;
 using testing::random_tensor;
 
 const float kInf = std::numeric_limits<float>::infinity();
@@ -116,15 +117,13 @@ void expect_same_values(const std::vector<float>& actual, const std::vector<floa
   }
 }
 
-const DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
-
 TEST(Cast, EveryPairRoundsToNearestEvenAndKeepsInfNan) {
   const auto values = tricky_values();
-  for (DType from : kFloatTypes) {
+  for (DType from : kFloatDtypes) {
     // The source holds exactly representable values of `from`.
     Tensor x = ref_tensor(values, from);
     const auto xv = x.to_floats();
-    for (DType to : kFloatTypes) {
+    for (DType to : kFloatDtypes) {
       Tensor out = testing::poisoned({x.numel()}, to);
       cast(x, out);
       std::vector<float> expected(xv.size());
@@ -190,7 +189,7 @@ TEST_P(UnscaleTest, ScalesInPlaceAndFlagsNonFinite) {
   EXPECT_EQ(f.to_ints()[0], dt == DType::f16 ? 1 : 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, UnscaleTest, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, UnscaleTest, ::testing::ValuesIn(kFloatDtypes),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 
 TEST(Cast, BadInputThrowsBeforeWriting) {
@@ -218,9 +217,9 @@ TEST(Cast, CudaMatchesCpu) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-70000.f, 70000.f);
   for (int i = 0; i < 300001; ++i) values.push_back(dist(rng));
-  for (DType from : kFloatTypes) {
+  for (DType from : kFloatDtypes) {
     Tensor x = ref_tensor(values, from);
-    for (DType to : kFloatTypes) {
+    for (DType to : kFloatDtypes) {
       for (std::int64_t offset : {0, 1, 3}) {
         const std::int64_t n = x.numel() - offset;
         Tensor xs = x.view(offset, {n});

@@ -159,7 +159,7 @@ TEST_P(ConvDtypeTest, BackwardMatchesNaiveLoops) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, ConvDtypeTest, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, ConvDtypeTest, ::testing::ValuesIn(testing::kFloatDtypes),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 
 // loss = sum(y · r) for a fixed random r, so dL/dy = r.

@@ -16,10 +16,10 @@ namespace {
 
 using testing::default_rtol;
 using testing::expect_close;
+using testing::kFloatDtypes;
 using testing::random_tensor;
 using std::int64_t;
 
-const DType kValueDtypes[] = {DType::f32, DType::f16, DType::bf16};
 const std::pair<int64_t, int64_t> kShapes[] = {{1, 1}, {7, 5}, {33, 129}, {129, 33}, {4, 1000}, {2, 2}};
 
 struct Naive {
@@ -89,7 +89,7 @@ double max_abs(const std::vector<double>& v) {
 
 TEST(CrossEntropyCpu, MatchesNaive) {
   std::uint32_t seed = 1;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType ld : {DType::i32, DType::i64})
       for (auto [N, C] : kShapes)
         for (float grad_scale : {1.0f, 1024.0f}) {
@@ -180,7 +180,7 @@ int64_t naive_correct(const std::vector<float>& logits, const std::vector<int64_
 
 TEST(CountCorrectCpu, MatchesNaiveAndAccumulates) {
   std::uint32_t seed = 300;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType ld : {DType::i32, DType::i64})
       for (auto [N, C] : kShapes) {
         const Tensor logits = random_tensor({N, C}, d, seed++);
@@ -235,7 +235,7 @@ TEST(CrossEntropyCuda, MatchesCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 1000;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {7, 5}, {33, 129}, {129, 33}, {4, 1000}, {64, 50257}, {3000, 10}};
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType ld : {DType::i32, DType::i64})
       for (auto [N, C] : shapes) {
         const Tensor logits = random_tensor({N, C}, d, seed++, -4.f, 4.f);
@@ -279,7 +279,7 @@ TEST(CountCorrectCuda, MatchesCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 2000;
   const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {7, 5}, {33, 129}, {4, 1000}, {256, 50257}, {5000, 10}};
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (auto [N, C] : shapes) {
       const Tensor logits = random_tensor({N, C}, d, seed++);
       const std::vector<int64_t> lv = labels_half_argmax(logits, N, C, seed++);

@@ -16,10 +16,10 @@ namespace {
 
 using testing::default_rtol;
 using testing::expect_close;
+using testing::kFloatDtypes;
 using testing::random_tensor;
 using std::int64_t;
 
-const DType kValueDtypes[] = {DType::f32, DType::f16, DType::bf16};
 const Shape kShapes[] = {{1}, {7}, {33}, {129}, {3, 5, 7}, {1000}};
 
 double rtol_of(DType d) { return d == DType::f32 ? 1e-6 : default_rtol(d); }
@@ -53,7 +53,7 @@ std::vector<float> map_ref(const std::vector<float>& a, const std::vector<float>
 
 TEST(ElementwiseCpu, ActivationsMatchNaive) {
   std::uint32_t seed = 1;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const Shape& s : kShapes) {
       const Tensor x = random_tensor(s, d, seed++, -3.f, 3.f), dy = random_tensor(s, d, seed++);
       const std::vector<float> xv = x.to_floats(), dyv = dy.to_floats();
@@ -74,7 +74,7 @@ TEST(ElementwiseCpu, ActivationsMatchNaive) {
 
 TEST(ElementwiseCpu, ArithmeticMatchesNaive) {
   std::uint32_t seed = 50;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const Shape& s : kShapes) {
       const Tensor a = random_tensor(s, d, seed++), b = random_tensor(s, d, seed++);
       const std::vector<float> av = a.to_floats(), bv = b.to_floats();
@@ -146,7 +146,7 @@ const BiasCase kBiasCases[] = {{{7, 5}, 1, 7, 5, 1},         {{1, 33}, 1, 1, 33,
 
 TEST(ElementwiseCpu, BiasAddAndBackwardMatchNaive) {
   std::uint32_t seed = 100;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const BiasCase& c : kBiasCases) {
       const Tensor x = random_tensor(c.shape, d, seed++), bias = random_tensor({c.channels}, d, seed++);
       const std::vector<float> xv = x.to_floats(), bv = bias.to_floats();
@@ -229,7 +229,7 @@ std::vector<float> dropout_ref(const std::vector<float>& x, float p, std::uint64
 
 TEST(DropoutCpu, ForwardAndBackwardFollowTheMask) {
   std::uint32_t seed = 200;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const Shape& s : kShapes)
       for (float p : {0.0f, 0.1f, 0.5f}) {
         const Tensor x = random_tensor(s, d, seed++);
@@ -350,7 +350,7 @@ TEST(ElementwiseCuda, EveryOpMatchesCpu) {
   TUTTI_REQUIRE_GPU();
   using Ins = std::vector<Tensor>;
   std::uint32_t seed = 1000;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const Shape& s : kGpuShapes)
       for (bool mis : {false, true}) {
         // One ulp of the dtype: the GPU's tanhf/expf may differ from the host's in the last bit.
@@ -382,7 +382,7 @@ TEST(ElementwiseCuda, BiasAddAndBackwardMatchCpu) {
   const BiasCase cases[] = {{{7, 5}, 1, 7, 5, 1},           {{64, 1024}, 1, 64, 1024, 1},
                             {{3, 4, 5, 6}, 1, 3, 4, 30},    {{2, 3, 129}, -1, 6, 129, 1},
                             {{8, 16, 32, 32}, 1, 8, 16, 1024}, {{4097, 3}, 1, 4097, 3, 1}};
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (const BiasCase& c : cases) {
       const std::string what = std::string(name_of(d)) + " " + shape_str(c.shape) + " dim " + std::to_string(c.channel_dim);
       const Tensor x = random_tensor(c.shape, d, seed++), bias = random_tensor({c.channels}, d, seed++);

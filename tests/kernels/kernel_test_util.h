@@ -16,6 +16,9 @@
 
 namespace tutti::testing {
 
+// The floating dtypes every kernel is tested in (each against its own tolerance).
+inline constexpr DType kFloatDtypes[] = {DType::f32, DType::f16, DType::bf16};
+
 // A CPU tensor of `dtype` with values uniform in [lo, hi) (never all zeros), from `seed`.
 inline Tensor random_tensor(const Shape& shape, DType dtype, std::uint32_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937 rng(seed);

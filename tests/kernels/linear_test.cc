@@ -16,10 +16,10 @@ namespace {
 
 using testing::default_rtol;
 using testing::expect_close;
+using testing::kFloatDtypes;
 using testing::random_tensor;
 using std::int64_t;
 
-const DType kValueDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
 // Row-major C[M, N] = op(A) · op(B) in double; A is [M, K] or (transposed) [K, M].
 std::vector<double> naive_matmul(const std::vector<float>& A, bool ta, const std::vector<float>& B, bool tb,
@@ -65,7 +65,7 @@ const std::tuple<int64_t, int64_t, int64_t> kShapes[] = {{1, 1, 1}, {7, 33, 5}, 
 
 TEST(LinearCpu, ForwardMatchesNaive) {
   std::uint32_t seed = 1;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (auto [N, I, O] : kShapes)
       for (bool with_bias : {false, true}) {
         const Tensor x = random_tensor({N, I}, d, seed++), w = random_tensor({O, I}, d, seed++);
@@ -103,7 +103,7 @@ NaiveGrads naive_linear_backward(const Tensor& x, const Tensor& w, const Tensor&
 
 TEST(LinearCpu, BackwardMatchesNaive) {
   std::uint32_t seed = 100;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType gd : {d, DType::f32}) {
       if (d == DType::f32 && gd != d) continue;
       for (auto [N, I, O] : kShapes) {
@@ -130,7 +130,7 @@ TEST(LinearCpu, BackwardOptionalOutputsAreSkipped) {
 
 TEST(LinearCpu, AccumulateParamsAddsToOldGradients) {
   std::uint32_t seed = 200;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType gd : {d, DType::f32}) {
       const int64_t N = 9, I = 6, O = 5;
       const Tensor x = random_tensor({N, I}, d, seed++), w = random_tensor({O, I}, d, seed++);
@@ -184,7 +184,7 @@ TEST(LinearCpu, EmptyBatch) {
 TEST(MatmulCpu, AllTransposesAlphaBeta) {
   std::uint32_t seed = 300;
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 1, 1}, {7, 5, 33}, {33, 129, 7}, {16, 8, 1}};
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType cd : {d, DType::f32})
       for (auto [M, N, K] : shapes)
         for (int t = 0; t < 4; ++t) {
@@ -257,7 +257,7 @@ Tensor gpu_poisoned(const Shape& s, DType d) { return testing::poisoned(s, d, De
 TEST(LinearCuda, ForwardMatchesCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 500;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (auto [N, I, O] : kShapes)
       for (bool with_bias : {false, true}) {
         const Tensor x = random_tensor({N, I}, d, seed++), w = random_tensor({O, I}, d, seed++);
@@ -285,7 +285,7 @@ TEST(LinearCuda, ForwardMatchesCpu) {
 TEST(LinearCuda, BackwardMatchesCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 600;
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType gd : {d, DType::f32})
       for (bool accumulate : {false, true}) {
         if (d == DType::f32 && gd != d) continue;
@@ -312,7 +312,7 @@ TEST(MatmulCuda, AllTransposesMatchCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 700;
   const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{1, 1, 1}, {7, 5, 33}, {33, 129, 7}, {256, 128, 64}};
-  for (DType d : kValueDtypes)
+  for (DType d : kFloatDtypes)
     for (DType cd : {d, DType::f32})
       for (auto [M, N, K] : shapes)
         for (int t = 0; t < 4; ++t) {

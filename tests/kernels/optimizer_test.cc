@@ -112,7 +112,7 @@ TEST_P(OptimizerGradDtypeTest, AdamWMatchesClosedForm) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(GradDtypes, OptimizerGradDtypeTest, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(GradDtypes, OptimizerGradDtypeTest, ::testing::ValuesIn(testing::kFloatDtypes),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 
 TEST(Optimizer, BadInputThrowsBeforeWriting) {

@@ -94,7 +94,7 @@ TEST_P(ReduceDtypeTest, CheckFiniteSetsButNeverClears) {
   EXPECT_EQ(f.to_ints()[0], dt == DType::f16 ? 1 : 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, ReduceDtypeTest, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, ReduceDtypeTest, ::testing::ValuesIn(testing::kFloatDtypes),
                          [](const auto& info) { return std::string(name_of(info.param)); });
 
 TEST(Reduce, BadInputThrowsBeforeWriting) {
