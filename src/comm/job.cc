@@ -34,7 +34,15 @@ std::atomic<bool> job_alive{false};
 // ---- stop signals: the handler only records the signal ----
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
 std::atomic<int> stop_signal_received{0};
-extern "C" void on_stop_signal(int sig) { stop_signal_received.store(sig, std::memory_order_relaxed); }
+extern "C" void on_stop_signal(int sig) {
+  if (detail::job_failing.load(std::memory_order_relaxed)) {
+    // The job is ending anyway: this is the launcher ending it. Act as by default.
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  stop_signal_received.store(sig, std::memory_order_relaxed);
+}
 
 // ---- an exception escaping main ----
 std::terminate_handler previous_terminate = nullptr;

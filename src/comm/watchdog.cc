@@ -49,6 +49,8 @@ std::shared_ptr<std::vector<char>> int_message(std::int32_t x) { return bytes_of
 
 }  // namespace
 
+std::atomic<bool> job_failing{false};
+
 Watchdog::Watchdog() {
   rank_.store(error_rank());
   the_watchdog.store(this);
@@ -314,6 +316,7 @@ void Watchdog::answer_notices() {
       if (!peer_failed_.load()) {
         peer_failed_at_ = Clock::now();
         peer_failed_.store(true);
+        job_failing.store(true);
         if (auto b = board()) b->set_phase(Phase::leaving);
       }
     }
@@ -352,6 +355,7 @@ void Watchdog::end_job(const std::string& message, int exit_code) {
   if (!ending_.compare_exchange_strong(expected, true)) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
   }
+  job_failing.store(true);
   // "Ending..." closes the first line; a report's details follow it.
   const std::string ending = mpi_up_.load() ? " Ending the job (MPI_Abort)." : " Ending this rank.";
   const auto eol = message.find('\n');
@@ -383,6 +387,7 @@ bool Watchdog::leave(double wait_s) {
   if (size_.load() <= 1) return true;
   if (!attached_.load() || peer_failed_.load() || ending_.load()) return false;
   leaving_.store(true);
+  job_failing.store(true);
   if (auto b = board()) b->set_phase(Phase::leaving);
   std::string text;
   if (auto e = recent_error(2.0)) {

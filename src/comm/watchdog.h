@@ -48,6 +48,11 @@ inline constexpr int kExitTimeout = 14;     // a deadline was missed
 inline constexpr int kExitPeerFailed = 13;  // another rank failed, and did not end the job itself
 inline constexpr int kExitUncaught = 134;   // an exception escaped (std::terminate), as abort() would
 
+// True once this process is ending the job, leaving it, or was told that another rank failed:
+// then a stop signal (JobOptions::catch_stop_signals) must end the process as by default (the
+// launcher's SIGTERM is how the job ends), not ask for a clean stop. Read by signal handlers.
+extern std::atomic<bool> job_failing;
+
 class Watchdog;
 
 // A backend, as the watchdog sees it.

@@ -42,15 +42,22 @@ def processes_with(token):
     return [line for line in out.splitlines() if token in line and "ps -eo" not in line]
 
 
-def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40):
-    token = "fault-token-" + uuid.uuid4().hex[:12]
+def new_token():
+    return "fault-token-" + uuid.uuid4().hex[:12]
+
+
+def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40, token=None):
+    """Runs the job; `token` (a word no other process has in its command line) finds its
+    processes: appended as a last argument, unless the caller put it into `args` itself."""
+    append = token is None
+    token = token or new_token()
     env = dict(os.environ)
     env.pop("TUTTI_FAULT", None)
     env.pop("TUTTI_DEBUG", None)
     for k in env_drop:
         env.pop(k, None)
     env.update(env_extra or {})
-    cmd = [ARGS.mpiexec, "-n", str(np), "--oversubscribe", program or ARGS.program, *args, token]
+    cmd = [ARGS.mpiexec, "-n", str(np), "--oversubscribe", program or ARGS.program, *args, *([token] if append else [])]
     started = time.time()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
