@@ -435,13 +435,13 @@ TEST(Checkpoint, ALoaderPositionResumesThroughAFile) {
   Tensor y = Tensor::empty({30}, DType::i32);
   for (int i = 0; i < 30; ++i) y.data_as<std::int32_t>()[i] = (i * 7) % 10;
   const data::Dataset ds{x, y};
-  data::DistributedLoader run(ds, {.global_batch_size = 4, .seed = 5});
+  data::DistributedLoader run(ds, {.global_micro_batch_size = 4, .seed = 5});
   for (int i = 0; i < 10; ++i) run.next();
   StateDict state;
-  add_prefixed(state, "loader.", run.state_dict(""));
+  add_prefixed(state, "loader.", run.state_dict());
   save_checkpoint(dir.file("c"), state);
-  data::DistributedLoader resumed(ds, {.global_batch_size = 4, .seed = 5});
-  resumed.load_state_dict(strip_prefix(load_checkpoint(dir.file("c")).state, "loader."), "");
+  data::DistributedLoader resumed(ds, {.global_micro_batch_size = 4, .seed = 5});
+  resumed.load_state_dict(strip_prefix(load_checkpoint(dir.file("c")).state, "loader."));
   for (int i = 0; i < 5; ++i) {
     const data::Batch want = run.next();
     const data::Batch got = resumed.next();
