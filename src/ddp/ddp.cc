@@ -47,6 +47,8 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   layout.total = reducer_->buffer().numel();
   model_.flatten_parameters(layout);
   model_.set_grad_buffer(reducer_->buffer(), layout);
+  // Before the hook: a refusal here must not leave the model calling into a DDP never made.
+  if (options_.broadcast_parameters) broadcast_parameters();
 
   std::unordered_map<const nn::Parameter*, std::size_t> index;
   for (std::size_t i = 0; i < params.size(); ++i) index.emplace(params[i], i);
@@ -56,8 +58,6 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
                 "' (was a layer added after DistributedDataParallel was made?)");
     reducer_->mark_ready(it->second);
   });
-
-  if (options_.broadcast_parameters) broadcast_parameters();
   model_.set_batch_slice(comm_.rank(), comm_.size());
 }
 

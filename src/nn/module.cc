@@ -468,24 +468,26 @@ StateDict Module::extra_state() {
 void Module::load_extra_state(const StateDict& state, bool strict) {
   std::vector<std::pair<std::string, Module*>> modules;
   collect_named_modules("", modules);
+  // Everything checked before anything is restored; a module's state is restored whole or
+  // not at all.
+  std::vector<std::pair<Module*, StateDict>> restore;
   for (const auto& [path, m] : modules) {
     const StateDict own = m->own_extra_state();
-    if (own.empty()) continue;
     StateDict given;
     for (const auto& [key, current] : own) {
       const auto it = state.find(path + key);
       if (it == state.end()) {
         TUTTI_CHECK_ARG(!strict, "load_state_dict: no entry for '", path + key, "' (state of ", m->describe(), ")");
-        break;
+        continue;
       }
       TUTTI_CHECK_ARG(it->second.shape() == current.shape() && it->second.dtype() == current.dtype(),
                       "load_state_dict: '", path + key, "' is ", it->second.str(), " but the state of ", m->describe(),
                       " is ", current.str());
       given.emplace(key, it->second.to(Device::cpu()));
     }
-    // A module's state is restored whole or not at all.
-    if (given.size() == own.size()) m->load_own_extra_state(given);
+    if (!own.empty() && given.size() == own.size()) restore.emplace_back(m, std::move(given));
   }
+  for (auto& [m, given] : restore) m->load_own_extra_state(given);
 }
 
 void Module::load_state_dict(const StateDict& state, bool strict) {

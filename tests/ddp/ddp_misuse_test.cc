@@ -137,6 +137,15 @@ TEST(DdpMisuse, AModelNeverInitializedOnRankZeroIsAnErrorOnEveryRank) {
     EXPECT_NE(msg.find("parameter '0.weight' was never initialized on rank 0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("call init(seed)"), std::string::npos) << msg;
   }
+  // The refused DDP left no hook behind: the model trains on its own (no call into a DDP
+  // that was never made).
+  model->init(kSeed);
+  {
+    nn::CrossEntropyLoss loss;
+    const Batch b = global_batch(4, 5);
+    loss.forward(model->forward(b.x), b.y);
+    EXPECT_NO_THROW(model->backward(loss.grad()));
+  }
   // Rank 0 initialized, the others never: they get rank 0's values and may train.
   auto ok = make_mlp();
   if (world().rank() == 0) ok->init(kSeed);
