@@ -160,7 +160,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   tutti::nn::CrossEntropyLoss loss;
 
   tutti::data::LoaderOptions loader_options;
-  loader_options.global_batch_size = f.batch_size / f.accum_steps;  // one micro-step over all ranks
+  loader_options.global_micro_batch_size = f.batch_size / f.accum_steps;  // one micro-step over all ranks
   loader_options.rank = job.rank();
   loader_options.world_size = world;
   loader_options.seed = f.seed;
@@ -196,7 +196,7 @@ int run(const Flags& f, int& argc, char**& argv) {
     model->load_state_dict(model_state);
     optimizer->load_state_dict(tutti::io::strip_prefix(ckpt.state, "optim."));
     scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
-    loader.load_state_dict(ckpt.state, "loader.");
+    loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
     step = tutti::get_int_scalar(ckpt.state, "train.step");
   }
   const std::int64_t first_step = step;
@@ -208,7 +208,7 @@ int run(const Flags& f, int& argc, char**& argv) {
     tutti::io::add_prefixed(state, "model.", model->state_dict());
     tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
     tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
-    tutti::io::add_prefixed(state, "", loader.state_dict("loader."));
+    tutti::io::add_prefixed(state, "loader.", loader.state_dict());
     state["train.step"] = tutti::int_scalar_tensor(step);
     tutti::io::save_checkpoint(ckpt_path, state, metadata);
   };
@@ -222,7 +222,7 @@ int run(const Flags& f, int& argc, char**& argv) {
                 world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
                 static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
                 scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
-                static_cast<long long>(loader.local_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
+                static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
                 f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
                 f.resume ? (" | resumed at step " + std::to_string(step)).c_str() : "");
     std::fflush(stdout);

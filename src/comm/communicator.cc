@@ -185,6 +185,18 @@ void HostWork::wait() {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+namespace {
+// Whether TUTTI_DEBUG turns debug mode on; false when unset or unreadable (never throws: the
+// watchdog calls this).
+bool debug_env_on() noexcept {
+  try {
+    return CommOptions{}.debug_enabled();
+  } catch (...) {
+    return false;
+  }
+}
+}  // namespace
+
 std::string timeout_report(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
                            std::size_t queued_behind) {
   char times[96];
@@ -192,8 +204,11 @@ std::string timeout_report(std::string_view backend, const CollectiveInfo& info,
   std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
                   " did not complete " + times;
   if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
-  s += ". Some rank probably never issued it, or issued a different collective "
-       "(run with TUTTI_DEBUG=1 to compare them).";
+  // Debug mode compared every collective's description before it ran: suggest it only when off.
+  s += debug_env_on()
+           ? ". Debug mode (TUTTI_DEBUG) is on and found no mismatch: some rank never reached this collective."
+           : ". Some rank probably never issued it, or issued a different collective "
+             "(run with TUTTI_DEBUG=1 to compare them).";
   return s;
 }
 

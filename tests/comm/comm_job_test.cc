@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "comm/backend.h"
 #include "comm/comm_test_util.h"
 #include "tutti/comm/communicator.h"
 
@@ -100,6 +101,21 @@ TEST(CommOptions, DebugFromOptionThenEnvironment) {
   {
     ScopedEnv env("TUTTI_DEBUG", "maybe");
     EXPECT_THROW((void)CommOptions{}.debug_enabled(), InvalidArgument);
+  }
+}
+
+TEST(CommTimeout, ReportSuggestsDebugModeOnlyWhenItIsOff) {
+  const CollectiveInfo info{.seq = 3, .kind = CollectiveKind::barrier, .label = "test"};
+  {
+    ScopedEnv env("TUTTI_DEBUG", nullptr);
+    const std::string report = detail::timeout_report("mpi", info, 1.0, 1.5, 0);
+    EXPECT_NE(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
+  }
+  {
+    ScopedEnv env("TUTTI_DEBUG", "1");
+    const std::string report = detail::timeout_report("mpi", info, 1.0, 1.5, 0);
+    EXPECT_EQ(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
+    EXPECT_NE(report.find("Debug mode (TUTTI_DEBUG) is on and found no mismatch"), std::string::npos) << report;
   }
 }
 
