@@ -1,7 +1,8 @@
 # Helpers for tutti's tests.
 #
 # tutti_add_test(NAME <name> SOURCES <files...> [LIBS <targets...>] [RANKS <k...>] [TIMEOUT <s>]
-#                [LABELS <l...>] [EMU] [EMU_ENV <VAR=value...>] [EMU_FILTER <gtest filter>])
+#                [LABELS <l...>] [EMU] [EMU_ENV <VAR=value...>] [EMU_FILTER <gtest filter>]
+#                [EMU_RANKS <k...>])
 #   Builds a GoogleTest executable <name> and registers it with ctest. Without RANKS it runs
 #   once as a plain process. With RANKS it runs once per k under
 #   `mpiexec -n k --oversubscribe`, as tests named <name>.np<k>.
@@ -9,7 +10,8 @@
 #   libtutti_emu as <name>_emu, registered the same way with the label "emu" and EMU_ENV, so its
 #   GPU tests run on the emulated device. A GPU test that skips there fails: the emulated run
 #   exists so that none does. EMU_FILTER leaves out the tests that only mean something without
-#   a GPU (e.g. "-Device.MissingGpuIsAClearError").
+#   a GPU (e.g. "-Device.MissingGpuIsAClearError"); EMU_RANKS runs the twin at other world
+#   sizes than RANKS.
 #   Tests may include internal headers ("core/...", "kernels/...").
 find_package(GTest REQUIRED)
 
@@ -39,7 +41,10 @@ function(tutti_register_test name target timeout labels ranks env args)
 endfunction()
 
 function(tutti_add_test)
-  cmake_parse_arguments(T "EMU" "NAME;TIMEOUT;EMU_FILTER" "SOURCES;LIBS;RANKS;LABELS;EMU_ENV" ${ARGN})
+  cmake_parse_arguments(T "EMU" "NAME;TIMEOUT;EMU_FILTER" "SOURCES;LIBS;RANKS;LABELS;EMU_ENV;EMU_RANKS" ${ARGN})
+  if(NOT T_EMU_RANKS)
+    set(T_EMU_RANKS ${T_RANKS})
+  endif()
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
@@ -62,11 +67,11 @@ function(tutti_add_test)
     if(T_EMU_FILTER)
       set(args --gtest_filter=${T_EMU_FILTER})
     endif()
-    tutti_register_test(${T_NAME}_emu ${T_NAME}_emu ${T_TIMEOUT} "emu;${T_LABELS}" "${T_RANKS}" "${T_EMU_ENV}"
+    tutti_register_test(${T_NAME}_emu ${T_NAME}_emu ${T_TIMEOUT} "emu;${T_LABELS}" "${T_EMU_RANKS}" "${T_EMU_ENV}"
                         "${args}")
     set(names ${T_NAME}_emu)
-    if(T_RANKS)
-      list(TRANSFORM T_RANKS PREPEND ${T_NAME}_emu.np OUTPUT_VARIABLE names)
+    if(T_EMU_RANKS)
+      list(TRANSFORM T_EMU_RANKS PREPEND ${T_NAME}_emu.np OUTPUT_VARIABLE names)
     endif()
     set_tests_properties(${names} PROPERTIES FAIL_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   endif()
