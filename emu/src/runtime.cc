@@ -285,8 +285,25 @@ MemoryKind kind_of(const void* p) {
   return a == nullptr ? MemoryKind::pageable : a->kind;
 }
 
+namespace {
+// TUTTI_EMU_LAUNCH_LOG=<file>: the name of every kernel this process launches, once each (the
+// file is rewritten by each process). The kernel coverage test reads these.
+void log_launch(const char* name) {
+  static const char* path = std::getenv("TUTTI_EMU_LAUNCH_LOG");
+  if (path == nullptr || *path == '\0') return;
+  static auto& m = *new std::mutex;
+  static auto& seen = *new std::set<std::string>;
+  static std::FILE* out = std::fopen(path, "w");
+  std::lock_guard l(m);
+  if (out == nullptr || !seen.insert(name).second) return;
+  std::fprintf(out, "%s\n", name);
+  std::fflush(out);
+}
+}  // namespace
+
 void launch(const LaunchConfig& config, const char* name, const char* file, int line,
             std::unique_ptr<KernelBody> body) {
+  log_launch(name);
   const dim3 g = config.grid, b = config.block;
   if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 ||
       static_cast<unsigned long long>(b.x) * b.y * b.z > 1024 || g.x == 0 || g.y == 0 || g.z == 0 ||
