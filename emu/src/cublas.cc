@@ -149,7 +149,11 @@ const char* cublasGetStatusString(cublasStatus_t status) {
   return "unknown status";
 }
 
+constexpr const char* kGemmNotice =
+    "cuBLAS/cuBLASLt GEMMs run as a CPU reference (OpenBLAS sgemm in fp32, one rounding), not as GPU code";
+
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  notice_once(kGemmNotice);
   *handle = new cublasContext{};
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -196,6 +200,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
 }
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  notice_once(kGemmNotice);
   *handle = new cublasLtContext{};
   return CUBLAS_STATUS_SUCCESS;
 }

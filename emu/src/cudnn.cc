@@ -151,6 +151,7 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
 std::size_t cudnnGetVersion() { return CUDNN_VERSION; }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+  notice_once("cuDNN convolutions run as a CPU reference (direct loops in fp32), not as GPU code");
   *handle = new cudnnContext{};
   return CUDNN_STATUS_SUCCESS;
 }

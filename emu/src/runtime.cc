@@ -267,6 +267,13 @@ void record_fault(Device& d, const std::string& report) {
   std::fprintf(stderr, "========= tutti CUDA emulation: kernel fault\n========= %s\n", d.fault_report.c_str());
 }
 
+void notice_once(const char* what) {
+  static auto& m = *new std::mutex;
+  static auto& said = *new std::set<std::string>;
+  std::lock_guard l(m);
+  if (said.insert(what).second) std::fprintf(stderr, "tutti CUDA emulation: %s\n", what);
+}
+
 cudaError_t sticky_error() {
   Device* d = device_at(current_index);
   if (d == nullptr) return cudaSuccess;

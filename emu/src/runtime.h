@@ -91,6 +91,9 @@ cudaError_t sticky_error();
 // Sets the calling thread's last error and returns it.
 cudaError_t set_last_error(cudaError_t error);
 
+// Prints `what` to stderr once per process (the libraries say once that they are references).
+void notice_once(const char* what);
+
 // Allocations: device memory, pinned host memory, or neither (pageable host memory).
 enum class MemoryKind { pageable, pinned, device };
 MemoryKind kind_of(const void* p);

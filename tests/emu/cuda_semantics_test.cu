@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -153,6 +154,44 @@ TEST(CudaSemantics, VotesCoverTheLanesOfTheMask) {
   for (int v : any.to_host()) EXPECT_EQ(v, 1);
   for (int v : all.to_host()) EXPECT_EQ(v, 1);  // all lanes < 32: true; all lanes < 31: false
   for (unsigned v : half.to_host()) EXPECT_EQ(v, 0x0000ff00u);
+}
+
+// ---- __syncwarp orders the lanes it names ----
+
+__global__ void syncwarp_kernel(int* out) {
+  __shared__ int slot[64];
+  __shared__ int pairs[64];
+  const int t = threadIdx.x;
+  slot[t] = 3 * t;
+  __syncwarp();
+  out[t] = slot[t ^ 1];  // written by the neighbouring lane before it reached __syncwarp
+  if (t % 32 < 16) {
+    pairs[t] = 5 * t;
+    __syncwarp(0x0000ffffu);  // only the lanes that took the branch
+    out[64 + t] = pairs[t ^ 2];
+  }
+}
+
+TEST(CudaSemantics, SyncwarpOrdersTheLanesOfItsMask) {
+  REQUIRE_DEVICE();
+  Buffer<int> out(128);
+  syncwarp_kernel<<<1, 64>>>(out.ptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const auto v = out.to_host();
+  for (int t = 0; t < 64; ++t) {
+    EXPECT_EQ(v[t], 3 * (t ^ 1)) << t;
+    if (t % 32 < 16) EXPECT_EQ(v[64 + t], 5 * (t ^ 2)) << t;
+  }
+}
+
+// ---- the multiprocessor count (on the emulated device, TUTTI_EMU_SM_COUNT) ----
+
+TEST(CudaSemantics, MultiprocessorCount) {
+  REQUIRE_DEVICE();
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  EXPECT_GT(sms, 0);
+  if (const char* emulated = std::getenv("TUTTI_EMU_SM_COUNT")) EXPECT_EQ(sms, std::atoi(emulated));
 }
 
 // ---- block barriers and their reductions ----
