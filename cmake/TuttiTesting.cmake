@@ -1,9 +1,17 @@
 # Helpers for tutti's tests.
 #
-# tutti_add_test(NAME <name> SOURCES <files...> [LIBS <targets...>] [RANKS <k...>] [TIMEOUT <s>] [LABELS <l...>])
+# tutti_add_test(NAME <name> SOURCES <files...> [LIBS <targets...>] [RANKS <k...>] [TIMEOUT <s>]
+#                [LABELS <l...>] [EMU] [EMU_ENV <VAR=value...>] [EMU_FILTER <gtest filter>]
+#                [EMU_RANKS <k...>])
 #   Builds a GoogleTest executable <name> and registers it with ctest. Without RANKS it runs
 #   once as a plain process. With RANKS it runs once per k under
 #   `mpiexec -n k --oversubscribe`, as tests named <name>.np<k>.
+#   EMU (where the build has the emulated CUDA device): the same objects are also linked against
+#   libtutti_emu as <name>_emu, registered the same way with the label "emu" and EMU_ENV, so its
+#   GPU tests run on the emulated device. A GPU test that skips there fails: the emulated run
+#   exists so that none does. EMU_FILTER leaves out the tests that only mean something without
+#   a GPU (e.g. "-Device.MissingGpuIsAClearError"); EMU_RANKS runs the twin at other world
+#   sizes than RANKS.
 #   Tests may include internal headers ("core/...", "kernels/...").
 find_package(GTest REQUIRED)
 
@@ -14,26 +22,57 @@ set(TUTTI_MPI_TEST_ENV
   OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_btl_vader_single_copy_mechanism=none)
 
+# Registers executable <target> as test <name> (one process, or once per rank count), with
+# extra program arguments `args`.
+function(tutti_register_test name target timeout labels ranks env args)
+  if(NOT ranks)
+    add_test(NAME ${name} COMMAND ${target} ${args})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout} LABELS "${labels}" ENVIRONMENT "${env}")
+    return()
+  endif()
+  foreach(k IN LISTS ranks)
+    add_test(NAME ${name}.np${k}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${k} --oversubscribe
+                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${args})
+    set_tests_properties(${name}.np${k} PROPERTIES
+      TIMEOUT ${timeout} PROCESSORS ${k} LABELS "mpi;${labels}"
+      ENVIRONMENT "${TUTTI_MPI_TEST_ENV};${env}")
+  endforeach()
+endfunction()
+
 function(tutti_add_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "EMU" "NAME;TIMEOUT;EMU_FILTER" "SOURCES;LIBS;RANKS;LABELS;EMU_ENV;EMU_RANKS" ${ARGN})
+  if(NOT T_EMU_RANKS)
+    set(T_EMU_RANKS ${T_RANKS})
+  endif()
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
-  add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE tutti::tutti GTest::gtest ${T_LIBS})
-  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  set(main "")
   if(NOT T_RANKS)
-    target_link_libraries(${T_NAME} PRIVATE GTest::gtest_main)
-    add_test(NAME ${T_NAME} COMMAND ${T_NAME})
-    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
-    return()
+    set(main GTest::gtest_main)
   endif()
-  foreach(k IN LISTS T_RANKS)
-    add_test(NAME ${T_NAME}.np${k}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${k} --oversubscribe
-                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${T_NAME}.np${k} PROPERTIES
-      TIMEOUT ${T_TIMEOUT} PROCESSORS ${k} LABELS "mpi;${T_LABELS}"
-      ENVIRONMENT "${TUTTI_MPI_TEST_ENV}")
-  endforeach()
+  # Compiled once, linked once per flavour of libtutti.
+  add_library(${T_NAME}_objects OBJECT ${T_SOURCES})
+  target_link_libraries(${T_NAME}_objects PRIVATE tutti::tutti GTest::gtest ${T_LIBS})
+  target_include_directories(${T_NAME}_objects PRIVATE
+    ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  add_executable(${T_NAME} $<TARGET_OBJECTS:${T_NAME}_objects>)
+  target_link_libraries(${T_NAME} PRIVATE tutti::tutti GTest::gtest ${main} ${T_LIBS})
+  tutti_register_test(${T_NAME} ${T_NAME} ${T_TIMEOUT} "${T_LABELS}" "${T_RANKS}" "" "")
+  if(T_EMU AND TARGET tutti_emu)
+    add_executable(${T_NAME}_emu $<TARGET_OBJECTS:${T_NAME}_objects>)
+    target_link_libraries(${T_NAME}_emu PRIVATE tutti_emu GTest::gtest ${main} ${T_LIBS})
+    set(args "")
+    if(T_EMU_FILTER)
+      set(args --gtest_filter=${T_EMU_FILTER})
+    endif()
+    tutti_register_test(${T_NAME}_emu ${T_NAME}_emu ${T_TIMEOUT} "emu;${T_LABELS}" "${T_EMU_RANKS}" "${T_EMU_ENV}"
+                        "${args}")
+    set(names ${T_NAME}_emu)
+    if(T_EMU_RANKS)
+      list(TRANSFORM T_EMU_RANKS PREPEND ${T_NAME}_emu.np OUTPUT_VARIABLE names)
+    endif()
+    set_tests_properties(${names} PROPERTIES FAIL_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endif()
 endfunction()

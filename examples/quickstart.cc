@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   // Every rank builds the same model; DistributedDataParallel checks that they did.
   tutti::nn::Sequential model;
   model.add<tutti::nn::Linear>(784, 512).add<tutti::nn::ReLU>().add<tutti::nn::Linear>(512, 10);
-  tutti::amp::apply(tutti::amp::Policy::bf16(), model);  // optional: bf16 compute, fp32 masters
+  tutti::amp::apply(tutti::amp::Policy::bf16(), model);  // optional: bf16 compute and wire, fp32 masters
   model.to(job.device()).init(/*seed=*/1);
 
   tutti::ddp::DdpOptions ddp_options;
@@ -23,9 +23,10 @@ int main(int argc, char** argv) {
   tutti::amp::LossScaler scaler(tutti::amp::Policy::bf16().default_scaler());
   tutti::nn::CrossEntropyLoss loss;
 
-  // Same order on any number of ranks; each rank reads its slice of each global batch.
+  // Same order on any number of ranks; each rank reads its slice of each global batch. A
+  // next() serves one micro-batch: the optimizer step's 128 samples come in 2 of 64.
   auto data = tutti::data::load_fashion_mnist();
-  tutti::data::DistributedLoader loader(data.train, {.global_batch_size = 128 / 2,  // per micro-step
+  tutti::data::DistributedLoader loader(data.train, {.global_micro_batch_size = 128 / 2,
                                                      .rank = job.rank(),
                                                      .world_size = job.world_size(),
                                                      .seed = 1});

@@ -9,6 +9,7 @@ packages=(
   openmpi-bin libopenmpi-dev          # MPI: rank bootstrap, CPU communicator
   libopenblas-dev                     # CPU GEMM
   libgtest-dev libgmock-dev           # tests
+  libboost-context-dev                # fibers of the emulated CUDA device (tests without a GPU)
   libbenchmark-dev                    # benchmarks
   libcli11-dev nlohmann-json3-dev     # flags, JSON output
   zlib1g-dev                          # checksums, gzip'ed data sets

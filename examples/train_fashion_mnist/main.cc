@@ -244,7 +244,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   tutti::nn::CrossEntropyLoss loss;
 
   tutti::data::LoaderOptions loader_options;
-  loader_options.global_batch_size = f.batch_size / f.accum_steps;  // one micro-step over all ranks
+  loader_options.global_micro_batch_size = f.batch_size / f.accum_steps;  // one micro-step over all ranks
   loader_options.rank = job.rank();
   loader_options.world_size = world;
   loader_options.seed = f.seed;
@@ -297,7 +297,7 @@ int run(const Flags& f, int& argc, char**& argv) {
     } else {
       scaler_note = " (checkpoint written in " + saved_precision->second + ": the loss scaler starts afresh)";
     }
-    loader.load_state_dict(ckpt.state, "loader.");
+    loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
     step = tutti::get_int_scalar(ckpt.state, "train.step");
     if (ckpt.state.count("train.last_loss")) last_loss = tutti::get_scalar(ckpt.state, "train.last_loss");
   }
@@ -313,7 +313,7 @@ int run(const Flags& f, int& argc, char**& argv) {
       tutti::io::add_prefixed(state, "model.", model->state_dict());
       tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
       tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
-      tutti::io::add_prefixed(state, "", loader.state_dict("loader."));
+      tutti::io::add_prefixed(state, "loader.", loader.state_dict());
       state["train.step"] = tutti::int_scalar_tensor(step);
       state["train.last_loss"] = tutti::scalar_tensor(last_loss);
       tutti::io::save_checkpoint(ckpt_path, state, metadata);
@@ -332,7 +332,7 @@ int run(const Flags& f, int& argc, char**& argv) {
                 world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
                 static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
                 scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
-                static_cast<long long>(loader.local_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
+                static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
                 f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
                 resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
     std::fflush(stdout);

@@ -235,7 +235,6 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
     const T* g = ptr<H>(dy);
     // dbias is f32 or the dtype of dy.
     auto run = [&](auto* out) {
-      using G = std::remove_pointer_t<decltype(out)>;
       if (inner == 1) {
         const int64_t rows = outer, cols = channels;
         const int64_t tiles = (cols + kTileCols - 1) / kTileCols;

@@ -14,6 +14,7 @@ void apply(const Policy& policy, nn::Module& model) {
   TUTTI_CHECK_ARG(policy.master == DType::f32, "amp::apply: master weights must be f32, got ",
                   name_of(policy.master));
   model.set_precision(policy.compute, policy.grad);
+  model.set_grad_comm_dtype(policy.comm);
 }
 
 }  // namespace tutti::amp

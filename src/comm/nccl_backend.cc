@@ -375,6 +375,9 @@ class NcclBackend final : public Backend {
     // A one-element allreduce on the stream: complete when every rank has issued it.
     if (!barrier_buffer_.defined()) barrier_buffer_ = Tensor::zeros({1}, DType::f32, engine_->device);
     c.input = c.output = barrier_buffer_;
+    // A barrier has no tensor to say which stream it follows: the default stream, as documented
+    // for a CallOptions without one (found by the emulated device: a CPU stream threw here).
+    if (!c.stream.device().is_cuda()) c.stream = Stream::default_for(engine_->device);
     return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
       return ncclAllReduce(c.input.data(), c.output.data(), 1, ncclFloat32, ncclSum, comm, s);
     });

@@ -486,6 +486,29 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
   return out;
 }
 
+std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there) {
+  char times[96];
+  std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
+  std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
+                  " did not complete " + times;
+  if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
+  s += ".";
+  if (!not_there.empty()) {
+    s += " Not reached by";
+    for (std::size_t i = 0; i < not_there.size(); ++i) s += (i ? ", rank " : " rank ") + std::to_string(not_there[i]);
+    s += ".";
+  } else if (debug) {
+    // Debug mode compared every collective before it ran.
+    s += " Debug mode (TUTTI_DEBUG) is on and found no mismatch, and every rank is in this collective: MPI or "
+         "the network between the ranks is stuck.";
+  } else {
+    s += " Every rank reached a collective with this number, so some rank issued a different one (run with "
+         "TUTTI_DEBUG=1 to compare them).";
+  }
+  return s;
+}
+
 std::optional<std::string> Watchdog::collective_missed(std::string_view backend, const CollectiveInfo& info,
                                                        int board_comm, double timeout_s, double waited_s,
                                                        std::size_t queued_behind, bool debug, bool abort_job) {
@@ -510,21 +533,8 @@ std::optional<std::string> Watchdog::collective_missed(std::string_view backend,
   }
   std::vector<int> not_there;
   const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there);
-  char times[96];
-  std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
-  std::string report = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
-                       " did not complete " + times;
-  if (queued_behind > 0) report += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
-  report += ".";
-  if (!not_there.empty()) {
-    report += " Not reached by";
-    for (std::size_t i = 0; i < not_there.size(); ++i) report += (i ? ", rank " : " rank ") + std::to_string(not_there[i]);
-    report += ".";
-  } else {
-    report += " Every rank reached a collective with this number, so some rank issued a different one";
-    report += debug ? "." : " (run with TUTTI_DEBUG=1 to compare them).";
-  }
-  report += "\n  Where each rank is:" + where;
+  const std::string report = timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there) +
+                             "\n  Where each rank is:" + where;
   if (abort_job) end_job(report, kExitTimeout);
   return report;
 }

@@ -55,6 +55,12 @@ extern std::atomic<bool> job_failing;
 
 class Watchdog;
 
+// The first line of the report of collective `info` that missed its deadline: what, how long,
+// and who had not reached it (not_there), else what that means (suggesting TUTTI_DEBUG=1 only
+// when debug mode is off).
+std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there);
+
 // A backend, as the watchdog sees it.
 class Watched {
  public:

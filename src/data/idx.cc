@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <new>
+#include <optional>
 
 namespace tutti::data {
 namespace {
@@ -67,6 +70,19 @@ std::size_t gz_read_fully(gzFile file, void* out, std::size_t n, const std::stri
 
 std::string dims_str(const std::vector<std::int64_t>& dims) { return shape_str(dims); }
 
+// Deflate's largest expansion: a 258-byte match coded in about 2 bits, 1032:1 (zlib's
+// technical details); gzip headers only lower it.
+constexpr std::uintmax_t kMaxDeflateRatio = 1032;
+
+// The ISIZE field of a gzip file's trailer (its last 4 bytes, little-endian): the size mod
+// 2^32 of the last member's uncompressed data. Empty when unreadable.
+std::optional<std::uint32_t> gzip_isize(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  unsigned char b[4];
+  if (!f.seekg(-4, std::ios::end) || !f.read(reinterpret_cast<char*>(b), 4)) return std::nullopt;
+  return std::uint32_t{b[0]} | std::uint32_t{b[1]} << 8 | std::uint32_t{b[2]} << 16 | std::uint32_t{b[3]} << 24;
+}
+
 std::string hex(std::uint32_t v, int digits) {
   static const char* kDigits = "0123456789abcdef";
   std::string s = "0x";
@@ -124,8 +140,46 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
 
   const std::size_t header_bytes = 4 + raw_dims.size();
   const std::size_t data_bytes = static_cast<std::size_t>(count) * element_size(out.type);
-  out.bytes.resize(data_bytes);
-  const std::size_t got = gz_read_fully(file.get(), out.bytes.data(), data_bytes, path, hint);
+
+  // The claim against what the file can hold, before anything is allocated: a damaged or
+  // hostile header must not cost gigabytes of zero-filled memory (or a bare bad_alloc) before
+  // "truncated". A plain file holds exactly its size; a gzip stream's size is only known once
+  // inflated, but deflate expands at most 1032-fold, and the gzip trailer's ISIZE (the size
+  // mod 2^32 of the last member) says whether a one-member file agrees with the header.
+  std::error_code size_error;
+  const std::uintmax_t file_bytes = std::filesystem::file_size(path, size_error);
+  const bool compressed = gzdirect(file.get()) == 0;
+  bool size_confirmed = false;
+  if (!size_error && !compressed) {
+    TUTTI_CHECK_ARG(header_bytes + data_bytes <= file_bytes, "IDX file '", path, "' is truncated: its header ",
+                    dims_str(out.dims), " needs ", header_bytes + data_bytes, " bytes (uncompressed), it has ",
+                    file_bytes, hint);
+    size_confirmed = true;
+  } else if (!size_error) {
+    TUTTI_CHECK_ARG((header_bytes + data_bytes) / kMaxDeflateRatio <= file_bytes, "IDX file '", path,
+                    "' is truncated or its header damaged: the header ", dims_str(out.dims), " needs ",
+                    header_bytes + data_bytes, " bytes (uncompressed), more than its ", file_bytes,
+                    " bytes of gzip can hold (deflate expands at most ", kMaxDeflateRatio, "-fold)", hint);
+    const std::optional<std::uint32_t> isize = gzip_isize(path);
+    size_confirmed = isize && *isize == static_cast<std::uint32_t>(header_bytes + data_bytes);
+  }
+  // Confirmed sizes are allocated at once; others grow with the data actually read (at most
+  // twice what the file holds).
+  constexpr std::size_t kFirstChunk = std::size_t{16} << 20;
+  std::size_t got = 0;
+  try {
+    out.bytes.resize(size_confirmed ? data_bytes : std::min(data_bytes, kFirstChunk));
+    while (got < data_bytes) {
+      if (got == out.bytes.size()) out.bytes.resize(std::min(data_bytes, 2 * out.bytes.size()));
+      const std::size_t want = out.bytes.size() - got;
+      const std::size_t n = gz_read_fully(file.get(), out.bytes.data() + got, want, path, hint);
+      got += n;
+      if (n < want) break;  // the end of the data
+    }
+  } catch (const std::bad_alloc&) {
+    TUTTI_THROW(BackendError, "out of host memory reading IDX file '", path, "': its header ", dims_str(out.dims),
+                " claims ", data_bytes, " bytes of data (", got, " read so far)", hint);
+  }
   TUTTI_CHECK_ARG(got == data_bytes, "IDX file '", path, "' is truncated: its header ", dims_str(out.dims),
                   " needs ", header_bytes + data_bytes, " bytes (uncompressed), it has ", header_bytes + got,
                   hint);
@@ -140,7 +194,11 @@ Tensor images_from(const IdxArray& a, const std::string& path, const std::string
   TUTTI_CHECK_ARG(a.type == IdxType::u8 && a.dims.size() >= 2, "IDX file '", path,
                   "' does not hold images: expected unsigned bytes [N, ...] (magic 0x0000080k, k >= 2), got type ",
                   hex(static_cast<std::uint32_t>(a.type), 2), " dimensions ", dims_str(a.dims), hint);
-  Tensor t = Tensor::empty(a.dims, DType::f32);
+  Tensor t;
+  {
+    ErrorContext context("converting IDX file '" + path + "' to f32");  // names the file when memory runs out
+    t = Tensor::empty(a.dims, DType::f32);
+  }
   float* dst = t.data_as<float>();
   // A table, so the result is exactly b / 255.0f (no multiply-by-reciprocal rounding).
   float table[256];
@@ -154,7 +212,11 @@ Tensor labels_from(const IdxArray& a, const std::string& path, const std::string
   TUTTI_CHECK_ARG(a.type == IdxType::u8 && a.dims.size() == 1, "IDX file '", path,
                   "' does not hold labels: expected unsigned bytes [N] (magic 0x00000801), got type ",
                   hex(static_cast<std::uint32_t>(a.type), 2), " dimensions ", dims_str(a.dims), hint);
-  Tensor t = Tensor::empty(a.dims, DType::i32);
+  Tensor t;
+  {
+    ErrorContext context("converting IDX file '" + path + "' to i32");
+    t = Tensor::empty(a.dims, DType::i32);
+  }
   std::int32_t* dst = t.data_as<std::int32_t>();
   for (std::size_t i = 0; i < a.bytes.size(); ++i) dst[i] = a.bytes[i];
   return t;

@@ -54,16 +54,16 @@ DistributedLoader::DistributedLoader(Dataset dataset, LoaderOptions options)
   const auto& o = options_;
   TUTTI_CHECK_ARG(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "DistributedLoader: rank ",
                   o.rank, " is not in [0, world size ", o.world_size, ")");
-  TUTTI_CHECK_ARG(o.global_batch_size > 0, "DistributedLoader: global batch size must be positive, got ",
-                  o.global_batch_size);
-  TUTTI_CHECK_ARG(o.global_batch_size % o.world_size == 0, "DistributedLoader: global batch size ",
-                  o.global_batch_size, " is not divisible by world size ", o.world_size,
+  TUTTI_CHECK_ARG(o.global_micro_batch_size > 0, "DistributedLoader: global micro-batch size must be positive, got ",
+                  o.global_micro_batch_size);
+  TUTTI_CHECK_ARG(o.global_micro_batch_size % o.world_size == 0, "DistributedLoader: global micro-batch size ",
+                  o.global_micro_batch_size, " is not divisible by world size ", o.world_size,
                   ": every rank must get the same number of samples (choose a batch size that is a multiple of ",
                   o.world_size, ")");
-  TUTTI_CHECK_ARG(o.global_batch_size <= dataset_.size(), "DistributedLoader: global batch size ",
-                  o.global_batch_size, " is larger than the dataset (", dataset_.size(), " samples)");
-  steps_per_epoch_ = dataset_.size() / o.global_batch_size;
-  local_batch_ = o.global_batch_size / o.world_size;
+  TUTTI_CHECK_ARG(o.global_micro_batch_size <= dataset_.size(), "DistributedLoader: global micro-batch size ",
+                  o.global_micro_batch_size, " is larger than the dataset (", dataset_.size(), " samples)");
+  steps_per_epoch_ = dataset_.size() / o.global_micro_batch_size;
+  local_batch_ = o.global_micro_batch_size / o.world_size;
 }
 
 const std::vector<std::int64_t>& DistributedLoader::order(std::int64_t epoch) {
@@ -83,7 +83,7 @@ std::vector<std::int64_t> DistributedLoader::batch_indices(std::int64_t epoch, s
   TUTTI_CHECK_ARG(epoch >= 0 && step >= 0 && step < steps_per_epoch_, "DistributedLoader: step ", step,
                   " of epoch ", epoch, " does not exist (an epoch has ", steps_per_epoch_, " steps)");
   const auto& ord = order(epoch);
-  const std::int64_t begin = step * options_.global_batch_size + options_.rank * local_batch_;
+  const std::int64_t begin = step * options_.global_micro_batch_size + options_.rank * local_batch_;
   return std::vector<std::int64_t>(ord.begin() + begin, ord.begin() + begin + local_batch_);
 }
 
@@ -106,31 +106,31 @@ void DistributedLoader::set_position(LoaderPosition position) {
   position_ = position;
 }
 
-StateDict DistributedLoader::state_dict(const std::string& prefix) const {
+StateDict DistributedLoader::state_dict() const {
   StateDict s;
-  s[prefix + "epoch"] = int_scalar_tensor(position_.epoch);
-  s[prefix + "step"] = int_scalar_tensor(position_.step);
-  s[prefix + "seed"] = int_scalar_tensor(std::bit_cast<std::int64_t>(options_.seed));
-  s[prefix + "global_batch_size"] = int_scalar_tensor(options_.global_batch_size);
-  s[prefix + "dataset_size"] = int_scalar_tensor(dataset_.size());
-  s[prefix + "shuffle"] = int_scalar_tensor(options_.shuffle ? 1 : 0);
+  s["epoch"] = int_scalar_tensor(position_.epoch);
+  s["step"] = int_scalar_tensor(position_.step);
+  s["seed"] = int_scalar_tensor(std::bit_cast<std::int64_t>(options_.seed));
+  s["global_micro_batch_size"] = int_scalar_tensor(options_.global_micro_batch_size);
+  s["dataset_size"] = int_scalar_tensor(dataset_.size());
+  s["shuffle"] = int_scalar_tensor(options_.shuffle ? 1 : 0);
   return s;
 }
 
-void DistributedLoader::load_state_dict(const StateDict& state, const std::string& prefix) {
-  const auto seed = std::bit_cast<std::uint64_t>(get_int_scalar(state, prefix + "seed"));
-  const std::int64_t batch = get_int_scalar(state, prefix + "global_batch_size");
-  const std::int64_t size = get_int_scalar(state, prefix + "dataset_size");
+void DistributedLoader::load_state_dict(const StateDict& state) {
+  const auto seed = std::bit_cast<std::uint64_t>(get_int_scalar(state, "seed"));
+  const std::int64_t batch = get_int_scalar(state, "global_micro_batch_size");
+  const std::int64_t size = get_int_scalar(state, "dataset_size");
   TUTTI_CHECK_ARG(seed == options_.seed, "cannot resume the data order: it was saved with seed ", seed,
                   ", this run uses seed ", options_.seed);
-  TUTTI_CHECK_ARG(batch == options_.global_batch_size, "cannot resume the data order: it was saved with global ",
-                  "batch size ", batch, ", this run uses ", options_.global_batch_size);
+  TUTTI_CHECK_ARG(batch == options_.global_micro_batch_size, "cannot resume the data order: it was saved with ",
+                  "global micro-batch size ", batch, ", this run uses ", options_.global_micro_batch_size);
   TUTTI_CHECK_ARG(size == dataset_.size(), "cannot resume the data order: it was saved for a dataset of ", size,
                   " samples, this one has ", dataset_.size());
-  const bool shuffle = get_int_scalar(state, prefix + "shuffle") != 0;
+  const bool shuffle = get_int_scalar(state, "shuffle") != 0;
   TUTTI_CHECK_ARG(shuffle == options_.shuffle, "cannot resume the data order: it was saved with shuffling ",
                   shuffle ? "on" : "off", ", this run has it ", options_.shuffle ? "on" : "off");
-  set_position({get_int_scalar(state, prefix + "epoch"), get_int_scalar(state, prefix + "step")});
+  set_position({get_int_scalar(state, "epoch"), get_int_scalar(state, "step")});
 }
 
 }  // namespace tutti::data

@@ -33,7 +33,8 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   ReducerOptions ro;
   ro.bucket_cap_mb = options_.bucket_cap_mb;
   ro.first_bucket_cap_mb = options_.first_bucket_cap_mb;
-  ro.grad_comm_dtype = options_.grad_comm_dtype;
+  if (!options_.grad_comm_dtype) options_.grad_comm_dtype = model_.grad_comm_dtype();
+  ro.grad_comm_dtype = *options_.grad_comm_dtype;
   ro.average = options_.average;
   ro.overlap = options_.overlap;
   ro.allow_unused = options_.allow_unused_parameters;
@@ -46,6 +47,8 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   layout.total = reducer_->buffer().numel();
   model_.flatten_parameters(layout);
   model_.set_grad_buffer(reducer_->buffer(), layout);
+  // Before the hook: a refusal here must not leave the model calling into a DDP never made.
+  if (options_.broadcast_parameters) broadcast_parameters();
 
   std::unordered_map<const nn::Parameter*, std::size_t> index;
   for (std::size_t i = 0; i < params.size(); ++i) index.emplace(params[i], i);
@@ -55,11 +58,13 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
                 "' (was a layer added after DistributedDataParallel was made?)");
     reducer_->mark_ready(it->second);
   });
-
-  if (options_.broadcast_parameters) broadcast_parameters();
+  model_.set_batch_slice(comm_.rank(), comm_.size());
 }
 
-DistributedDataParallel::~DistributedDataParallel() { model_.set_grad_ready_hook({}); }
+DistributedDataParallel::~DistributedDataParallel() {
+  model_.set_grad_ready_hook({});
+  model_.set_batch_slice(0, 1);
+}
 
 void DistributedDataParallel::verify_same_model() {
   const Device device = model_.device();
@@ -106,16 +111,55 @@ void DistributedDataParallel::verify_same_model() {
 }
 
 void DistributedDataParallel::broadcast_parameters() {
+  // One small broadcast first: whether rank 0 has initialized every parameter (the index of
+  // the first it has not, or -1), so that every rank refuses alike instead of training rank
+  // 0's uninitialized memory; then the layers' state (Dropout's seeds and positions), which
+  // the start-up check made the same list on every rank.
+  const std::vector<nn::Parameter*> params = model_.parameters();
+  std::int64_t uninitialized = -1;
+  for (std::size_t i = 0; i < params.size() && uninitialized < 0; ++i) {
+    if (!params[i]->initialized) uninitialized = static_cast<std::int64_t>(i);
+  }
+  StateDict extra = model_.extra_state();
+  std::vector<std::int64_t> head = {uninitialized};
+  for (const auto& [name, t] : extra) {
+    TUTTI_CHECK(t.dtype() == DType::i64, "DistributedDataParallel: the model's state '", name, "' is ",
+                name_of(t.dtype()), ", extra state must be i64");
+    for (std::int64_t v : t.to_ints()) head.push_back(v);
+  }
+  Tensor packed = Tensor::from_ints(head, {static_cast<std::int64_t>(head.size())}, DType::i64).to(model_.device());
+  CallOptions state_call;
+  state_call.label = "ddp initialization and layer state broadcast";
+  comm_.broadcast(packed, 0, state_call).wait();
+  head = packed.to_ints();
+  if (head[0] >= 0 && static_cast<std::size_t>(head[0]) < params.size()) {
+    const std::string& name = params[static_cast<std::size_t>(head[0])]->name;
+    TUTTI_THROW(InvalidArgument, "DistributedDataParallel: parameter '", name, "' was never initialized on rank 0, ",
+                "whose values every rank receives: call init(seed) or load_state_dict() on the model before making ",
+                "DistributedDataParallel (on rank 0 at least)");
+  }
+  auto next = head.begin() + 1;
+  for (auto& [name, t] : extra) {
+    const std::vector<std::int64_t> values(next, next + t.numel());
+    next += t.numel();
+    t = Tensor::from_ints(values, t.shape(), DType::i64);
+  }
+  model_.load_extra_state(extra);
+
   CallOptions call;
   call.label = "ddp parameter broadcast";
   call.stream = model_.stream();
   comm_.broadcast(model_.flat_values(), 0, call).wait(model_.stream());
-  for (nn::Parameter* p : model_.parameters()) p->initialized = true;
+  for (nn::Parameter* p : params) p->initialized = true;
   model_.refresh_compute_copies();
 }
 
 bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   TUTTI_CHECK_ARG(loss_scale > 0, "DistributedDataParallel::backward: loss_scale must be positive, got ", loss_scale);
+  TUTTI_CHECK_ARG(model_.awaiting_backward(), "DistributedDataParallel::backward: no forward since the last "
+                  "backward. Each backward needs its own forward: a second backward of one forward would add the "
+                  "same gradients again and ", next_backward_syncs() ? "reduce them across ranks a second time" :
+                  "count them twice in the accumulation", " (nothing was communicated)");
   const bool sync = next_backward_syncs();
   reducer_->prepare(sync, model_.stream());
   model_.backward(dy);

@@ -88,9 +88,12 @@ Tensor Reducer::grad(std::size_t i) const {
 }
 
 void Reducer::prepare(bool sync, const Stream& stream) {
-  for (Bucket& b : buckets_) {
-    TUTTI_CHECK(!b.launched || b.work.test() || !sync_, "Reducer::prepare: the previous synchronized pass was never finished");
-  }
+  // A communicating pass that got under way must be finished: its buckets are in flight, or
+  // summed but not yet averaged and checked. (One abandoned before any gradient, after an
+  // error in backward, may start over.)
+  const bool started = launched_any_ || std::any_of(marked_.begin(), marked_.end(), [](bool m) { return m; });
+  TUTTI_CHECK(!(in_pass_ && sync_ && started), "Reducer::prepare: the previous synchronized pass was never "
+              "finished: call finish() after the last mark_ready() of a pass prepared with sync = true");
   sync_ = sync;
   in_pass_ = true;
   stream_ = stream;

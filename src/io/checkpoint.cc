@@ -186,7 +186,33 @@ struct Entry {
   std::uint64_t nbytes;
 };
 
-std::string pid_suffix() { return ".tmp." + std::to_string(::getpid()); }
+constexpr const char* kTmpMarker = ".tmp.";
+std::string pid_suffix() { return kTmpMarker + std::to_string(::getpid()); }
+
+// Removes the regular files "<path>.tmp.<digits>": temporaries of saves to `path` that were killed before their
+// rename (a kill -9, a node lost, the job's time limit). Failures are ignored: the file stays
+// for the next save, and this save does not depend on it.
+void remove_stale_temporaries(const std::string& path) {
+  const std::filesystem::path target(path);
+  std::filesystem::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = target.filename().string() + kTmpMarker;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    // Only regular files: a save writes nothing else.
+    std::error_code type_error;
+    if (!it->is_regular_file(type_error) || it->is_symlink(type_error)) continue;
+    if (!std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    std::error_code ignored;
+    std::filesystem::remove(it->path(), ignored);
+  }
+}
 
 }  // namespace
 
@@ -255,7 +281,9 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
   set_u64(header, 32, file_size);
   set_u32(header, 40, header_crc(header.data(), header.size()));
 
-  // Write the temporary file; on any failure remove it and leave `path` untouched.
+  // Write the temporary file; on any failure remove it and leave `path` untouched. Killed
+  // saves' temporaries go first, so that their space is free for this one.
+  remove_stale_temporaries(path);
   const std::string tmp = path + pid_suffix();
   try {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

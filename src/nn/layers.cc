@@ -1,5 +1,7 @@
 #include "tutti/nn/layers.h"
 
+#include <bit>
+
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/layernorm.h"
@@ -110,11 +112,24 @@ void Dropout::on_init(std::uint64_t seed) {
   counter_ = 0;
 }
 
+StateDict Dropout::own_extra_state() const {
+  return {{"rng_seed", int_scalar_tensor(std::bit_cast<std::int64_t>(seed_))},
+          {"rng_counter", int_scalar_tensor(std::bit_cast<std::int64_t>(counter_))}};
+}
+
+void Dropout::load_own_extra_state(const StateDict& state) {
+  seed_ = std::bit_cast<std::uint64_t>(get_int_scalar(state, "rng_seed"));
+  counter_ = std::bit_cast<std::uint64_t>(get_int_scalar(state, "rng_counter"));
+}
+
 Tensor Dropout::forward_impl(const Tensor& x) {
   last_dropped_ = is_training() && p_ > 0.0f;
   if (!last_dropped_) return x;
-  last_offset_ = counter_;
-  counter_ += static_cast<std::uint64_t>(x.numel());
+  // This rank's rows are slice `batch_slice` of `batch_slices` equal ones: its elements come
+  // that many whole slices into the global batch, which is `batch_slices` times its size.
+  const auto n = static_cast<std::uint64_t>(x.numel());
+  last_offset_ = counter_ + static_cast<std::uint64_t>(settings().batch_slice) * n;
+  counter_ += static_cast<std::uint64_t>(settings().batch_slices) * n;
   Tensor y = buffer(0, x.shape(), x.dtype());
   kernels::dropout_forward(x, p_, seed_, last_offset_, y, stream());
   return y;

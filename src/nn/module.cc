@@ -39,7 +39,10 @@ Module::~Module() = default;
 
 Tensor Module::forward(const Tensor& x) {
   TUTTI_CHECK_ARG(x.defined(), describe(), ": forward of an undefined tensor");
-  if (parent_ == nullptr) check_initialized();
+  if (parent_ == nullptr) {
+    check_initialized();
+    awaiting_backward_ = true;
+  }
   TUTTI_CHECK_ARG(x.device() == device(), describe(), ": input ", x.str(), " is not on the model's device ",
                   device().str());
   if (is_floating(x.dtype()) && x.dtype() != compute_dtype()) {
@@ -54,6 +57,10 @@ Tensor Module::forward(const Tensor& x) {
 Tensor Module::backward(const Tensor& dy) {
   TUTTI_CHECK_ARG(dy.defined(), describe(), ": backward of an undefined tensor");
   if (parent_ == nullptr) {
+    TUTTI_CHECK_ARG(awaiting_backward_, describe(), ": backward without a forward since the last backward: each "
+                    "backward needs a forward of its own (a second backward of one forward would add the same "
+                    "gradients again, and under DistributedDataParallel communicate again)");
+    awaiting_backward_ = false;
     bool missing = false;
     for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
     if (missing) {
@@ -98,6 +105,11 @@ void Module::collect_modules(std::vector<Module*>& out) {
   for (auto& [name, child] : children_) child->collect_modules(out);
 }
 
+void Module::collect_named_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) {
+  out.emplace_back(prefix, this);
+  for (auto& [name, child] : children_) child->collect_named_modules(prefix + name + ".", out);
+}
+
 std::vector<Parameter*> Module::parameters() {
   if (!all_params_valid_) {
     all_params_.clear();
@@ -120,6 +132,9 @@ std::string Module::signature() {
   for (Parameter* p : parameters()) {
     s += p->name + " " + shape_str(p->shape()) + " " + std::string(name_of(p->value.dtype())) +
          (p->requires_grad ? " trainable\n" : " frozen\n");
+  }
+  for (const auto& [name, t] : extra_state()) {
+    s += name + " " + shape_str(t.shape()) + " " + std::string(name_of(t.dtype())) + " state\n";
   }
   return s;
 }
@@ -288,6 +303,22 @@ Module& Module::init(std::uint64_t seed) {
   return *this;
 }
 
+Module& Module::set_grad_comm_dtype(DType dtype) {
+  require_root("set_grad_comm_dtype");
+  TUTTI_CHECK_ARG(is_floating(dtype), "set_grad_comm_dtype: must be f32, f16 or bf16, got ", name_of(dtype));
+  settings_->grad_comm_dtype = dtype;
+  return *this;
+}
+
+Module& Module::set_batch_slice(int index, int count) {
+  require_root("set_batch_slice");
+  TUTTI_CHECK_ARG(count >= 1 && index >= 0 && index < count, "set_batch_slice: slice ", index, " of ", count,
+                  " (need 0 <= index < count)");
+  settings_->batch_slice = index;
+  settings_->batch_slices = count;
+  return *this;
+}
+
 Module& Module::train(bool on) {
   require_root("train");
   settings_->training = on;
@@ -418,15 +449,52 @@ void Module::drop_grads() {
 // ---- state -----------------------------------------------------------------------------
 
 StateDict Module::state_dict() {
-  StateDict out;
+  StateDict out = extra_state();
   for (Parameter* p : parameters()) out[p->name] = p->value.to(Device::cpu(), stream());
   stream().synchronize();
   return out;
 }
 
+StateDict Module::extra_state() {
+  std::vector<std::pair<std::string, Module*>> modules;
+  collect_named_modules("", modules);
+  StateDict out;
+  for (const auto& [path, m] : modules) {
+    for (const auto& [key, t] : m->own_extra_state()) out.emplace(path + key, t);
+  }
+  return out;
+}
+
+void Module::load_extra_state(const StateDict& state, bool strict) {
+  std::vector<std::pair<std::string, Module*>> modules;
+  collect_named_modules("", modules);
+  // Everything checked before anything is restored; a module's state is restored whole or
+  // not at all.
+  std::vector<std::pair<Module*, StateDict>> restore;
+  for (const auto& [path, m] : modules) {
+    const StateDict own = m->own_extra_state();
+    StateDict given;
+    for (const auto& [key, current] : own) {
+      const auto it = state.find(path + key);
+      if (it == state.end()) {
+        TUTTI_CHECK_ARG(!strict, "load_state_dict: no entry for '", path + key, "' (state of ", m->describe(), ")");
+        continue;
+      }
+      TUTTI_CHECK_ARG(it->second.shape() == current.shape() && it->second.dtype() == current.dtype(),
+                      "load_state_dict: '", path + key, "' is ", it->second.str(), " but the state of ", m->describe(),
+                      " is ", current.str());
+      given.emplace(key, it->second.to(Device::cpu()));
+    }
+    if (!own.empty() && given.size() == own.size()) restore.emplace_back(m, std::move(given));
+  }
+  for (auto& [m, given] : restore) m->load_own_extra_state(given);
+}
+
 void Module::load_state_dict(const StateDict& state, bool strict) {
   require_root("load_state_dict");
   std::set<std::string> used;
+  for (const auto& [name, t] : extra_state()) used.insert(name);
+  load_extra_state(state, strict);
   for (Parameter* p : parameters()) {
     const auto it = state.find(p->name);
     if (it == state.end()) {
@@ -441,7 +509,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   }
   if (strict) {
     for (const auto& [key, t] : state) {
-      TUTTI_CHECK_ARG(used.count(key) == 1, "load_state_dict: entry '", key, "' matches no parameter");
+      TUTTI_CHECK_ARG(used.count(key) == 1, "load_state_dict: entry '", key, "' matches no parameter or state");
     }
   }
   refresh_compute_copies();

@@ -46,8 +46,75 @@ TEST(LossScaler, DefaultsAreGradScalers) {
   EXPECT_EQ(o.growth_factor, 2.0f);
   EXPECT_EQ(o.backoff_factor, 0.5f);
   EXPECT_EQ(o.growth_interval, 2000);
+  EXPECT_EQ(o.min_scale, 1.0f);
   EXPECT_EQ(amp::LossScaler().scale(), 65536.0f);
   EXPECT_THROW(amp::LossScaler({.backoff_factor = 1.5f}), InvalidArgument);
+  EXPECT_THROW(amp::LossScaler({.min_scale = 0.0f}), InvalidArgument);
+  EXPECT_THROW(amp::LossScaler({.init_scale = 4.0f, .min_scale = 8.0f}), InvalidArgument);
+}
+
+// Backing off below the floor is the error that says the run diverged, not a scale of 0.
+TEST(LossScaler, BackingOffBelowTheFloorSaysTheRunDiverged) {
+  amp::LossScaler scaler;  // 2^16, halves on inf/nan, floor 1
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scaler.update(false));
+  ASSERT_FALSE(scaler.update(true));
+  ASSERT_TRUE(scaler.update(false));  // a good step ends a streak
+  for (int i = 0; i < 15; ++i) ASSERT_FALSE(scaler.update(true)) << i;  // 32768 -> 1: allowed
+  EXPECT_EQ(scaler.scale(), 1.0f);
+  EXPECT_EQ(scaler.nonfinite_streak(), 15);
+  EXPECT_EQ(scaler.steps(), 20);
+  try {
+    scaler.update(true);
+    FAIL() << "a scale below min_scale must be an error";
+  } catch (const InvalidArgument& e) {
+    FAIL() << "the caller did nothing wrong: " << e.what();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the run diverged"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("16 step(s) in a row had inf/nan"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("step 21,"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fell from 32768"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("16 skipped in all"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("min_scale = 1"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("must be positive"), std::string::npos) << msg;
+  }
+  // Left as before that step: scale 1, nothing counted.
+  EXPECT_EQ(scaler.scale(), 1.0f);
+  EXPECT_EQ(scaler.skipped_steps(), 16);
+  EXPECT_EQ(scaler.steps(), 20);
+
+  // Another floor; a fixed scale never backs off, so it has none.
+  amp::LossScaler high({.init_scale = 1024.0f, .min_scale = 256.0f});
+  EXPECT_FALSE(high.update(true));
+  EXPECT_FALSE(high.update(true));
+  EXPECT_EQ(high.scale(), 256.0f);
+  EXPECT_THROW(high.update(true), Error);
+  amp::LossScaler fixed({.mode = amp::ScalerMode::fixed, .init_scale = 1.0f});
+  for (int i = 0; i < 100; ++i) ASSERT_FALSE(fixed.update(true));
+}
+
+// An fp16 run whose weights blew up: every gradient is nan at any scale. The scaler stops it
+// after 17 skipped steps with the divergence error, instead of halving the scale to 0.
+TEST(LossScaler, DivergedFp16TrainingEndsWithTheDivergenceError) {
+  nn::Sequential model;
+  build(model);
+  model.set_precision(DType::f16);
+  optim::SGD opt(model.parameters(), {.lr = 1e30f});
+  amp::LossScaler scaler(amp::Policy::fp16().default_scaler());
+  nn::CrossEntropyLoss loss;
+  const Tensor x = random_tensor({6, 8}, DType::f32, 1);
+  const Tensor y = random_labels(6, 3, DType::i32, 2);
+  int steps = 0, stepped = 0;
+  std::string error;
+  try {
+    for (; steps < 300; ++steps) stepped += scaled_step(model, loss, opt, scaler, x, y) ? 1 : 0;
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("the run diverged: 17 step(s) in a row"), std::string::npos) << error;
+  EXPECT_GE(stepped, 1);  // the first step was fine and blew the weights up
+  EXPECT_EQ(steps, stepped + 16);
+  EXPECT_EQ(scaler.scale(), 1.0f);
 }
 
 TEST(LossScaler, InfSkipsStepLeavesStateAndHalvesScale) {
@@ -171,6 +238,14 @@ TEST(LossScaler, StateDictRoundTrip) {
   EXPECT_EQ(b.scale(), a.scale());
   EXPECT_EQ(b.growth_tracker(), 2);
   EXPECT_EQ(b.skipped_steps(), 1);
+  EXPECT_EQ(b.steps(), 3);
+  EXPECT_EQ(b.nonfinite_streak(), 0);
+  a.update(true);
+  EXPECT_EQ(amp::LossScaler(a.options()).nonfinite_streak(), 0);
+  amp::LossScaler c({.growth_interval = 5});
+  c.load_state_dict(a.state_dict());
+  EXPECT_EQ(c.nonfinite_streak(), 1);
+  EXPECT_EQ(c.steps(), 4);
   for (int i = 0; i < 3; ++i) b.update(false);
   EXPECT_EQ(b.scale(), 65536.0f);  // 32768 grew back after 5 good steps in all
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "comm/watchdog.h"
 #include "comm/comm_test_util.h"
 #include "tutti/comm/communicator.h"
 
@@ -156,6 +157,28 @@ TEST(CommOptions, DebugFromOptionThenEnvironment) {
   {
     ScopedEnv env("TUTTI_DEBUG", "maybe");
     EXPECT_THROW((void)CommOptions{}.debug_enabled(), InvalidArgument);
+  }
+}
+
+TEST(CommTimeout, ReportSuggestsDebugModeOnlyWhenItIsOff) {
+  const CollectiveInfo info{.seq = 3, .kind = CollectiveKind::barrier, .label = "test"};
+  {
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/false, {});
+    EXPECT_NE(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
+  }
+  {
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/true, {});
+    EXPECT_EQ(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
+    EXPECT_NE(report.find("Debug mode (TUTTI_DEBUG) is on and found no mismatch"), std::string::npos) << report;
+  }
+  {
+    // Ranks that never got there are named, whatever the mode.
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 2, /*debug=*/false, {1, 3});
+    EXPECT_NE(report.find("TIMEOUT: collective #3 barrier issued by 'test' on backend mpi did not complete within "
+                          "its deadline of 1.0 s (waited 1.5 s); 2 more collective(s) queued behind it. Not reached by "
+                          "rank 1, rank 3."),
+              std::string::npos)
+        << report;
   }
 }
 

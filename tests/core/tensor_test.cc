@@ -172,7 +172,8 @@ TEST(TensorGpu, RoundTripThroughTheGpu) {
   Tensor g2 = g.view(10, {20}).clone(stream);
   Tensor back = g2.to(Device::cpu(), stream);
   stream.synchronize();
-  EXPECT_EQ(back.to_floats(), std::vector<float>(a.to_floats().begin() + 10, a.to_floats().begin() + 30));
+  const std::vector<float> all = a.to_floats();
+  EXPECT_EQ(back.to_floats(), std::vector<float>(all.begin() + 10, all.begin() + 30));
   Tensor z = Tensor::zeros({33}, DType::bf16, Device::cuda(0));
   for (float v : z.to_floats()) EXPECT_EQ(v, 0.f);
 }

@@ -3,6 +3,8 @@
 #include "tutti/data/idx.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -253,6 +256,122 @@ TEST(Idx, BadMagicNumbersAreRefused) {
   // An absurd size: refused from the header, before any allocation.
   write_raw(dir.file("huge"), idx_bytes(0x0E, {0xFFFFFFFFu, 0xFFFFFFFFu}, {}));
   EXPECT_NE(invalid_argument_message([&] { read_idx(dir.file("huge")); }).find("implausible"), std::string::npos);
+}
+
+// Headers that claim far more than the file holds (10 GB and 1 GB in files of a few MB):
+// refused with the file's name and "truncated", having allocated about what the file holds.
+struct HugeClaims {
+  std::string plain_10g, gz_10g, gz_1g_short, gz_1g_lying;
+};
+HugeClaims write_huge_claims(const TempDir& dir) {
+  HugeClaims c{dir.file("plain-10g"), dir.file("10g.gz"), dir.file("1g-short.gz"), dir.file("1g-lying.gz")};
+  const std::vector<std::uint32_t> ten_gb = {10000, 1000, 1000}, one_gb = {1000, 1000, 1000};
+  write_raw(c.plain_10g, idx_bytes(0x08, ten_gb, random_bytes(100, 1)));
+  write_gz(c.gz_10g, idx_bytes(0x08, ten_gb, random_bytes(100, 1)));
+  // 2 MB of random bytes gzip to about 2 MB, which could inflate to 1 GB: the reader must
+  // find out by reading, without allocating the gigabyte first.
+  const Bytes short_data = idx_bytes(0x08, one_gb, random_bytes(std::size_t{2} << 20, 2));
+  write_gz(c.gz_1g_short, short_data);
+  // The same with the trailer's ISIZE forged to agree with the header: the reader believes
+  // it and allocates 1 GB at once (what an honest 1 GB file gets).
+  Bytes forged = read_file(c.gz_1g_short);
+  const std::uint32_t claimed = static_cast<std::uint32_t>(16 + 1000ull * 1000 * 1000);
+  for (int i = 0; i < 4; ++i) forged[forged.size() - 4 + i] = static_cast<std::uint8_t>(claimed >> (8 * i));
+  write_raw(c.gz_1g_lying, forged);
+  return c;
+}
+
+TEST(Idx, AClaimBeyondWhatTheFileCanHoldIsRefusedBeforeAllocating) {
+  TempDir dir;
+  const HugeClaims c = write_huge_claims(dir);
+  std::string msg = invalid_argument_message([&] { read_idx(c.plain_10g); });
+  EXPECT_NE(msg.find("'" + c.plain_10g + "' is truncated: its header [10000, 1000, 1000] needs 10000000016 bytes "
+                     "(uncompressed), it has 116"),
+            std::string::npos)
+      << msg;
+  msg = invalid_argument_message([&] { read_idx(c.gz_10g); });
+  EXPECT_NE(msg.find("'" + c.gz_10g + "' is truncated or its header damaged"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs 10000000016 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1032-fold"), std::string::npos) << msg;
+  msg = invalid_argument_message([&] { read_idx(c.gz_1g_short); });
+  EXPECT_NE(msg.find("'" + c.gz_1g_short + "' is truncated: its header [1000, 1000, 1000] needs 1000000016 bytes "
+                     "(uncompressed), it has " + std::to_string(16 + (2 << 20))),
+            std::string::npos)
+      << msg;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+// Reads `path` in a child process whose address space may grow by only `headroom` bytes, as
+// under a container's or a batch system's memory limit. Returns the child's outcome: "tutti:
+// <message>" for a tutti error, "bad_alloc" or "other: <what>" for other exceptions, "ok".
+std::string read_under_memory_limit(const std::string& path, std::size_t headroom) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t child = fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    close(fds[0]);
+    std::string result;
+    std::ifstream statm("/proc/self/statm");
+    std::size_t pages = 0;
+    statm >> pages;
+    const std::size_t used = pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    struct rlimit limit {};
+    limit.rlim_cur = limit.rlim_max = used + headroom;
+    if (pages == 0 || setrlimit(RLIMIT_AS, &limit) != 0) {
+      result = "could not set the limit";
+    } else {
+      try {
+        read_idx(path);
+        result = "ok";
+      } catch (const Error& e) {
+        result = std::string("tutti: ") + e.what();
+      } catch (const std::bad_alloc&) {
+        result = "bad_alloc";
+      } catch (const std::exception& e) {
+        result = std::string("other: ") + e.what();
+      }
+    }
+    const ssize_t w = write(fds[1], result.data(), result.size());
+    _exit(w == static_cast<ssize_t>(result.size()) ? 0 : 1);  // never return into the test runner
+  }
+  close(fds[1]);
+  std::string result;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) result += " (the child ended abnormally)";
+  return result;
+}
+
+TEST(Idx, UnderAMemoryLimitTheErrorNamesTheFile) {
+  if (kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no RLIMIT_AS";
+  TempDir dir;
+  const HugeClaims c = write_huge_claims(dir);
+  constexpr std::size_t kHeadroom = std::size_t{256} << 20;  // far less than 1 GB
+  for (const std::string& path : {c.plain_10g, c.gz_10g, c.gz_1g_short}) {
+    const std::string result = read_under_memory_limit(path, kHeadroom);
+    EXPECT_EQ(result.rfind("tutti: ", 0), 0u) << path << ": " << result;
+    EXPECT_NE(result.find("'" + path + "' is truncated"), std::string::npos) << result;
+  }
+  // An allocation that fails for want of memory is an error naming the file, not bad_alloc.
+  const std::string result = read_under_memory_limit(c.gz_1g_lying, kHeadroom);
+  EXPECT_EQ(result.rfind("tutti: ", 0), 0u) << result;
+  EXPECT_NE(result.find("out of host memory reading IDX file '" + c.gz_1g_lying + "'"), std::string::npos) << result;
+  EXPECT_NE(result.find("claims 1000000000 bytes"), std::string::npos) << result;
 }
 
 TEST(Idx, CorruptGzipDataIsRefused) {

@@ -101,13 +101,13 @@ TEST(EpochPermutation, IsUniformOverPermutationsOfThree) {
 TEST(DistributedLoader, EveryWorldSizeSplitsTheSameGlobalBatches) {
   // 89 samples, global batch 12: 7 steps per epoch, 5 samples dropped per epoch.
   const Dataset data = random_dataset(89, {3, 5}, 1);
-  DistributedLoader one(data, {.global_batch_size = 12, .rank = 0, .world_size = 1, .seed = 9});
+  DistributedLoader one(data, {.global_micro_batch_size = 12, .rank = 0, .world_size = 1, .seed = 9});
   ASSERT_EQ(one.steps_per_epoch(), 7);
   for (int world : {1, 2, 3, 4}) {
     std::vector<DistributedLoader> ranks;
     for (int r = 0; r < world; ++r) {
-      ranks.emplace_back(data, LoaderOptions{.global_batch_size = 12, .rank = r, .world_size = world, .seed = 9});
-      EXPECT_EQ(ranks.back().local_batch_size(), 12 / world);
+      ranks.emplace_back(data, LoaderOptions{.global_micro_batch_size = 12, .rank = r, .world_size = world, .seed = 9});
+      EXPECT_EQ(ranks.back().local_micro_batch_size(), 12 / world);
       EXPECT_EQ(ranks.back().steps_per_epoch(), 7);
     }
     for (std::int64_t epoch : {0, 1, 5}) {
@@ -146,7 +146,7 @@ TEST(DistributedLoader, AnEpochVisitsDistinctSamplesAndDropsTheRemainder) {
   const Dataset data = random_dataset(50, {4}, 2);
   for (int world : {1, 2, 4}) {
     for (int r = 0; r < world; ++r) {
-      DistributedLoader loader(data, {.global_batch_size = 8, .rank = r, .world_size = world, .seed = 3});
+      DistributedLoader loader(data, {.global_micro_batch_size = 8, .rank = r, .world_size = world, .seed = 3});
       std::set<std::int64_t> seen;
       for (std::int64_t s = 0; s < loader.steps_per_epoch(); ++s) {
         for (std::int64_t i : loader.batch_indices(2, s)) EXPECT_TRUE(seen.insert(i).second) << i;
@@ -155,7 +155,7 @@ TEST(DistributedLoader, AnEpochVisitsDistinctSamplesAndDropsTheRemainder) {
     }
   }
   // Different epochs drop different samples (the remainder is the permutation's tail).
-  DistributedLoader loader(data, {.global_batch_size = 8, .seed = 3});
+  DistributedLoader loader(data, {.global_micro_batch_size = 8, .seed = 3});
   std::set<std::int64_t> dropped_union;
   for (std::int64_t e = 0; e < 10; ++e) {
     const auto p = epoch_permutation(50, 3, e);
@@ -166,8 +166,8 @@ TEST(DistributedLoader, AnEpochVisitsDistinctSamplesAndDropsTheRemainder) {
 
 TEST(DistributedLoader, NextWalksEpochsInOrder) {
   const Dataset data = random_dataset(23, {2}, 3);
-  DistributedLoader a(data, {.global_batch_size = 5, .seed = 11});
-  DistributedLoader b(data, {.global_batch_size = 5, .seed = 11});
+  DistributedLoader a(data, {.global_micro_batch_size = 5, .seed = 11});
+  DistributedLoader b(data, {.global_micro_batch_size = 5, .seed = 11});
   ASSERT_EQ(a.steps_per_epoch(), 4);
   for (int i = 0; i < 13; ++i) {
     const Batch n = a.next();
@@ -180,13 +180,13 @@ TEST(DistributedLoader, NextWalksEpochsInOrder) {
 
 TEST(DistributedLoader, ShuffleOffKeepsStoredOrder) {
   const Dataset data = random_dataset(10, {1}, 4);
-  DistributedLoader loader(data, {.global_batch_size = 4, .rank = 1, .world_size = 2, .shuffle = false});
+  DistributedLoader loader(data, {.global_micro_batch_size = 4, .rank = 1, .world_size = 2, .shuffle = false});
   EXPECT_EQ(loader.batch_indices(3, 1), (std::vector<std::int64_t>{6, 7}));
 }
 
 TEST(DistributedLoader, BatchesAreCopiesOnTheCpu) {
   const Dataset data = random_dataset(16, {1, 28, 28}, 5);
-  DistributedLoader loader(data, {.global_batch_size = 8, .seed = 1});
+  DistributedLoader loader(data, {.global_micro_batch_size = 8, .seed = 1});
   Batch b = loader.batch(0, 0);
   EXPECT_EQ(b.images.shape(), (Shape{8, 1, 28, 28}));
   EXPECT_EQ(b.labels.dtype(), DType::i32);
@@ -199,14 +199,14 @@ TEST(DistributedLoader, BatchesAreCopiesOnTheCpu) {
 
 TEST(DistributedLoader, PositionResumesExactlyOnAnyWorldSize) {
   const Dataset data = random_dataset(40, {3}, 6);
-  DistributedLoader run(data, {.global_batch_size = 6, .seed = 77});  // 6 steps per epoch
+  DistributedLoader run(data, {.global_micro_batch_size = 6, .seed = 77});  // 6 steps per epoch
   for (int i = 0; i < 9; ++i) run.next();
   const StateDict saved = run.state_dict();
   std::vector<Batch> expected;
   for (int i = 0; i < 8; ++i) expected.push_back(run.next());
 
   // The same world size.
-  DistributedLoader resumed(data, {.global_batch_size = 6, .seed = 77});
+  DistributedLoader resumed(data, {.global_micro_batch_size = 6, .seed = 77});
   resumed.load_state_dict(saved);
   EXPECT_EQ(resumed.position(), (LoaderPosition{1, 3}));
   for (const Batch& e : expected) {
@@ -219,7 +219,7 @@ TEST(DistributedLoader, PositionResumesExactlyOnAnyWorldSize) {
   // Three ranks resume the same global batches.
   std::vector<DistributedLoader> ranks;
   for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back(data, LoaderOptions{.global_batch_size = 6, .rank = r, .world_size = 3, .seed = 77});
+    ranks.emplace_back(data, LoaderOptions{.global_micro_batch_size = 6, .rank = r, .world_size = 3, .seed = 77});
     ranks.back().load_state_dict(saved);
   }
   for (const Batch& e : expected) {
@@ -231,7 +231,7 @@ TEST(DistributedLoader, PositionResumesExactlyOnAnyWorldSize) {
     ASSERT_EQ(x, e.images.to_floats());
   }
   // At the end of an epoch: next() starts the following one.
-  DistributedLoader at_end(data, {.global_batch_size = 6, .seed = 77});
+  DistributedLoader at_end(data, {.global_micro_batch_size = 6, .seed = 77});
   at_end.set_position({2, 6});
   const Batch b = at_end.next();
   EXPECT_EQ(b.epoch, 3);
@@ -240,7 +240,7 @@ TEST(DistributedLoader, PositionResumesExactlyOnAnyWorldSize) {
 
 TEST(DistributedLoader, RefusesAStateFromAnotherOrder) {
   const Dataset data = random_dataset(40, {3}, 6);
-  const StateDict saved = DistributedLoader(data, {.global_batch_size = 6, .seed = 77}).state_dict();
+  const StateDict saved = DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 77}).state_dict();
   auto expect_refused = [&](DistributedLoader l, const std::string& what) {
     try {
       l.load_state_dict(saved);
@@ -249,11 +249,11 @@ TEST(DistributedLoader, RefusesAStateFromAnotherOrder) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  expect_refused(DistributedLoader(data, {.global_batch_size = 6, .seed = 78}), "seed");
-  expect_refused(DistributedLoader(data, {.global_batch_size = 8, .seed = 77}), "batch size");
-  expect_refused(DistributedLoader(data.slice(0, 39), {.global_batch_size = 6, .seed = 77}), "dataset");
-  expect_refused(DistributedLoader(data, {.global_batch_size = 6, .seed = 77, .shuffle = false}), "shuffling");
-  DistributedLoader l(data, {.global_batch_size = 6, .seed = 77});
+  expect_refused(DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 78}), "seed");
+  expect_refused(DistributedLoader(data, {.global_micro_batch_size = 8, .seed = 77}), "batch size");
+  expect_refused(DistributedLoader(data.slice(0, 39), {.global_micro_batch_size = 6, .seed = 77}), "dataset");
+  expect_refused(DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 77, .shuffle = false}), "shuffling");
+  DistributedLoader l(data, {.global_micro_batch_size = 6, .seed = 77});
   EXPECT_THROW(l.load_state_dict({}), InvalidArgument);  // entries missing
   EXPECT_THROW(l.set_position({0, 7}), InvalidArgument);  // past the epoch's end
   EXPECT_THROW(l.set_position({-1, 0}), InvalidArgument);
@@ -262,20 +262,20 @@ TEST(DistributedLoader, RefusesAStateFromAnotherOrder) {
 TEST(DistributedLoader, BadOptionsAreRefusedWithTheNumbers) {
   const Dataset data = random_dataset(30, {2}, 7);
   try {
-    DistributedLoader(data, {.global_batch_size = 10, .rank = 0, .world_size = 3});
+    DistributedLoader(data, {.global_micro_batch_size = 10, .rank = 0, .world_size = 3});
     ADD_FAILURE() << "an indivisible global batch was accepted";
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("global batch size 10"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("global micro-batch size 10"), std::string::npos) << msg;
     EXPECT_NE(msg.find("world size 3"), std::string::npos) << msg;
   }
-  EXPECT_THROW(DistributedLoader(data, {.global_batch_size = 0}), InvalidArgument);
-  EXPECT_THROW(DistributedLoader(data, {.global_batch_size = 31}), InvalidArgument);
-  EXPECT_THROW(DistributedLoader(data, {.global_batch_size = 4, .rank = 2, .world_size = 2}), InvalidArgument);
-  EXPECT_THROW(DistributedLoader(data, {.global_batch_size = 4, .rank = -1, .world_size = 2}), InvalidArgument);
-  EXPECT_THROW(DistributedLoader(Dataset{data.images, data.labels.view(0, {29})}, {.global_batch_size = 4}),
+  EXPECT_THROW(DistributedLoader(data, {.global_micro_batch_size = 0}), InvalidArgument);
+  EXPECT_THROW(DistributedLoader(data, {.global_micro_batch_size = 31}), InvalidArgument);
+  EXPECT_THROW(DistributedLoader(data, {.global_micro_batch_size = 4, .rank = 2, .world_size = 2}), InvalidArgument);
+  EXPECT_THROW(DistributedLoader(data, {.global_micro_batch_size = 4, .rank = -1, .world_size = 2}), InvalidArgument);
+  EXPECT_THROW(DistributedLoader(Dataset{data.images, data.labels.view(0, {29})}, {.global_micro_batch_size = 4}),
                InvalidArgument);
-  DistributedLoader ok(data, {.global_batch_size = 30});
+  DistributedLoader ok(data, {.global_micro_batch_size = 30});
   EXPECT_EQ(ok.steps_per_epoch(), 1);
   EXPECT_THROW(ok.batch(0, 1), InvalidArgument);
 }

@@ -138,6 +138,61 @@ TEST(Reducer, NonSyncPassesCommunicateNothingAndAccumulate) {
   EXPECT_THROW(red.finish(1.0), Error);
 }
 
+// The recipe of docs/user-guide.md ("Your own kernels: the Reducer"), step by step as written
+// there: prepare(sync) opens every backward pass, gradients are ADDED into grad(i) and marked
+// ready, finish(k) closes the step, zero() readies the reused buffer for the next one.
+TEST(Reducer, TheUserGuideRecipeRunsAsWritten) {
+  const int n = world().world_size(), rank = world().rank();
+  // Each gradient's value on a (step, micro-batch): small integers, exact in any sum.
+  auto contribution = [](std::size_t i, std::int64_t j, int r, int step, int micro) {
+    return value(i, j, r) * static_cast<float>(1 + step + 2 * micro);
+  };
+  Reducer reducer(world().communicator(), specs(), DType::f32, Device::cpu());
+  const Stream stream;  // the CPU's; a GPU program passes its compute stream
+  const int k = 2;      // micro-batches per optimizer step
+  for (int step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < k; ++micro) {
+      reducer.prepare(/*sync=*/micro == k - 1, stream);
+      for (std::size_t i = reducer.size(); i-- > 0;) {  // backward: last gradient first
+        Tensor g = reducer.grad(i);
+        std::vector<float> v = g.to_floats();
+        for (std::int64_t j = 0; j < g.numel(); ++j) {
+          v[static_cast<std::size_t>(j)] += contribution(i, j, rank, step, micro);
+        }
+        g.copy_from(Tensor::from_floats(v, g.shape()));
+        reducer.mark_ready(i);
+      }
+    }
+    const Tensor& found = reducer.finish(/*divisor=*/k);
+    stream.synchronize();
+    ASSERT_EQ(found.to_ints()[0], 0);
+    // The optimizer would read the averaged gradients here.
+    for (std::size_t i = 0; i < reducer.size(); ++i) {
+      const std::vector<float> got = reducer.grad(i).to_floats();
+      for (std::int64_t j = 0; j < static_cast<std::int64_t>(got.size()); ++j) {
+        double sum = 0;
+        for (int r = 0; r < n; ++r) {
+          for (int micro = 0; micro < k; ++micro) sum += contribution(i, j, r, step, micro);
+        }
+        ASSERT_NEAR(got[static_cast<std::size_t>(j)], sum / (n * k), 1e-6 * std::max(1.0, std::fabs(sum)))
+            << "step " << step << ", gradient " << i << ", element " << j;
+      }
+    }
+    reducer.zero();
+  }
+  // Leaving out a step of the recipe is an error, not a wrong sum.
+  EXPECT_THROW(reducer.mark_ready(0), Error);  // no prepare() since finish()
+  reducer.prepare(true, stream);
+  for (std::size_t i = 0; i < reducer.size(); ++i) reducer.mark_ready(i);
+  try {
+    reducer.prepare(true, stream);  // without finish(): the sums would never be averaged
+    FAIL() << "a communicating pass that was never finished must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never finished: call finish()"), std::string::npos) << e.what();
+  }
+  reducer.finish(k);
+}
+
 TEST(Reducer, MisuseIsAClearError) {
   Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), {});
   EXPECT_THROW(red.mark_ready(0), Error);  // before prepare

@@ -273,13 +273,58 @@ TEST(Checkpoint, AFailedSaveKeepsThePreviousFile) {
   EXPECT_EQ(still.metadata.at("step"), "100");
 
   // 3. A truncated temporary file left by a process that was killed is never read, and the
-  //    next save goes through.
+  //    next save goes through and removes it.
   const Bytes good = read_file(path);
   write_file(path + ".tmp.999999", Bytes(good.begin(), good.begin() + 100));
   expect_same_state(load_checkpoint(path).state, old_state);
   const StateDict new_state = sample_state(10);
   save_checkpoint(path, new_state);
   expect_same_state(load_checkpoint(path).state, new_state);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"ckpt"});
+}
+
+TEST(Checkpoint, TheNextSaveRemovesAKilledSaversTemporaryFile) {
+  TempDir dir;
+  const std::string path = dir.file("ckpt");
+  const StateDict big = sample_state(13, 200000);  // ~30 MB: a save takes a while
+  // Files that only look alike stay: another checkpoint's temporary, names that are not
+  // "<path>.tmp.<digits>".
+  for (const char* other : {"other.tmp.123", "ckpt.tmp.12a", "ckpt.tmp.", "ckpt.bak", "ckpt.tmp.1.x"}) {
+    write_file(dir.file(other), Bytes{1, 2, 3});
+  }
+  // Killed while its temporary file is there (retried in the rare case that the kill falls
+  // between one save's rename and the next one's open).
+  bool caught = false;
+  for (int attempt = 0; attempt < 5 && !caught; ++attempt) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      try {
+        for (;;) save_checkpoint(path, big);
+      } catch (...) {
+      }
+      _exit(3);  // never return into the test runner
+    }
+    const std::string child_tmp = path + ".tmp." + std::to_string(child);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!fs::exists(child_tmp) && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the child saver ended on its own";
+    caught = fs::exists(child_tmp);
+  }
+  ASSERT_TRUE(caught) << "the child was never caught in the middle of a save";
+  // One from a kill long ago, too.
+  write_file(path + ".tmp.4194000", Bytes{9});
+
+  const StateDict small = sample_state(14);
+  save_checkpoint(path, small);
+  expect_same_state(load_checkpoint(path).state, small);
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ckpt", "ckpt.bak", "ckpt.tmp.", "ckpt.tmp.1.x", "ckpt.tmp.12a",
+                                                     "other.tmp.123"}));
 }
 
 TEST(Checkpoint, AKilledSaverLeavesTheOldOrTheNewFile) {
@@ -315,11 +360,11 @@ TEST(Checkpoint, AKilledSaverLeavesTheOldOrTheNewFile) {
       expect_same_state(c.state, b);
       ++saw_b;
     }
-    for (const auto& name : dir.entries()) {
-      if (name != "ckpt") fs::remove(dir.file(name));  // the killed child's temporary file
-    }
+    // The killed child's temporary file, if any, is removed by the next child's first save.
   }
   EXPECT_EQ(saw_a + saw_b, 6);
+  save_checkpoint(path, a);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"ckpt"});
 }
 
 TEST(Checkpoint, StateMatchesNamesTheFirstDifference) {
@@ -390,13 +435,13 @@ TEST(Checkpoint, ALoaderPositionResumesThroughAFile) {
   Tensor y = Tensor::empty({30}, DType::i32);
   for (int i = 0; i < 30; ++i) y.data_as<std::int32_t>()[i] = (i * 7) % 10;
   const data::Dataset ds{x, y};
-  data::DistributedLoader run(ds, {.global_batch_size = 4, .seed = 5});
+  data::DistributedLoader run(ds, {.global_micro_batch_size = 4, .seed = 5});
   for (int i = 0; i < 10; ++i) run.next();
   StateDict state;
-  add_prefixed(state, "loader.", run.state_dict(""));
+  add_prefixed(state, "loader.", run.state_dict());
   save_checkpoint(dir.file("c"), state);
-  data::DistributedLoader resumed(ds, {.global_batch_size = 4, .seed = 5});
-  resumed.load_state_dict(strip_prefix(load_checkpoint(dir.file("c")).state, "loader."), "");
+  data::DistributedLoader resumed(ds, {.global_micro_batch_size = 4, .seed = 5});
+  resumed.load_state_dict(strip_prefix(load_checkpoint(dir.file("c")).state, "loader."));
   for (int i = 0; i < 5; ++i) {
     const data::Batch want = run.next();
     const data::Batch got = resumed.next();

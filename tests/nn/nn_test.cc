@@ -270,6 +270,35 @@ TEST(Structure, ForwardBeforeInitThrows) {
   EXPECT_THROW(model[0].init(2), InvalidArgument);
 }
 
+TEST(Structure, BackwardTwiceAfterOneForwardIsAnError) {
+  nn::Sequential model;
+  testing::build_mlp(model, 4, 6, 3);
+  model.init(2);
+  const Tensor x = random_tensor({5, 4}, DType::f32, 8);
+  const Tensor y = random_labels(5, 3, DType::i32, 9);
+  nn::CrossEntropyLoss loss;
+  EXPECT_FALSE(model.awaiting_backward());
+  model.forward(x);
+  EXPECT_TRUE(model.awaiting_backward());
+  loss.forward(model.forward(x), y);
+  model.backward(loss.grad());
+  EXPECT_FALSE(model.awaiting_backward());
+  std::vector<std::vector<float>> once;
+  for (nn::Parameter* p : model.parameters()) once.push_back(p->grad.to_floats());
+  try {
+    model.backward(loss.grad());
+    FAIL() << "a second backward of one forward must throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("each backward needs a forward of its own"), std::string::npos) << e.what();
+  }
+  // Nothing was added by the refused call; a new forward makes backward legal again.
+  const auto params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i]->grad.to_floats(), once[i]) << params[i]->name;
+  loss.forward(model.forward(x), y);
+  EXPECT_NO_THROW(model.backward(loss.grad()));
+  EXPECT_EQ(params[0]->grad.to_floats()[0], 2 * once[0][0]);
+}
+
 // A non-sequential model built from the layers: two branches over the same input, summed.
 class TwoBranch : public nn::Module {
  public:
@@ -491,6 +520,68 @@ TEST(Layers, DropoutMasksTrainingOnlyAndBackwardMatches) {
   EXPECT_NE(y1, y2);  // a new mask per forward
   model.eval();
   EXPECT_EQ(model.forward(x).to_floats(), xv);
+}
+
+// Slice r of N equal slices of a batch gets exactly the rows of the whole batch's mask (what
+// makes N data-parallel ranks drop like one process), and no two slices share a mask.
+TEST(Layers, DropoutSlicesDrawTheWholeBatchsMask) {
+  constexpr int kSlices = 4;
+  constexpr std::int64_t kRows = 8, kCols = 33, kPer = kRows / kSlices;
+  const Tensor x = Tensor::from_floats(std::vector<float>(kRows * kCols, 1.0f), {kRows, kCols});
+  nn::Sequential whole;
+  whole.add<nn::Dropout>(0.5f);
+  whole.init(7);
+  std::vector<std::unique_ptr<nn::Sequential>> slices;
+  for (int r = 0; r < kSlices; ++r) {
+    slices.push_back(std::make_unique<nn::Sequential>());
+    slices.back()->add<nn::Dropout>(0.5f);
+    slices.back()->init(7).set_batch_slice(r, kSlices);
+  }
+  for (int forward = 0; forward < 3; ++forward) {  // the counters advance alike
+    const std::vector<float> all = whole.forward(x).to_floats();
+    std::set<std::vector<float>> distinct;
+    for (int r = 0; r < kSlices; ++r) {
+      const std::vector<float> mine = slices[r]->forward(testing::rows(x, r * kPer, kPer)).to_floats();
+      const std::vector<float> expected(all.begin() + r * kPer * kCols, all.begin() + (r + 1) * kPer * kCols);
+      EXPECT_EQ(mine, expected) << "slice " << r << ", forward " << forward;
+      distinct.insert(mine);
+    }
+    EXPECT_EQ(distinct.size(), static_cast<std::size_t>(kSlices)) << "two slices share a mask";
+  }
+  EXPECT_THROW(whole.set_batch_slice(4, 4), InvalidArgument);
+  EXPECT_THROW(whole[0].set_batch_slice(0, 1), InvalidArgument);  // a setting of the model
+}
+
+// The random-number position is the model's state: a model loaded from a state dict draws
+// the masks the saved one would have drawn next.
+TEST(Layers, DropoutPositionIsInTheStateDict) {
+  auto build = [](nn::Sequential& m) { m.add<nn::Linear>(9, 17).add<nn::Dropout>(0.3f).add<nn::Linear>(17, 4); };
+  nn::Sequential a, b;
+  build(a);
+  build(b);
+  a.init(5);
+  b.init(6);  // another seed: the state dict must carry Dropout's seed, too
+  const Tensor x = random_tensor({5, 9}, DType::f32, 6);
+  for (int i = 0; i < 3; ++i) a.forward(x);
+  const StateDict saved = a.state_dict();
+  ASSERT_EQ(saved.count("1.rng_seed"), 1u);
+  ASSERT_EQ(saved.count("1.rng_counter"), 1u);
+  EXPECT_EQ(saved.at("1.rng_counter").to_ints()[0], 3 * 5 * 17);
+  EXPECT_NE(a.signature().find("1.rng_counter [1] i64 state"), std::string::npos) << a.signature();
+  b.load_state_dict(saved);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(b.forward(x).to_floats(), a.forward(x).to_floats()) << "forward " << i;
+  // A state dict without it is refused (strict) and leaves the position alone (not strict).
+  StateDict weights_only = saved;
+  weights_only.erase("1.rng_counter");
+  try {
+    b.load_state_dict(weights_only);
+    FAIL() << "a missing Dropout state must be refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no entry for '1.rng_counter' (state of Dropout(0.3))"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(b.load_state_dict(weights_only, /*strict=*/false));
+  EXPECT_EQ(b.forward(x).to_floats(), a.forward(x).to_floats());
 }
 
 TEST(Layers, ShapesAreCheckedWithClearErrors) {

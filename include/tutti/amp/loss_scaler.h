@@ -13,6 +13,12 @@
 // the scale fixed but still skips non-finite steps; off mode uses scale 1, never reads the
 // flag and never skips (bf16 needs no scaling).
 //
+// Divergence: in dynamic mode, a non-finite step that would take the scale below min_scale
+// throws tutti::Error ("the run diverged") instead of backing off further. Gradients that
+// are inf/nan even at scale 1 do not come from fp16's narrow range but from the model or
+// the data, and skipping on would only halve the scale until it is 0 (about 165 silent
+// skips from 2^16). With the defaults the error comes after 17 non-finite steps in a row.
+//
 // With gradient clipping, keep the one host sync: optim::compute_grad_norm reads the global
 // norm, which is inf or nan exactly when a gradient is; pass !norm.finite to update(bool)
 // instead of reading the flag as well.
@@ -36,6 +42,11 @@ struct LossScalerOptions {
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
   std::int64_t growth_interval = 2000;
+  // The floor of the dynamic scale (> 0; at most init_scale in dynamic mode, unused in the
+  // others): backing off below it is an error that says the run diverged. Default 1, as
+  // DeepSpeed's min_loss_scale: below 1 the scale would shrink gradients that overflow even
+  // unscaled, and no scale cures that.
+  float min_scale = 1.0f;
 };
 
 class LossScaler {
@@ -62,13 +73,20 @@ class LossScaler {
   bool update(const Tensor& found_inf, const Stream& stream = Stream());
   // Decides the step from an already known flag. Returns true when the optimizer should
   // step, false when the step must be skipped (parameters and optimizer state untouched).
+  // Throws tutti::Error when a dynamic scale would fall below min_scale (see the top of this
+  // file); the message names the step, how many non-finite steps in a row led there and the
+  // scale they started from. The scaler is left as it was before that step.
   bool update(bool found_inf);
 
   // Good steps in a row since the scale last changed, and skipped steps in total.
   std::int64_t growth_tracker() const { return growth_tracker_; }
   std::int64_t skipped_steps() const { return skipped_; }
+  // Steps decided by update() (stepped or skipped), and non-finite steps in a row up to now.
+  std::int64_t steps() const { return steps_; }
+  std::int64_t nonfinite_streak() const { return streak_; }
 
-  // "scale" (f32), "growth_tracker" and "skipped_steps" (i64). Loading restores them.
+  // "scale" (f32), "growth_tracker", "skipped_steps", "steps" and "nonfinite_streak" (i64).
+  // Loading restores them.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
 
@@ -77,6 +95,8 @@ class LossScaler {
   float scale_;
   std::int64_t growth_tracker_ = 0;
   std::int64_t skipped_ = 0;
+  std::int64_t steps_ = 0;
+  std::int64_t streak_ = 0;
   Tensor found_;
 };
 

@@ -19,7 +19,7 @@ struct Policy {
 
   // Everything in fp32.
   static Policy fp32() { return {}; }
-  // bf16 compute; fp32 gradients (accumulation-safe) sent as bf16 by default.
+  // bf16 compute; fp32 gradients (accumulation-safe) sent as bf16 (half the bytes).
   static Policy bf16() { return {DType::bf16, DType::f32, DType::f32, DType::bf16}; }
   // fp16 compute with fp32 gradients, sent as fp32: fp16's range is why a loss scale exists.
   static Policy fp16() { return {DType::f16, DType::f32, DType::f32, DType::f32}; }
@@ -29,7 +29,9 @@ struct Policy {
   LossScalerOptions default_scaler() const;
 };
 
-// Sets the model's compute and gradient dtypes from the policy (Module::set_precision).
+// Sets the model's compute and gradient dtypes from the policy (Module::set_precision) and
+// the dtype its gradients are communicated in (Module::set_grad_comm_dtype), which
+// DistributedDataParallel then uses unless DdpOptions::grad_comm_dtype says otherwise.
 // Throws InvalidArgument for a master dtype other than f32.
 void apply(const Policy& policy, nn::Module& model);
 

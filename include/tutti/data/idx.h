@@ -8,8 +8,15 @@
 //
 // Errors: a missing or unreadable path, a bad header (magic, type code, dimensions), a file
 // shorter or longer than its header says, or corrupt gzip data throws tutti::InvalidArgument
-// naming the path and what is wrong; an I/O error from the operating system throws
-// tutti::BackendError. Nothing is printed.
+// naming the path and what is wrong; an I/O error from the operating system, or memory
+// running out, throws tutti::BackendError naming the path. Nothing is printed.
+//
+// The sizes a header claims are checked against what the file can hold before anything is
+// allocated: a plain file must be at least as long as its header says; a gzip file can
+// inflate at most 1032-fold (deflate's limit), and unless its trailer's ISIZE agrees with
+// the header (one gzip member, the usual case) the data buffer grows as data actually
+// arrives. So a damaged header claiming gigabytes costs at most about twice the real data,
+// and fails with "truncated" naming the file.
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,11 @@
 // message naming it), lays the gradients out in buckets (see reducer.h), makes every
 // parameter's gradient a view into them and its fp32 value a view into a flat buffer of the
 // same layout (so the optimizer updates the whole model in one fused call), and broadcasts
-// the parameters from rank 0.
+// the parameters and the layers' state (Dropout's random-number position) from rank 0; a
+// parameter that rank 0 never initialized is an error on every rank. It also tells the model
+// that this rank holds slice `rank` of `world size` of each global batch
+// (Module::set_batch_slice), so that Dropout masks each sample as one rank with the whole
+// batch would.
 //
 // A training step with k micro-batches per step and a loss scaler:
 //
@@ -25,6 +29,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "tutti/comm/communicator.h"
 #include "tutti/ddp/reducer.h"
@@ -36,7 +41,10 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;        // see ReducerOptions
   double first_bucket_cap_mb = 1.0;
   int accumulation_steps = 1;         // micro-batches per optimizer step
-  DType grad_comm_dtype = DType::f32; // f32, bf16 or f16 on the wire
+  // f32, bf16 or f16 on the wire. Unset: the model's grad_comm_dtype(), which amp::apply sets
+  // from the policy (bf16 for Policy::bf16()) and is f32 otherwise. After construction,
+  // options() holds the dtype in use.
+  std::optional<DType> grad_comm_dtype;
   bool average = true;                // average (true) or sum (false) over ranks
   bool overlap = true;                // false: all communication after backward
   bool allow_unused_parameters = false;  // a parameter without gradient: error (false) or zero
@@ -47,8 +55,10 @@ struct DdpOptions {
 class DistributedDataParallel {
  public:
   // COLLECTIVE. The model must be on its device with its precision set (to(),
-  // set_precision()) and initialized on rank 0 at least; the communicator must serve that
-  // device. Keeps references to both: they must outlive this object.
+  // set_precision()) and initialized on rank 0 at least (else InvalidArgument on every rank,
+  // naming the parameter); the communicator must serve that device. Keeps references to
+  // both: they must outlive this object, which leaves the model's batch slice at (0, 1)
+  // when it goes.
   DistributedDataParallel(Communicator& comm, nn::Module& model, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -61,6 +71,8 @@ class DistributedDataParallel {
   // divides by (world size · accumulation steps · loss_scale), and returns true: the
   // gradients are ready for the optimizer. Otherwise it accumulates locally and returns false.
   // loss_scale: the factor the loss gradient was multiplied by (LossScaler::scale()).
+  // Throws InvalidArgument, before any communication, when the model ran no forward since
+  // its last backward (Module::backward).
   bool backward(const Tensor& dy, double loss_scale = 1.0);
   // Whether the next backward completes a step (communicates).
   bool next_backward_syncs() const { return micro_step_ + 1 == options_.accumulation_steps; }

@@ -12,9 +12,10 @@
 // the same order on every rank — bucket b is launched only after buckets 0..b-1, whatever
 // order the gradients become ready in.
 //
-// This is also the low-level API for programs with their own kernels: give the reducer the
-// shapes of your gradients, write them into grad(i), call mark_ready(i) as each is done, and
-// finish() at the end of backward.
+// This is also the low-level API for programs with their own kernels (docs/user-guide.md has
+// the recipe; tests/ddp/reducer_test.cc runs it): per backward pass prepare(sync), add each
+// gradient into grad(i) and mark_ready(i) as it is done; finish() after the communicating
+// pass; zero() before the next step.
 #pragma once
 
 #include <chrono>
@@ -94,9 +95,11 @@ class Reducer {
   int bucket_of(std::size_t i) const { return bucket_of_.at(i); }
   const ReducerOptions& options() const { return options_; }
 
-  // Starts a backward pass. sync: this pass communicates (the last micro-step of an
-  // accumulation); otherwise mark_ready() only records and nothing is launched. Work is
-  // issued on `stream` (the model's compute stream).
+  // Starts a backward pass; every pass needs one, the accumulating ones too. sync: this pass
+  // communicates (the last micro-step of an accumulation) and must end with finish();
+  // otherwise mark_ready() only records and nothing is launched. Work is issued on `stream`
+  // (the model's compute stream). Throws if the previous pass was prepared with sync = true,
+  // got under way and was never finished.
   void prepare(bool sync, const Stream& stream = Stream());
   // Gradient i is written for this backward (for a GPU: its last kernel is issued on the
   // stream given to prepare). Launches every bucket that became ready, in bucket order.
@@ -109,7 +112,9 @@ class Reducer {
   // found-nonfinite flag (i32 [1] on the device, 0 or 1), identical on every rank because
   // the check runs after the reduction. No host sync on a GPU.
   const Tensor& finish(double divisor = 1.0);
-  // Zeroes the whole buffer (one memset on the stream of the last prepare()).
+  // Zeroes the whole buffer (one memset on the stream of the last prepare()). The buffer is
+  // zero only at construction and gradients are added into it: a reducer used for several
+  // steps needs zero() after each step's gradients have been used.
   void zero();
   // The found-nonfinite flag of the last finish() (i32 [1] on the device; 0 before any).
   const Tensor& found_nonfinite_flag() const { return found_; }

@@ -26,8 +26,11 @@
 // renamed over <path>, and the directory is fsync'ed. rename() is atomic: at every moment,
 // and after a crash or power loss at any point, <path> is either the previous complete file
 // or the new complete file, never a mix. A failed save removes its temporary file and leaves
-// <path> as it was. A temporary file left by a process that was killed is never read (nor
-// removed: its pid is in its name, for whoever cleans up).
+// <path> as it was. A temporary file left by a process that was killed during a save is
+// never read, and the next save to the same path removes it (every regular file named
+// "<path>.tmp.<digits>") before it writes its own: a path has one writer at a time (rank 0
+// of one job), so no other process can still be writing one. A temporary that cannot be
+// removed is left for the save after.
 //
 // Reading (load_checkpoint) checks the magic, the version, the header's crc, the file's size
 // against the header, every entry's bounds, and the crc of the whole file (streamed, one

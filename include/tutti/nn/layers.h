@@ -65,8 +65,16 @@ class GELU : public Module {
 
 // Drops each element with probability p in training mode (scaling kept ones by 1/(1-p));
 // the identity in eval mode. The mask comes from a counter-based generator keyed by the
-// seed init() gives and a counter that advances with every forward, so it is the same on
-// the CPU and the GPU, and backward recomputes it instead of storing it.
+// seed init() gives: element e of a forward's global batch gets random number counter + e,
+// and the counter then advances by the global batch's size. So the mask is the same on the
+// CPU and the GPU, backward recomputes it instead of storing it, and with the model's batch
+// slice (Module::set_batch_slice; DistributedDataParallel sets it) rank r of N, holding rows
+// [r·n, (r+1)·n) of a global batch of N·n rows, draws exactly the random numbers of those
+// rows: N ranks mask as one process with the whole batch, and never alike. (This needs the
+// equal, consecutive slices DistributedLoader makes; with other data the masks still differ
+// between ranks.) The seed and the counter are the layer's state ("rng_seed",
+// "rng_counter" in Module::extra_state), saved in checkpoints with the model, so a resumed
+// run draws the masks an uninterrupted one would.
 class Dropout : public Module {
  public:
   explicit Dropout(float p);
@@ -77,12 +85,14 @@ class Dropout : public Module {
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   void on_init(std::uint64_t seed) override;
+  StateDict own_extra_state() const override;
+  void load_own_extra_state(const StateDict& state) override;
 
  private:
   float p_;
   std::uint64_t seed_ = 0;
-  std::uint64_t counter_ = 0;     // elements drawn so far
-  std::uint64_t last_offset_ = 0;  // the counter the last forward used
+  std::uint64_t counter_ = 0;      // elements of global batches drawn so far
+  std::uint64_t last_offset_ = 0;  // the random number of this rank's first element in the last forward
   bool last_dropped_ = false;      // whether the last forward dropped (training and p > 0)
 };
 

@@ -38,8 +38,11 @@ struct ModuleSettings {
   Stream stream;                     // where the model's kernels are issued
   DType compute_dtype = DType::f32;  // activations and the parameters' compute copies
   DType grad_dtype = DType::f32;     // gradients backward writes: f32 or compute_dtype
+  DType grad_comm_dtype = DType::f32;  // what a data-parallel runtime sends the gradients as
   bool training = true;              // Dropout drops only in training mode
   GradReadyHook grad_ready_hook;     // may be empty
+  int batch_slice = 0;               // this process's slice of the global batch ...
+  int batch_slices = 1;              // ... of this many (see Module::set_batch_slice)
 };
 
 class Module {
@@ -66,7 +69,12 @@ class Module {
   // some trainable parameter has no grad yet. Returns dx when input gradients are needed
   // (set_input_grad; a model's input is data, so by default the root returns an undefined
   // Tensor and skips that work); valid until the next backward.
+  // Each backward of the model needs a forward of its own: a second backward after one
+  // forward throws InvalidArgument (it would add the same gradients twice and, under
+  // DistributedDataParallel, communicate twice), as PyTorch does without retain_graph.
   Tensor backward(const Tensor& dy);
+  // Whether the model (the root) ran a forward that no backward has used yet.
+  bool awaiting_backward() const { return awaiting_backward_; }
 
   // ---- structure ----------------------------------------------------------------------
   // Every parameter of this module and its children, in registration order (depth first),
@@ -75,8 +83,9 @@ class Module {
   std::vector<Parameter*> parameters();
   // Those with requires_grad, in the same order.
   std::vector<Parameter*> trainable_parameters();
-  // One line per parameter, "name shape dtype requires_grad", in registration order: what
-  // every rank must agree on. structure_hash() is a 64-bit FNV-1a hash of it.
+  // One line per parameter, "name shape dtype requires_grad", in registration order, then
+  // one per entry of extra_state(), "name shape dtype state": what every rank must agree on.
+  // structure_hash() is a 64-bit FNV-1a hash of it.
   std::string signature();
   std::uint64_t structure_hash();
   // Direct children with their names, in registration order.
@@ -95,6 +104,17 @@ class Module {
   // master weights, gradients stored in `grad` (f32 or `compute`). Grads of another dtype
   // are dropped (they get reallocated at the next backward, or placed again).
   Module& set_precision(DType compute, DType grad = DType::f32);
+  // The dtype a data-parallel runtime sends the gradients in (f32, f16 or bf16), which
+  // DistributedDataParallel uses unless its options say otherwise. f32 unless set;
+  // amp::apply sets the policy's (bf16 for Policy::bf16()).
+  Module& set_grad_comm_dtype(DType dtype);
+  // Data parallelism: this process's batch is slice `index` of `count` equal, consecutive
+  // slices of one global batch (rank r of N under data::DistributedLoader, which splits every
+  // global batch so). Dropout then gives every element the random number of its position in
+  // the global batch, so N processes with their slices draw the masks one process with the
+  // whole batch would, and no two ranks share a mask. DistributedDataParallel sets (rank,
+  // world size) for as long as it lives. Default (0, 1): the batch is the whole batch.
+  Module& set_batch_slice(int index, int count);
   // Fills every parameter by its InitSpec from a generator seeded by (seed, index in
   // registration order): the same seed gives the same values on the CPU and the GPU
   // (values are drawn on the host and copied). Also seeds the Dropout layers. Refreshes the
@@ -114,6 +134,7 @@ class Module {
   const Stream& stream() const { return settings_->stream; }
   DType compute_dtype() const { return settings_->compute_dtype; }
   DType grad_dtype() const { return settings_->grad_dtype; }
+  DType grad_comm_dtype() const { return settings_->grad_comm_dtype; }
   bool is_training() const { return settings_->training; }
 
   // ---- flat buffers -------------------------------------------------------------------
@@ -148,11 +169,21 @@ class Module {
   void drop_grads();
 
   // ---- state --------------------------------------------------------------------------
-  // "name" -> CPU copy of the fp32 master value, for every parameter. Synchronizes.
+  // "name" -> CPU copy of the fp32 master value, for every parameter, and extra_state().
+  // Synchronizes.
   StateDict state_dict();
-  // Copies values back by name (shapes must match; with strict, every parameter must be
-  // present) and refreshes the compute copies. Synchronizes.
+  // Copies values back by name (shapes must match; with strict, every parameter and extra
+  // state entry must be present and every entry must be one) and refreshes the compute
+  // copies. Synchronizes.
   void load_state_dict(const StateDict& state, bool strict = true);
+  // The modules' state that is not a parameter, under "<module path>.<key>" like the
+  // parameters' names: i64 CPU tensors. Dropout's random-number seed and position
+  // ("1.rng_seed", "1.rng_counter"), so that a resumed run draws the masks an uninterrupted
+  // one would. Part of state_dict(); DistributedDataParallel gives every rank rank 0's.
+  StateDict extra_state();
+  // Restores entries of extra_state() by name (with strict, every one must be present; other
+  // names are ignored).
+  void load_extra_state(const StateDict& state, bool strict = true);
   // Casts every fp32 value into its compute copy (after values changed outside an optimizer).
   void refresh_compute_copies();
 
@@ -163,6 +194,10 @@ class Module {
   virtual Tensor backward_impl(const Tensor& dy) = 0;
   // Called by init() with a seed derived for this module (Dropout keeps it).
   virtual void on_init(std::uint64_t /*seed*/) {}
+  // This module's own non-parameter state, keyed without its path (i64 tensors), and its
+  // restoration from the same keys (every key present). See extra_state().
+  virtual StateDict own_extra_state() const { return {}; }
+  virtual void load_own_extra_state(const StateDict& /*state*/) {}
   // Called when the child list changes or input_grad_needed changes: containers pass the
   // input-gradient need on to their children.
   virtual void on_input_grad_changed() {}
@@ -186,6 +221,7 @@ class Module {
   void adopt_settings(const std::shared_ptr<ModuleSettings>& settings);
   void collect(const std::string& prefix, std::vector<Parameter*>& out);
   void collect_modules(std::vector<Module*>& out);
+  void collect_named_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
   void require_root(const char* what) const;
   void structure_changed();
   void check_initialized();
@@ -202,6 +238,7 @@ class Module {
   std::vector<Parameter*> all_params_;
   bool all_params_valid_ = false;
   bool checked_initialized_ = false;
+  bool awaiting_backward_ = false;
   Tensor flat_values_, flat_compute_, flat_grads_;
   FlatLayout value_layout_, grad_layout_;
 };
