@@ -426,6 +426,9 @@ int run(const Flags& f, int& argc, char**& argv) {
     }
   }
   if (stopped) {
+    // Every rank leaves once the checkpoint is written: after a stop signal the Job waits only
+    // briefly in MPI_Finalize (the launcher may be taking the job down).
+    job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
     if (job.rank() == 0) {
       progress.finish_line();
       const int sig = job.stop_signal();

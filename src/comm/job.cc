@@ -34,6 +34,7 @@ std::atomic<bool> job_alive{false};
 // ---- stop signals: the handler only records the signal ----
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
 std::atomic<int> stop_signal_received{0};
+constexpr double kFinalizeAfterStop_s = 3.0;
 extern "C" void on_stop_signal(int sig) {
   if (detail::job_failing.load(std::memory_order_relaxed)) {
     // The job is ending anyway: this is the launcher ending it. Act as by default.
@@ -208,9 +209,16 @@ struct Job::Impl {
       if (initialized_mpi) {
         if (board) board->set_phase(detail::Phase::finalizing);
         // Every rank waits here for all the others; a rank that never comes ends the job
-        // after the deadline instead of hanging it.
-        auto region = watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
-                                       detail::Phase::finalizing);
+        // after the deadline instead of hanging it. After a stop signal the launcher may be
+        // taking the job down (mpirun and Slurm answer SIGTERM so) and then never completes
+        // MPI_Finalize: the program has stopped cleanly, so leave after a few seconds.
+        auto region = stop_signal_received.load() == 0
+                          ? watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
+                                             detail::Phase::finalizing)
+                          : watchdog->quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
+                                                   "MPI_Finalize did not return within 3 s of a clean stop (the "
+                                                   "launcher that sent the signal is ending the job); leaving without it.",
+                                                   0);
         MPI_Finalize();
         if (board) board->set_phase(detail::Phase::finished);
       }
@@ -437,7 +445,7 @@ void Job::check_same(std::string_view what, std::string_view value) {
     text += "'" + (v.size() > 200 ? v.substr(0, 200) + "..." : v) + "' on rank" + (ranks.size() > 1 ? "s" : "");
     for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : " ") + std::to_string(ranks[i]);
   }
-  TUTTI_THROW(InvalidArgument, "ranks disagree on ", what, ": ", text, ". Every rank must have the same ", what, ".");
+  TUTTI_THROW(InvalidArgument, "ranks disagree on ", what, ": ", text, " (every rank must have the same value)");
 }
 
 void Job::check_same(std::string_view what, std::int64_t value) { check_same(what, std::to_string(value)); }

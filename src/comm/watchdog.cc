@@ -93,7 +93,15 @@ std::shared_ptr<ProgressBoard> Watchdog::board() const {
 Watchdog::Region Watchdog::region(std::string what, double timeout_s, Phase min_phase) {
   std::lock_guard lock(mutex_);
   const std::uint64_t id = next_region_++;
-  regions_.push_back(RegionEntry{id, std::move(what), timeout_s, Clock::now(), min_phase});
+  regions_.push_back(RegionEntry{id, std::move(what), timeout_s, Clock::now(), min_phase, std::nullopt});
+  return Region(this, id);
+}
+
+Watchdog::Region Watchdog::quiet_region(std::string what, double timeout_s, std::string note, int exit_code) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t id = next_region_++;
+  regions_.push_back(RegionEntry{id, std::move(what), timeout_s, Clock::now(), Phase::absent,
+                                 std::make_pair(std::move(note), exit_code)});
   return Region(this, id);
 }
 
@@ -153,6 +161,10 @@ void Watchdog::check_regions() {
     }
   }
   if (!expired || ending_.load()) return;
+  if (expired->quiet) {
+    print_line(expired->quiet->first);
+    std::_Exit(expired->quiet->second);
+  }
   if (since(expired->started) < expired->timeout_s + kDeferReport) {
     // A lower rank of this host waiting alike, or already ending the job, reports it.
     if (auto b = board()) {

@@ -110,6 +110,10 @@ class Watchdog {
   // of where every rank is (exit kExitTimeout), naming as "not there" the ranks whose phase
   // is below min_phase.
   [[nodiscard]] Region region(std::string what, double timeout_s, Phase min_phase = Phase::running);
+  // A region whose expiry is no fault: print `note` and end this process with exit_code,
+  // without a report and without ending the job (MPI_Finalize after a stop signal, while the
+  // launcher that sent it is taking the job down and no longer serves MPI_Finalize's fence).
+  [[nodiscard]] Region quiet_region(std::string what, double timeout_s, std::string note, int exit_code);
 
   // ---- backends ----
   void watch(std::weak_ptr<Watched> backend);
@@ -155,6 +159,7 @@ class Watchdog {
     double timeout_s;
     std::chrono::steady_clock::time_point started;
     Phase min_phase;
+    std::optional<std::pair<std::string, int>> quiet;  // note and exit code of a quiet_region
   };
   struct Notice {
     int from;

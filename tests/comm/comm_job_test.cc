@@ -68,7 +68,8 @@ TEST(CommJob, CheckSameNamesTheRanksThatDisagree) {
       others += " 0";
     }
     const std::string what = e.what();
-    EXPECT_NE(what.find("ranks disagree on the data set's size: " + others + "; '59000' on rank 1."),
+    EXPECT_NE(what.find("ranks disagree on the data set's size: " + others + "; '59000' on rank 1 (every rank must "
+                        "have the same value)"),
               std::string::npos) << what;
     EXPECT_NE(what.find("[rank " + std::to_string(rank) + "]"), std::string::npos) << what;
   }

@@ -60,7 +60,11 @@ struct JobOptions {
   // Preemption: true makes SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 set stop_requested() instead
   // of ending the process (the handler does nothing else), so that the program can stop at a
   // step boundary, agreed by all ranks, with a checkpoint. A second signal of the same kind
-  // acts as by default. The previous handlers come back when the Job ends.
+  // acts as by default, and so does any while the job is failing. The previous handlers come
+  // back when the Job ends. After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
+  // ends the process with 0: a launcher that sent SIGTERM (mpirun, Slurm) is taking the job
+  // down and may never complete it. So let every rank wait (a barrier) until the checkpoint
+  // is written before it leaves the Job.
   bool catch_stop_signals = false;
   // Threads of the CPU kernels' GEMMs in this process (kernels::set_cpu_threads). 0: leave
   // OpenBLAS alone when OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set, else the host's cores
