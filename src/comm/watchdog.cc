@@ -84,7 +84,7 @@ void Watchdog::set_board(std::shared_ptr<ProgressBoard> board) {
 }
 
 std::shared_ptr<ProgressBoard> Watchdog::board() const {
-  std::lock_guard lock(const_cast<std::mutex&>(mutex_));
+  std::lock_guard lock(mutex_);
   return board_;
 }
 

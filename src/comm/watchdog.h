@@ -192,7 +192,7 @@ class Watchdog {
                                 Phase min_phase, std::vector<int>* not_there);
   void print_line(const std::string& text);
 
-  std::mutex mutex_;  // regions_, watched_, board_, stop_
+  mutable std::mutex mutex_;  // regions_, watched_, board_, stop_
   std::condition_variable cv_;
   std::vector<RegionEntry> regions_;
   std::uint64_t next_region_ = 1;

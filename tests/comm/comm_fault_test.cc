@@ -13,7 +13,8 @@
 //                              the mismatch (or the job must end with a timeout report), and
 //                              the guard bytes must be intact ("GUARD rank R: intact").
 //
-// Every rank prints "PID rank R <pid>" first, and "DONE rank R" if it gets to the end.
+// Every rank prints "PID rank R <pid>" first, and "DONE rank R" if it gets to the end. The Job's
+// device is FAULT_TEST_DEVICE (default cpu; "cuda" on the emulated device runs the nccl backend).
 #include <time.h>
 #include <unistd.h>
 
@@ -37,7 +38,8 @@ double now() {
 
 tutti::JobOptions cpu_options() {
   tutti::JobOptions options;
-  options.device = "cpu";
+  const char* device = std::getenv("FAULT_TEST_DEVICE");
+  options.device = device != nullptr ? device : "cpu";
   return options;
 }
 
@@ -48,7 +50,7 @@ void hello(const tutti::Job& job) {
 
 // Allreduces (the faults hook into them) with a little work between them.
 void train_a_little(tutti::Job& job) {
-  auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32);
+  auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
   for (int i = 0; i < 40; ++i) {
     job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "step " + std::to_string(i)}).wait();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -83,7 +85,7 @@ int terminate(int argc, char** argv) {
 int abort_mode(int argc, char** argv) {
   tutti::Job job(argc, argv, cpu_options());
   hello(job);
-  auto x = tutti::Tensor::zeros({10}, tutti::DType::f32);
+  auto x = tutti::Tensor::zeros({10}, tutti::DType::f32, job.device());
   job.communicator().allreduce(x).wait();
   if (job.rank() == job.world_size() - 1) {
     std::fprintf(stderr, "ABORT rank %d at %.3f\n", job.rank(), now());

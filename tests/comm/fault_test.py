@@ -243,6 +243,24 @@ def mismatch_debug():
         expect_in(r"GUARD rank %d: intact" % r, job.out)
 
 
+def nccl_throw_last():
+    # The emulated device: rank 2 leaves by an exception; its NCCL comm is aborted, not destroyed.
+    throw_at(2, 3)
+
+
+def nccl_stall_collective():
+    # The nccl backend's deadline, through the same watchdog: rank 2 stops before its 5th
+    # collective; rank 0 reports, the NCCL comms are aborted, the job ends.
+    fault = "2:stall@collective=5"
+    job = run(["idiom"], 3, {"TUTTI_FAULT": fault, "TUTTI_TIMEOUT_S": str(DEADLINE)})
+    t = job.stamp(r"TUTTI_FAULT='%s': stopping" % re.escape(fault))
+    expect(job.rc == 14, "exit code 14 (a deadline), got %d" % job.rc, job)
+    expect_fast(job, t, DEADLINE + BOUND)
+    expect_in(r"tutti \[rank 0\]: TIMEOUT: collective #5 allreduce\(sum\) 1000 x f32 .* on backend nccl did not "
+              r"complete .* Not reached by rank 2\.", job.err)
+    expect_in(r"rank 2: not there: last in #4 .* \[process \d+ is stopped", job.err)
+
+
 def hello_ranks():
     # The example's try/catch idiom prints the failing rank's message.
     fault = "1:throw@collective=1"
@@ -269,6 +287,8 @@ SCENARIOS = {
     "mismatch_small_large.np2": mismatch_small_large,
     "mismatch_debug.np3": mismatch_debug,
     "hello_ranks.np2": hello_ranks,
+    "nccl_throw_last.np3": nccl_throw_last,
+    "nccl_stall_collective.np3": nccl_stall_collective,
 }
 
 if __name__ == "__main__":
