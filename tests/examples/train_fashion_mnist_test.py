@@ -288,6 +288,13 @@ class WhenThingsGoWrong(Case):
             self.assertIsNotNone(m, p.stderr)
             self.assertEqual(int(m.group(3)), int(m.group(2)) - 1)
             self.assertEqual(p.stderr.count("the run diverged"), 1)  # rank 0 says it
+        # fp16: the loss scaler skips the non-finite steps until its floor, then says the run
+        # diverged, on every rank alike.
+        p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", "fp16", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(p.stderr, r"tutti \[rank [01]\] .*LossScaler: the run diverged: \d+ step\(s\) in a row had "
+                                   r"inf/nan gradients")
+        self.assertNotIn("TIMEOUT", p.stderr)
 
     def test_unwritable_json_fails_at_start(self):
         p = run(2, *SUBSET, "--max-steps", "5", "--json", self.path("no/such/dir/s.json"), check=False)
