@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <set>
 #include <thread>

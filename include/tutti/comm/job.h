@@ -91,7 +91,8 @@ class Job {
   // never blocks on other ranks: it tells them this rank is leaving and waits at most about a
   // second for their answers. If every rank is leaving too, the teardown above follows (each
   // communicator given 2 s); else the communicators are abandoned (NCCL comms aborted), MPI is
-  // not finalized, and MPI_Abort(exit status) ends the job when the process exits.
+  // not finalized, and MPI_Abort(exit status) ends the job when the process exits (where the
+  // Job initialized MPI; a program that did must end its job itself).
   ~Job();
   Job(Job&&) noexcept;
   Job& operator=(Job&&) noexcept;
