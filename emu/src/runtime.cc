@@ -225,7 +225,8 @@ Device& current_device() {
 
 std::shared_ptr<Stream> stream_of(cudaStream_t handle) {
   if (handle == nullptr || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
-    return legacy_stream(current_device());
+    Device* d = device_at(current_index);
+    return d == nullptr ? nullptr : legacy_stream(*d);
   }
   std::lock_guard l(lock());
   auto it = live_streams().find(reinterpret_cast<Stream*>(handle));
