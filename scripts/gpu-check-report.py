@@ -84,7 +84,7 @@ def sanitizer(log):
         return 1
     race = re.search(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", text)
     summary = re.search(r"ERROR SUMMARY: (\d+) errors?", text)
-    gtest_line = re.findall(r"\[  (PASSED|FAILED)  \] (\d+) tests?", text)
+    gtest_line = re.findall(r"\[ +(PASSED|FAILED|SKIPPED) +\] (\d+) tests?", text)
     tests = ", ".join(f"{n} {w.lower()}" for w, n in gtest_line) or "no test result"
     if race:
         print(f"{race.group(2)} errors, {race.group(3)} warnings (racecheck hazards) | tests: {tests}")

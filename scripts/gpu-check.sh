@@ -21,8 +21,7 @@
 # most what is left, and a step that would start with under 30 s left is skipped and named.
 # Expected on an H200 with 16 cores: see docs/development.md ("GPU checks") for the figures.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-root_dir=$PWD
+cd "$(dirname "$0")/.." || exit 1
 # The device tool brings back at most 8 files from $OUT: the logs and JSON are written to a
 # work folder and packed into $OUT/gpu-check.tar.gz at exit.
 FINAL=${OUT:-$PWD/gpu-check-out}
@@ -214,7 +213,7 @@ fi
 # works on this machine (KINDS.md: it did on Firecracker, and refused the device on gVisor):
 # if it does not, that is said once, as the machine's limit, not as a failure of tutti.
 sanitizer_runs() {
-  local san_budget=${GPU_CHECK_SANITIZER_S:-180} s0 probe_log tool_budget tool_start current="" probe_bin tool prog filter log t cap line total=0 bad=0 runs=0 timeouts=0 warned=0
+  local san_budget=${GPU_CHECK_SANITIZER_S:-180} s0 probe_log tool_budget tool_start current="" probe_bin tool prog filter log t cap line total=0 bad=0 runs=0 timeouts=0 warned=0 empty=0
   s0=$(date +%s)
   if [ -z "$SANITIZER" ]; then verdict "[2] compute-sanitizer: NOT AVAILABLE on this machine (not found); kernels not sanitized"; return; fi
   t=$(step_timeout 60 "[2] compute-sanitizer probe") || return
@@ -287,14 +286,16 @@ CU
       n=$(grep -o -m1 '^[0-9]*' <<< "$line")
       { [ -z "$n" ] || [ "$n" != 0 ]; } && bad=$((bad + 1))
       grep -qE "^0 errors, [1-9][0-9]* warnings" <<< "$line" && warned=$((warned + 1))
+      # A run whose GPU cases all skipped (or that printed no test result) checked nothing.
+      grep -qE "tests: (0 passed|no test result)" <<< "$line" && empty=$((empty + 1))
     fi
     say "  $tool $prog ($filter): $line"
   done < "$OUT/sanitizer_plan.txt"
   total=$(wc -l < "$OUT/sanitizer_plan.txt")
-  if [ "$bad" = 0 ] && [ "$runs" = "$total" ]; then
+  if [ "$bad" = 0 ] && [ "$empty" = 0 ] && [ "$runs" = "$total" ]; then
     verdict "[2] compute-sanitizer: CLEAN: 0 errors in all $total runs (memcheck x8, racecheck x5, synccheck x5)$([ "$warned" = 0 ] || echo ", racecheck WARNINGS in $warned run(s)") ($(elapsed "$s0"))"
   else
-    verdict "[2] compute-sanitizer: $bad of $runs finished runs reported errors or no verdict, $timeouts timed out, $((total - runs - timeouts)) not run, of $total (per run above; logs sanitizer_*.txt) ($(elapsed "$s0"))"
+    verdict "[2] compute-sanitizer: of $total runs, $bad reported errors or no verdict, $empty ran no test case, $timeouts timed out, $((total - runs - timeouts)) not run (per run above; logs sanitizer_*.txt) ($(elapsed "$s0"))"
   fi
 }
 say "-- compute-sanitizer"
@@ -345,6 +346,9 @@ ncu_step() {
   if [ -z "$NCU" ]; then verdict "[4] ncu: NOT AVAILABLE on this machine (not found)"; return; fi
   [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ] || { verdict "[4] ncu: NOT RUN: no trainer or data"; return; }
   : > "$log"
+  # The profiler refusing the machine (KINDS.md, gVisor: "Failed to initialize the profiler:
+  # LibraryNotLoaded"; ERR_NVGPUCTRPERM: no permission for the counters) is the machine's limit.
+  local refused="LibraryNotLoaded|ERR_NVGPUCTRPERM|not supported|Failed to initialize"
   # Launches 600..749: past the first steps' warm-up (cuDNN's and cuBLAS's choices, first
   # allocations), one to a few whole steps whatever a step's launch count; 60 steps run in all.
   for skip in 600 100; do
@@ -356,14 +360,15 @@ ncu_step() {
       build-gpu/examples/train_fashion_mnist --device cuda --model cnn --epochs 1 --max-steps 60 --test-subset 1000 \
       --lr-schedule constant --data "$data" --quiet >> "$log" 2>&1
     [ -f "$rep.ncu-rep" ] && break
+    grep -qiE "$refused" "$log" && break
     grep -qiE "No kernels were profiled" "$log" || break
     [ "$skip" = 100 ] || say "ncu: the run ended before launch $skip; again, from launch 100"
   done
   if [ ! -f "$rep.ncu-rep" ]; then
-    if grep -qiE "LibraryNotLoaded|ERR_NVGPUCTRPERM|not supported|Failed to initialize|==ERROR==" "$log"; then
-      verdict "[4] ncu: NOT AVAILABLE on this machine ($runtime): $(grep -m1 -iE "LibraryNotLoaded|ERR_NVGPUCTRPERM|not supported|Failed to initialize|==ERROR==" "$log" | cut -c1-160) (not a failure of tutti)"
+    if grep -qiE "$refused" "$log"; then
+      verdict "[4] ncu: NOT AVAILABLE on this machine ($runtime): $(grep -m1 -iE "$refused" "$log" | cut -c1-160) (not a failure of tutti)"
     else
-      verdict "[4] ncu: no report (see ncu_cnn.txt): $(tail -n1 "$log" | cut -c1-160)"
+      verdict "[4] ncu: FAILED, no report (see ncu_cnn.txt): $( (grep -m1 "==ERROR==" "$log" || tail -n1 "$log") | cut -c1-160)"
     fi
     return
   fi
@@ -416,4 +421,3 @@ bin_dir=build-gpu
 [ -x $bin_dir/benchmarks/ddp/ddp_bench ] &&
   gpu_step ddp_bench 60 0 mpiexec -n 1 $bin_dir/benchmarks/ddp/ddp_bench --device cuda --json "$OUT/ddp_bench.json"
 verdict "total: $(elapsed "$start") after the set-up, $(( $(date +%s) - t0 )) s of the ${budget} s budget"
-cd "$root_dir" || true
