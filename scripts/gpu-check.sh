@@ -5,8 +5,8 @@
 # Builds tutti for sm_90 and runs, most valuable first (docs/development.md, "GPU checks", says
 # how to read the summary):
 #   [1] tests/emu's cuda_semantics_test (CUDA's documented semantics, the same assertions the
-#       emulated device passes in CI), then ddp_gpu_test at np 1 (nccl) and np 2 (both ranks on
-#       the one GPU: mpi staging through pinned host memory);
+#       emulated device passes in CI), then ddp_gpu_test at np 1 (nccl, and mpi staging through
+#       pinned host memory) and np 2 (both ranks on the one GPU: mpi staging only);
 #   [2] every other test with GPU cases (kernels, tensor, nn, optim, amp, comm) on the GPU, then
 #       compute-sanitizer over the kernel tests' GPU cases: memcheck on all, racecheck and
 #       synccheck on the kernels with shared memory and barriers;
@@ -188,9 +188,9 @@ gtest_step() {
 say "== [1] CUDA semantics (the emulated device's assertions) and DDP on the GPU"
 gtest_step cuda_semantics 60 "[1] CUDA SEMANTICS ON THE GPU (a failure: the emulator or our reading of CUDA is wrong)" \
   "$(bin cuda_semantics_test)"
-gtest_step ddp_gpu_np1 90 "[1] ddp_gpu_test np 1 (nccl backend, 1 rank)" \
+gtest_step ddp_gpu_np1 90 "[1] ddp_gpu_test np 1 (the job's nccl communicator, and mpi staging through pinned host memory)" \
   mpiexec -n 1 "${per_rank_xml[@]}" "$(bin ddp_gpu_test)"
-gtest_step ddp_gpu_np2 90 "[1] ddp_gpu_test np 2 (2 ranks share the GPU: both backends are mpi staging through pinned host memory)" \
+gtest_step ddp_gpu_np2 90 "[1] ddp_gpu_test np 2 (2 ranks share the GPU: both communicators are mpi staging)" \
   mpiexec -n 2 --oversubscribe "${per_rank_xml[@]}" "$(bin ddp_gpu_test)"
 
 # ---- [2] the other GPU tests, then compute-sanitizer over the kernel tests' GPU cases
