@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Rehearses scripts/gpu-check.sh on a machine without a GPU, with the build seeing what the GPU
-# machine's image would: the packages that scripts/gpu-deps.sh carries there are hidden from
-# /usr (an overlay mount in a private mount namespace: nothing on this machine changes), and
-# with --hide-cuda-libs so are NCCL and cuDNN beside the CUDA toolkit (the image may have them
-# only inside PyTorch's Python wheels). Here the GPU twins skip and the GPU benchmarks fail for
-# want of a device; what this checks is everything around them, so that the few minutes of a
-# lent GPU are not spent on a broken script: unpacking the carried .debs, configure (with its
-# wheel / build-without fallbacks), build, the test run, the summary and the tarball.
+# machine's image would: the packages that scripts/gpu-deps.sh carries there, and those that
+# scripts/setup.sh installs here but the image lacks and the check does without (Boost.Context,
+# for the emulated device), are hidden from /usr (an overlay mount in a private mount
+# namespace: nothing on this machine changes), and with --hide-cuda-libs so are NCCL and cuDNN
+# beside the CUDA toolkit (the image may have them only inside PyTorch's Python wheels). Here
+# the GPU twins skip, and the GPU steps (CUDA semantics, ddp_gpu_test, compute-sanitizer, the
+# PyTorch peer, ncu, the GPU benchmarks) fail or are named not available for want of a device
+# or a tool; what this checks is everything around them, so that the few minutes of a lent GPU
+# are not spent on a broken script: unpacking the carried .debs, configure (with its wheel /
+# build-without fallbacks), the two-part build, the test runs, each step's one-line verdict,
+# the summary and the tarball. The budget defaults to 2400 s here (2 cores build far slower
+# than the GPU machine's 16); GPU_CHECK_BUDGET_S=500 rehearses the device's.
 # Needs root (unshare, mount). Writes gpu-check-rehearsal/ (summary.txt, gpu-check.tar.gz).
 #   bash scripts/gpu-check-rehearsal.sh [--hide-cuda-libs]
 set -euo pipefail
@@ -20,9 +25,12 @@ mkdir -p "$out"
 ov=$(mktemp -d /tmp/gpu-rehearsal.XXXXXX)
 mkdir -p "$ov/up" "$ov/work"
 pkgs=$(for f in .gpu-deps/*.deb; do dpkg-deb -f "$f" Package; done | sort -u | tr '\n' ' ')
+pkgs+="libboost-context-dev libboost-context1.74-dev"
 cuda=$(readlink -f /usr/local/cuda)
 
-unshare -m env OV="$ov" PKGS="$pkgs" CUDA_DIR="$cuda" HIDE_CUDA="$hide_cuda" OUT="$out" bash -c '
+start=$(date +%s)
+unshare -m env OV="$ov" PKGS="$pkgs" CUDA_DIR="$cuda" HIDE_CUDA="$hide_cuda" OUT="$out" \
+  GPU_CHECK_BUDGET_S="${GPU_CHECK_BUDGET_S:-2400}" bash -c '
   set -euo pipefail
   mount --make-rprivate /
   mount -t overlay overlay -o "lowerdir=/usr,upperdir=$OV/up,workdir=$OV/work" /usr
@@ -40,5 +48,5 @@ unshare -m env OV="$ov" PKGS="$pkgs" CUDA_DIR="$cuda" HIDE_CUDA="$hide_cuda" OUT
   bash scripts/gpu-check.sh
 ' || true
 rm -rf "$ov"
-echo "rehearsal: summary in $out/summary.txt"
+echo "rehearsal: $(( $(date +%s) - start )) s; summary in $out/summary.txt"
 cat "$out/summary.txt"

@@ -2,10 +2,15 @@
 # Run HERE (a machine with Debian's package registry) before a GPU check: downloads the .deb
 # files of the build dependencies that the GPU machine lacks (it has CUDA, CMake and ninja
 # but no Open MPI, OpenBLAS, GoogleTest, CLI11, nlohmann-json) into .gpu-deps/, which is
-# ignored by git and carried to the device by the device tool (carry: [".gpu-deps"]).
+# ignored by git and carried to the device by the device tool (carry: [".gpu-deps"]). Nothing
+# else needs carrying: scripts/gpu-check.sh builds without the emulated CUDA device (so without
+# Boost.Context), and the GPU machine's python3 has PyTorch for the peer comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
+# git's exclude file (in a worktree, .git is a file: ask git where the shared one is).
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu-deps/' "$exclude" 2>/dev/null || echo '/.gpu-deps/' >> "$exclude"
 mkdir -p .gpu-deps
 cd .gpu-deps
 apt-get update -qq

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Trains Fashion-MNIST's MLP (784-512-256-10) with tutti's trainer and with PyTorch DDP, one
-# after the other, with the same ranks, global batch, optimizer, learning rate and epochs, and
-# prints samples/s of each, their ratio, test accuracy and final loss.
+# Trains Fashion-MNIST's MLP (784-512-256-10) or CNN with tutti's trainer and with PyTorch DDP,
+# one after the other, with the same ranks, global batch, optimizer, learning rate and epochs,
+# and prints samples/s of each, their ratio, test accuracy and final loss.
 #
 #   benchmarks/peers/compare.sh [-n RANKS] [-e EPOCHS] [-b GLOBAL_BATCH] [-l LR] [-o OPTIMIZER]
-#                               [-m MOMENTUM] [-r REPEATS] [--build DIR] [--data DIR] [--out DIR]
-#                               [--torch-only]
+#                               [-m MOMENTUM] [-r REPEATS] [--model mlp|cnn] [--device cpu|cuda]
+#                               [--build DIR] [--data DIR] [--out DIR] [--torch-only]
+#   benchmarks/peers/compare.sh --summary-only --out DIR   # the table of the runs already in DIR
 #
 # The two run alternately REPEATS times (default 3: tutti, pytorch, tutti, pytorch, ...), so
 # that a change in the machine's load hits both alike; the table gives medians.
 #
 # Defaults (the trainer's): 2 ranks, 1 epoch, batch 128, sgd, lr 0.05, momentum 0.9 (ignored
-# by adamw), build dir "build", results in a fresh
+# by adamw), model mlp, device: each program's default (auto), build dir "build", results in a fresh
 # directory under /tmp (tutti.json, torch.json, and each run's log). Extra mpirun flags can
 # be given in MPIRUN_FLAGS (default "--bind-to none --oversubscribe"). Both programs get the
 # same CPU threads per rank, THREADS (default: CPUs / ranks, at least 1), through
 # OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (tutti's OpenBLAS) and --threads (torch).
-# Needs Debian's python3-torch (see README.md).
+# Needs Debian's python3-torch (see README.md), or PYTHON naming another interpreter with torch
+# (scripts/gpu-check.sh: the GPU machine's python3). --summary-only prints the table of the JSON
+# files already in --out (e.g. of a run stopped at a time limit) and runs nothing.
 set -euo pipefail
 
 ranks=2 epochs=1 batch=128 lr=0.05 momentum=0.9 optimizer=sgd build=build data="" out="" torch_only=0 repeats=3
+model=mlp device="" summary_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) ranks=$2; shift 2 ;;
@@ -32,7 +36,10 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
     --torch-only) torch_only=1; shift ;;
+    --summary-only) summary_only=1; shift ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -42,11 +49,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 trainer="$build/examples/train_fashion_mnist"
-python=/usr/bin/python3  # Debian's python3-torch installs into the system interpreter only
+python=${PYTHON:-/usr/bin/python3}  # Debian's python3-torch installs into the system interpreter only
+case "$model" in mlp|cnn) ;; *) echo "compare.sh: --model is mlp or cnn, not '$model'" >&2; exit 2 ;; esac
+[ "$summary_only" -eq 0 ] || [ -n "$out" ] || { echo "compare.sh: --summary-only needs --out DIR" >&2; exit 2; }
 out=${out:-$(mktemp -d /tmp/tutti-peers.XXXXXX)}
 mkdir -p "$out"
 
-if ! "$python" -c "import torch, numpy" 2>/dev/null; then
+if [ "$summary_only" -eq 0 ] && ! "$python" -c "import torch, numpy" 2>/dev/null; then
   echo "compare.sh: $python cannot import torch and numpy; install them with" >&2
   echo "  apt-get install -y --no-install-recommends python3-torch python3-numpy" >&2
   exit 2
@@ -65,13 +74,16 @@ mpiflags+=(-x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS)
 data_flag=()
 [ -n "$data" ] && data_flag=(--data "$data")
 
-common=(--epochs "$epochs" --batch-size "$batch" --lr "$lr" --optimizer "$optimizer" "${data_flag[@]}")
+common=(--model "$model" --epochs "$epochs" --batch-size "$batch" --lr "$lr" --optimizer "$optimizer" "${data_flag[@]}")
 [ "$optimizer" = sgd ] && common+=(--momentum "$momentum")
-echo "compare: $ranks ranks x $threads thread(s), $epochs epoch(s), global batch $batch, $optimizer lr $lr;" \
-     "results in $out"
+[ -n "$device" ] && common+=(--device "$device")
+[ "$summary_only" -eq 1 ] && repeats=0
+[ "$summary_only" -eq 1 ] ||
+  echo "compare: $model, $ranks ranks x $threads thread(s), $epochs epoch(s), global batch $batch," \
+       "$optimizer lr $lr${device:+, device $device}; results in $out"
 
 tutti_ran=0
-if [ "$torch_only" -eq 0 ] && [ ! -x "$trainer" ]; then
+if [ "$summary_only" -eq 0 ] && [ "$torch_only" -eq 0 ] && [ ! -x "$trainer" ]; then
   echo "--- tutti: $trainer is not built (cmake --build $build --target train_fashion_mnist); skipped" >&2
   torch_only=1
 fi
@@ -82,8 +94,8 @@ for r in $(seq 1 "$repeats"); do
   export MASTER_PORT=$((port0 + r))
   if [ "$torch_only" -eq 0 ]; then
     # The peer keeps its learning rate constant: so does tutti here.
-    echo "--- tutti ($r/$repeats): mpirun -np $ranks $trainer --model mlp --lr-schedule constant ${common[*]}"
-    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --model mlp --lr-schedule constant "${common[@]}" \
+    echo "--- tutti ($r/$repeats): mpirun -np $ranks $trainer --lr-schedule constant ${common[*]}"
+    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --lr-schedule constant "${common[@]}" \
       --progress lines --json "$out/tutti.$r.json" > "$out/tutti.$r.log" 2>&1 || { cat "$out/tutti.$r.log"; exit 1; }
     tail -n 1 "$out/tutti.$r.log"
     tutti_ran=1
@@ -95,6 +107,9 @@ for r in $(seq 1 "$repeats"); do
   tail -n 2 "$out/torch.$r.log" | head -n 1
 done
 
+# The table reads every tutti.*.json and torch.*.json in $out (with --summary-only: whatever
+# an earlier run left there).
+[ "$summary_only" -eq 1 ] && tutti_ran=1
 "$python" - "$out" "$tutti_ran" <<'PY'
 import json, os, sys
 out, tutti_ran = sys.argv[1], sys.argv[2] == "1"

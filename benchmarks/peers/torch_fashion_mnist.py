@@ -1,12 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch peer of tutti's examples/train_fashion_mnist: the same MLP (784-512-256-10, ReLU),
-global batch, optimizer and epochs, data-parallel under torch.nn.parallel.DistributedDataParallel
-(gloo on the CPU, nccl on a GPU), for a side-by-side comparison (benchmarks/peers/compare.sh).
+"""PyTorch peer of tutti's examples/train_fashion_mnist: the same model (--model mlp:
+784-512-256-10, ReLU; --model cnn: two conv 3x3 pad 1 + ReLU + max-pool blocks, 1->16->32
+channels, then 1568-128-10), global batch, optimizer and epochs, data-parallel under
+torch.nn.parallel.DistributedDataParallel (gloo on the CPU, nccl on a GPU), for a side-by-side
+comparison (benchmarks/peers/compare.sh; scripts/gpu-check.sh on a GPU).
 
 Launch it the way tutti's trainer is launched:
     mpirun -np 2 /usr/bin/python3 benchmarks/peers/torch_fashion_mnist.py --epochs 1
 (rank and world size from OMPI_COMM_WORLD_RANK/SIZE), or alone; RANK/WORLD_SIZE (torchrun) are
-read too, though Debian bookworm's torchrun fails in its own agent (see README.md). Uses Debian's python3-torch, which lives in /usr/bin/python3 (see README.md).
+read too, though Debian bookworm's torchrun fails in its own agent (see README.md). Here it uses
+Debian's python3-torch, which lives in /usr/bin/python3 (see README.md); on the lent GPU machine,
+the image's python3 (PyTorch 2.x).
 
 Data: the IDX gz files of Debian's dataset-fashion-mnist package, read with gzip + numpy;
 pixels standardized, (b / 255 - 0.2860406) / 0.3530242, as the trainer does (tutti's
@@ -15,6 +19,12 @@ global order (a permutation from the seed and the epoch, the same on every rank)
 s is positions [s*B, (s+1)*B) of it and rank r takes rows [r*B/N, (r+1)*B/N); the last
 incomplete global batch is dropped (tutti's DistributedLoader does the same, with its own
 permutation, so the two runs see the same batch sizes but not the same samples).
+
+Pipeline, as the trainer's: the data set stays in host memory, each rank gathers its batch on
+the host and copies it to the device every step (--data-on-device keeps the whole training
+set on the GPU and gathers there instead, which is not what tutti's trainer does). On a GPU,
+float32 stays float32: TF32 is off for matrix products and cuDNN convolutions, as tutti's
+cuBLAS (CUBLAS_COMPUTE_32F) and cuDNN (CUDNN_FMA_MATH) calls have it.
 
 Output (rank 0): one JSON object on stdout, and in --json FILE:
   samples_per_s   training samples per second over all ranks: epochs*steps*B / train_s
@@ -90,9 +100,21 @@ def make_mlp():
     return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
+def make_cnn():
+    """examples/train_fashion_mnist/models.h's make_cnn(), on [N, 1, 28, 28]."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+MODELS = {"mlp": (make_mlp, "mlp-784-512-256-10"), "cnn": (make_cnn, "cnn-c16-c32-fc128-10")}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=DEFAULT_DATA, help="directory of the *-ubyte.gz files")
+    p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size B (over all ranks)")
     p.add_argument("--lr", type=float, default=0.05)
@@ -103,6 +125,9 @@ def main():
     p.add_argument("--no-standardize", dest="standardize", action="store_false",
                    help="pixels b / 255 in [0, 1] instead of standardized")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--data-on-device", action="store_true",
+                   help="keep the training set on the device and gather batches there (default: gather "
+                        "on the host and copy each batch, as tutti's trainer does)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads per rank (0: the CPUs divided by the ranks on this node)")
     p.add_argument("--json", default="", help="also write the result to this file")
@@ -119,6 +144,8 @@ def main():
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     else:
         device = torch.device("cpu")
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
@@ -130,7 +157,10 @@ def main():
 
     x_train, y_train = load_split(args.data, "train", args.standardize)
     x_test, y_test = load_split(args.data, "t10k", args.standardize)
-    x_train, y_train = x_train.to(device), y_train.to(device)
+    if args.model == "cnn":
+        x_train, x_test = x_train.reshape(-1, 1, 28, 28), x_test.reshape(-1, 1, 28, 28)
+    data_device = device if args.data_on_device else torch.device("cpu")
+    x_train, y_train = x_train.to(data_device), y_train.to(data_device)
     n = len(x_train)
     B = args.batch_size
     b = B // world
@@ -139,7 +169,8 @@ def main():
     steps = n // B  # the last incomplete global batch is dropped
 
     torch.manual_seed(args.seed)
-    model = DDP(make_mlp().to(device), device_ids=[device.index] if use_cuda else None)
+    make_model, model_name = MODELS[args.model]
+    model = DDP(make_model().to(device), device_ids=[device.index] if use_cuda else None)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                               weight_decay=args.weight_decay)
@@ -157,12 +188,12 @@ def main():
     final_loss = final_train_loss = float("nan")
     for epoch in range(args.epochs):
         g = torch.Generator().manual_seed(args.seed * 1000003 + epoch)
-        order = torch.randperm(n, generator=g).to(device)
+        order = torch.randperm(n, generator=g).to(data_device)
         loss_sum = torch.zeros((), device=device)
         model.train()
         for step in range(steps):
             idx = order[step * B + rank * b: step * B + (rank + 1) * b]
-            xb, yb = x_train.index_select(0, idx), y_train.index_select(0, idx)
+            xb, yb = x_train.index_select(0, idx).to(device), y_train.index_select(0, idx).to(device)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()  # DDP averages the gradients over the ranks here
@@ -197,7 +228,8 @@ def main():
         "device": str(device) if not use_cuda else torch.cuda.get_device_name(),
         "world_size": world,
         "threads_per_rank": threads,
-        "model": "mlp-784-512-256-10",
+        "model": model_name,
+        "data_on_device": args.data_on_device,
         "optimizer": args.optimizer,
         "lr": args.lr,
         "momentum": args.momentum,

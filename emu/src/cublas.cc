@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "cublasLt.h"
-#include "cuda_bf16.h"
-#include "cuda_fp16.h"
+#include "elements.h"
 #include "runtime.h"
 
 struct cublasContext {
@@ -39,20 +38,8 @@ namespace {
 
 bool supported(cudaDataType_t t) { return t == CUDA_R_32F || t == CUDA_R_16F || t == CUDA_R_16BF; }
 
-float load(const void* p, cudaDataType_t t, std::int64_t i) {
-  switch (t) {
-    case CUDA_R_16F: return static_cast<const __half*>(p)[i];
-    case CUDA_R_16BF: return static_cast<const __nv_bfloat16*>(p)[i];
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-void store(void* p, cudaDataType_t t, std::int64_t i, float v) {
-  switch (t) {
-    case CUDA_R_16F: static_cast<__half*>(p)[i] = __half(v); break;
-    case CUDA_R_16BF: static_cast<__nv_bfloat16*>(p)[i] = __nv_bfloat16(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
+Element element(cudaDataType_t t) {
+  return t == CUDA_R_16F ? Element::f16 : t == CUDA_R_16BF ? Element::bf16 : Element::f32;
 }
 
 // A column-major matrix in device memory.
@@ -65,7 +52,9 @@ struct Matrix {
 std::vector<float> widen(const Matrix& m) {
   std::vector<float> out(static_cast<std::size_t>(m.rows * m.cols));
   for (std::int64_t j = 0; j < m.cols; ++j)
-    for (std::int64_t i = 0; i < m.rows; ++i) out[static_cast<std::size_t>(j * m.rows + i)] = load(m.data, m.type, j * m.ld + i);
+    for (std::int64_t i = 0; i < m.rows; ++i) {
+      out[static_cast<std::size_t>(j * m.rows + i)] = load(m.data, element(m.type), static_cast<std::size_t>(j * m.ld + i));
+    }
   return out;
 }
 
@@ -97,8 +86,8 @@ struct Gemm {
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t i = 0; i < m; ++i) {
         float v = acc[static_cast<std::size_t>(j * m + i)];
-        if (bias != nullptr) v += load(bias, bias_type, i);
-        store(d, d_type, j * ldd + i, v);
+        if (bias != nullptr) v += load(bias, element(bias_type), static_cast<std::size_t>(i));
+        store(d, element(d_type), static_cast<std::size_t>(j * ldd + i), v);
       }
   }
 };

@@ -6,9 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "cuda_bf16.h"
-#include "cuda_fp16.h"
 #include "cudnn.h"
+#include "elements.h"
 #include "runtime.h"
 
 struct cudnnContext {
@@ -32,20 +31,8 @@ struct cudnnConvolutionStruct {
 namespace tutti::emu {
 namespace {
 
-float load(const void* p, cudnnDataType_t t, std::size_t i) {
-  switch (t) {
-    case CUDNN_DATA_HALF: return static_cast<const __half*>(p)[i];
-    case CUDNN_DATA_BFLOAT16: return static_cast<const __nv_bfloat16*>(p)[i];
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-void store(void* p, cudnnDataType_t t, std::size_t i, float v) {
-  switch (t) {
-    case CUDNN_DATA_HALF: static_cast<__half*>(p)[i] = __half(v); break;
-    case CUDNN_DATA_BFLOAT16: static_cast<__nv_bfloat16*>(p)[i] = __nv_bfloat16(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
+Element element(cudnnDataType_t t) {
+  return t == CUDNN_DATA_HALF ? Element::f16 : t == CUDNN_DATA_BFLOAT16 ? Element::bf16 : Element::f32;
 }
 
 bool supported(cudnnDataType_t t) {
@@ -53,7 +40,7 @@ bool supported(cudnnDataType_t t) {
 }
 
 // out = alpha · acc + beta · out, one rounding; out is not read when beta == 0.
-void blend(void* out, cudnnDataType_t t, const std::vector<float>& acc, float alpha, float beta) {
+void blend(void* out, Element t, const std::vector<float>& acc, float alpha, float beta) {
   for (std::size_t i = 0; i < acc.size(); ++i) {
     const float v = alpha * acc[i];
     store(out, t, i, beta == 0.0f ? v : v + beta * load(out, t, i));
@@ -63,7 +50,7 @@ void blend(void* out, cudnnDataType_t t, const std::vector<float>& acc, float al
 // The geometry of one convolution, checked against the descriptors.
 struct Conv {
   int n, c, h, w, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w;
-  cudnnDataType_t type;
+  Element type;
 
   std::size_t x_at(int in, int ic, int ih, int iw) const {
     return ((static_cast<std::size_t>(in) * c + ic) * h + ih) * w + iw;
@@ -105,7 +92,7 @@ bool make_conv(const cudnnTensorStruct* x, const cudnnFilterStruct* wd, const cu
   const int p = (h + 2 * conv->pad_h - r) / conv->stride_h + 1;
   const int q = (w + 2 * conv->pad_w - s) / conv->stride_w + 1;
   if (y->dims[2] != p || y->dims[3] != q) return false;
-  out = Conv{n, c, h, w, k, r, s, p, q, conv->pad_h, conv->pad_w, conv->stride_h, conv->stride_w, x->type};
+  out = Conv{n, c, h, w, k, r, s, p, q, conv->pad_h, conv->pad_w, conv->stride_h, conv->stride_w, element(x->type)};
   return true;
 }
 
@@ -327,7 +314,7 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void* alpha, cudnnTenso
     }
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const cudnnDataType_t t = c_desc->type;
+  const Element t = element(c_desc->type);
   return queue(handle, [=] {
     std::size_t i = 0;
     for (int n = 0; n < cd[0]; ++n)

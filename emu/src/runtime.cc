@@ -133,11 +133,12 @@ std::mutex& registry_mutex = *new std::mutex;
 std::map<std::uintptr_t, Allocation>& registry = *new std::map<std::uintptr_t, Allocation>;
 
 void* allocate(std::size_t size, MemoryKind kind, int device) {
-  const std::size_t rounded = (std::max<std::size_t>(size, 1) + 255) & ~std::size_t{255};
-  void* p = std::aligned_alloc(256, rounded);
-  if (p == nullptr) return nullptr;
+  // 256-byte aligned as cudaMalloc's, and exactly `size` long: AddressSanitizer's red zone
+  // starts at the first byte past the allocation, as compute-sanitizer's memcheck does.
+  void* p = nullptr;
+  if (posix_memalign(&p, 256, std::max<std::size_t>(size, 1)) != 0) return nullptr;
   // Fresh device memory holds garbage on a GPU; 0xff bytes (nan) make reads of it visible.
-  if (kind == MemoryKind::device) std::memset(p, 0xff, rounded);
+  if (kind == MemoryKind::device) std::memset(p, 0xff, size);
   std::lock_guard l(registry_mutex);
   registry[reinterpret_cast<std::uintptr_t>(p)] = Allocation{size, kind, device};
   return p;
@@ -224,7 +225,8 @@ Device& current_device() {
 
 std::shared_ptr<Stream> stream_of(cudaStream_t handle) {
   if (handle == nullptr || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
-    return legacy_stream(current_device());
+    Device* d = device_at(current_index);
+    return d == nullptr ? nullptr : legacy_stream(*d);
   }
   std::lock_guard l(lock());
   auto it = live_streams().find(reinterpret_cast<Stream*>(handle));

@@ -11,7 +11,7 @@
 #include <memory>
 #include <random>
 
-#include "ddp_world.h"
+#include "ddp_test_util.h"
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/loss.h"
@@ -21,16 +21,7 @@
 namespace tutti::ddp {
 namespace {
 
-using testing::world;
-
-constexpr std::int64_t kClasses = 5;
-constexpr std::uint64_t kSeed = 1234;
-
-std::unique_ptr<nn::Sequential> make_mlp(std::int64_t hidden = 16) {
-  auto m = std::make_unique<nn::Sequential>();
-  m->add<nn::Linear>(12, hidden).add<nn::ReLU>().add<nn::Linear>(hidden, 9).add<nn::GELU>().add<nn::Linear>(9, kClasses);
-  return m;
-}
+using namespace tutti::testing;
 
 std::unique_ptr<nn::Sequential> make_cnn() {
   auto m = std::make_unique<nn::Sequential>();
@@ -38,67 +29,6 @@ std::unique_ptr<nn::Sequential> make_cnn() {
   pad1.padding = 1;
   m->add<nn::Conv2d>(1, 3, 3, pad1).add<nn::ReLU>().add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(3 * 4 * 4, kClasses);
   return m;
-}
-
-// A deterministic global batch: inputs [B, ...] and labels [B].
-struct Batch {
-  Tensor x, y;
-};
-Batch global_batch(const Shape& input_shape, std::int64_t batch, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  Shape shape = input_shape;
-  shape.insert(shape.begin(), batch);
-  std::vector<float> x(static_cast<std::size_t>(numel_of(shape)));
-  for (float& v : x) v = normal(rng);
-  std::vector<std::int64_t> y(static_cast<std::size_t>(batch));
-  for (auto& v : y) v = static_cast<std::int64_t>(rng() % kClasses);
-  return {Tensor::from_floats(x, shape), Tensor::from_ints(y, {batch}, DType::i32)};
-}
-
-// Rows [begin, begin + count) of a batch.
-Batch rows(const Batch& b, std::int64_t begin, std::int64_t count) {
-  const std::int64_t row = b.x.numel() / b.x.dim(0);
-  Shape shape = b.x.shape();
-  shape[0] = count;
-  return {b.x.view(begin * row, shape).clone(), b.y.view(begin, {count}).clone()};
-}
-
-// This rank's share of a global batch.
-Batch my_slice(const Batch& global) {
-  const std::int64_t per_rank = global.x.dim(0) / world().world_size();
-  return rows(global, world().rank() * per_rank, per_rank);
-}
-
-enum class Opt { sgd, adamw };
-
-std::unique_ptr<optim::Optimizer> make_optimizer(Opt kind, nn::Module& model) {
-  if (kind == Opt::sgd) {
-    optim::SgdOptions o;
-    o.lr = 0.1f;
-    o.momentum = 0.9f;
-    o.weight_decay = 1e-3f;
-    return std::make_unique<optim::SGD>(model.parameters(), o);
-  }
-  optim::AdamWOptions o;
-  o.lr = 1e-2f;
-  o.weight_decay = 0.05f;
-  return std::make_unique<optim::AdamW>(model.parameters(), o);
-}
-
-// Max |a - b| / max |b| over the flat parameters of two models.
-double relative_difference(nn::Module& a, nn::Module& b) {
-  double max_diff = 0, max_ref = 0;
-  const auto pa = a.parameters(), pb = b.parameters();
-  EXPECT_EQ(pa.size(), pb.size());
-  for (std::size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
-    const auto va = pa[i]->value.to_floats(), vb = pb[i]->value.to_floats();
-    for (std::size_t j = 0; j < va.size(); ++j) {
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(va[j] - vb[j])));
-      max_ref = std::max(max_ref, static_cast<double>(std::fabs(vb[j])));
-    }
-  }
-  return max_diff / std::max(max_ref, 1e-30);
 }
 
 struct RunConfig {
