@@ -3,10 +3,23 @@
 //   mpirun -np 2 build/examples/train_fashion_mnist --model mlp --epochs 5
 //   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt
 //   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt --resume
+//   mpirun -np 2 build/examples/train_fashion_mnist --checkpoint-dir ckpt --resume auto   # rerun after a stop
 //
 // --batch-size is the GLOBAL batch of one optimizer step: with N ranks and k accumulation
 // steps, each rank computes k micro-batches of batch / (k N) samples. The data order depends
 // only on the seed, so a run trains the same way on any number of ranks.
+//
+// Preemption: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 to any rank (or SIGUSR1/SIGUSR2 to mpirun,
+// which forwards them) stops the run at the next step boundary on every rank: the step's
+// loss allreduce carries a stop flag, so no extra collective is needed. With
+// --checkpoint-dir, rank 0 writes a checkpoint; the run exits with kExitStopped and says how
+// to resume.
+//
+// Exit codes: 0 done; 1 an error; 2 a bad command line; 3 the loss diverged (not finite in
+// fp32/bf16); 75 stopped by a signal, resumable (EX_TEMPFAIL); a job that tutti ends: 13, 14
+// or 134 (see docs/user-guide.md, "When things go wrong"). Where every rank stops alike
+// (diverged, stopped), rank 0 alone says why and exits with the code, the others exit with 0:
+// mpirun drops the output of the other ranks, and kills them, once one has exited non-zero.
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -15,12 +28,17 @@
 #include <nlohmann/json.hpp>
 #include <tutti/tutti.h>
 
+#include <cerrno>
+#include <csignal>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "models.h"
@@ -30,6 +48,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int kExitDiverged = 3;
+constexpr int kExitStopped = 75;  // EX_TEMPFAIL: stopped early, run the same command again
 struct Flags {
   std::string model = "mlp";
   int epochs = 5;
@@ -48,7 +68,8 @@ struct Flags {
   std::uint64_t seed = 1;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
-  bool resume = false;
+  std::string resume = "no";  // "no", "yes" (--resume) or "auto"
+  bool overwrite = false;
   std::int64_t max_steps = 0;
   std::string json;
   bool quiet = false;
@@ -81,6 +102,58 @@ std::uint32_t parameters_crc32(tutti::nn::Module& model) {
   return static_cast<std::uint32_t>(crc);
 }
 
+// A fingerprint of a data set, cheap to compute: crc32 of every label and of 256 rows spread
+// over the images. Ranks that read different copies of the data almost surely differ in it.
+std::string data_fingerprint(const tutti::data::Dataset& d) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, static_cast<const Bytef*>(d.labels.data()), static_cast<uInt>(d.labels.nbytes()));
+  const std::int64_t n = d.size();
+  if (n > 0) {
+    const std::size_t row = d.images.nbytes() / static_cast<std::size_t>(n);
+    for (std::int64_t i = 0; i < 256; ++i) {
+      const std::int64_t r = i * (n - 1) / 255;
+      crc = crc32(crc, static_cast<const Bytef*>(d.images.data()) + static_cast<std::size_t>(r) * row,
+                  static_cast<uInt>(row));
+    }
+  }
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
+  return hex;
+}
+
+// The flags that shape the run: every rank must have the same (an MPMD launch could differ).
+std::string shaping_flags(const Flags& f) {
+  std::ostringstream s;
+  s << "--model " << f.model << " --epochs " << f.epochs << " --batch-size " << f.batch_size << " --accum-steps "
+    << f.accum_steps << " --lr " << f.lr << " --optimizer " << f.optimizer << " --lr-schedule " << f.lr_schedule
+    << " --warmup-steps " << f.warmup_steps << " --momentum " << f.momentum << " --weight-decay " << f.weight_decay
+    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb
+    << " --seed " << f.seed << " --max-steps " << f.max_steps << " --train-subset " << f.train_subset
+    << " --test-subset " << f.test_subset << " --checkpoint-every " << f.checkpoint_every << " --resume " << f.resume
+    << (f.overwrite ? " --overwrite" : "");
+  return s.str();
+}
+
+// Throws unless `path` can be written (rank 0 checks --json at the start, not at the end).
+void check_writable(const std::string& path, const char* flag) {
+  const bool existed = std::filesystem::exists(path);
+  {
+    std::ofstream probe(path, std::ios::app);
+    TUTTI_CHECK_ARG(probe.good(), flag, " ", path, ": cannot write there (", std::strerror(errno), ")");
+  }
+  if (!existed) std::filesystem::remove(path);
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+  }
+  return "a signal";
+}
+
 // Test accuracy over the whole test set, data-parallel: each rank counts its share, the
 // counts are summed over ranks. COLLECTIVE.
 double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test, const tutti::Stream& stream) {
@@ -106,22 +179,33 @@ double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Da
 
 int run(const Flags& f, int& argc, char**& argv) {
   const auto t_start = Clock::now();
-  // The data first: a missing data set is an error before MPI starts, on every rank alike.
-  tutti::data::FashionMnistOptions data_options;
-  data_options.flatten = example::spec_of(f.model).flat_input;
-  data_options.standardize = true;
-  tutti::data::FashionMnist data = tutti::data::load_fashion_mnist(f.data, data_options);
-  if (f.train_subset > 0) data.train = data.train.slice(0, std::min(f.train_subset, data.train.size()));
-  if (f.test_subset > 0) data.test = data.test.slice(0, std::min(f.test_subset, data.test.size()));
-
+  // The Job first: its deadline covers everything that follows on every rank, the data
+  // loading included (a rank that hangs there is named by the others' timeout report).
   tutti::JobOptions job_options;
   job_options.device = f.device;
+  job_options.catch_stop_signals = true;  // SIGTERM & co. stop at a step boundary, with a checkpoint
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
   TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
                   f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
                   " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");
+  TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  // A summary that could not be written at the end would lose the run's result: fail now.
+  if (job.rank() == 0 && !f.json.empty()) check_writable(f.json, "--json");
+
+  tutti::data::FashionMnistOptions data_options;
+  data_options.flatten = example::spec_of(f.model).flat_input;
+  data_options.standardize = true;
+  tutti::data::FashionMnist data = tutti::data::load_fashion_mnist(f.data, data_options);
+  if (f.train_subset > 0) data.train = data.train.slice(0, std::min(f.train_subset, data.train.size()));
+  if (f.test_subset > 0) data.test = data.test.slice(0, std::min(f.test_subset, data.test.size()));
+  // Ranks that disagree would issue different collectives: say so now, on every rank.
+  job.check_same("the flags that shape the run", shaping_flags(f));
+  job.check_same("the number of training samples", data.train.size());
+  job.check_same("the number of test samples", data.test.size());
+  job.check_same("the data's fingerprint (crc32 of the labels and of 256 images; a different copy of the data?)",
+                 data_fingerprint(data.train) + "/" + data_fingerprint(data.test));
 
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
@@ -170,6 +254,7 @@ int run(const Flags& f, int& argc, char**& argv) {
                   data.train.size(), " samples)");
   std::int64_t total_steps = steps_per_epoch * f.epochs;
   if (f.max_steps > 0) total_steps = std::min(total_steps, f.max_steps);
+  job.check_same("the number of steps planned", total_steps);
   // The schedule spans the epochs asked for (not --max-steps), so a run cut short by
   // --max-steps follows the same learning rates as the whole run up to that step.
   const std::int64_t schedule_steps = steps_per_epoch * f.epochs;
@@ -179,15 +264,24 @@ int run(const Flags& f, int& argc, char**& argv) {
     optimizer->set_schedule(tutti::optim::LrSchedule::linear_warmup(static_cast<float>(lr), f.warmup_steps));
   }
 
-  // Resume: every rank reads the same checkpoint.
+  // Resume: every rank reads the same checkpoint (so every rank must see it).
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
+  const bool ckpt_exists = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
+  job.check_same("whether " + ckpt_path + " exists (every rank reads the checkpoint: is --checkpoint-dir shared?)",
+                 ckpt_exists ? "yes" : "no");
+  TUTTI_CHECK_ARG(f.resume != "yes" || ckpt_exists, "--resume: no checkpoint at ", ckpt_path,
+                  " (--resume auto starts afresh when there is none)");
+  TUTTI_CHECK_ARG(f.resume != "no" || !ckpt_exists || f.overwrite, "a checkpoint exists at ", ckpt_path,
+                  ": pass --resume to continue it (or --resume auto), or --overwrite to start afresh and replace it");
+  const bool resuming = f.resume != "no" && ckpt_exists;
   tutti::io::Metadata metadata{{"model", spec.fingerprint},
                                {"optimizer", f.optimizer},
+                               {"precision", f.precision},
                                {"program", "train_fashion_mnist"}};
   std::int64_t step = 0;
-  if (f.resume) {
-    TUTTI_CHECK_ARG(!ckpt_path.empty(), "--resume needs --checkpoint-dir");
-    TUTTI_CHECK_ARG(std::filesystem::exists(ckpt_path), "--resume: no checkpoint at ", ckpt_path);
+  double last_loss = -1;  // the mean loss of the last step (-1: none yet)
+  std::string scaler_note;
+  if (resuming) {
     const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
     tutti::io::check_metadata(ckpt, "model", spec.fingerprint, ckpt_path);
     tutti::io::check_metadata(ckpt, "optimizer", f.optimizer, ckpt_path);
@@ -195,22 +289,38 @@ int run(const Flags& f, int& argc, char**& argv) {
     tutti::io::check_state_matches(model_state, model->state_dict(), ckpt_path);
     model->load_state_dict(model_state);
     optimizer->load_state_dict(tutti::io::strip_prefix(ckpt.state, "optim."));
-    scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
+    // The loss scaler's state belongs to the precision it was saved with: an fp32 run's
+    // (off, scale 1) would start an fp16 run at scale 1 instead of the default 2^16.
+    const auto saved_precision = ckpt.metadata.find("precision");
+    if (saved_precision == ckpt.metadata.end() || saved_precision->second == f.precision) {
+      scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
+    } else {
+      scaler_note = " (checkpoint written in " + saved_precision->second + ": the loss scaler starts afresh)";
+    }
     loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
     step = tutti::get_int_scalar(ckpt.state, "train.step");
+    if (ckpt.state.count("train.last_loss")) last_loss = tutti::get_scalar(ckpt.state, "train.last_loss");
   }
   const std::int64_t first_step = step;
+  std::int64_t saved_step = resuming ? step : -1;  // the step of the last checkpoint written or read
+  double saved_loss = last_loss;                   // and its loss
 
   auto save = [&] {
     if (job.rank() != 0) return;
-    std::filesystem::create_directories(f.checkpoint_dir);
-    tutti::StateDict state;
-    tutti::io::add_prefixed(state, "model.", model->state_dict());
-    tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
-    tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
-    tutti::io::add_prefixed(state, "loader.", loader.state_dict());
-    state["train.step"] = tutti::int_scalar_tensor(step);
-    tutti::io::save_checkpoint(ckpt_path, state, metadata);
+    try {
+      std::filesystem::create_directories(f.checkpoint_dir);
+      tutti::StateDict state;
+      tutti::io::add_prefixed(state, "model.", model->state_dict());
+      tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
+      tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
+      tutti::io::add_prefixed(state, "loader.", loader.state_dict());
+      state["train.step"] = tutti::int_scalar_tensor(step);
+      state["train.last_loss"] = tutti::scalar_tensor(last_loss);
+      tutti::io::save_checkpoint(ckpt_path, state, metadata);
+    } catch (const std::exception& e) {
+      // A tutti error (the other ranks are told its message) that says what was going on.
+      TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", ckpt_path, " failed: ", e.what());
+    }
   };
 
   std::int64_t params = 0;
@@ -218,13 +328,13 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (chatty) {
     std::printf("train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
                 "grad comm %s, loss scaler %s | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
-                "%s schedule | %lld steps (%lld per epoch)%s\n",
+                "%s schedule | %lld steps (%lld per epoch)%s%s\n",
                 world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
                 static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
                 scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
                 static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
                 f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
-                f.resume ? (" | resumed at step " + std::to_string(step)).c_str() : "");
+                resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
     std::fflush(stdout);
   }
 
@@ -233,10 +343,16 @@ int run(const Flags& f, int& argc, char**& argv) {
   const bool under_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   const bool bar = f.progress == "bar" || (f.progress == "auto" && !under_open_mpi && isatty(STDOUT_FILENO));
   example::Progress progress(chatty, f.progress_interval, total_steps, first_step, bar);
-  tutti::Tensor step_loss = tutti::Tensor::zeros({1}, tutti::DType::f32, device);
-  double first_loss = -1, last_loss = -1, accuracy = -1, train_seconds = 0;
+  // What every step reduces anyway, two floats: its mean loss and whether some rank was asked
+  // to stop (a stop flag in a sync the step already has: no extra collective).
+  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
+  const tutti::Tensor step_loss = step_sync.view(0, {1});
+  const tutti::Tensor stop_flag = step_sync.view(1, {1});
+  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
+  double first_loss = -1, accuracy = -1, train_seconds = 0;
+  bool stopped = false;
   tutti::CallOptions loss_call;
-  loss_call.label = "train loss";
+  loss_call.label = "train loss and stop flag";
   loss_call.stream = stream;
   while (step < total_steps) {
     // A step never straddles two epochs: skip the tail of micro-batches that cannot fill one.
@@ -244,7 +360,7 @@ int run(const Flags& f, int& argc, char**& argv) {
       loader.set_position({loader.position().epoch + 1, 0});
     }
     const auto t0 = Clock::now();
-    step_loss.zero(stream);
+    step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::Batch b = loader.next();
       const tutti::Tensor x = device.is_cpu() ? b.images : b.images.to(device, stream);
@@ -256,16 +372,38 @@ int run(const Flags& f, int& argc, char**& argv) {
     if (scaler.update(ddp.found_nonfinite())) optimizer->step();
     ddp.zero_grad();
     ++step;
-    // The mean loss over the whole global batch: the mean of the ranks' equal-sized means.
-    job.communicator().allreduce(step_loss, tutti::ReduceOp::avg, loss_call).wait(stream);
+    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
+    // The mean loss over the whole global batch (the mean of the ranks' equal-sized means),
+    // and the stop flag (> 0 when any rank has one).
+    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
     last_loss = tutti::nn::item(step_loss, stream);
+    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
     if (first_loss < 0) first_loss = last_loss;
     train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     const double samples_per_s = static_cast<double>((step - first_step) * f.batch_size) / train_seconds;
+    // fp16's loss scaler skips non-finite steps; in fp32 and bf16 a non-finite loss means
+    // the run diverged. Every rank sees the same mean loss, so every rank stops here alike.
+    if (!std::isfinite(last_loss) && f.precision != "fp16") {
+      if (job.rank() == 0) {
+        char where[1024];
+        if (saved_step >= 0) {
+          std::snprintf(where, sizeof where, "The last good checkpoint (written before the loss stopped being "
+                        "finite) is %s, at step %lld with train loss %g: resume from it with a smaller --lr (now %g), "
+                        "or from an earlier one.", ckpt_path.c_str(), static_cast<long long>(saved_step), saved_loss, lr);
+        } else {
+          std::snprintf(where, sizeof where, "No checkpoint was written (--checkpoint-dir with --checkpoint-every N "
+                        "keeps one); start again with a smaller --lr (now %g).", lr);
+        }
+        std::fprintf(stderr, "train_fashion_mnist: error: the training loss is %g at step %lld (%s): the run "
+                     "diverged. %s\n", last_loss, static_cast<long long>(step), f.precision.c_str(), where);
+      }
+      return job.rank() == 0 ? kExitDiverged : 0;
+    }
 
     const bool epoch_done = step % steps_per_epoch == 0;
     const int epoch = static_cast<int>((step - 1) / steps_per_epoch) + 1;
-    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, epoch_done || step == total_steps);
+    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, scaler.skipped_steps(),
+                    epoch_done || step == total_steps || stop_now);
     if (epoch_done || step == total_steps) {
       accuracy = evaluate(job, *model, data.test, stream);
       if (chatty) {
@@ -276,10 +414,36 @@ int run(const Flags& f, int& argc, char**& argv) {
         std::fflush(stdout);
       }
     }
-    if (!ckpt_path.empty() && ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == total_steps)) {
+    if (!ckpt_path.empty() &&
+        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == total_steps || stop_now)) {
       save();
+      saved_step = step;
+      saved_loss = last_loss;
+    }
+    if (stop_now && step < total_steps) {
+      stopped = true;
+      break;
     }
   }
+  if (stopped) {
+    // Every rank leaves once the checkpoint is written: after a stop signal the Job waits only
+    // briefly in MPI_Finalize (the launcher may be taking the job down).
+    job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
+    if (job.rank() == 0) {
+      progress.finish_line();
+      const int sig = job.stop_signal();
+      std::string how = ckpt_path.empty()
+                            ? "No checkpoint was written (no --checkpoint-dir): the run cannot be resumed."
+                            : "Checkpoint written to " + ckpt_path + ". Resume with the same command and --resume " +
+                                  "(--resume auto also starts afresh when there is no checkpoint).";
+      std::fprintf(stderr, "train_fashion_mnist: stopped at step %lld of %lld by %s%s. %s\n",
+                   static_cast<long long>(step), static_cast<long long>(total_steps),
+                   sig != 0 ? signal_name(sig) : "a signal to another rank",
+                   sig != 0 ? " (on rank 0)" : "", how.c_str());
+    }
+    return job.rank() == 0 ? kExitStopped : 0;
+  }
+  const bool nothing_to_do = first_step >= total_steps;
   if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
 
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -287,15 +451,22 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (job.rank() == 0) {
     const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     if (!f.quiet) {
-      std::printf("done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped step(s), "
-                  "%.1f s\n",
-                  static_cast<long long>(step), last_loss, accuracy, samples_per_s,
-                  static_cast<long long>(scaler.skipped_steps()), wall);
+      if (nothing_to_do) {
+        std::printf("done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
+                    "test accuracy %.4f\n",
+                    static_cast<long long>(step), static_cast<long long>(total_steps),
+                    last_loss >= 0 ? std::to_string(last_loss).c_str() : "unknown (not in this checkpoint)", accuracy);
+      } else {
+        std::printf("done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped "
+                    "step(s), %.1f s\n",
+                    static_cast<long long>(step), last_loss, accuracy, samples_per_s,
+                    static_cast<long long>(scaler.skipped_steps()), wall);
+      }
     }
     if (!f.json.empty()) {
       nlohmann::json out = {{"steps", step},
-                            {"final_train_loss", last_loss},
-                            {"initial_train_loss", first_loss},
+                            {"final_train_loss", last_loss >= 0 ? nlohmann::json(last_loss) : nlohmann::json()},
+                            {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
                             {"test_accuracy", accuracy},
                             {"wall_s", wall},
                             {"train_s", train_seconds},
@@ -311,7 +482,8 @@ int run(const Flags& f, int& argc, char**& argv) {
                             {"global_batch_size", f.batch_size},
                             {"accum_steps", f.accum_steps},
                             {"epochs", f.epochs},
-                            {"resumed_from_step", f.resume ? first_step : 0},
+                            {"resumed_from_step", resuming ? first_step : 0},
+                            {"loss_scale", scaler.scale()},
                             {"device", device.str()},
                             {"backend", std::string(job.backend())},
                             {"params_crc32", crc}};
@@ -354,7 +526,13 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_option("--resume", f.resume,
+                 "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
+                 "continue if there is one, else start afresh (for a scheduler that reruns the same command)")
+      ->expected(0, 1)
+      ->default_str("yes")
+      ->check(CLI::IsMember({"yes", "auto"}));
+  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--max-steps", f.max_steps, "stop after this many steps in total (0: all epochs)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
@@ -377,6 +555,8 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // The error of this rank, printed once; if it is this rank's alone, the Job (gone by now)
+  // has told the other ranks, which print that this rank failed and end.
   try {
     return run(f, argc, argv);
   } catch (const std::exception& e) {

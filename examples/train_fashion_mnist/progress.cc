@@ -26,7 +26,8 @@ Progress::Progress(bool enabled, double interval_s, std::int64_t total_steps, st
       start_(std::chrono::steady_clock::now()),
       last_(start_) {}
 
-void Progress::update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s, bool force) {
+void Progress::update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s,
+                      std::int64_t skipped, bool force) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   if (!force && std::chrono::duration<double>(now - last_).count() < interval_s_) return;
@@ -35,19 +36,21 @@ void Progress::update(std::int64_t step, int epoch, int epochs, double loss, dou
   const std::int64_t done = step - first_;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_ - step) : -1;
   char loss_text[32] = "-";
-  if (loss >= 0) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+  if (loss >= 0 || !std::isfinite(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+  char skipped_text[48] = "";
+  if (skipped > 0) std::snprintf(skipped_text, sizeof skipped_text, " skipped %lld", static_cast<long long>(skipped));
   if (tty_) {
     const int width = 24;
     const int filled = total_ > 0 ? static_cast<int>(width * std::min<double>(1.0, double(step) / double(total_))) : 0;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.resize(width, '.');
-    std::printf("\r[%s] epoch %d/%d step %lld/%lld loss %s %.0f samples/s ETA %s   ", bar.c_str(), epoch, epochs,
-                static_cast<long long>(step), static_cast<long long>(total_), loss_text, samples_per_s,
+    std::printf("\r[%s] epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s ETA %s   ", bar.c_str(), epoch, epochs,
+                static_cast<long long>(step), static_cast<long long>(total_), loss_text, skipped_text, samples_per_s,
                 format_duration(eta).c_str());
     drawn_ = true;
   } else {
-    std::printf("epoch %d/%d step %lld/%lld loss %s %.0f samples/s ETA %s\n", epoch, epochs,
-                static_cast<long long>(step), static_cast<long long>(total_), loss_text, samples_per_s,
+    std::printf("epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s ETA %s\n", epoch, epochs,
+                static_cast<long long>(step), static_cast<long long>(total_), loss_text, skipped_text, samples_per_s,
                 format_duration(eta).c_str());
   }
   std::fflush(stdout);

@@ -1,5 +1,6 @@
-// The backends as the Job sees them, their factories, and what they share (the timeout
-// report, the debug fingerprints, the MPI datatypes). Internal header.
+// The backends as the Job sees them, their factories, and what they share (the agreement on
+// a collective before its data moves, errors). The deadlines are the watchdog's
+// (comm/watchdog.h). Internal header.
 #pragma once
 
 #include <mpi.h>
@@ -16,21 +17,26 @@ namespace tutti::detail {
 class Backend : public Communicator {
  public:
   using Communicator::Communicator;
-  // Finishes the collectives issued so far (their deadlines bound it), then frees the
-  // backend's thread, stream, NCCL comm and MPI communicator. Idempotent; a collective issued
-  // afterwards throws. After a missed deadline (broken()), it frees nothing that a stuck
-  // thread could still touch.
-  virtual void shutdown() noexcept = 0;
+  // Finishes the collectives issued so far, waiting at most max_wait_s (and their deadlines
+  // bound it too), then frees the backend's thread, stream, NCCL comm and MPI communicators.
+  // Returns false when it gave up waiting or a collective had missed its deadline (broken()):
+  // then it has freed nothing that a stuck thread could still touch, and MPI must not be
+  // finalized. Idempotent; a collective issued afterwards throws.
+  virtual bool shutdown(double max_wait_s) noexcept = 0;
+  // Leaves at once, without waiting for anything (an exception ends the Job on this rank only):
+  // frees nothing a stuck thread could touch; nccl aborts its NCCL comm.
+  virtual void abandon() noexcept = 0;
   // True once a collective missed its deadline without ending the job.
   virtual bool broken() const = 0;
 };
 
-// The mpi backend over a duplicate of `parent` (collective over parent). `device` is the GPU
-// it stages GPU tensors through (cpu: it takes CPU tensors only).
-std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options);
+// The mpi backend over duplicates of `parent` (collective over parent). `device` is the GPU
+// it stages GPU tensors through (cpu: it takes CPU tensors only). `board_comm`: its slot on
+// the progress board (-1: none); the same number on every rank.
+std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm = -1);
 // The nccl backend on `device` (a GPU), bootstrapped over `parent` (collective over parent).
 // Throws BackendError in a build without NCCL.
-std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Device device, CommOptions options);
+std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm = -1);
 bool built_with_nccl();
 // "2.28.9", or "none".
 std::string nccl_version();
@@ -40,11 +46,6 @@ std::string nccl_version();
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t);
 
-// The report of a collective that missed its deadline (without the "tutti [rank r]" prefix).
-std::string timeout_report(std::string_view backend, const CollectiveInfo& info, double timeout_s,
-                           double waited_s, std::size_t queued_behind);
-// Prints "tutti [rank r]: <report>" to stderr and ends the job with MPI_Abort.
-[[noreturn]] void end_job(const std::string& report);
 // A TimeoutError carrying `report`, as an exception_ptr for a Work to rethrow.
 std::exception_ptr timeout_error(const std::string& report);
 
@@ -53,10 +54,25 @@ std::exception_ptr timeout_error(const std::string& report);
 // when something failed.
 std::exception_ptr in_context(std::exception_ptr error, const std::string& what);
 
-// Debug mode: exchanges the fingerprint of `info` over `comm` (an MPI_Iallgather, polled until
-// every rank has reached the same point or `timeout_s` has passed) and throws InvalidArgument
-// naming the first rank whose fingerprint differs from rank 0's, with both descriptions.
-// Returns false when the deadline passed (the exchange is then still pending on `comm`).
-bool check_fingerprints(MPI_Comm comm, const CollectiveInfo& info, double timeout_s);
+// Agreement before the data moves. Every rank must pass MPI the same counts: where they differ,
+// Open MPI 4.1 writes past the receiving buffer (its ob1 protocol for messages above the eager
+// limit, 4 KiB over shared memory, reads the sender's whole message into the receive buffer
+// with process_vm_readv, CMA, without checking it against the posted size; messages sent
+// eagerly are checked and fail with MPI_ERR_TRUNCATE). So the mpi backend agrees on every
+// collective that can move more than kAgreeAboveBytes in one message before moving its data,
+// on a communicator of its own (so the agreement never matches another collective's data),
+// and on every collective in debug mode.
+inline constexpr std::size_t kAgreeAboveBytes = 1024;
+// The most bytes one MPI message of collective `c` can carry (halves counted as the fp32 the
+// mpi backend reduces them in).
+std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size);
+// Blocking: the ranks compare the fingerprint of `info` (sequence number, kind, op, dtype,
+// count, root) with one small MPI_Allreduce (max of the values and of their negations) on
+// `comm`; where they differ, an allgather finds who issued what and every rank throws
+// InvalidArgument naming the first rank that differs from rank 0, with both descriptions.
+void agree(MPI_Comm comm, const CollectiveInfo& info);
+// The same exchange, polled (for a caller thread that must not block in MPI): returns false
+// when `timeout_s` passed first (the exchange is then still pending on `comm`).
+bool agree_polled(MPI_Comm comm, const CollectiveInfo& info, double timeout_s);
 
 }  // namespace tutti::detail

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/fault.h"
 #include "comm/work_state.h"
 #include "core/mpi_check.h"
 
@@ -185,41 +186,6 @@ void HostWork::wait() {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-namespace {
-// Whether TUTTI_DEBUG turns debug mode on; false when unset or unreadable (never throws: the
-// watchdog calls this).
-bool debug_env_on() noexcept {
-  try {
-    return CommOptions{}.debug_enabled();
-  } catch (...) {
-    return false;
-  }
-}
-}  // namespace
-
-std::string timeout_report(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
-                           std::size_t queued_behind) {
-  char times[96];
-  std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
-  std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
-                  " did not complete " + times;
-  if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
-  // Debug mode compared every collective's description before it ran: suggest it only when off.
-  s += debug_env_on()
-           ? ". Debug mode (TUTTI_DEBUG) is on and found no mismatch: some rank never reached this collective."
-           : ". Some rank probably never issued it, or issued a different collective "
-             "(run with TUTTI_DEBUG=1 to compare them).";
-  return s;
-}
-
-void end_job(const std::string& report) {
-  const int rank = error_rank();
-  std::fprintf(stderr, "tutti [rank %d]: %s Ending the job (MPI_Abort).\n", rank, report.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 14);
-  std::_Exit(14);  // MPI_Abort does not return; in case it does, end at least this process
-}
-
 std::exception_ptr timeout_error(const std::string& report) {
   return std::make_exception_ptr(TimeoutError(report, strip_path(__FILE__), error_rank()));
 }
@@ -271,33 +237,109 @@ std::string describe(const Fingerprint& f) {
 }
 }  // namespace
 
-bool check_fingerprints(MPI_Comm comm, const CollectiveInfo& info, double timeout_s) {
-  int size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
-  const Fingerprint mine = fingerprint_of(info);
-  std::vector<Fingerprint> all(static_cast<std::size_t>(size));
-  MPI_Request request = MPI_REQUEST_NULL;
-  TUTTI_MPI_CHECK(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm, &request));
-  const auto start = Clock::now();
+namespace {
+// Polls `request` until it completes (true) or timeout_s has passed since `start` (false).
+bool poll_request(MPI_Request& request, double timeout_s, const Clock::time_point start) {
   int done = 0;
   for (;;) {
     TUTTI_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    if (seconds_since(start) > timeout_s) {
-      // `all` must outlive the pending exchange: leak it (the communicator is broken now).
-      new std::vector<Fingerprint>(std::move(all));
-      return false;
-    }
+    if (done) return true;
+    if (seconds_since(start) > timeout_s) return false;
     std::this_thread::yield();
   }
-  for (int r = 1; r < size; ++r) {
-    if (!same(all[static_cast<std::size_t>(r)], all[0])) {
-      TUTTI_THROW(InvalidArgument, "collective mismatch (debug mode): rank 0 issued ", describe(all[0]),
-                  " but rank ", r, " issued ", describe(all[static_cast<std::size_t>(r)]),
-                  "; every rank must issue the same collectives in the same order");
-    }
+}
+
+constexpr int kFields = 6;
+using Values = std::vector<std::int64_t>;
+
+// The fingerprint's fields, then their negations: one MAX allreduce gives every field's max
+// and min, which are equal on every rank exactly when every rank has the same fingerprint.
+Values max_min_of(const Fingerprint& f) {
+  const std::int64_t v[kFields] = {static_cast<std::int64_t>(f.seq), f.count, f.kind, f.op, f.dtype, f.root};
+  Values out(2 * kFields);
+  for (int i = 0; i < kFields; ++i) {
+    out[static_cast<std::size_t>(i)] = v[i];
+    out[static_cast<std::size_t>(kFields + i)] = -v[i];
+  }
+  return out;
+}
+
+bool all_same(const Values& reduced) {
+  for (int i = 0; i < kFields; ++i) {
+    if (reduced[static_cast<std::size_t>(i)] != -reduced[static_cast<std::size_t>(kFields + i)]) return false;
   }
   return true;
+}
+
+[[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all) {
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (!same(all[r], all[0])) {
+      TUTTI_THROW(InvalidArgument, "collective mismatch: rank 0 issued ", describe(all[0]), " but rank ", r,
+                  " issued ", describe(all[r]), "; every rank must issue the same collectives in the same order");
+    }
+  }
+  TUTTI_THROW(InvalidArgument, "collective mismatch: the ranks' fingerprints differ, but no two of them do (a rank "
+              "changed its mind?)");
+}
+}  // namespace
+
+std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size) {
+  const bool half = info.dtype == DType::f16 || info.dtype == DType::bf16;
+  const bool reduces = info.kind == CollectiveKind::allreduce || info.kind == CollectiveKind::reduce_scatter;
+  const std::size_t es = half && reduces ? 4 : size_of(info.dtype);
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(info.count, 0));
+  switch (info.kind) {
+    case CollectiveKind::allreduce:
+    case CollectiveKind::broadcast: return n * es;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::allgather: return n * es * static_cast<std::size_t>(std::max(world_size, 1));
+    case CollectiveKind::barrier: return 0;
+  }
+  return 0;
+}
+
+void agree(MPI_Comm comm, const CollectiveInfo& info) {
+  const Fingerprint mine = fingerprint_of(info);
+  Values v = max_min_of(mine);
+  TUTTI_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm));
+  if (all_same(v)) return;
+  int size = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
+  std::vector<Fingerprint> all(static_cast<std::size_t>(size));
+  TUTTI_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm));
+  throw_mismatch(all);
+}
+
+bool agree_polled(MPI_Comm comm, const CollectiveInfo& info, double timeout_s) {
+  const auto start = Clock::now();
+  int size = 1;
+  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
+  // The buffers of an exchange that misses its deadline stay pending in MPI: they are leaked
+  // then (the communicator is broken anyway).
+  struct Exchange {
+    Fingerprint mine;
+    Values sent, reduced;
+    std::vector<Fingerprint> all;
+  };
+  auto ex = std::make_unique<Exchange>();
+  ex->mine = fingerprint_of(info);
+  ex->sent = max_min_of(ex->mine);
+  ex->reduced.resize(ex->sent.size());
+  ex->all.resize(static_cast<std::size_t>(size));
+  MPI_Request request = MPI_REQUEST_NULL;
+  TUTTI_MPI_CHECK(MPI_Iallreduce(ex->sent.data(), ex->reduced.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
+  if (!poll_request(request, timeout_s, start)) {
+    (void)ex.release();
+    return false;
+  }
+  if (all_same(ex->reduced)) return true;
+  TUTTI_MPI_CHECK(MPI_Iallgather(&ex->mine, sizeof(Fingerprint), MPI_BYTE, ex->all.data(), sizeof(Fingerprint), MPI_BYTE,
+                                 comm, &request));
+  if (!poll_request(request, timeout_s, start)) {
+    (void)ex.release();
+    return false;
+  }
+  throw_mismatch(ex->all);
 }
 
 }  // namespace detail
@@ -370,6 +412,7 @@ Communicator::Collective Communicator::make_collective(CollectiveInfo info, Tens
 }
 
 Work Communicator::issue(Collective c, Work (Communicator::*run)(Collective)) {
+  detail::inject_fault(detail::FaultPoint::collective);
   std::lock_guard lock(issue_mutex_);
   c.info.seq = next_seq_++;
   return (this->*run)(std::move(c));

@@ -1,18 +1,25 @@
 // Bootstrap: MPI, ranks, the device, the communicators; and the orderly teardown.
 #include "tutti/comm/job.h"
 
+#include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstdio>
+#include <exception>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/fault.h"
+#include "comm/progress.h"
+#include "comm/watchdog.h"
 #include "core/gpu_runtime.h"
 #include "core/mpi_check.h"
 #include "tutti/kernels/threads.h"
@@ -22,6 +29,48 @@ namespace tutti {
 namespace {
 
 std::atomic<bool> job_alive{false};
+
+// ---- stop signals: the handler only records the signal ----
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+std::atomic<int> stop_signal_received{0};
+constexpr double kFinalizeAfterStop_s = 3.0;
+extern "C" void on_stop_signal(int sig) {
+  if (detail::job_failing.load(std::memory_order_relaxed)) {
+    // The job is ending anyway: this is the launcher ending it. Act as by default.
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  stop_signal_received.store(sig, std::memory_order_relaxed);
+}
+
+// ---- an exception escaping main ----
+std::terminate_handler previous_terminate = nullptr;
+void on_terminate() {
+  detail::Watchdog* w = detail::Watchdog::current();
+  if (w != nullptr && w->mpi_up()) {
+    std::string what = "an exception of unknown type";
+    if (std::exception_ptr e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {
+      }
+    }
+    w->end_job("an exception escaped (std::terminate): " + what, detail::kExitUncaught);
+  }
+  if (previous_terminate != nullptr) previous_terminate();
+  std::abort();
+}
+
+// ---- a Job left by an exception: MPI_Abort when the process exits ----
+void abort_at_exit(int status, void*) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
+}
 
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
   int size = 1;
@@ -85,6 +134,14 @@ Device choose_device(const std::string& wanted, int local_rank) {
 
 struct Job::Impl {
   bool initialized_mpi = false;
+  int uncaught_at_start = 0;       // std::uncaught_exceptions() when the Job was made
+  double timeout_s = 300;          // the deadline of start-up, check_same, summary, finalize
+  std::unique_ptr<detail::Watchdog> watchdog;
+  std::shared_ptr<detail::ProgressBoard> board;
+  int next_board_comm = 0;
+  bool caught_signals = false;
+  struct sigaction previous_actions[std::size(kStopSignals)] = {};
+  bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
@@ -96,10 +153,21 @@ struct Job::Impl {
   std::vector<std::weak_ptr<detail::Backend>> extra;
   bool owns_slot = false;
 
-  ~Impl() { teardown(); }
+  ~Impl() { teardown(std::uncaught_exceptions() > uncaught_at_start); }
 
-  void teardown() noexcept {
-    bool broken = false;
+  void restore_handlers() noexcept {
+    if (caught_signals) {
+      for (std::size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_actions[i], nullptr);
+      caught_signals = false;
+    }
+    if (set_terminate_handler) {
+      std::set_terminate(previous_terminate);
+      set_terminate_handler = false;
+    }
+  }
+
+  void teardown(bool unwinding) noexcept {
+    restore_handlers();
     std::vector<std::shared_ptr<detail::Backend>> all;
     {
       std::lock_guard lock(extra_mutex);
@@ -110,37 +178,96 @@ struct Job::Impl {
     }
     if (comm) all.push_back(comm);
     if (cpu_comm && cpu_comm != comm) all.push_back(cpu_comm);
+    const bool mpi_up = watchdog && watchdog->mpi_up();
     // NCCL comms and streams before MPI: shutdown() frees them.
-    for (auto& b : all) {
-      b->shutdown();
-      broken = broken || b->broken();
+    bool clean = true;
+    if (unwinding && size > 1 && mpi_up) {
+      // Never wait on the other ranks: they may be waiting for this one. If they are all
+      // leaving too (an error every rank raised), an orderly end is still possible.
+      const bool all_leaving = watchdog->leave(1.0);
+      for (auto& b : all) {
+        if (all_leaving) {
+          clean = b->shutdown(2.0) && clean;
+        } else {
+          b->abandon();
+          clean = false;
+        }
+      }
+    } else {
+      for (auto& b : all) clean = b->shutdown(std::numeric_limits<double>::infinity()) && clean;
     }
     all.clear();
     comm.reset();
     cpu_comm.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && !broken) {
+    if (mpi_up && !finalized && clean) {
+      watchdog->detach();
       if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
       if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
-      // A rank stuck in MPI after a missed deadline (broken) would make MPI_Finalize hang.
-      if (initialized_mpi) MPI_Finalize();
+      if (initialized_mpi) {
+        if (board) board->set_phase(detail::Phase::finalizing);
+        // Every rank waits here for all the others; a rank that never comes ends the job
+        // after the deadline instead of hanging it. After a stop signal the launcher may be
+        // taking the job down (mpirun and Slurm answer SIGTERM so) and then never completes
+        // MPI_Finalize: the program has stopped cleanly, so leave after a few seconds.
+        auto region = stop_signal_received.load() == 0
+                          ? watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
+                                             detail::Phase::finalizing)
+                          : watchdog->quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
+                                                   "MPI_Finalize did not return within 3 s of a clean stop (the "
+                                                   "launcher that sent the signal is ending the job); leaving without it.",
+                                                   0);
+        MPI_Finalize();
+        if (board) board->set_phase(detail::Phase::finished);
+      }
+    } else if (mpi_up && !finalized && unwinding && initialized_mpi) {
+      // A rank stuck in MPI (or the other ranks, still waiting) would make MPI_Finalize hang.
+      // The program's catch block runs and prints first; the process's exit ends the job.
+      static std::once_flag registered;
+      std::call_once(registered, [] { on_exit(abort_at_exit, nullptr); });
     }
+    // A collective missed its deadline without aborting (broken): MPI cannot be finalized; the
+    // program ends its processes itself (abort_on_timeout = false).
+    if (watchdog) watchdog->detach(/*free_comm=*/false);
+    watchdog.reset();
+    board.reset();
     if (owns_slot) job_alive.store(false);
     owns_slot = false;
   }
+
+  int take_board_comm() { return next_board_comm++; }
 };
 
 Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& j = *impl_;
   TUTTI_CHECK(!job_alive.exchange(true), "a tutti::Job exists already in this process (one at a time)");
   j.owns_slot = true;
+  j.uncaught_at_start = std::uncaught_exceptions();
+  // Malformed environment variables fail here, on every rank alike, before MPI starts.
+  j.timeout_s = options.comm.timeout_seconds();
+  (void)options.comm.debug_enabled();
+
+  // The watchdog first: the deadline covers MPI_Init too. Where the launcher says who is who,
+  // this host's progress board exists from now on, so that a start-up report can say which
+  // ranks of the host never arrived.
+  j.watchdog = std::make_unique<detail::Watchdog>();
+  if (auto early = detail::ProgressBoard::open_from_launcher()) {
+    j.watchdog->set_rank(early->rank(), early->size());
+    j.board = std::move(early);
+    j.board->set_phase(detail::Phase::starting);
+    j.watchdog->set_board(j.board);
+  }
+  detail::inject_fault(detail::FaultPoint::start);
+  auto startup = j.watchdog->region("the job's start-up (MPI_Init: every rank waits there for all the others)",
+                                    j.timeout_s, detail::Phase::mpi_init);
 
   int initialized = 0, finalized = 0;
   TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
   TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
   TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
   int provided = MPI_THREAD_SINGLE;
+  if (j.board) j.board->set_phase(detail::Phase::mpi_init);
   if (!initialized) {
     // Every rank runs a compute thread and a communication thread, so a host's cores are
     // shared even with one rank per core. Open MPI busy-polls inside blocking calls; told to
@@ -153,6 +280,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   } else {
     TUTTI_MPI_CHECK(MPI_Query_thread(&provided));
   }
+  j.watchdog->mpi_ready();
+  if (j.board) j.board->set_phase(detail::Phase::bootstrap);
+  startup.set_what("the job's start-up (making its communicators)");
   TUTTI_CHECK(provided >= MPI_THREAD_MULTIPLE, "tutti needs MPI_THREAD_MULTIPLE (its communication threads call MPI "
               "while other threads may), but MPI provides thread level ", provided,
               j.initialized_mpi ? " (this MPI library lacks it)" : " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
@@ -162,10 +292,17 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_MPI_CHECK(MPI_Comm_rank(j.world, &j.rank));
   TUTTI_MPI_CHECK(MPI_Comm_size(j.world, &j.size));
   set_error_rank(j.rank);
+  j.watchdog->set_rank(j.rank, j.size);
+  // From here on the ranks hear from each other when one fails.
+  MPI_Comm control = MPI_COMM_NULL;
+  TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &control));
+  j.watchdog->attach(control);
   ErrorContext context("setting up the job (rank " + std::to_string(j.rank) + " of " + std::to_string(j.size) + ")");
   TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
   TUTTI_MPI_CHECK(MPI_Comm_rank(j.local, &j.local_rank));
   TUTTI_MPI_CHECK(MPI_Comm_size(j.local, &j.local_size));
+  j.board = detail::ProgressBoard::open_after_init(j.board, j.local, j.rank, j.size);
+  j.watchdog->set_board(j.board);
   if (options.cpu_threads > 0) {
     kernels::set_cpu_threads(options.cpu_threads);
   } else if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -181,8 +318,6 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
                     "JobOptions::backend must be 'auto', 'mpi' or 'nccl', got '", options.backend, "'");
     j.device = choose_device(options.device, j.local_rank);
     if (j.device.is_cuda()) gpu::set_device(j.device.index);
-    (void)options.comm.timeout_seconds();  // malformed environment variables fail here, everywhere alike
-    (void)options.comm.debug_enabled();
   });
 
   // NCCL wants one GPU per rank: two ranks of a node on one GPU use mpi instead.
@@ -201,12 +336,28 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   });
 
   if (use_nccl) {
-    j.comm = detail::make_nccl_backend(j.world, j.device, options.comm);
-    j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm);
+    startup.set_what("the job's start-up (creating the NCCL communicator: every rank waits for all the others)");
+    j.comm = detail::make_nccl_backend(j.world, j.device, options.comm, j.take_board_comm());
+    j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm, j.take_board_comm());
   } else {
-    j.comm = detail::make_mpi_backend(j.world, j.device, options.comm);
+    j.comm = detail::make_mpi_backend(j.world, j.device, options.comm, j.take_board_comm());
     j.cpu_comm = j.comm;
   }
+
+  if (options.catch_stop_signals) {
+    for (std::size_t i = 0; i < std::size(kStopSignals); ++i) {
+      struct sigaction action {};
+      action.sa_handler = on_stop_signal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as by default
+      sigaction(kStopSignals[i], &action, &j.previous_actions[i]);
+    }
+    j.caught_signals = true;
+  }
+  previous_terminate = std::set_terminate(on_terminate);
+  j.set_terminate_handler = true;
+  if (j.board) j.board->set_phase(detail::Phase::running);
+  detail::inject_fault(detail::FaultPoint::ready);
 }
 
 Job::~Job() = default;
@@ -240,9 +391,11 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
   TUTTI_CHECK_ARG(backend == "auto" || backend == "mpi" || backend == "nccl",
                   "Job::new_communicator: backend must be 'auto', 'mpi' or 'nccl', got '", std::string(backend), "'");
   const bool nccl = backend == "nccl" || (backend == "auto" && j.comm->backend() == "nccl");
+  auto region = j.watchdog->region("Job::new_communicator (every rank waits there for all the others)", j.timeout_s);
+  const int slot = j.take_board_comm();
   std::shared_ptr<detail::Backend> b =
-      nccl ? detail::make_nccl_backend(j.world, j.device, std::move(options))
-           : detail::make_mpi_backend(j.world, j.device, std::move(options));
+      nccl ? detail::make_nccl_backend(j.world, j.device, std::move(options), slot)
+           : detail::make_mpi_backend(j.world, j.device, std::move(options), slot);
   std::lock_guard lock(j.extra_mutex);
   j.extra.push_back(b);
   return b;
@@ -250,6 +403,7 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
 
 std::string Job::summary() const {
   const Impl& j = *impl_;
+  auto region = j.watchdog->region("Job::summary (every rank waits there for all the others)", j.timeout_s);
   char line[512];
   std::snprintf(line, sizeof line, "  rank %d/%d  host %s  local %d/%d  device %s [%s]  backend %s\n", j.rank, j.size,
                 j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
@@ -263,6 +417,43 @@ std::string Job::summary() const {
          ", driver " + cuda_driver_version() + "\n";
   for (const auto& l : lines) out += l;
   return out;
+}
+
+void Job::check_same(std::string_view what, std::string_view value) {
+  Impl& j = *impl_;
+  std::vector<std::string> all;
+  {
+    auto region = j.watchdog->region("Job::check_same(\"" + std::string(what) + "\") (every rank waits there for all the others)",
+                                     j.timeout_s);
+    all = allgather_strings(j.world, std::string(value));
+  }
+  // Distinct values in the order of the first rank that has each.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[static_cast<std::size_t>(r)]; });
+    if (it == groups.end()) {
+      groups.push_back({all[static_cast<std::size_t>(r)], {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (groups.size() <= 1) return;
+  std::string text;
+  for (const auto& [v, ranks] : groups) {
+    if (!text.empty()) text += "; ";
+    text += "'" + (v.size() > 200 ? v.substr(0, 200) + "..." : v) + "' on rank" + (ranks.size() > 1 ? "s" : "");
+    for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : " ") + std::to_string(ranks[i]);
+  }
+  TUTTI_THROW(InvalidArgument, "ranks disagree on ", what, ": ", text, " (every rank must have the same value)");
+}
+
+void Job::check_same(std::string_view what, std::int64_t value) { check_same(what, std::to_string(value)); }
+
+bool Job::stop_requested() const { return stop_signal_received.load(std::memory_order_relaxed) != 0; }
+int Job::stop_signal() const { return stop_signal_received.load(std::memory_order_relaxed); }
+
+void Job::abort(std::string_view reason, int exit_code) {
+  impl_->watchdog->end_job("aborting the job: " + std::string(reason), exit_code);
 }
 
 Job init(int& argc, char**& argv, JobOptions options) { return Job(argc, argv, std::move(options)); }

@@ -1,7 +1,12 @@
 // The mpi backend: one communication thread per communicator carries out the collectives in
 // issue order on the communicator's own MPI communicator (a duplicate, MPI_ERRORS_RETURN), so
-// the caller keeps computing; a watchdog thread enforces the deadline of the collective in
-// progress.
+// the caller keeps computing; the process's watchdog (comm/watchdog.h) enforces the deadline
+// of the collective in progress.
+//
+// Counts that differ between ranks must never reach MPI's data movement (see kAgreeAboveBytes
+// in backend.h): a collective that can move more than 1 KiB in one message is agreed on first,
+// with one small allreduce on a second duplicate communicator; smaller ones travel eagerly,
+// where MPI checks the size (MPI_ERR_TRUNCATE). In debug mode every collective is agreed on.
 //
 // A caller that waits for a CPU collective that has not started, while the thread is idle,
 // runs it (and any before it) itself: same order, no hand-off (see Engine::run_until).
@@ -26,10 +31,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/progress.h"
+#include "comm/watchdog.h"
 #include "comm/work_state.h"
 #include "core/gpu_runtime.h"
 #include "core/mpi_check.h"
@@ -125,8 +133,11 @@ struct Op final : HostWork {
 
 // Everything the threads touch. The threads hold it by shared_ptr, so a thread stuck in MPI
 // after a missed deadline never outlives what it uses.
-struct Engine final : WorkRunner {
+struct Engine final : WorkRunner, Watched {
   MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm check = MPI_COMM_NULL;  // the agreement before the data (never matches data traffic)
+  std::shared_ptr<ProgressBoard> board;
+  int board_comm = -1;
   int rank = 0;
   int size = 1;
   Device device;  // the GPU that GPU tensors are staged from (cpu: none)
@@ -141,6 +152,7 @@ struct Engine final : WorkRunner {
   std::uint64_t issued_total = 0;  // under queue_mutex
   std::atomic<bool> sleeping{false};  // in an untimed wait: an issuer must wake it
   bool stopping = false;
+  bool abandoned = false;  // the Job left by an exception: run nothing more
   // Someone runs a collective (the thread, or a waiting caller in run_until): collectives are
   // taken from the front of the queue only while nobody is, so they run one at a time, in
   // issue order, whoever runs them.
@@ -152,10 +164,8 @@ struct Engine final : WorkRunner {
   // while it holds the lock to pop anyway, so watching costs no lock of its own). A plain
   // pointer (no reference count to touch per collective): the runner holds the op alive
   // from begin_next until after end_current, and a thread stuck in MPI holds it forever.
-  std::condition_variable watch_cv;
   Op* current = nullptr;
   Clock::time_point started;
-  bool watch_stop = false;
   std::atomic<bool> broken{false};
   std::string broken_report;
 
@@ -165,7 +175,8 @@ struct Engine final : WorkRunner {
   Stream staging;
 
   void loop();
-  void watch();
+  // The watchdog's check, every tick: the collective in progress against its deadline.
+  void poll(Watchdog& watchdog) override;
   // Takes the front of the queue and makes it current (executing). With queue_mutex held.
   std::shared_ptr<Op> begin_next();
   // The current collective is done (not executing). With queue_mutex held.
@@ -184,9 +195,10 @@ struct Engine final : WorkRunner {
   void allgather(const Tensor& in, const Tensor& out);
   void broadcast(const Tensor& in, const Tensor& out, int root);
   std::exception_ptr broken_error();
-  // The collective in progress missed its deadline: end the job, or fail it and everything
-  // queued behind it and mark the communicator broken. Call with queue_mutex held.
-  void missed_deadline(double waited);
+  // The collective in progress missed its deadline and the job goes on (abort_on_timeout =
+  // false): fail it and everything queued behind it and mark the communicator broken. Call
+  // with queue_mutex held.
+  void fail_broken(const std::string& report);
 };
 
 std::exception_ptr Engine::broken_error() {
@@ -216,7 +228,7 @@ void Engine::loop() {
         while (queued.load(std::memory_order_acquire) == 0 && Clock::now() < spin_until) std::this_thread::yield();
       }
       std::unique_lock lock(queue_mutex);
-      auto ready = [&] { return !executing && (!queue.empty() || stopping); };
+      auto ready = [&] { return abandoned || (!executing && (!queue.empty() || stopping)); };
       auto quiet = std::chrono::microseconds(0);
       std::uint64_t seen = issued_total;
       while (!ready()) {
@@ -232,7 +244,7 @@ void Engine::loop() {
           nap = kShortestNap;
         }
       }
-      if (queue.empty()) break;  // stopping, and everything issued is done
+      if (abandoned || queue.empty()) break;  // stopping, and everything issued is done
       std::shared_ptr<Op> op = begin_next();
       lock.unlock();
       run(op);
@@ -253,6 +265,7 @@ std::shared_ptr<Op> Engine::begin_next() {
   current = op.get();
   started = coarse_now();
   executing = true;
+  if (board) board->started(board_comm, op->info());
   return op;
 }
 
@@ -270,8 +283,10 @@ void Engine::run(const std::shared_ptr<Op>& op) {
     const Clock::time_point start = Clock::now();
     execute(*op);
     op->work->set_run_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    if (board) board->completed(board_comm, op->info().seq);
     op->work->complete();
   } catch (...) {
+    if (board) board->completed(board_comm, op->info().seq);
     op->work->fail(in_context(std::current_exception(), "running collective " + op->info().str() + " on backend mpi"));
   }
 }
@@ -296,23 +311,28 @@ void Engine::run_until(const HostWork& work) {
   if (left) queue_cv.notify_one();  // collectives issued after `work`: the thread's again
 }
 
-void Engine::watch() {
-  // Polls a few times per deadline (at most every 0.5 s): cheap, and needs no wake-up from
-  // the communication thread on every collective.
-  const auto interval = std::chrono::duration<double>(std::clamp(timeout_s / 20, 0.01, 0.5));
-  std::unique_lock lock(queue_mutex);
-  while (!watch_stop) {
-    watch_cv.wait_for(lock, interval);
-    if (watch_stop || !current || broken.load()) continue;
-    const double waited = seconds_since(started);
-    if (waited > timeout_s) missed_deadline(waited);
+void Engine::poll(Watchdog& watchdog) {
+  CollectiveInfo info;
+  double waited = 0;
+  std::size_t behind = 0;
+  {
+    std::lock_guard lock(queue_mutex);
+    if (current == nullptr || broken.load()) return;
+    waited = seconds_since(started);
+    if (waited <= timeout_s) return;
+    info = current->info();
+    behind = queue.size();
   }
+  // Without the lock: the report may wait for other hosts' answers.
+  const std::optional<std::string> report =
+      watchdog.collective_missed("mpi", info, board_comm, timeout_s, waited, behind, debug, abort_on_timeout);
+  if (!report) return;  // a lower rank reports it, or the job is ending
+  std::lock_guard lock(queue_mutex);
+  if (current != nullptr && current->info().seq == info.seq) fail_broken(*report);
 }
 
-void Engine::missed_deadline(double waited) {
+void Engine::fail_broken(const std::string& report) {
   if (!current || broken.load()) return;
-  const std::string report = timeout_report("mpi", current->info(), timeout_s, waited, queue.size());
-  if (abort_on_timeout) end_job(report);
   broken_report = report;
   broken.store(true);
   current->work->fail(timeout_error(report));
@@ -324,12 +344,7 @@ void Engine::missed_deadline(double waited) {
 
 void Engine::execute(Op& op) {
   const auto& c = op.c;
-  if (debug && !check_fingerprints(comm, c.info, timeout_s)) {
-    // Some rank never reached this collective: the same end as a stuck MPI call.
-    std::lock_guard lock(queue_mutex);
-    missed_deadline(seconds_since(started));
-    return;
-  }
+  if (debug || largest_message_bytes(c.info, size) > kAgreeAboveBytes) agree(check, c.info);
   const Tensor& any = c.output.defined() ? c.output : c.input;
   if (any.defined() && any.device().is_cuda()) {
     run_staged(op);
@@ -482,55 +497,81 @@ void Engine::run_staged(Op& op) {
 
 class MpiBackend final : public Backend {
  public:
-  MpiBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size)
+  MpiBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size, int board_comm)
       : Backend(rank, size, std::move(options)), engine_(std::make_shared<Engine>()) {
     Engine& e = *engine_;
     TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.comm));
     TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.comm, MPI_ERRORS_RETURN));
+    TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.check));
+    TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.check, MPI_ERRORS_RETURN));
     e.rank = rank;
     e.size = size;
     e.device = device;
     e.timeout_s = timeout_seconds();
     e.debug = debug();
     e.abort_on_timeout = this->options().abort_on_timeout;
+    if (Watchdog* w = Watchdog::current()) {
+      e.board = w->board();
+      e.board_comm = board_comm;
+      w->watch(engine_);
+    }
     thread_ = std::thread([e = engine_] { e->loop(); });
-    watchdog_ = std::thread([e = engine_] { e->watch(); });
   }
-  ~MpiBackend() override { shutdown(); }
+  ~MpiBackend() override { shutdown(std::numeric_limits<double>::infinity()); }
 
   std::string_view backend() const override { return "mpi"; }
   bool broken() const override { return engine_->broken.load(); }
 
-  void shutdown() noexcept override {
+  bool shutdown(double max_wait_s) noexcept override {
     Engine& e = *engine_;
     {
       std::unique_lock lock(e.queue_mutex);
-      if (e.stopping && !thread_.joinable()) return;
+      if (shut_down_) return clean_;
       e.stopping = true;
       e.queue_cv.notify_all();
       // Issued collectives finish first; a stuck one is ended by the watchdog (the job, or
       // this wait, through broken).
-      while (!e.thread_done && !e.broken.load()) e.done_cv.wait_for(lock, std::chrono::milliseconds(20));
+      const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(std::min(max_wait_s, 1e9)));
+      while (!e.thread_done && !e.broken.load() && Clock::now() < give_up) {
+        e.done_cv.wait_for(lock, std::chrono::milliseconds(20));
+      }
+      if (!e.thread_done) e.abandoned = true;
+      e.queue_cv.notify_all();
     }
     if (e.thread_done) {
       thread_.join();
     } else {
       thread_.detach();  // stuck inside MPI; it keeps the engine alive
     }
-    {
-      std::lock_guard lock(e.queue_mutex);
-      e.watch_stop = true;
-    }
-    e.watch_cv.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-    if (!e.broken.load() && e.comm != MPI_COMM_NULL) {
+    shut_down_ = true;
+    clean_ = e.thread_done && !e.broken.load();
+    if (clean_) {
       int finalized = 0;
       MPI_Finalized(&finalized);
-      if (!finalized) MPI_Comm_free(&e.comm);
-      e.comm = MPI_COMM_NULL;
+      if (!finalized) {
+        MPI_Comm_free(&e.comm);
+        MPI_Comm_free(&e.check);
+      }
+      e.comm = e.check = MPI_COMM_NULL;
       e.staging = Stream();
       e.pinned.reset();
     }
+    return clean_;
+  }
+
+  void abandon() noexcept override {
+    Engine& e = *engine_;
+    {
+      std::lock_guard lock(e.queue_mutex);
+      if (shut_down_) return;
+      e.stopping = true;
+      e.abandoned = true;
+    }
+    e.queue_cv.notify_all();
+    thread_.detach();  // idle, it ends at once; inside MPI, it stays there until the process ends
+    shut_down_ = true;
+    clean_ = false;
   }
 
  protected:
@@ -566,6 +607,7 @@ class MpiBackend final : public Backend {
       op->work->fail(e.broken_error());
       return work;
     }
+    if (e.board) e.board->issued(e.board_comm, op->info().seq);
     {
       std::lock_guard lock(e.queue_mutex);
       TUTTI_CHECK(!e.stopping, "collective ", op->info().str(), " issued after the communicator was shut down");
@@ -579,16 +621,17 @@ class MpiBackend final : public Backend {
 
   std::shared_ptr<Engine> engine_;
   std::thread thread_;
-  std::thread watchdog_;
+  bool shut_down_ = false;
+  bool clean_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options) {
+std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm) {
   int rank = 0, size = 1;
   TUTTI_MPI_CHECK(MPI_Comm_rank(parent, &rank));
   TUTTI_MPI_CHECK(MPI_Comm_size(parent, &size));
-  return std::make_shared<MpiBackend>(parent, device, std::move(options), rank, size);
+  return std::make_shared<MpiBackend>(parent, device, std::move(options), rank, size, board_comm);
 }
 
 }  // namespace tutti::detail

@@ -3,18 +3,28 @@
 // event, no host sync). A Work is an event recorded after the collective on that stream.
 //
 // Deadlines and asynchronous NCCL errors: Work::wait polls its event, the communicator's
-// async error and its deadline; a watchdog thread does the same for collectives nobody
-// waits on. A missed deadline or an NCCL error ends the job (ncclCommAbort, then MPI_Abort)
-// after the report, or with abort_on_timeout = false aborts the NCCL comm (which frees the
-// stuck stream) and fails the Work and every later one.
+// async error and its deadline; the process's watchdog (comm/watchdog.h) does the same for
+// collectives nobody waits on. A missed deadline or an NCCL error ends the job (the watchdog
+// aborts every NCCL comm, then MPI_Abort) after the report, or with abort_on_timeout = false
+// aborts the NCCL comm (which frees the stuck stream) and fails the Work and every later one.
+// A Job that an exception unwinds through aborts its NCCL comms instead of destroying them.
+//
+// Counts that differ between ranks: NCCL moves data through its own buffers (tutti registers
+// no user buffer with it), and each rank's kernels write only into that rank's own output
+// within its own count, so a mismatch hangs (and the deadline ends it) or yields wrong values,
+// but writes past no buffer. Debug mode agrees on every collective before issuing it.
 #include <nccl.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <cstdio>
 #include <deque>
+#include <limits>
+#include <optional>
 #include <thread>
 
 #include "comm/backend.h"
+#include "comm/progress.h"
+#include "comm/watchdog.h"
 #include "comm/work_state.h"
 #include "core/gpu_runtime.h"
 #include "core/mpi_check.h"
@@ -75,7 +85,7 @@ class NcclWork final : public Work::State {
   Clock::time_point issued_;
 };
 
-struct NcclEngine {
+struct NcclEngine final : Watched {
   // Atomic: a failure path (any thread) takes it away, exactly once, to abort it.
   std::atomic<ncclComm_t> comm{nullptr};
   MPI_Comm mpi = MPI_COMM_NULL;  // debug fingerprints
@@ -83,11 +93,12 @@ struct NcclEngine {
   Stream stream;
   double timeout_s = 300;
   bool abort_on_timeout = true;
+  bool debug = false;
+  std::shared_ptr<ProgressBoard> board;
+  int board_comm = -1;
 
-  std::mutex mutex;  // outstanding, broken_report, watch_stop
-  std::condition_variable cv;
+  std::mutex mutex;  // outstanding, broken_report
   std::deque<std::shared_ptr<NcclWork>> outstanding;
-  bool watch_stop = false;
   std::atomic<bool> broken{false};
   std::string broken_report;
 
@@ -107,9 +118,11 @@ struct NcclEngine {
   // every outstanding Work. `timeout` says which exception the Works get.
   void fatal(const std::string& report, bool timeout) {
     if (abort_on_timeout) {
-      // Frees the GPU from the stuck kernel before MPI ends the processes.
+      // The watchdog aborts every NCCL comm (abort_now) before MPI ends the processes.
+      if (Watchdog* w = Watchdog::current()) w->end_job(report, kExitTimeout);
       if (const ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
-      end_job(report);
+      std::fprintf(stderr, "tutti [rank %d]: %s Ending the job (MPI_Abort).\n", error_rank(), report.c_str());
+      MPI_Abort(MPI_COMM_WORLD, kExitTimeout);
     }
     std::deque<std::shared_ptr<NcclWork>> failing;
     {
@@ -133,44 +146,59 @@ struct NcclEngine {
   // Checks `w` (and the comm) once: returns true when it is complete. Reports a missed
   // deadline or an async error through fatal().
   bool check(NcclWork& w) {
-    if (w.poll()) return true;
+    if (w.poll()) {
+      if (board) board->completed(board_comm, w.info().seq);
+      return true;
+    }
     if (std::string err = async_error(); !err.empty()) {
       fatal(err + " during collective " + w.info().str(), /*timeout=*/false);
       return w.poll();
     }
     const double waited = seconds_since(w.issued());
-    if (waited > timeout_s) {
+    if (waited > timeout_s && !broken.load()) {
       std::size_t behind = 0;
       {
         std::lock_guard lock(mutex);
         behind = outstanding.empty() ? 0 : outstanding.size() - 1;
       }
-      fatal(timeout_report("nccl", w.info(), timeout_s, waited, behind), /*timeout=*/true);
+      if (Watchdog* wd = Watchdog::current()) {
+        // Ends the job (abort_on_timeout), or gives the report to fail the Works with; nothing
+        // while a lower rank is expected to report it.
+        if (auto report = wd->collective_missed("nccl", w.info(), board_comm, timeout_s, waited, behind, debug,
+                                                abort_on_timeout)) {
+          fatal(*report, /*timeout=*/true);
+        }
+      }
       return w.poll();
     }
     return false;
   }
 
-  void watch() {
-    const auto interval = std::chrono::duration<double>(std::clamp(timeout_s / 20, 0.01, 0.5));
-    std::unique_lock lock(mutex);
-    while (!watch_stop) {
-      cv.wait_for(lock, interval);
-      if (watch_stop || broken.load()) continue;
-      // Let go of what is done; check the oldest of the rest.
-      while (!outstanding.empty() && outstanding.front()->poll()) outstanding.pop_front();
-      if (outstanding.empty()) continue;
-      std::shared_ptr<NcclWork> oldest = outstanding.front();
-      lock.unlock();
-      try {
-        check(*oldest);
-      } catch (const std::exception& e) {
-        // A CUDA error while polling: as fatal as an NCCL one (the thread must not throw).
-        fatal(std::string("error while watching collective ") + oldest->info().str() + ": " + e.what(),
-              /*timeout=*/false);
+  // The watchdog's check, every tick: let go of what is done, check the oldest of the rest.
+  void poll(Watchdog&) override {
+    std::shared_ptr<NcclWork> oldest;
+    {
+      std::lock_guard lock(mutex);
+      if (broken.load()) return;
+      while (!outstanding.empty() && outstanding.front()->poll()) {
+        if (board) board->completed(board_comm, outstanding.front()->info().seq);
+        outstanding.pop_front();
       }
-      lock.lock();
+      if (outstanding.empty()) return;
+      oldest = outstanding.front();
     }
+    try {
+      check(*oldest);
+    } catch (const std::exception& e) {
+      // A CUDA error while polling: as fatal as an NCCL one.
+      fatal(std::string("error while watching collective ") + oldest->info().str() + ": " + e.what(),
+            /*timeout=*/false);
+    }
+  }
+
+  // The job is ending: free the GPU from whatever kernel waits for the other ranks.
+  void abort_now() noexcept override {
+    if (const ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
   }
 };
 
@@ -222,7 +250,7 @@ void NcclWork::wait(const Stream& stream) {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size)
+  NcclBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size, int board_comm)
       : Backend(rank, size, std::move(options)), engine_(std::make_shared<NcclEngine>()) {
     TUTTI_CHECK_ARG(device.is_cuda(), "the nccl backend needs a GPU device, got ", device.str());
     device.require_available();
@@ -230,6 +258,7 @@ class NcclBackend final : public Backend {
     e.device = device;
     e.timeout_s = timeout_seconds();
     e.abort_on_timeout = this->options().abort_on_timeout;
+    e.debug = debug();
     TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.mpi));
     TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.mpi, MPI_ERRORS_RETURN));
     gpu::set_device(device.index);
@@ -244,17 +273,25 @@ class NcclBackend final : public Backend {
       e.comm.store(c);
     }
     e.stream = Stream::create(device, /*high_priority=*/true);
-    watchdog_ = std::thread([e = engine_] { e->watch(); });
+    if (Watchdog* w = Watchdog::current()) {
+      e.board = w->board();
+      e.board_comm = board_comm;
+      w->watch(engine_);
+    }
   }
-  ~NcclBackend() override { shutdown(); }
+  ~NcclBackend() override { shutdown(std::numeric_limits<double>::infinity()); }
 
   std::string_view backend() const override { return "nccl"; }
   bool broken() const override { return engine_->broken.load(); }
 
-  void shutdown() noexcept override {
+  bool shutdown(double max_wait_s) noexcept override {
     NcclEngine& e = *engine_;
-    if (!watchdog_.joinable()) return;
-    // Issued collectives finish first (their deadlines bound the wait).
+    if (shut_down_) return clean_;
+    shut_down_ = true;
+    // Issued collectives finish first (their deadlines bound the wait, and max_wait_s).
+    const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(std::min(max_wait_s, 1e9)));
+    bool waited_out = false;
     for (;;) {
       std::shared_ptr<NcclWork> w;
       {
@@ -263,18 +300,22 @@ class NcclBackend final : public Backend {
         if (e.outstanding.empty() || e.broken.load()) break;
         w = e.outstanding.front();
       }
+      if (Clock::now() > give_up) {
+        waited_out = true;
+        break;
+      }
       try {
-        Work(w).wait();
+        e.check(*w);
       } catch (...) {
         // reported through the Work; nothing to add at teardown
       }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    {
-      std::lock_guard lock(e.mutex);
-      e.watch_stop = true;
+    if (waited_out) {
+      abandon_comm();
+      clean_ = false;
+      return false;
     }
-    e.cv.notify_all();
-    watchdog_.join();
     if (!e.broken.load()) {
       try {
         gpu::set_device(e.device.index);
@@ -287,6 +328,15 @@ class NcclBackend final : public Backend {
     MPI_Finalized(&finalized);
     if (!finalized && e.mpi != MPI_COMM_NULL && !e.broken.load()) MPI_Comm_free(&e.mpi);
     e.mpi = MPI_COMM_NULL;
+    clean_ = !e.broken.load();
+    return clean_;
+  }
+
+  void abandon() noexcept override {
+    if (shut_down_) return;
+    shut_down_ = true;
+    clean_ = false;
+    abandon_comm();
   }
 
  protected:
@@ -340,16 +390,28 @@ class NcclBackend final : public Backend {
     CollectiveInfo info = c.info;
     if (e.broken.load()) return HostWork::failed(info, e.broken_error());
     auto what = [&] { return "issuing collective " + info.str() + " on backend nccl"; };
+    if (e.board) {
+      e.board->issued(e.board_comm, info.seq);
+      e.board->started(e.board_comm, info);
+    }
     if (debug()) {
       // A mismatch fails the Work (as on the mpi backend), not the call.
       bool in_time = true;
       try {
-        in_time = check_fingerprints(e.mpi, info, e.timeout_s);
+        in_time = agree_polled(e.mpi, info, e.timeout_s);
       } catch (...) {
         return HostWork::failed(info, in_context(std::current_exception(), what()));
       }
       if (!in_time) {
-        e.fatal(timeout_report("nccl", info, e.timeout_s, e.timeout_s, 0) + " (in the debug fingerprint exchange)",
+        // Some rank never reached this collective's agreement.
+        std::optional<std::string> report;
+        for (Watchdog* wd = Watchdog::current(); wd != nullptr && !report;) {
+          report = wd->collective_missed("nccl", info, e.board_comm, e.timeout_s, e.timeout_s + Watchdog::kDeferReport,
+                                         0, true, e.abort_on_timeout);
+          if (!report) std::this_thread::sleep_for(Watchdog::kTick);
+        }
+        e.fatal(report.value_or("TIMEOUT: collective " + info.str() + " (its debug agreement)") +
+                    " (in the debug agreement before the collective)",
                 /*timeout=*/true);
         return HostWork::failed(info, e.broken_error());
       }
@@ -375,18 +437,31 @@ class NcclBackend final : public Backend {
     return Work(work);
   }
 
+  // Aborts the NCCL comm (frees the GPU from kernels that wait for other ranks); the MPI
+  // communicator is left alone (a rank may still be inside MPI with it).
+  void abandon_comm() noexcept {
+    NcclEngine& e = *engine_;
+    {
+      std::lock_guard lock(e.mutex);
+      e.broken.store(true);
+      e.broken_report = "the Job was left by an exception";
+    }
+    e.abort_now();
+  }
+
   std::shared_ptr<NcclEngine> engine_;
-  std::thread watchdog_;
   Tensor barrier_buffer_;
+  bool shut_down_ = false;
+  bool clean_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Device device, CommOptions options) {
+std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Device device, CommOptions options, int board_comm) {
   int rank = 0, size = 1;
   TUTTI_MPI_CHECK(MPI_Comm_rank(parent, &rank));
   TUTTI_MPI_CHECK(MPI_Comm_size(parent, &size));
-  return std::make_shared<NcclBackend>(parent, device, std::move(options), rank, size);
+  return std::make_shared<NcclBackend>(parent, device, std::move(options), rank, size, board_comm);
 }
 
 std::string nccl_version_impl() {

@@ -1,8 +1,12 @@
 #include "tutti/core/error.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+
+#include "core/last_error.h"
 
 namespace tutti {
 namespace {
@@ -21,6 +25,17 @@ std::atomic<int>& rank_slot() {
 
 thread_local const ErrorContext* innermost_context = nullptr;
 
+// The last tutti error made in this process (see core/last_error.h).
+struct LastError {
+  std::mutex mutex;
+  std::string what;
+  std::chrono::steady_clock::time_point when;
+};
+LastError& last_error() {
+  static LastError* e = new LastError;  // never destroyed: errors may be made during exit
+  return *e;
+}
+
 std::string format(const std::string& message, const std::string& where, int rank) {
   std::string out = "tutti";
   if (rank >= 0) out += " [rank " + std::to_string(rank) + "]";
@@ -35,7 +50,12 @@ Error::Error(std::string message, std::string where, int rank)
     : std::runtime_error(format(message, where, rank)),
       message_(std::move(message)),
       where_(std::move(where)),
-      rank_(rank) {}
+      rank_(rank) {
+  LastError& last = last_error();
+  std::lock_guard lock(last.mutex);
+  last.what = what();
+  last.when = std::chrono::steady_clock::now();
+}
 
 int error_rank() { return rank_slot().load(std::memory_order_relaxed); }
 void set_error_rank(int rank) { rank_slot().store(rank, std::memory_order_relaxed); }
@@ -55,6 +75,14 @@ std::string current_error_context() {
 }
 
 namespace detail {
+std::optional<std::string> recent_error(double max_age_s) {
+  LastError& last = last_error();
+  std::lock_guard lock(last.mutex);
+  if (last.what.empty()) return std::nullopt;
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last.when).count() > max_age_s) return std::nullopt;
+  return last.what;
+}
+
 std::string strip_path(const char* file) {
   const char* slash = std::strrchr(file, '/');
   return slash ? slash + 1 : file;

@@ -1,12 +1,12 @@
-// The Job (ranks, local ranks, device, summary), CommOptions and the environment, argument
-// errors, the loud defaults of the base class, fp32 accumulation of halves, and debug-mode
-// mismatch detection.
+// The Job (ranks, local ranks, device, summary, check_same), CommOptions and the environment,
+// argument errors, the loud defaults of the base class, fp32 accumulation of halves, debug-mode
+// mismatch detection, and the agreement on large collectives outside debug mode.
 #include <mpi.h>
 
 #include <cstdlib>
 #include <optional>
 
-#include "comm/backend.h"
+#include "comm/watchdog.h"
 #include "comm/comm_test_util.h"
 #include "tutti/comm/communicator.h"
 
@@ -47,6 +47,63 @@ TEST(CommJob, SummaryNamesEveryRank) {
   EXPECT_NE(s.find(job().mpi_version()), std::string::npos) << s;
   EXPECT_NE(s.find("NCCL " + job().nccl_version()), std::string::npos) << s;
   EXPECT_NE(s.find("MPI "), std::string::npos) << s;
+}
+
+// check_same: equal values pass on every rank; differing ones throw on every rank, naming
+// `what` and which ranks have which value.
+TEST(CommJob, CheckSameNamesTheRanksThatDisagree) {
+  job().check_same("a number every rank has", 42);
+  job().check_same("a text every rank has", "same");
+  if (job().world_size() < 2) GTEST_SKIP() << "a disagreement needs two ranks";
+  const int rank = job().rank();
+  try {
+    job().check_same("the data set's size", rank == 1 ? 59000 : 60000);
+    ADD_FAILURE() << "no error on rank " << rank;
+  } catch (const InvalidArgument& e) {
+    std::string others = "'60000' on rank";
+    if (job().world_size() > 2) {
+      others += "s 0";
+      for (int r = 2; r < job().world_size(); ++r) others += ", " + std::to_string(r);
+    } else {
+      others += " 0";
+    }
+    const std::string what = e.what();
+    EXPECT_NE(what.find("ranks disagree on the data set's size: " + others + "; '59000' on rank 1 (every rank must "
+                        "have the same value)"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("[rank " + std::to_string(rank) + "]"), std::string::npos) << what;
+  }
+  // The job goes on.
+  job().check_same("after a disagreement", "fine");
+}
+
+// Outside debug mode too, a collective that can move more than 1 KiB in one message is agreed
+// on before its data moves: counts that differ fail on every rank with both descriptions (Open
+// MPI would otherwise write past the smaller buffer), and the communicator goes on working.
+TEST(CommAgreement, LargeCollectivesWithDifferentCountsFailOnEveryRank) {
+  if (job().world_size() < 2) GTEST_SKIP() << "a mismatch needs two ranks";
+  Communicator& comm = job().cpu_communicator();
+  ASSERT_FALSE(comm.debug());
+  const std::int64_t n = comm.rank() == 0 ? 4096 : 5000;  // 16 KiB and 20 KiB
+  const Tensor x = Tensor::zeros({n}, DType::f32);
+  const Work work = comm.allreduce(x, ReduceOp::sum, {.label = "counts differ"});
+  const std::string seq = "#" + std::to_string(work.info().seq);
+  try {
+    work.wait();
+    ADD_FAILURE() << "no mismatch reported";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("collective mismatch: rank 0 issued " + seq + " allreduce(sum) 4096 x f32"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("rank 1 issued " + seq + " allreduce(sum) 5000 x f32"), std::string::npos) << what;
+  }
+  const Tensor y = make_input(DType::f32, comm.rank(), 3000, 970);  // 11.7 KiB: agreed on, and equal
+  comm.allreduce(y, ReduceOp::sum).wait();
+  std::vector<double> expected(3000, 0.0);
+  for (int q = 0; q < comm.size(); ++q) {
+    for (std::int64_t i = 0; i < 3000; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, 970);
+  }
+  expect_values(values_of(y), expected, DType::f32, false, "after an agreed mismatch");
 }
 
 // Sets an environment variable for the scope, then restores it.
@@ -107,15 +164,22 @@ TEST(CommOptions, DebugFromOptionThenEnvironment) {
 TEST(CommTimeout, ReportSuggestsDebugModeOnlyWhenItIsOff) {
   const CollectiveInfo info{.seq = 3, .kind = CollectiveKind::barrier, .label = "test"};
   {
-    ScopedEnv env("TUTTI_DEBUG", nullptr);
-    const std::string report = detail::timeout_report("mpi", info, 1.0, 1.5, 0);
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/false, {});
     EXPECT_NE(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
   }
   {
-    ScopedEnv env("TUTTI_DEBUG", "1");
-    const std::string report = detail::timeout_report("mpi", info, 1.0, 1.5, 0);
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/true, {});
     EXPECT_EQ(report.find("run with TUTTI_DEBUG=1"), std::string::npos) << report;
     EXPECT_NE(report.find("Debug mode (TUTTI_DEBUG) is on and found no mismatch"), std::string::npos) << report;
+  }
+  {
+    // Ranks that never got there are named, whatever the mode.
+    const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 2, /*debug=*/false, {1, 3});
+    EXPECT_NE(report.find("TIMEOUT: collective #3 barrier issued by 'test' on backend mpi did not complete within "
+                          "its deadline of 1.0 s (waited 1.5 s); 2 more collective(s) queued behind it. Not reached by "
+                          "rank 1, rank 3."),
+              std::string::npos)
+        << report;
   }
 }
 

@@ -4,11 +4,16 @@
 Runs the trainer on a subset of Fashion-MNIST and checks what a user relies on: the loss goes
 down and the accuracy is far above chance, the JSON summary is complete, 1 and 2 ranks train
 alike, a stopped run (even by kill -9) resumes to bit-identical parameters, bad checkpoints
-are refused, and bad flags or a missing data set fail clearly.
+are refused, and bad flags or a missing data set fail clearly. And when things go wrong: a
+preemption signal stops every rank at a step boundary with a checkpoint from which the run
+resumes bit-identically; ranks with different data, a failed save, a diverged loss and an
+unwritable --json end the job at once with a message that names the cause.
 """
 import argparse
+import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +33,42 @@ def run(ranks, *flags, check=True, timeout=300):
     return p
 
 
+def launch(ranks, *flags, mpiexec_flags=()):
+    """Starts the trainer in the background (its own session, so that it can be signalled)."""
+    cmd = [ARGS.mpiexec, *mpiexec_flags, "-n", str(ranks), "--oversubscribe", ARGS.binary, *flags]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_file(p, path, timeout=120):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        if p.poll() is not None or time.time() > deadline:
+            raise AssertionError("the run ended (or took too long) before writing %s" % path)
+        time.sleep(0.01)
+
+
+def ranks_of(mpirun_pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(mpirun_pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def data_dir():
+    return os.environ.get("TUTTI_FASHION_MNIST_DIR") or "/usr/share/datasets/fashion-mnist"
+
+
+def write_smaller_copy(dest, train_samples):
+    """A copy of Fashion-MNIST whose training set has only `train_samples` samples (a stale copy)."""
+    os.makedirs(dest, exist_ok=True)
+    for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
+        with gzip.open(os.path.join(data_dir(), "train-%s.gz" % kind), "rb") as f:
+            data = f.read()
+        count = train_samples.to_bytes(4, "big")
+        row = (len(data) - header) // int.from_bytes(data[4:8], "big")
+        with gzip.open(os.path.join(dest, "train-%s.gz" % kind), "wb", compresslevel=1) as f:
+            f.write(data[:4] + count + data[8:header] + data[header:header + train_samples * row])
+        shutil.copy(os.path.join(data_dir(), "t10k-%s.gz" % kind), dest)
+
+
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()
@@ -43,7 +84,7 @@ def summary(path):
         return json.load(f)
 
 
-class TrainFashionMnist(unittest.TestCase):
+class Case(unittest.TestCase):
     def setUp(self):
         self.dir = os.path.join(ARGS.workdir, self.id().split(".")[-1])
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -52,6 +93,8 @@ class TrainFashionMnist(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+
+class TrainFashionMnist(Case):
     def test_learns_and_writes_a_complete_summary(self):
         run(2, *SUBSET, "--epochs", "2", "--json", self.path("s.json"))
         s = summary(self.path("s.json"))
@@ -160,6 +203,153 @@ class TrainFashionMnist(unittest.TestCase):
         p = run(1, "--resume", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--checkpoint-dir", p.stderr)
+
+
+class WhenThingsGoWrong(Case):
+    """The trainer's part of docs/user-guide.md's "When things go wrong" (a ctest of its own)."""
+
+    def stop(self, name, target, sig, steps):
+        """Starts a run, signals it once its first checkpoint (step 10) exists, checks the stop;
+        returns the step it stopped at. (Not from its progress lines: mpirun passes them on
+        late, in blocks.)"""
+        d = self.path(name)
+        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", "13", "--checkpoint-dir", d, "--checkpoint-every", "10")
+        wait_for_file(p, os.path.join(d, "checkpoint.tckp"))
+        os.kill(ranks_of(p.pid)[-1] if target == "rank" else p.pid, sig)
+        out, err = p.communicate(timeout=60)
+        m = re.search(r"stopped at step (\d+) of %s by (SIGTERM|SIGUSR1|a signal to another rank).*Checkpoint "
+                      r"written to .*Resume with the same command and --resume" % steps, err)
+        self.assertIsNotNone(m, "%s: no stop message in:\n%s" % (name, err))
+        if target == "rank" or sig != signal.SIGTERM:  # (mpirun answers SIGTERM with its own exit code, 1)
+            self.assertEqual(p.returncode, 75, "%s: a stopped run exits with 75\n%s" % (name, err))
+        stopped_at = int(m.group(1))
+        self.assertGreater(stopped_at, 10)
+        self.assertLess(stopped_at, int(steps))
+        return stopped_at
+
+    def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical(self):
+        # Preemption: SIGTERM to one rank, SIGUSR1 to mpirun (which forwards it to every rank).
+        run(2, *SUBSET, "--max-steps", "200", "--epochs", "13", "--json", self.path("whole.json"))
+        whole = summary(self.path("whole.json"))
+        for name, target, sig in (("rank", "rank", signal.SIGTERM), ("usr1", "mpirun", signal.SIGUSR1)):
+            stopped_at = self.stop(name, target, sig, "200")
+            run(2, *SUBSET, "--max-steps", "200", "--epochs", "13", "--checkpoint-dir", self.path(name),
+                "--checkpoint-every", "10", "--resume", "auto", "--json", self.path(name + ".json"))
+            resumed = summary(self.path(name + ".json"))
+            self.assertEqual(resumed["resumed_from_step"], stopped_at, name)
+            self.assertEqual(resumed["params_crc32"], whole["params_crc32"], name)
+            self.assertEqual(resumed["final_train_loss"], whole["final_train_loss"], name)
+
+    def test_sigterm_to_mpirun_checkpoints_within_its_kill_delay(self):
+        # mpirun answers SIGTERM by sending SIGTERM to the ranks 1 s later and SIGKILL 1 s after
+        # that: the step in flight and the save must fit in that second (the run must outlast it).
+        stopped_at = self.stop("term", "mpirun", signal.SIGTERM, "800")
+        run(2, *SUBSET, "--max-steps", str(stopped_at + 2), "--epochs", "13", "--checkpoint-dir", self.path("term"),
+            "--resume", "--json", self.path("term.json"))
+        self.assertEqual(summary(self.path("term.json"))["resumed_from_step"], stopped_at)
+
+    def test_ranks_with_different_data_fail_at_start(self):
+        small = self.path("small-data")
+        write_smaller_copy(small, 3000)
+        cmd = [ARGS.mpiexec, "-n", "1", "--oversubscribe", ARGS.binary, *SUBSET, "--max-steps", "5", ":",
+               "-n", "1", ARGS.binary, *SUBSET, "--max-steps", "5", "--data", small]
+        started = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(time.time() - started, 30)
+        # Every rank raises it alike; mpirun may drop all but the first rank's output.
+        self.assertRegex(p.stderr, r"tutti \[rank [01]\].*ranks disagree on the number of training samples: '4096' "
+                                   r"on rank 0; '3000' on rank 1 \(every rank must have the same value\)")
+        for bad in ("Segmentation", "malloc", "TIMEOUT", "signal 11"):
+            self.assertNotIn(bad, p.stdout + p.stderr)
+
+    def test_a_failed_save_ends_every_rank_with_its_cause(self):
+        in_the_way = self.path("a-file")
+        write_bytes(in_the_way, b"not a directory")
+        started = time.time()
+        p = run(2, *SUBSET, "--max-steps", "20", "--checkpoint-dir", os.path.join(in_the_way, "ckpt"),
+                "--checkpoint-every", "3", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(time.time() - started, 30)
+        self.assertRegex(p.stderr, r"train_fashion_mnist: error: tutti \[rank 0\] .*saving the checkpoint of step 3 "
+                                   r"to .*a-file/ckpt/checkpoint.tckp failed")
+        self.assertRegex(p.stderr, r"tutti \[rank 1\]: rank 0 failed: .*saving the checkpoint of step 3")
+        self.assertEqual(p.stderr.count("train_fashion_mnist: error:"), 1)  # the cause, once
+        self.assertNotIn("TIMEOUT", p.stderr)
+
+    def test_a_diverged_loss_ends_the_run_naming_the_step_and_the_last_good_checkpoint(self):
+        for precision in ("fp32", "bf16"):
+            d = self.path("diverged-" + precision)
+            p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", precision, "--checkpoint-dir", d,
+                    "--checkpoint-every", "1", check=False)
+            self.assertEqual(p.returncode, 3, p.stderr)
+            m = re.search(r"the training loss is -?(nan|inf) at step (\d+) \(%s\): the run diverged\. The last good "
+                          r"checkpoint .* is .*checkpoint\.tckp, at step (\d+) with train loss" % precision, p.stderr)
+            self.assertIsNotNone(m, p.stderr)
+            self.assertEqual(int(m.group(3)), int(m.group(2)) - 1)
+            self.assertEqual(p.stderr.count("the run diverged"), 1)  # rank 0 says it
+        # fp16: the loss scaler skips the non-finite steps until its floor, then says the run
+        # diverged, on every rank alike.
+        p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", "fp16", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(p.stderr, r"tutti \[rank [01]\] .*LossScaler: the run diverged: \d+ step\(s\) in a row had "
+                                   r"inf/nan gradients")
+        self.assertNotIn("TIMEOUT", p.stderr)
+
+    def test_unwritable_json_fails_at_start(self):
+        p = run(2, *SUBSET, "--max-steps", "5", "--json", self.path("no/such/dir/s.json"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--json", p.stderr)
+        self.assertIn("cannot write there", p.stderr)
+        self.assertNotIn("done:", p.stdout)
+
+    def test_an_existing_checkpoint_needs_resume_or_overwrite(self):
+        d = self.path("ckpt")
+        run(2, *SUBSET, "--max-steps", "4", "--checkpoint-dir", d)
+        p = run(2, *SUBSET, "--max-steps", "6", "--checkpoint-dir", d, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("a checkpoint exists at", p.stderr)
+        self.assertIn("--overwrite", p.stderr)
+        run(2, *SUBSET, "--max-steps", "6", "--checkpoint-dir", d, "--resume", "auto", "--json", self.path("a.json"))
+        self.assertEqual(summary(self.path("a.json"))["resumed_from_step"], 4)
+        run(2, *SUBSET, "--max-steps", "3", "--checkpoint-dir", d, "--overwrite", "--json", self.path("o.json"))
+        self.assertEqual(summary(self.path("o.json"))["resumed_from_step"], 0)
+        # --resume auto without a checkpoint starts afresh; plain --resume refuses.
+        run(2, *SUBSET, "--max-steps", "3", "--checkpoint-dir", self.path("fresh"), "--resume", "auto")
+        p = run(2, *SUBSET, "--max-steps", "3", "--checkpoint-dir", self.path("none"), "--resume", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no checkpoint at", p.stderr)
+
+    def test_a_run_resumed_at_its_end_says_so(self):
+        d = self.path("ckpt")
+        run(2, *SUBSET, "--max-steps", "5", "--checkpoint-dir", d, "--json", self.path("first.json"))
+        p = run(2, *[f for f in SUBSET if f != "--quiet"], "--max-steps", "5", "--checkpoint-dir", d, "--resume",
+                "--json", self.path("again.json"))
+        first, again = summary(self.path("first.json")), summary(self.path("again.json"))
+        self.assertIn("nothing to train", p.stdout)
+        self.assertNotIn("-1", p.stdout.split("done:")[1])
+        self.assertEqual(again["final_train_loss"], first["final_train_loss"])
+        self.assertEqual(again["params_crc32"], first["params_crc32"])
+
+    def test_fp16_resumed_from_fp32_starts_at_the_default_loss_scale(self):
+        d = self.path("ckpt")
+        run(2, *SUBSET, "--max-steps", "3", "--checkpoint-dir", d)
+        p = run(2, *[f for f in SUBSET if f != "--quiet"], "--max-steps", "6", "--checkpoint-dir", d, "--resume",
+                "--precision", "fp16", "--json", self.path("s.json"))
+        self.assertIn("the loss scaler starts afresh", p.stdout)
+        s = summary(self.path("s.json"))
+        self.assertEqual(s["skipped_steps"], 0)
+        self.assertEqual(s["loss_scale"], 65536.0)
+
+    def test_skipped_steps_show_in_progress_lines(self):
+        # fp16 with a learning rate that blows up: the loss scaler skips steps.
+        p = run(2, *[f for f in SUBSET if f != "--quiet"], "--max-steps", "6", "--lr", "50", "--precision", "fp16",
+                "--progress", "lines", "--progress-interval", "0.001", "--json", self.path("s.json"), check=False)
+        skipped = summary(self.path("s.json"))["skipped_steps"] if p.returncode == 0 else None
+        lines = re.findall(r"step (\d+)/6 loss \S+ skipped (\d+)", p.stdout)
+        self.assertTrue(lines, p.stdout + p.stderr)
+        if skipped is not None:
+            self.assertEqual(int(lines[-1][1]), skipped)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,17 @@
 //   CommOptions::debug). The tensors must stay unchanged (inputs) and unread (outputs) until
 //   the Work is complete; the Work keeps their storage alive until then.
 // - Every collective has a deadline (CommOptions::timeout). One that misses it ends the whole
-//   job (MPI_Abort; ncclCommAbort first on nccl) after printing to stderr which rank, which
-//   collective (sequence number, kind, op, count, dtype, who issued it) and how long it waited.
+//   job (MPI_Abort, exit code 14; ncclCommAbort first on nccl) after printing to stderr one
+//   report, from the lowest waiting rank: the collective (sequence number, kind, op, count,
+//   dtype, who issued it), how long it waited, which ranks had not reached it and where every
+//   rank was (its last collective, or its phase: starting, finalizing...; "stopped" for a
+//   process stopped by SIGSTOP). The other ranks print one line naming that rank.
+// - Counts or dtypes that differ between ranks never make a backend write past a buffer: the
+//   mpi backend agrees on every collective that can move more than 1 KiB in one message
+//   before moving its data (one small allreduce; a mismatch fails the collective on every rank
+//   with an InvalidArgument naming both), and smaller ones travel as MPI eager messages, whose
+//   size MPI checks (MPI_ERR_TRUNCATE, or the deadline when the ranks wait for each other).
+//   NCCL writes each rank's output within its own count. Debug mode agrees on every collective.
 // - Half types (f16, bf16): the mpi backend reduces them in fp32 and rounds once at the end
 //   (never adds them as 16-bit integers); nccl uses NCCL's kernels, which add in fp32 but
 //   store the half type between the steps of a ring.
@@ -68,11 +77,13 @@ struct CommOptions {
   // communication thread takes it up; on nccl: when it is issued). Unset: the environment
   // variable TUTTI_TIMEOUT_S (seconds, may be fractional), else 300 s.
   std::optional<std::chrono::duration<double>> timeout;
-  // Debug mode: before each collective the ranks exchange its fingerprint (sequence number,
+  // Debug mode: before each collective the ranks compare its fingerprint (sequence number,
   // kind, op, count, dtype, root) and a mismatch fails the collective on every rank with an
   // error naming the ranks and both descriptions, instead of hanging or returning garbage.
-  // Costs one small allgather per collective; on nccl the issuing call then blocks until all
-  // ranks have issued the collective. Unset: on when the environment has TUTTI_DEBUG=1.
+  // Costs one small allreduce per collective (and an allgather on a mismatch); on nccl the
+  // issuing call then blocks until all ranks have issued the collective. (Without debug mode
+  // the mpi backend does the same for collectives above 1 KiB.) Unset: on when the
+  // environment has TUTTI_DEBUG=1.
   std::optional<bool> debug;
   // What a missed deadline does: true (the default) prints the report and ends the whole
   // job. false makes the Work (and every later one) throw TimeoutError instead; the

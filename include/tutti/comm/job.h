@@ -11,12 +11,30 @@
 //
 // Threads and MPI: tutti initializes MPI with MPI_THREAD_MULTIPLE, because the communication
 // threads of the mpi backend call MPI while other threads may too (the summary, the debug
-// checks of the nccl backend, the abort after a missed deadline, the program's own MPI
-// calls). Every tutti communicator uses its own duplicate of MPI_COMM_WORLD, so the
-// program's own MPI traffic never mixes with tutti's. If the program initialized MPI itself
-// at a lower thread level, the Job throws.
+// checks of the nccl backend, the watchdog, the program's own MPI calls). Every tutti
+// communicator uses its own duplicates of MPI_COMM_WORLD, so the program's own MPI traffic
+// never mixes with tutti's. If the program initialized MPI itself at a lower thread level,
+// the Job throws.
+//
+// When something goes wrong on one rank, the whole job ends within seconds and says why
+// (docs/user-guide.md, "When things go wrong"):
+// - Every wait on other ranks has the deadline CommOptions::timeout: the start-up (MPI_Init,
+//   the communicators), every collective, check_same, summary, MPI_Finalize. A missed one ends
+//   the job (exit code 14) with a report naming the ranks that had not got there and where
+//   each rank was (the watchdog reads the other ranks' progress from shared memory, so even a
+//   stopped process is located).
+// - An exception that leaves the Job's scope on one rank (caught outside it, as in
+//   `try { Job job(...); ... } catch (const std::exception& e) { print(e); }`): ~Job tells the
+//   other ranks, which print that this rank failed (with its last tutti error) and end;
+//   ~Job itself does not wait for them and does not finalize MPI, so the catch block runs and
+//   prints; when the process exits, MPI_Abort(its exit status) ends whatever is left. If every
+//   rank leaves alike (an error all ranks raise), they finish in an orderly way instead.
+// - An exception that escapes main (std::terminate): the message is printed with the rank,
+//   the other ranks are told, and the job ends (exit code 134).
+// - abort(reason): the program ends the job itself.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,8 +54,18 @@ struct JobOptions {
   // moves GPU tensors through pinned host memory). "mpi" or "nccl" force one ("nccl" throws
   // where it cannot work).
   std::string backend = "auto";
-  // Options of communicator() (timeout, debug, abort_on_timeout).
+  // Options of communicator() (timeout, debug, abort_on_timeout). The timeout is also the
+  // deadline of the Job's start-up, of check_same and summary, and of MPI_Finalize.
   CommOptions comm;
+  // Preemption: true makes SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 set stop_requested() instead
+  // of ending the process (the handler does nothing else), so that the program can stop at a
+  // step boundary, agreed by all ranks, with a checkpoint. A second signal of the same kind
+  // acts as by default, and so does any while the job is failing. The previous handlers come
+  // back when the Job ends. After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
+  // ends the process with 0: a launcher that sent SIGTERM (mpirun, Slurm) is taking the job
+  // down and may never complete it. So let every rank wait (a barrier) until the checkpoint
+  // is written before it leaves the Job.
+  bool catch_stop_signals = false;
   // Threads of the CPU kernels' GEMMs in this process (kernels::set_cpu_threads). 0: leave
   // OpenBLAS alone when OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set, else the host's cores
   // divided by the ranks on it (at least 1), so that ranks sharing a host do not
@@ -56,9 +84,15 @@ class Job {
   Job(int& argc, char**& argv, JobOptions options = {});
   // Tears down in order: the communicators (each finishes the collectives issued so far,
   // within their deadline, then frees its NCCL comm, stream and thread), then the local MPI
-  // communicator, then MPI_Finalize (if the Job initialized MPI). The same during exception
-  // unwinding. If a collective missed its deadline without aborting (abort_on_timeout =
+  // communicator, then MPI_Finalize (if the Job initialized MPI; it waits for every rank, within
+  // the deadline). If a collective missed its deadline without aborting (abort_on_timeout =
   // false), MPI is not finalized: a rank may be stuck inside it.
+  // During exception unwinding (std::uncaught_exceptions() above its value at construction) it
+  // never blocks on other ranks: it tells them this rank is leaving and waits at most about a
+  // second for their answers. If every rank is leaving too, the teardown above follows (each
+  // communicator given 2 s); else the communicators are abandoned (NCCL comms aborted), MPI is
+  // not finalized, and MPI_Abort(exit status) ends the job when the process exits (where the
+  // Job initialized MPI; a program that did must end its job itself).
   ~Job();
   Job(Job&&) noexcept;
   Job& operator=(Job&&) noexcept;
@@ -91,6 +125,25 @@ class Job {
   // COLLECTIVE, blocks: every rank's line (rank, host, local rank, device, backend) and the
   // versions of tutti, MPI, NCCL and CUDA, the same text on every rank. Print it on one rank.
   std::string summary() const;
+
+  // COLLECTIVE, blocks (within the deadline): checks that every rank passes the same value for
+  // `what`. If not, every rank throws InvalidArgument naming `what` and which ranks have which
+  // value ("ranks disagree on training samples: 60000 on ranks 0, 2, 3; 59000 on rank 1").
+  // For what ranks must agree on before they work together: the data set's size and
+  // fingerprint, the number of steps, the flags that shape the run.
+  void check_same(std::string_view what, std::string_view value);
+  void check_same(std::string_view what, std::int64_t value);
+
+  // Not collective: whether this process got a stop signal (JobOptions::catch_stop_signals),
+  // and which one (0: none). Each rank knows only its own: agree at a step boundary, e.g. with
+  // a flag in an allreduce the step does anyway.
+  bool stop_requested() const;
+  int stop_signal() const;
+
+  // Ends the whole job now, from this rank, and does not return: prints "tutti [rank r]:
+  // aborting the job: <reason>" once, tells every other rank (each prints that rank r aborted
+  // and why), aborts the NCCL communicators and calls MPI_Abort(exit_code).
+  [[noreturn]] void abort(std::string_view reason, int exit_code = 1);
 
   struct Impl;  // internal
 

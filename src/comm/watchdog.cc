@@ -1,0 +1,554 @@
+// The watchdog (see watchdog.h): deadlines, the control channel between ranks, ending the job.
+#include "comm/watchdog.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "core/last_error.h"
+#include "tutti/core/error.h"
+
+namespace tutti::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<Watchdog*> the_watchdog{nullptr};
+
+// Tags on the control channel (a communicator of its own: no clash with anything else).
+constexpr int kTagNotice = 1;        // i32 kind, then the text
+constexpr int kTagAck = 2;           // i32: 1 leaving too, 0 not
+constexpr int kTagStatusRequest = 3; // i32 0
+constexpr int kTagStatusReply = 4;   // RankSnapshot[k]
+constexpr int kNoticeEnding = 1;     // the sender is ending the job (MPI_Abort follows)
+constexpr int kNoticeLeaving = 2;    // an exception is unwinding through the sender's Job
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+std::string first_line(const std::string& s, std::size_t max = 1500) {
+  std::string out = s.substr(0, s.find('\n'));
+  if (out.size() > max) out = out.substr(0, max) + "...";
+  return out;
+}
+
+std::shared_ptr<std::vector<char>> bytes_of(const void* p, std::size_t n) {
+  auto v = std::make_shared<std::vector<char>>(n);
+  if (n > 0) std::memcpy(v->data(), p, n);
+  return v;
+}
+
+std::shared_ptr<std::vector<char>> int_message(std::int32_t x) { return bytes_of(&x, sizeof x); }
+
+}  // namespace
+
+std::atomic<bool> job_failing{false};
+
+Watchdog::Watchdog() {
+  rank_.store(error_rank());
+  the_watchdog.store(this);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Watchdog::~Watchdog() {
+  detach();
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  Watchdog* self = this;
+  the_watchdog.compare_exchange_strong(self, nullptr);
+}
+
+Watchdog* Watchdog::current() { return the_watchdog.load(); }
+
+void Watchdog::set_rank(int rank, int size) {
+  rank_.store(rank);
+  size_.store(size);
+  std::lock_guard lock(control_mutex_);
+  answered_.assign(static_cast<std::size_t>(std::max(size, 0)), -1);
+}
+
+void Watchdog::set_board(std::shared_ptr<ProgressBoard> board) {
+  std::lock_guard lock(mutex_);
+  board_ = std::move(board);
+}
+
+std::shared_ptr<ProgressBoard> Watchdog::board() const {
+  std::lock_guard lock(mutex_);
+  return board_;
+}
+
+// ---- regions ------------------------------------------------------------------------------
+
+Watchdog::Region Watchdog::region(std::string what, double timeout_s, Phase min_phase) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t id = next_region_++;
+  regions_.push_back(RegionEntry{id, std::move(what), timeout_s, Clock::now(), min_phase, std::nullopt});
+  return Region(this, id);
+}
+
+Watchdog::Region Watchdog::quiet_region(std::string what, double timeout_s, std::string note, int exit_code) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t id = next_region_++;
+  regions_.push_back(RegionEntry{id, std::move(what), timeout_s, Clock::now(), Phase::absent,
+                                 std::make_pair(std::move(note), exit_code)});
+  return Region(this, id);
+}
+
+Watchdog::Region::~Region() {
+  if (watchdog_ == nullptr) return;
+  std::lock_guard lock(watchdog_->mutex_);
+  auto& r = watchdog_->regions_;
+  r.erase(std::remove_if(r.begin(), r.end(), [&](const RegionEntry& e) { return e.id == id_; }), r.end());
+}
+
+void Watchdog::Region::set_what(std::string what) {
+  if (watchdog_ == nullptr) return;
+  std::lock_guard lock(watchdog_->mutex_);
+  for (auto& e : watchdog_->regions_) {
+    if (e.id == id_) e.what = std::move(what);
+  }
+}
+
+void Watchdog::watch(std::weak_ptr<Watched> backend) {
+  std::lock_guard lock(mutex_);
+  watched_.push_back(std::move(backend));
+}
+
+// ---- the thread ---------------------------------------------------------------------------
+
+void Watchdog::loop() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    cv_.wait_for(lock, kTick);
+    if (stop_) break;
+    lock.unlock();
+    check_regions();
+    poll_backends();
+    if (attached_.load()) {
+      std::lock_guard control(control_mutex_);
+      if (attached_.load()) {
+        drain();
+        answer_notices();
+      }
+    }
+    if (peer_failed_.load() && !ending_.load() && since(peer_failed_at_) > kPeerKillWait && mpi_up_.load()) {
+      // The failed rank has not ended the job (it may be stuck itself): end it from here.
+      print_line("the failed rank did not end the job within " + seconds(kPeerKillWait) + "; ending it from here.");
+      MPI_Abort(MPI_COMM_WORLD, kExitPeerFailed);
+      std::_Exit(kExitPeerFailed);
+    }
+    lock.lock();
+  }
+}
+
+void Watchdog::check_regions() {
+  std::optional<RegionEntry> expired;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& r : regions_) {
+      if (since(r.started) > r.timeout_s) expired = r;
+    }
+  }
+  if (!expired || ending_.load()) return;
+  if (expired->quiet) {
+    print_line(expired->quiet->first);
+    std::_Exit(expired->quiet->second);
+  }
+  if (since(expired->started) < expired->timeout_s + kDeferReport) {
+    // A lower rank of this host waiting alike, or already ending the job, reports it.
+    if (auto b = board()) {
+      const auto me = b->read(rank_.load());
+      for (int r = 0; r < rank_.load() && me; ++r) {
+        const auto s = b->read(r);
+        if (s && (s->phase == Phase::leaving || (!s->stopped && !s->gone && s->phase == me->phase))) return;
+      }
+    }
+  }
+  std::vector<int> not_there;
+  const std::string where = where_everyone_is(gather_progress(), -1, 0, expired->min_phase, &not_there);
+  std::string report = "TIMEOUT: " + expired->what + " did not complete within its deadline of " +
+                       seconds(expired->timeout_s) + " (TUTTI_TIMEOUT_S or CommOptions::timeout).";
+  if (!not_there.empty()) {
+    report += " Not there:";
+    for (int r : not_there) report += " rank " + std::to_string(r);
+    report += ".";
+  }
+  report += "\n  Where each rank is:" + where;
+  end_job(report, kExitTimeout);
+}
+
+void Watchdog::poll_backends() {
+  std::vector<std::shared_ptr<Watched>> alive;
+  {
+    std::lock_guard lock(mutex_);
+    watched_.erase(std::remove_if(watched_.begin(), watched_.end(), [](const auto& w) { return w.expired(); }),
+                   watched_.end());
+    for (auto& w : watched_) {
+      if (auto b = w.lock()) alive.push_back(std::move(b));
+    }
+  }
+  for (auto& b : alive) {
+    try {
+      b->poll(*this);
+    } catch (const std::exception& e) {
+      end_job(std::string("error while watching a communicator: ") + e.what(), kExitTimeout);
+    }
+  }
+}
+
+// ---- the control channel ------------------------------------------------------------------
+
+void Watchdog::attach(MPI_Comm control) {
+  std::lock_guard lock(control_mutex_);
+  control_ = control;
+  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+  if (answered_.size() != static_cast<std::size_t>(size_.load())) {
+    answered_.assign(static_cast<std::size_t>(std::max(size_.load(), 0)), -1);
+  }
+  attached_.store(true);
+}
+
+void Watchdog::detach(bool free_comm) noexcept {
+  std::lock_guard lock(control_mutex_);
+  if (!attached_.exchange(false)) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (free_comm) {
+    for (auto& o : outgoing_) MPI_Request_free(&o.request);
+  }
+  outgoing_.clear();
+  if (free_comm && control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  control_ = MPI_COMM_NULL;
+}
+
+void Watchdog::send(int to, int tag, std::shared_ptr<std::vector<char>> data) {
+  Outgoing o{MPI_REQUEST_NULL, std::move(data)};
+  if (MPI_Isend(o.data->data(), static_cast<int>(o.data->size()), MPI_BYTE, to, tag, control_, &o.request) ==
+      MPI_SUCCESS) {
+    outgoing_.push_back(std::move(o));
+  }
+}
+
+void Watchdog::notify_all(int kind, const std::string& text) {
+  std::vector<char> buf(sizeof(std::int32_t) + text.size());
+  const std::int32_t k = kind;
+  std::memcpy(buf.data(), &k, sizeof k);
+  std::memcpy(buf.data() + sizeof k, text.data(), text.size());
+  auto shared = std::make_shared<std::vector<char>>(std::move(buf));
+  for (int r = 0; r < size_.load(); ++r) {
+    if (r != rank_.load()) send(r, kTagNotice, shared);
+  }
+}
+
+void Watchdog::drain() {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &st) != MPI_SUCCESS || !flag) break;
+    int bytes = 0;
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    std::vector<char> buf(static_cast<std::size_t>(std::max(bytes, 0)));
+    if (MPI_Recv(buf.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, control_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      break;
+    }
+    const int from = st.MPI_SOURCE;
+    std::int32_t head = 0;
+    if (buf.size() >= sizeof head) std::memcpy(&head, buf.data(), sizeof head);
+    switch (st.MPI_TAG) {
+      case kTagNotice: {
+        Notice n{from, head, std::string(buf.begin() + static_cast<long>(std::min(buf.size(), sizeof head)), buf.end()),
+                 Clock::now()};
+        if (static_cast<std::size_t>(from) < answered_.size()) answered_[static_cast<std::size_t>(from)] = head == kNoticeLeaving ? 1 : 0;
+        notices_.push_back(std::move(n));
+        break;
+      }
+      case kTagAck:
+        if (static_cast<std::size_t>(from) < answered_.size() && answered_[static_cast<std::size_t>(from)] != 1) {
+          answered_[static_cast<std::size_t>(from)] = head;
+        }
+        break;
+      case kTagStatusRequest: {
+        std::vector<RankSnapshot> mine;
+        if (auto b = board()) mine = b->read_host();
+        for (auto& s : mine) s.remote = true;
+        send(from, kTagStatusReply, bytes_of(mine.data(), mine.size() * sizeof(RankSnapshot)));
+        break;
+      }
+      case kTagStatusReply: {
+        std::vector<RankSnapshot> theirs(buf.size() / sizeof(RankSnapshot));
+        if (!theirs.empty()) std::memcpy(theirs.data(), buf.data(), theirs.size() * sizeof(RankSnapshot));
+        status_replies_.push_back(std::move(theirs));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    int done = 0;
+    if (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+      it = outgoing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Watchdog::answer_notices() {
+  for (auto& n : notices_) {
+    if (n.answered) continue;
+    if (leaving_.load() || ending_.load()) {
+      send(n.from, kTagAck, int_message(1));
+      n.answered = true;
+      continue;
+    }
+    // A leaving rank gets kLeaveGrace: this rank's own Job may be about to leave too (an
+    // error every rank raises alike), and then no line about the other is wanted.
+    if (n.kind == kNoticeEnding || since(n.received) >= kLeaveGrace) {
+      if (!printed_peer_) {
+        print_line((n.kind == kNoticeEnding ? "rank " + std::to_string(n.from) + " is ending the job: "
+                                            : "rank " + std::to_string(n.from) + " failed: ") +
+                   n.text + " [this rank ends with it]");
+        printed_peer_ = true;
+      }
+      send(n.from, kTagAck, int_message(0));
+      n.answered = true;
+      if (!peer_failed_.load()) {
+        peer_failed_at_ = Clock::now();
+        peer_failed_.store(true);
+        job_failing.store(true);
+        if (auto b = board()) b->set_phase(Phase::leaving);
+      }
+    }
+  }
+}
+
+void Watchdog::wait_for_answers(double wait_s) {
+  const auto start = Clock::now();
+  const auto b = board();
+  for (;;) {
+    drain();
+    answer_notices();
+    bool all = true;
+    for (int r = 0; r < size_.load() && all; ++r) {
+      if (r == rank_.load() || answered_[static_cast<std::size_t>(r)] >= 0) continue;
+      // A stopped or vanished process of this host will not answer.
+      if (b) {
+        if (auto s = b->read(r); s && (s->stopped || s->gone)) continue;
+      }
+      all = false;
+    }
+    if (all || since(start) > wait_s) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// ---- ending -------------------------------------------------------------------------------
+
+void Watchdog::print_line(const std::string& text) {
+  std::fprintf(stderr, "tutti [rank %d]: %s\n", rank_.load(), text.c_str());
+  std::fflush(stderr);
+}
+
+void Watchdog::end_job(const std::string& message, int exit_code) {
+  bool expected = false;
+  if (!ending_.compare_exchange_strong(expected, true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
+  }
+  job_failing.store(true);
+  // "Ending..." closes the first line; a report's details follow it.
+  const std::string ending = mpi_up_.load() ? " Ending the job (MPI_Abort)." : " Ending this rank.";
+  const auto eol = message.find('\n');
+  print_line(eol == std::string::npos ? message + ending : message.substr(0, eol) + ending + message.substr(eol));
+  if (auto b = board()) b->set_phase(Phase::leaving);
+  const bool attached = attached_.load();
+  if (attached) {
+    std::lock_guard lock(control_mutex_);
+    std::fill(answered_.begin(), answered_.end(), -1);
+    notify_all(kNoticeEnding, first_line(message));
+  }
+  std::vector<std::shared_ptr<Watched>> alive;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& w : watched_) {
+      if (auto b = w.lock()) alive.push_back(std::move(b));
+    }
+  }
+  for (auto& b : alive) b->abort_now();
+  if (attached) {
+    std::lock_guard lock(control_mutex_);
+    wait_for_answers(kAckWait);
+  }
+  if (mpi_up_.load()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // before MPI is up (or if MPI_Abort returned): this process at least
+}
+
+bool Watchdog::leave(double wait_s) {
+  if (size_.load() <= 1) return true;
+  if (!attached_.load() || peer_failed_.load() || ending_.load()) return false;
+  leaving_.store(true);
+  job_failing.store(true);
+  if (auto b = board()) b->set_phase(Phase::leaving);
+  std::string text;
+  if (auto e = recent_error(2.0)) {
+    text = "an exception left its Job; the last tutti error there: " + first_line(*e);
+  } else {
+    text = "an exception that is not a tutti error left its Job (its own output says which)";
+  }
+  std::lock_guard lock(control_mutex_);
+  notify_all(kNoticeLeaving, text);
+  wait_for_answers(wait_s);
+  for (int r = 0; r < size_.load(); ++r) {
+    if (r != rank_.load() && answered_[static_cast<std::size_t>(r)] != 1) return false;
+  }
+  return true;
+}
+
+// ---- reports ------------------------------------------------------------------------------
+
+std::vector<RankSnapshot> Watchdog::gather_progress() {
+  const int n = std::max(size_.load(), 1);
+  std::vector<RankSnapshot> all(static_cast<std::size_t>(n));
+  if (auto b = board()) {
+    for (const auto& s : b->read_host()) {
+      if (s.rank >= 0 && s.rank < n) all[static_cast<std::size_t>(s.rank)] = s;
+    }
+  }
+  auto missing = [&] {
+    std::vector<int> m;
+    for (int r = 0; r < n; ++r) {
+      if (all[static_cast<std::size_t>(r)].rank < 0) m.push_back(r);
+    }
+    return m;
+  };
+  std::vector<int> ask = missing();
+  if (ask.empty() || !attached_.load()) return all;
+  // Other hosts: any live rank there answers for all of its host.
+  std::lock_guard lock(control_mutex_);
+  if (!attached_.load()) return all;
+  status_replies_.clear();
+  for (int r : ask) send(r, kTagStatusRequest, int_message(0));
+  const auto start = Clock::now();
+  while (!ask.empty() && since(start) < kStatusWait) {
+    drain();
+    answer_notices();
+    for (const auto& reply : status_replies_) {
+      for (const auto& s : reply) {
+        if (s.rank >= 0 && s.rank < n && all[static_cast<std::size_t>(s.rank)].rank < 0) all[static_cast<std::size_t>(s.rank)] = s;
+      }
+    }
+    status_replies_.clear();
+    ask = missing();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return all;
+}
+
+std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, int board_comm, std::uint64_t seq,
+                                        Phase min_phase, std::vector<int>* not_there) {
+  std::string out;
+  const bool collective = board_comm >= 0 && board_comm < kBoardComms && seq > 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const RankSnapshot& s = all[i];
+    const int r = static_cast<int>(i);
+    std::string line = "\n    rank " + std::to_string(r) + ": ";
+    bool there = true;
+    if (s.rank < 0) {
+      line += mpi_up_.load() ? "no answer (stopped, hung outside MPI, or its host is unreachable)"
+                             : "no sign of it on this host (it has not started its Job, or runs elsewhere)";
+      there = false;
+    } else if (!collective || s.phase != Phase::running) {
+      line += std::string(name_of(s.phase));
+      if (s.phase != Phase::absent) line += " for " + seconds(s.phase_age_s);
+      there = !collective && s.phase >= min_phase && s.phase != Phase::leaving;
+    } else {
+      const CommSnapshot& c = s.comm[board_comm];
+      if (c.completed >= seq) {
+        line += "completed it";
+      } else if (c.started >= seq) {
+        line += "in it for " + seconds(s.started_age_s[board_comm]);
+      } else {
+        there = false;
+        if (c.started == 0) {
+          line += "not there: no collective started on this communicator yet";
+        } else {
+          line += "not there: last in " + c.describe();
+          line += c.completed >= c.started ? " (completed)" : " (still in it, for " + seconds(s.started_age_s[board_comm]) + ")";
+        }
+        if (c.issued > c.started) line += "; issued up to #" + std::to_string(c.issued);
+      }
+    }
+    if (s.rank >= 0 && s.stopped) line += " [process " + std::to_string(s.pid) + " is stopped (SIGSTOP, a debugger?)]";
+    if (s.rank >= 0 && s.gone) line += " [process " + std::to_string(s.pid) + " is gone]";
+    if (!there && not_there != nullptr) not_there->push_back(r);
+    out += line;
+  }
+  return out;
+}
+
+std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there) {
+  char times[96];
+  std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
+  std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
+                  " did not complete " + times;
+  if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
+  s += ".";
+  if (!not_there.empty()) {
+    s += " Not reached by";
+    for (std::size_t i = 0; i < not_there.size(); ++i) s += (i ? ", rank " : " rank ") + std::to_string(not_there[i]);
+    s += ".";
+  } else if (debug) {
+    // Debug mode compared every collective before it ran.
+    s += " Debug mode (TUTTI_DEBUG) is on and found no mismatch, and every rank is in this collective: MPI or "
+         "the network between the ranks is stuck.";
+  } else {
+    s += " Every rank reached a collective with this number, so some rank issued a different one (run with "
+         "TUTTI_DEBUG=1 to compare them).";
+  }
+  return s;
+}
+
+std::optional<std::string> Watchdog::collective_missed(std::string_view backend, const CollectiveInfo& info,
+                                                       int board_comm, double timeout_s, double waited_s,
+                                                       std::size_t queued_behind, bool debug, bool abort_job) {
+  if (abort_job && attached_.load()) {
+    // Another rank may have reported it already.
+    std::lock_guard lock(control_mutex_);
+    if (attached_.load()) {
+      drain();
+      answer_notices();
+    }
+  }
+  if (ending_.load() || (abort_job && peer_failed_.load())) return std::nullopt;
+  const std::vector<RankSnapshot> all = gather_progress();
+  if (abort_job && waited_s < timeout_s + kDeferReport && board_comm >= 0 && board_comm < kBoardComms) {
+    // A lower rank waiting in the same collective (or already ending the job) reports it.
+    for (int r = 0; r < rank_.load() && r < static_cast<int>(all.size()); ++r) {
+      const RankSnapshot& s = all[static_cast<std::size_t>(r)];
+      const CommSnapshot& c = s.comm[board_comm];
+      const bool waiting = s.phase == Phase::running && c.started == info.seq && c.completed < info.seq;
+      if (s.rank >= 0 && !s.stopped && (waiting || s.phase == Phase::leaving)) return std::nullopt;
+    }
+  }
+  std::vector<int> not_there;
+  const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there);
+  const std::string report = timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there) +
+                             "\n  Where each rank is:" + where;
+  if (abort_job) end_job(report, kExitTimeout);
+  return report;
+}
+
+}  // namespace tutti::detail

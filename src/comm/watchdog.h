@@ -1,0 +1,227 @@
+// The watchdog: the one deadline mechanism of a job, and how a job ends when something goes
+// wrong on one rank. Internal header.
+//
+// One per process, made by the Job before MPI_Init and destroyed after MPI_Finalize. Its
+// thread wakes every kTick and
+//   - checks the deadlines of blocking regions: the Job's start-up (MPI_Init, the
+//     communicators, the NCCL id exchange), its own blocking MPI calls, MPI_Finalize;
+//   - polls every backend (Watched) for collectives past their deadline (and NCCL's
+//     asynchronous errors);
+//   - listens on the control channel (a duplicate of MPI_COMM_WORLD) for the other ranks:
+//     "I am ending the job because...", "an exception is leaving my Job", "where are you?".
+//
+// Ending the job (end_job): print the cause once, with this rank's number; tell every other
+// rank why, wait (at most kAckWait) until they have printed that they end because of this
+// rank; abort the NCCL communicators; MPI_Abort (Open MPI then kills every rank within about
+// 0.1 s). Before MPI is up: _exit.
+//
+// A rank told that another rank is ending prints one line naming that rank and its cause and
+// waits for the launcher to end it; if nothing has ended it after kPeerKillWait, it ends the
+// job itself (MPI_Abort).
+//
+// Which rank reports a missed deadline: every rank waiting in the collective sees the deadline
+// pass at about the same time; the lowest of them reports at once and the others give it
+// kDeferReport to do so (then they print one line each, not N reports).
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/progress.h"
+#include "tutti/comm/communicator.h"
+
+namespace tutti::detail {
+
+// Exit codes of a job that tutti ends (given to MPI_Abort).
+inline constexpr int kExitTimeout = 14;     // a deadline was missed
+inline constexpr int kExitPeerFailed = 13;  // another rank failed, and did not end the job itself
+inline constexpr int kExitUncaught = 134;   // an exception escaped (std::terminate), as abort() would
+
+// True once this process is ending the job, leaving it, or was told that another rank failed:
+// then a stop signal (JobOptions::catch_stop_signals) must end the process as by default (the
+// launcher's SIGTERM is how the job ends), not ask for a clean stop. Read by signal handlers.
+extern std::atomic<bool> job_failing;
+
+class Watchdog;
+
+// The first line of the report of collective `info` that missed its deadline: what, how long,
+// and who had not reached it (not_there), else what that means (suggesting TUTTI_DEBUG=1 only
+// when debug mode is off).
+std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there);
+
+// A backend, as the watchdog sees it.
+class Watched {
+ public:
+  virtual ~Watched() = default;
+  // On the watchdog's thread, every tick: checks the backend's deadlines (nccl: also its
+  // asynchronous errors) and reports what it finds (Watchdog::collective_missed,
+  // Watchdog::end_job). Must not block on other ranks.
+  virtual void poll(Watchdog& watchdog) = 0;
+  // The job is ending: free what a stuck device holds (nccl: ncclCommAbort), without blocking.
+  virtual void abort_now() noexcept {}
+};
+
+class Watchdog {
+ public:
+  static constexpr auto kTick = std::chrono::milliseconds(20);
+  static constexpr double kAckWait = 1.0;        // s an ending rank waits for the others' "printed"
+  static constexpr double kLeaveGrace = 0.2;     // s a told rank waits to see whether it is leaving too
+  static constexpr double kPeerKillWait = 3.0;   // s a told rank waits to be ended before it ends the job
+  static constexpr double kDeferReport = 1.0;    // s a rank lets a lower waiting rank report a timeout
+  static constexpr double kStatusWait = 1.0;     // s a report waits for other hosts' progress
+
+  Watchdog();
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // The process's watchdog (the Job's), or nullptr.
+  static Watchdog* current();
+
+  // ---- deadlines of blocking regions ----
+  class Region {
+   public:
+    Region() = default;
+    Region(Region&& other) noexcept : watchdog_(other.watchdog_), id_(other.id_) { other.watchdog_ = nullptr; }
+    Region& operator=(Region&&) = delete;
+    ~Region();
+    // What the region is doing now (for the report).
+    void set_what(std::string what);
+
+   private:
+    friend class Watchdog;
+    Region(Watchdog* w, std::uint64_t id) : watchdog_(w), id_(id) {}
+    Watchdog* watchdog_ = nullptr;
+    std::uint64_t id_ = 0;
+  };
+  // While the Region lives, `what` must end within timeout_s, else the job ends with a report
+  // of where every rank is (exit kExitTimeout), naming as "not there" the ranks whose phase
+  // is below min_phase.
+  [[nodiscard]] Region region(std::string what, double timeout_s, Phase min_phase = Phase::running);
+  // A region whose expiry is no fault: print `note` and end this process with exit_code,
+  // without a report and without ending the job (MPI_Finalize after a stop signal, while the
+  // launcher that sent it is taking the job down and no longer serves MPI_Finalize's fence).
+  [[nodiscard]] Region quiet_region(std::string what, double timeout_s, std::string note, int exit_code);
+
+  // ---- backends ----
+  void watch(std::weak_ptr<Watched> backend);
+
+  // ---- life ----
+  // This rank's number, for messages before MPI is up (from the launcher, or -1).
+  void set_rank(int rank, int size);
+  // MPI_Init has returned: MPI_Abort can end the job from now on.
+  void mpi_ready() { mpi_up_.store(true); }
+  bool mpi_up() const { return mpi_up_.load(); }
+  // The progress board of this host (may be null: a world of one, no shared memory).
+  void set_board(std::shared_ptr<ProgressBoard> board);
+  std::shared_ptr<ProgressBoard> board() const;
+  // The control channel: a duplicate of MPI_COMM_WORLD that only the watchdog uses. From now
+  // on the watchdog listens to the other ranks.
+  void attach(MPI_Comm control);
+  // Stops every use of MPI by the watchdog (before MPI_Finalize); frees the control channel
+  // unless told not to (a job left without finalizing: another thread may be inside MPI).
+  void detach(bool free_comm = true) noexcept;
+
+  // ---- when things go wrong ----
+  // A collective of `backend` missed its deadline. Builds the report (which ranks had not
+  // reached it, where every rank is). abort_job: ends the job with it (unless a lower rank is
+  // expected to report: then returns nullopt, to be called again on a later tick). Otherwise
+  // returns the report, for the backend to fail its Works with.
+  std::optional<std::string> collective_missed(std::string_view backend, const CollectiveInfo& info, int board_comm,
+                                               double timeout_s, double waited_s, std::size_t queued_behind,
+                                               bool debug, bool abort_job);
+  // Ends the whole job now (see the top of this file). Any thread; a second caller waits for
+  // the first to finish.
+  [[noreturn]] void end_job(const std::string& message, int exit_code);
+  // An exception is unwinding through this rank's Job: tells every other rank (with the last
+  // tutti error of this process, if recent) and waits at most wait_s for their answers.
+  // Returns true when every other rank is leaving too (an orderly end is then possible).
+  bool leave(double wait_s);
+  // Another rank has failed and this one was told (it is waiting to be ended).
+  bool peer_failed() const { return peer_failed_.load(); }
+
+ private:
+  struct RegionEntry {
+    std::uint64_t id;
+    std::string what;
+    double timeout_s;
+    std::chrono::steady_clock::time_point started;
+    Phase min_phase;
+    std::optional<std::pair<std::string, int>> quiet;  // note and exit code of a quiet_region
+  };
+  struct Notice {
+    int from;
+    int kind;
+    std::string text;
+    std::chrono::steady_clock::time_point received;
+    bool answered = false;
+  };
+  struct Outgoing {
+    MPI_Request request;
+    std::shared_ptr<std::vector<char>> data;
+  };
+
+  void loop();
+  void check_regions();
+  void poll_backends();
+  // With control_mutex_ held: receive and handle whatever the other ranks sent.
+  void drain();
+  void answer_notices();
+  void send(int to, int tag, std::shared_ptr<std::vector<char>> data);
+  void notify_all(int kind, const std::string& text);
+  // Waits until every rank in `ranks` answered (acks_ or a leaving notice) or wait_s passed.
+  void wait_for_answers(double wait_s);
+  // Every rank's progress: this host's board, then the other hosts through the control
+  // channel (at most kStatusWait). Index = rank; a missing entry has rank -1.
+  std::vector<RankSnapshot> gather_progress();
+  // One line per rank: where it is; with a collective (board_comm >= 0, seq > 0), whether it
+  // reached it; else its phase (ranks below min_phase are not there).
+  std::string where_everyone_is(const std::vector<RankSnapshot>& all, int board_comm, std::uint64_t seq,
+                                Phase min_phase, std::vector<int>* not_there);
+  void print_line(const std::string& text);
+
+  mutable std::mutex mutex_;  // regions_, watched_, board_, stop_
+  std::condition_variable cv_;
+  std::vector<RegionEntry> regions_;
+  std::uint64_t next_region_ = 1;
+  std::vector<std::weak_ptr<Watched>> watched_;
+  std::shared_ptr<ProgressBoard> board_;
+  bool stop_ = false;
+
+  std::atomic<int> rank_{-1};
+  std::atomic<int> size_{0};
+  std::atomic<bool> mpi_up_{false};
+
+  // The control channel; every MPI call on it under control_mutex_.
+  std::recursive_mutex control_mutex_;
+  MPI_Comm control_ = MPI_COMM_NULL;
+  std::atomic<bool> attached_{false};
+  std::list<Outgoing> outgoing_;
+  std::list<Notice> notices_;
+  std::vector<int> answered_;  // per rank: -1 none, 0 ending because of us / not leaving, 1 leaving too
+  std::vector<std::vector<RankSnapshot>> status_replies_;
+  bool printed_peer_ = false;
+
+  std::atomic<bool> leaving_{false};
+  std::atomic<bool> ending_{false};
+  std::atomic<bool> peer_failed_{false};
+  std::chrono::steady_clock::time_point peer_failed_at_;
+  std::chrono::steady_clock::time_point deferred_since_{};
+  bool deferring_ = false;
+
+  std::thread thread_;
+};
+
+}  // namespace tutti::detail
