@@ -75,7 +75,7 @@ Result run(tutti::Job& job, const Config& c, int mode, std::int64_t* params_out)
   if (mode > 0) {
     tutti::ddp::DdpOptions o;
     o.bucket_cap_mb = c.bucket_mb;
-    o.overlap = mode == 1;
+    o.reducer.overlap = mode == 1;
     ddp = std::make_unique<tutti::ddp::DistributedDataParallel>(job.communicator(), *model, o);
   }
   tutti::optim::SgdOptions so;

@@ -66,7 +66,7 @@ double train_gpu_against_cpu(Communicator& comm, const GpuRun& run) {
   auto ref_opt = make_optimizer(run.optimizer, *reference);
   DdpOptions options = run.ddp;
   options.accumulation_steps = run.accumulation;
-  options.grad_comm_dtype = run.policy.comm;
+  options.reducer.grad_comm_dtype = run.policy.comm;
   DistributedDataParallel ddp(comm, *distributed, options);
   auto ddp_opt = make_optimizer(run.optimizer, *distributed);
   ddp_opt->set_stream(stream);
@@ -108,7 +108,7 @@ TEST_P(DdpGpu, ManySmallBucketsWithoutOverlapMatch) {
   GpuRun run;
   run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 1e-9;  // a bucket per parameter
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), run), 1e-5);
-  run.ddp.overlap = false;
+  run.ddp.reducer.overlap = false;
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), run), 1e-5);
 }
 
