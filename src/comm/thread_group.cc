@@ -12,8 +12,10 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -36,6 +38,7 @@ class ThreadWork final : public Work::State {
     return done_;
   }
   void wait() override {
+    if (on_wait) on_wait();
     std::unique_lock lock(mutex_);
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s_));
@@ -64,6 +67,8 @@ class ThreadWork final : public Work::State {
     std::lock_guard lock(mutex_);
     return done_ || error_ != nullptr;
   }
+  // Called when a thread starts waiting (before the lock): releases a reorder hold.
+  std::function<void()> on_wait;
   void set_missing(std::string ranks) {
     std::lock_guard lock(mutex_);
     missing_ = std::move(ranks);
@@ -172,6 +177,7 @@ struct ThreadGroup::Impl {
   std::map<std::uint64_t, Pending> pending;
   std::vector<CollectiveFault> faults;
   std::deque<Completion> scheduled;
+  std::set<std::pair<int, std::uint64_t>> waited;  // (rank, seq) a thread waits for before it was scheduled
   std::vector<std::uint64_t> completed_up_to;  // per rank: every Work with seq <= this is complete
   std::vector<std::vector<std::uint64_t>> completed_above;  // per rank: completed seqs beyond that
   bool stopping = false;
@@ -207,8 +213,28 @@ struct ThreadGroup::Impl {
     }
   }
 
+  // A thread waits for rank's Work of `seq`: a reorder hold on it ends (the Works after it that
+  // are due complete first), so that a caller that waits before it issues more is not stuck.
+  void release_hold(int rank, std::uint64_t seq) {
+    std::lock_guard lock(mutex);
+    for (auto it = scheduled.begin(); it != scheduled.end(); ++it) {
+      if (it->rank != rank || it->seq != seq || it->waits_for == 0) continue;
+      Completion c = std::move(*it);
+      scheduled.erase(it);
+      c.waits_for = 0;
+      scheduled.push_back(std::move(c));
+      cv.notify_all();
+      return;
+    }
+    waited.insert({rank, seq});  // not scheduled yet: no hold when it is
+  }
+
   Work submit(int rank, Communicator::Collective c) {
     auto work = std::make_shared<ThreadWork>(c.info, timeout_s);
+    {
+      const std::uint64_t seq = c.info.seq;
+      work->on_wait = [this, rank, seq] { release_hold(rank, seq); };
+    }
     std::unique_lock lock(mutex);
     Pending& p = pending[c.info.seq];
     if (p.calls.empty()) {
@@ -294,7 +320,9 @@ struct ThreadGroup::Impl {
             done.error = std::make_exception_ptr(BackendError(
                 "injected failure of collective " + info.str() + " (CollectiveFault)", "thread_group.cc", r));
             break;
-          case CollectiveFault::Action::reorder: done.waits_for = seq + static_cast<std::uint64_t>(std::max(f.after, 1)); break;
+          case CollectiveFault::Action::reorder:
+            if (waited.count({r, seq}) == 0) done.waits_for = seq + static_cast<std::uint64_t>(std::max(f.after, 1));
+            break;
         }
       }
       scheduled.push_back(std::move(done));
@@ -323,6 +351,7 @@ struct ThreadGroup::Impl {
           c.work->complete();
         }
         mark_complete(c.rank, c.seq);
+        waited.erase({c.rank, c.seq});
         progressed = true;
         break;  // a completion may release held ones: rescan from the start
       }

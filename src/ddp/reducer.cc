@@ -62,7 +62,9 @@ Reducer::Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device
 }
 
 Reducer::~Reducer() {
-  // Collectives still in flight read the buffers: let them finish before they are freed.
+  // Collectives still in flight read the buffers: let them finish before they are freed
+  // (their Works keep the storage alive too). After a failure they may never finish.
+  if (phase_ == Phase::failed) return;
   for (Bucket& b : buckets_) {
     try {
       if (b.launched) b.work.wait();

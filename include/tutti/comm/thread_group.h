@@ -36,7 +36,8 @@ struct CollectiveFault {
     delay,    // outputs written and the Work completed `delay` later than they could be
     fail,     // the Work fails with BackendError ("injected failure"); outputs untouched
     reorder,  // the Work completes only after the Works of the next `after` collectives of this
-              // rank's communicator have (completion order differs from issue order)
+              // rank's communicator have (completion order differs from issue order), or,
+              // when a thread waits for it first, right after the later ones already due
   };
   std::uint64_t seq = 1;  // which collective: its sequence number (1 for the first issued)
   int rank = -1;          // whose Work (-1: every rank's)
