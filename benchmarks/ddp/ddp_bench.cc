@@ -11,8 +11,9 @@
 //   after        the same with every allreduce after backward (overlap off)
 //   zero1        ZeRO-1: reduce-scatter, sharded update, all-gather in the next forward
 //   zero2        ZeRO-2: as zero1, without a full-size gradient buffer
-// The modes' steps are interleaved (one step of each in turn), so that the machine's drift
-// falls on all of them alike; each rank times its own steps and the tables give medians: step
+// The modes' steps are interleaved (one step of each in turn, the ranks lined up before each),
+// so that the machine's drift falls on all of them alike; each rank times its own steps and
+// the tables give medians: step
 // time, its split into compute and exposed communication (the wait after backward; ZeRO: plus
 // the waits for the gathers), samples/s over all ranks, and scaling efficiency =
 // throughput(N) / (N x local).
@@ -239,12 +240,14 @@ int main(int argc, char** argv) {
     }
 
     if (!c.memory_only) {
-      // Ranks line up once; after that they run free, as in training, so that the measured
-      // steps include the drift between ranks that overlap can hide.
-      job.cpu_communicator().barrier().wait();
+      // The ranks line up before every timed step (else a mode would be charged the drift the
+      // previous mode left, a collective-free local step above all); within the step they run
+      // free, so the drift that overlap can hide is in it. The modes take turns in a rotating
+      // order, so that none always runs first.
       for (int it = 0; it < c.warmup + c.steps; ++it) {
-        for (auto& mp : all) {
-          Instance& m = *mp;
+        for (std::size_t k = 0; k < all.size(); ++k) {
+          Instance& m = *all[(k + static_cast<std::size_t>(it)) % all.size()];
+          job.cpu_communicator().barrier().wait();
           const auto t0 = Clock::now();
           one_step(m);
           const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

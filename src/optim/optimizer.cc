@@ -117,8 +117,7 @@ void Optimizer::store_state(std::size_t i, std::size_t k, const Tensor& whole) {
     state_[i][k].flatten().copy_from(flat, stream_);
     return;
   }
-  const nn::PlanEntry& e = target_->plan->entries[static_cast<std::size_t>(
-      std::find(target_->params.begin(), target_->params.end(), params_[i]) - target_->params.begin())];
+  const nn::PlanEntry& e = target_->plan->entries[entry_[i]];
   for (std::size_t s = 0; s < target_->spans.size(); ++s) {
     const FlatSpan& span = target_->spans[s];
     const std::int64_t b = std::max(span.begin, e.offset), end = std::min(span.end, e.offset + e.numel);
@@ -211,9 +210,7 @@ void Optimizer::bind(FlatTarget target) {
       if (!w.defined() && target_) {
         // From a previous binding: assemble what it holds of the parameter (zeros elsewhere).
         w = Tensor::zeros(params_[i]->shape(), DType::f32, device);
-        const std::size_t old_entry = static_cast<std::size_t>(
-            std::find(target_->params.begin(), target_->params.end(), params_[i]) - target_->params.begin());
-        const nn::PlanEntry& oe = target_->plan->entries[old_entry];
+        const nn::PlanEntry& oe = target_->plan->entries[entry_[i]];
         for (std::size_t s = 0; s < target_->spans.size(); ++s) {
           const FlatSpan& span = target_->spans[s];
           const std::int64_t b = std::max(span.begin, oe.offset), end = std::min(span.end, oe.offset + oe.numel);
@@ -235,6 +232,7 @@ void Optimizer::bind(FlatTarget target) {
   for (std::size_t k = 0; k < names.size(); ++k) fresh.push_back(Tensor::zeros({total}, DType::f32, device));
 
   target_ = std::make_unique<FlatTarget>(std::move(target));
+  entry_ = std::move(entry);
   runs_ = std::move(runs);
   span_state_offset_ = std::move(offsets);
   flat_state_ = std::move(fresh);
@@ -252,9 +250,7 @@ void Optimizer::unbind() {
   const std::vector<std::string> names = state_names();
   std::vector<std::vector<Tensor>> per(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::size_t e = static_cast<std::size_t>(
-        std::find(target_->params.begin(), target_->params.end(), params_[i]) - target_->params.begin());
-    const nn::PlanEntry& pe = target_->plan->entries[e];
+    const nn::PlanEntry& pe = target_->plan->entries[entry_[i]];
     for (std::size_t k = 0; k < names.size(); ++k) {
       Tensor w = Tensor::zeros(params_[i]->shape(), DType::f32, params_[i]->device());
       for (std::size_t s = 0; s < target_->spans.size(); ++s) {
@@ -269,6 +265,7 @@ void Optimizer::unbind() {
   }
   stream_.synchronize();
   target_.reset();
+  entry_.clear();
   runs_.clear();
   span_state_offset_.clear();
   flat_state_.clear();
@@ -381,9 +378,7 @@ StateDict Optimizer::state_dict() {
     return out;
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::size_t e = static_cast<std::size_t>(
-        std::find(target_->params.begin(), target_->params.end(), params_[i]) - target_->params.begin());
-    const nn::PlanEntry& pe = target_->plan->entries[e];
+    const nn::PlanEntry& pe = target_->plan->entries[entry_[i]];
     std::int64_t covered = 0;
     for (const FlatSpan& span : target_->spans) {
       covered += std::max<std::int64_t>(0, std::min(span.end, pe.offset + pe.numel) - std::max(span.begin, pe.offset));

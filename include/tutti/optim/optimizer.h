@@ -189,6 +189,7 @@ class Optimizer {
   std::vector<std::vector<Tensor>> state_;
   // Bound.
   std::unique_ptr<FlatTarget> target_;
+  std::vector<std::size_t> entry_;               // params_[i] is the plan's entry entry_[i]
   std::vector<Run> runs_;
   std::vector<std::int64_t> span_state_offset_;  // where span s starts in the flat state
   std::vector<Tensor> flat_state_;               // per state name
