@@ -3,6 +3,7 @@
 # and benchmarks (docs/multinode.md, "The emulated cluster").
 #
 #   scripts/cluster.sh up   [--name N] [--nodes K] [--slots S] [--bandwidth RATE] [--latency-us L]
+#                           [--tcp-retries2 R]
 #   scripts/cluster.sh run  [up's options] [--keep] -- COMMAND...   # up, COMMAND on node0, down
 #   scripts/cluster.sh exec [--name N] [--node nodeI] -- COMMAND...  # COMMAND on one node
 #   scripts/cluster.sh link [--name N] --node nodeI (down|up|--bandwidth RATE)
@@ -17,6 +18,11 @@
 # address or interface is ever made in the host's own network namespace. Each port is shaped
 # in both directions with tc (HTB: --bandwidth per direction, like a NIC port), and, where the
 # kernel has netem, delayed by --latency-us.
+#
+# A node that drops off the network (link down: every packet lost, no connection reset) is
+# noticed by TCP only when its retransmissions give up: net.ipv4.tcp_retries2, set in each node
+# to --tcp-retries2 (default 3: ~6 s at the minimum retransmission timeout; the kernel's 15 is
+# ~15 minutes, for which mpirun then waits for its daemon on the lost node).
 #
 # Commands on node0 get an environment in which a plain `mpirun -np 4 prog` spreads its ranks
 # over the nodes: OMPI_MCA_orte_default_hostfile (the cluster's hostfile: "nodeI slots=S") and
@@ -39,6 +45,7 @@ nodes=2
 slots=2
 bandwidth=""
 latency_us=""
+tcp_retries2=3
 node=node0
 keep=0
 all=0
@@ -136,6 +143,7 @@ nodes=$nodes
 slots=$slots
 bandwidth=$bandwidth
 latency_us=$latency_us
+tcp_retries2=$tcp_retries2
 EOF
   {
     echo "127.0.0.1 localhost"
@@ -169,6 +177,7 @@ EOF
     ip -n "$sw" link set "p$i" up
     ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2="$tcp_retries2"
     shape "$ns" eth0
     shape "$sw" "p$i"
     # The node's hostname, /dev/shm, /etc/hosts and /sys: new UTS and mount namespaces, kept
@@ -274,6 +283,7 @@ while [ $# -gt 0 ]; do
     --slots) slots=$2; shift 2 ;;
     --bandwidth) bandwidth=$2; link_action=shape; shift 2 ;;
     --latency-us) latency_us=$2; shift 2 ;;
+    --tcp-retries2) tcp_retries2=$2; shift 2 ;;
     --node) node=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --all) all=1; shift ;;

@@ -144,7 +144,7 @@ struct Job::Impl {
   bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
-  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
   Device device;
   std::string hostname;
   std::shared_ptr<detail::Backend> comm;      // for device
@@ -312,6 +312,10 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   j.hostname = host;
+  // One leader (local rank 0) per shared-memory node; and every rank's host for the reports.
+  const int leader = j.local_rank == 0 ? 1 : 0;
+  TUTTI_MPI_CHECK(MPI_Allreduce(&leader, &j.node_count, 1, MPI_INT, MPI_SUM, j.world));
+  j.watchdog->set_hosts(allgather_strings(j.world, j.hostname));
 
   agreed(j.world, "choosing the device", [&] {
     TUTTI_CHECK_ARG(options.backend == "auto" || options.backend == "mpi" || options.backend == "nccl",
@@ -368,6 +372,7 @@ int Job::rank() const { return impl_->rank; }
 int Job::world_size() const { return impl_->size; }
 int Job::local_rank() const { return impl_->local_rank; }
 int Job::local_size() const { return impl_->local_size; }
+int Job::node_count() const { return impl_->node_count; }
 Device Job::device() const { return impl_->device; }
 const std::string& Job::hostname() const { return impl_->hostname; }
 std::string_view Job::backend() const { return impl_->comm->backend(); }
@@ -409,10 +414,8 @@ std::string Job::summary() const {
                 j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
                 device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
   const std::vector<std::string> lines = allgather_strings(j.world, line);
-  const std::vector<std::string> hosts = allgather_strings(j.world, j.hostname);
-  const std::size_t nhosts = std::set<std::string>(hosts.begin(), hosts.end()).size();
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
-                    std::to_string(nhosts) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
+                    std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
          ", driver " + cuda_driver_version() + "\n";
   for (const auto& l : lines) out += l;

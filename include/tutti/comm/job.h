@@ -103,6 +103,9 @@ class Job {
   int world_size() const;
   int local_rank() const;   // among the ranks on this host (shared-memory node)
   int local_size() const;
+  // The number of hosts (shared-memory nodes, as MPI groups them: MPI_Comm_split_type SHARED)
+  // that the job's ranks run on; the same on every rank. 1 on a single machine.
+  int node_count() const;
   Device device() const;    // the device this rank computes on (current for this thread)
   const std::string& hostname() const;
   // Backend of communicator(): "mpi" or "nccl".
