@@ -130,6 +130,37 @@ Device choose_device(const std::string& wanted, int local_rank) {
   return d;
 }
 
+// JobOptions::mpi_allreduce -> Open MPI's MCA variables (set unless the environment has them).
+// coll/tuned numbers its allreduce algorithms: 1 basic linear, 2 nonoverlapping (reduce +
+// bcast), 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner.
+std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
+  if (wanted.empty()) {
+    const char* env = std::getenv("TUTTI_MPI_ALLREDUCE");
+    wanted = env != nullptr && *env != '\0' ? env : "default";
+  }
+  static const std::pair<const char*, const char*> tuned[] = {
+      {"reduce_bcast", "2"}, {"recursive_doubling", "3"}, {"ring", "4"}, {"segmented_ring", "5"}, {"rabenseifner", "6"}};
+  const char* number = nullptr;
+  for (const auto& [name, n] : tuned) {
+    if (wanted == name) number = n;
+  }
+  TUTTI_CHECK_ARG(number != nullptr || wanted == "default" || wanted == "han",
+                  "JobOptions::mpi_allreduce (or TUTTI_MPI_ALLREDUCE) must be default, ring, segmented_ring, "
+                  "recursive_doubling, rabenseifner, reduce_bcast or han, got '", wanted, "'");
+  if (wanted == "default") return wanted;
+  TUTTI_CHECK_ARG(will_init_mpi, "JobOptions::mpi_allreduce = '", wanted, "' needs the Job to initialize MPI (the "
+                  "program did: set Open MPI's coll_tuned/coll_han MCA variables before MPI_Init instead)");
+  if (number != nullptr) {
+    setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", /*overwrite=*/0);
+    setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", number, 0);
+  } else {
+    // han is built but off (priority 0) in Open MPI 4.1; above tuned's 30 it takes the
+    // collectives it implements (allreduce among them) on every communicator.
+    setenv("OMPI_MCA_coll_han_priority", "100", 0);
+  }
+  return wanted;
+}
+
 }  // namespace
 
 struct Job::Impl {
@@ -145,6 +176,7 @@ struct Job::Impl {
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
   int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
+  std::string mpi_allreduce = "default";
   Device device;
   std::string hostname;
   std::shared_ptr<detail::Backend> comm;      // for device
@@ -266,6 +298,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
   TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
   TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
+  j.mpi_allreduce = apply_mpi_allreduce(options.mpi_allreduce, !initialized);
   int provided = MPI_THREAD_SINGLE;
   if (j.board) j.board->set_phase(detail::Phase::mpi_init);
   if (!initialized) {
@@ -373,6 +406,7 @@ int Job::world_size() const { return impl_->size; }
 int Job::local_rank() const { return impl_->local_rank; }
 int Job::local_size() const { return impl_->local_size; }
 int Job::node_count() const { return impl_->node_count; }
+const std::string& Job::mpi_allreduce() const { return impl_->mpi_allreduce; }
 Device Job::device() const { return impl_->device; }
 const std::string& Job::hostname() const { return impl_->hostname; }
 std::string_view Job::backend() const { return impl_->comm->backend(); }
@@ -415,7 +449,8 @@ std::string Job::summary() const {
                 device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
   const std::vector<std::string> lines = allgather_strings(j.world, line);
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
-                    std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
+                    std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
+                    (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
          ", driver " + cuda_driver_version() + "\n";
   for (const auto& l : lines) out += l;

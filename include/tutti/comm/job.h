@@ -54,6 +54,20 @@ struct JobOptions {
   // moves GPU tensors through pinned host memory). "mpi" or "nccl" force one ("nccl" throws
   // where it cannot work).
   std::string backend = "auto";
+  // Open MPI's allreduce algorithm for the whole process (every communicator, tutti's and the
+  // program's), set through Open MPI's MCA variables before MPI_Init:
+  //   "default"             Open MPI's own choice (coll/tuned's fixed decision by ranks and size)
+  //   "ring"                ring (reduce-scatter + allgather): bandwidth-optimal, 2(p-1) steps
+  //   "segmented_ring"      the ring in segments (pipelined)
+  //   "recursive_doubling"  log2(p) steps, each moving the whole buffer: for small messages
+  //   "rabenseifner"        recursive halving + doubling: log steps, ring's bytes
+  //   "reduce_bcast"        reduce to rank 0, then broadcast ("nonoverlapping")
+  //   "han"                 hierarchical: within each node, then among nodes, then within
+  // Unset (empty): TUTTI_MPI_ALLREDUCE if set, else "default". An MCA variable the
+  // environment already sets (OMPI_MCA_coll_tuned_allreduce_algorithm, ...) wins. Needs the Job
+  // to initialize MPI (throws otherwise); other MPI libraries ignore it. docs/multinode.md
+  // compares the algorithms across nodes.
+  std::string mpi_allreduce;
   // Options of communicator() (timeout, debug, abort_on_timeout). The timeout is also the
   // deadline of the Job's start-up, of check_same and summary, and of MPI_Finalize.
   CommOptions comm;
@@ -110,6 +124,8 @@ class Job {
   const std::string& hostname() const;
   // Backend of communicator(): "mpi" or "nccl".
   std::string_view backend() const;
+  // The JobOptions::mpi_allreduce in effect ("default", "ring", ...).
+  const std::string& mpi_allreduce() const;
   // "MPI 3.1, Open MPI v4.1.4" and "2.28.9" (or "none" in a build without NCCL).
   std::string mpi_version() const;
   std::string nccl_version() const;
