@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --name) name=$2; shift 2 ;;
     --) shift; break ;;
-    *) die "unknown argument '$1'" ;;
+    *) [ "$verb" = check ] && break; die "unknown argument '$1'" ;;
   esac
 done
 dir=$STATE_ROOT/$name

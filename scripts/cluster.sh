@@ -11,9 +11,11 @@
 #   scripts/cluster.sh status | check
 #
 # Each node is a network namespace (its own interface eth0 and address), a UTS namespace (its
-# own hostname: node0, node1, ...) and a mount namespace (its own /dev/shm, so that shared
-# memory is per node as on real machines; its own /etc/hosts naming the nodes; /sys showing its
-# own network). Everything else (files, /tmp, processes) is shared with the host. The nodes'
+# own hostname: node0, node1, ...) and a mount namespace (its own /dev/shm and /tmp, so that
+# shared memory and scratch files are per node as on real machines; its own /etc/hosts naming
+# the nodes; /sys showing its own network, and the host's cgroups). Everything else (the file
+# system, processes) is shared with the host, like a cluster's shared file system: write what
+# should outlive a node or be seen by another one under the working tree, not /tmp. The nodes'
 # eth0 are veth pairs into a bridge that lives in a namespace of its own (the "switch"), so no
 # address or interface is ever made in the host's own network namespace. Each port is shaped
 # in both directions with tc (HTB: --bandwidth per direction, like a NIC port), and, where the
@@ -187,8 +189,12 @@ EOF
         set -e
         hostname node$i
         mount -t tmpfs -o size=4g,mode=1777 tmpfs-node$i /dev/shm
+        mount -t tmpfs -o size=4g,mode=1777 tmp-node$i /tmp
         mount --bind '$dir/hosts' /etc/hosts
+        mkdir -p '$dir/cgroup-node$i'
+        mount --rbind /sys/fs/cgroup '$dir/cgroup-node$i'
         mount -t sysfs sysfs-node$i /sys
+        mount --move '$dir/cgroup-node$i' /sys/fs/cgroup
         echo \$\$ > '$dir/node$i.pid.tmp'
         mv '$dir/node$i.pid.tmp' '$dir/node$i.pid'
         exec sleep infinity" </dev/null >/dev/null 2>&1 &
