@@ -170,8 +170,6 @@ struct Job::Impl {
   std::unique_ptr<detail::Watchdog> watchdog;
   std::shared_ptr<detail::ProgressBoard> board;
   int next_board_comm = 0;
-  bool caught_signals = false;
-  struct sigaction previous_actions[std::size(kStopSignals)] = {};
   bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
@@ -187,11 +185,8 @@ struct Job::Impl {
 
   ~Impl() { teardown(std::uncaught_exceptions() > uncaught_at_start); }
 
+  // The stop signals' handlers stay (job.h: a late signal must not kill a rank that saved).
   void restore_handlers() noexcept {
-    if (caught_signals) {
-      for (std::size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_actions[i], nullptr);
-      caught_signals = false;
-    }
     if (set_terminate_handler) {
       std::set_terminate(previous_terminate);
       set_terminate_handler = false;
@@ -387,9 +382,8 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
       action.sa_handler = on_stop_signal;
       sigemptyset(&action.sa_mask);
       action.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as by default
-      sigaction(kStopSignals[i], &action, &j.previous_actions[i]);
+      sigaction(kStopSignals[i], &action, nullptr);
     }
-    j.caught_signals = true;
   }
   previous_terminate = std::set_terminate(on_terminate);
   j.set_terminate_handler = true;

@@ -132,9 +132,9 @@ exit $rc
         expect(took < 60, "stopped before the time limit (%.0f s)" % took)
         if kind == "srun":
             # The scheduler's rerun: the same command with --resume auto continues from the checkpoint.
-            flags2 = [f for f in flags if f != "100000"]
-            flags2[flags2.index("--epochs") + 1] = "1"
-            # 1 epoch is over already if the stop came after it; either way --resume auto must not fail.
+            flags2 = list(flags)
+            flags2[flags2.index("--epochs") + 1] = "40"
+            # 40 epochs of 32 steps: the stop came before their end; the rerun goes on from it.
             p = slurm("srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmix", trainer(), *flags2, "--resume", "auto")
             expect(p.returncode == 0, "the rerun with --resume auto succeeded")
             expect(re.search(r"resum", p.stdout + p.stderr, re.I), "the rerun resumed from the checkpoint")

@@ -74,8 +74,12 @@ struct JobOptions {
   // Preemption: true makes SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 set stop_requested() instead
   // of ending the process (the handler does nothing else), so that the program can stop at a
   // step boundary, agreed by all ranks, with a checkpoint. A second signal of the same kind
-  // acts as by default, and so does any while the job is failing. The previous handlers come
-  // back when the Job ends. After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
+  // acts as by default, and so does any while the job is failing. The handlers stay after the
+  // Job ends, until the process exits: a launcher's signal may reach some ranks only after the
+  // job agreed to stop and they left their Job (srun --signal reached the ranks of one emulated
+  // node after those of the other had stopped the job and saved), and it must not kill a rank
+  // that saved and is leaving.
+  // After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
   // ends the process with 0: a launcher that sent SIGTERM (mpirun, Slurm) is taking the job
   // down and may never complete it. So let every rank wait (a barrier) until the checkpoint
   // is written before it leaves the Job.
