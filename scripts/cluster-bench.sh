@@ -55,4 +55,4 @@ for speed in $speeds; do
   done
 done
 cluster down --name $name >/dev/null
-python3 benchmarks/scaling/plots.py "$out" || echo "cluster-bench.sh: plots skipped (python3-matplotlib)"
+/usr/bin/python3 benchmarks/scaling/plots.py "$out" || echo "cluster-bench.sh: plots skipped (python3-matplotlib)"
