@@ -5,7 +5,7 @@ its predictions against the runs it was not fitted on.
     python3 benchmarks/scaling/fit.py docs/bench/cluster [--cores 2] [--json fit.json]
 
 Fitted on runs of the ring algorithm at 1 and 2 nodes only; beta on messages >= 1 MiB, alpha on
-messages <= 32 KiB (model.fit_alpha_beta):
+messages <= 4 KiB (model.fit_alpha_beta):
   intra:                      1 node x 2 ranks ("local_1x2_ring"): T = 2 alpha + n beta
   inter, per link bandwidth:  2 nodes x 1 rank ("<speed>_2x1_ring"): an exchange (both ways
                               over one connection): T = 2 alpha + n beta
@@ -111,14 +111,14 @@ def main():
                                                               r["measured_s"] * 1e3, r["predicted_s"] * 1e3,
                                                               100 * r["error"]))
         if r["layout"].split("x")[0] in ("2", "4"):
-            key = r["algorithm"]
-            summary.setdefault(key, []).append(abs(r["error"]))
-    print("\n# |error| at 2 and 4 nodes, >= 1 MiB: per algorithm, median / max / share within 15%")
-    for alg, errs in sorted(summary.items()):
+            summary.setdefault((r["speed"], r["algorithm"]), []).append(abs(r["error"]))
+            summary.setdefault((r["speed"], "all"), []).append(abs(r["error"]))
+    print("\n# |error| at 2 and 4 nodes, >= 1 MiB, per link and algorithm: median / max / share within 15%")
+    for (speed, alg), errs in sorted(summary.items()):
         errs.sort()
         within = sum(e <= 0.15 for e in errs) / len(errs)
-        print("  %-19s %5.1f%% / %5.1f%% / %3.0f%% of %d" % (alg, 100 * errs[len(errs) // 2], 100 * errs[-1],
-                                                            100 * within, len(errs)))
+        print("  %-7s %-19s %5.1f%% / %5.1f%% / %3.0f%% of %d" % (speed, alg, 100 * errs[len(errs) // 2], 100 * errs[-1],
+                                                                  100 * within, len(errs)))
     if args.json:
         json.dump({"fit": fitted, "comparison": rows}, open(args.json, "w"), indent=1)
 

@@ -232,7 +232,7 @@ def efficiency(c: Cluster, model: Model, **kw):
 
 # ---- calibration -------------------------------------------------------------------------------
 
-def fit_alpha_beta(points, small=32 * 1024, large=1 << 20):
+def fit_alpha_beta(points, small=4 * 1024, large=1 << 20):
     """(alpha, beta) for T = steps*alpha + bytes*beta over (steps, bytes, T) points: beta from the
     messages >= `large` (the regime the targets are about), alpha from those <= `small` after
     their bytes' share. One straight line does not fit both ends on the emulated links: TCP's

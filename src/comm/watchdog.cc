@@ -85,7 +85,9 @@ void Watchdog::set_board(std::shared_ptr<ProgressBoard> board) {
 
 void Watchdog::set_hosts(std::vector<std::string> hosts) {
   std::lock_guard lock(mutex_);
-  hosts_ = std::move(hosts);
+  // On one host the names add nothing to a report: keep none.
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts.front(); });
+  hosts_ = one_host ? std::vector<std::string>{} : std::move(hosts);
 }
 
 std::string Watchdog::host_of(int rank) const {

@@ -124,8 +124,9 @@ class Watchdog {
   // MPI_Init has returned: MPI_Abort can end the job from now on.
   void mpi_ready() { mpi_up_.store(true); }
   bool mpi_up() const { return mpi_up_.load(); }
-  // Every rank's host name (index = rank), so that reports can name a host that stopped
-  // answering ("host node1 (ranks 2, 3) did not answer").
+  // Every rank's host name (index = rank), so that reports can name each rank's host and a
+  // host that stopped answering ("Host node1 (ranks 2, 3) did not answer"). Ignored when every
+  // rank runs on one host.
   void set_hosts(std::vector<std::string> hosts);
   // The progress board of this host (may be null: a world of one, no shared memory).
   void set_board(std::shared_ptr<ProgressBoard> board);
