@@ -28,8 +28,9 @@ class Cluster:
     """`with Cluster() as c:` a cluster of its own, removed at the end whatever happens."""
 
     def __init__(self, **up_args):
-        self.name = "mt%d" % (os.getpid() % 1000000)
+        self.name = "mt%d" % os.getpid()
         self.up_args = up_args
+        remove_orphans()
 
     def sh(self, *args, check=True, **kw):
         return subprocess.run(["bash", ARGS.cluster, *args], check=check, text=True, capture_output=True, **kw)
@@ -85,6 +86,24 @@ class Cluster:
                 except OSError:
                     pass
         return left
+
+
+def remove_orphans():
+    """Clusters of earlier runs that were killed before they could clean up (a ctest timeout)."""
+    try:
+        names = os.listdir("/run/tutti-cluster")
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"mt(\d+)", name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            subprocess.run(["bash", ARGS.cluster, "down", "--name", name], capture_output=True)
+        except PermissionError:
+            pass
 
 
 def mpirun(np, *args):
@@ -217,6 +236,8 @@ if __name__ == "__main__":
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--workdir", default=os.getcwd(), help="for temporary files (seen by every node)")
     ARGS = parser.parse_args()
+    # ctest ends a test that runs too long with SIGTERM: unwind, so that the cluster is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAILED: terminated (SIGTERM)"))
     check = subprocess.run(["bash", ARGS.cluster, "check"], capture_output=True, text=True)
     if check.returncode == SKIP:
         print("SKIPPED: %s" % check.stderr.strip())

@@ -135,9 +135,15 @@ exit $rc
             flags2 = list(flags)
             flags2[flags2.index("--epochs") + 1] = "40"
             # 40 epochs of 32 steps: the stop came before their end; the rerun goes on from it.
-            p = slurm("srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmix", trainer(), *flags2, "--resume", "auto")
+            stopped = int(re.search(r"stopped at step (\d+)", text).group(1))
+            js = os.path.join(tmp, "rerun.json")
+            p = slurm("srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmix", trainer(), *flags2, "--resume", "auto",
+                      "--json", js)
             expect(p.returncode == 0, "the rerun with --resume auto succeeded")
-            expect(re.search(r"resum", p.stdout + p.stderr, re.I), "the rerun resumed from the checkpoint")
+            rerun = json.load(open(js))
+            print("rerun: resumed from step %s, %s steps in all" % (rerun["resumed_from_step"], rerun["steps"]))
+            expect(rerun["resumed_from_step"] == stopped and rerun["steps"] == 40 * 32,
+                   "the rerun continued from step %d to the end" % stopped)
 
 
 CHECKS = {"srun_ranks": srun_ranks, "srun_trainer": srun_trainer, "sbatch_mpirun": sbatch_mpirun,
