@@ -33,8 +33,8 @@
 #
 # `run` removes the cluster when COMMAND ends, also when it fails or is interrupted; `up` removes
 # what it made when it fails half-way; `down` kills every process left in the nodes first. Where
-# namespaces cannot be made (not root, no iproute2, a container without CAP_SYS_ADMIN), every
-# verb refuses with the reason and exit code 77 (ctest's "skipped").
+# namespaces cannot be made (not root, no iproute2, a container without CAP_SYS_ADMIN), `check`,
+# `up` and `run` refuse with the reason and exit code 77 (ctest's "skipped").
 set -euo pipefail
 
 SELF=$(readlink -f "$0")

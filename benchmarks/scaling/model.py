@@ -225,6 +225,20 @@ def ddp_step(c: Cluster, model: Model, algorithm="ring", cap_mb=25.0, first_cap_
     return compute + exposed + model.optimizer_s, exposed, comm
 
 
+BUCKET_CAPS_MB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 50, 100)
+
+
+def plan_bucket_cap(c: Cluster, model: Model, algorithm="ring", caps=BUCKET_CAPS_MB, first_cap_mb=1.0):
+    """The bucket cap (MiB) with the shortest predicted step (issue 15's item 6, offline): small
+    buckets start communication early but pay alpha per bucket; large ones run nearer full
+    bandwidth but wait for more of backward. Returns (best_cap, [(cap, step_s, exposed_s), ...])."""
+    rows = []
+    for cap in caps:
+        step, exposed, _ = ddp_step(c, model, algorithm, cap, min(first_cap_mb, cap))
+        rows.append((cap, step, exposed))
+    return min(rows, key=lambda r: (round(r[1], 6), -r[0]))[0], rows
+
+
 def efficiency(c: Cluster, model: Model, **kw):
     one = Cluster(c.name, 1, 1, c.intra, c.inter, c.host_cores)
     return ddp_step(one, model, **kw)[0] / ddp_step(c, model, **kw)[0]
