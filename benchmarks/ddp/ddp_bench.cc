@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
     const double allreduce_ms = median(ar);
 
     if (job.rank() == 0) {
+      std::printf("# %d node(s), %d rank(s) per node\n", job.node_count(), job.local_size());
       std::printf("# ddp_bench: %d rank(s), backend %s, device %s, MLP %lld-%lldx%d-10 (%.2f M parameters, %.1f MiB "
                   "of f32 gradients), batch %lld per rank, bucket %.0f MiB, %d steps (median)\n",
                   n, std::string(job.backend()).c_str(), job.device().str().c_str(), static_cast<long long>(c.in),
@@ -188,10 +189,10 @@ int main(int argc, char** argv) {
       if (!c.json.empty()) {
         nlohmann::json out = nlohmann::json::array();
         for (const Result& r : results) {
-          out.push_back({{"mode", r.mode}, {"ranks", n}, {"parameters", params}, {"batch_per_rank", c.batch},
+          out.push_back({{"mode", r.mode}, {"ranks", n}, {"nodes", job.node_count()}, {"parameters", params}, {"batch_per_rank", c.batch},
                          {"step_ms", r.step_ms}, {"compute_ms", r.compute_ms}, {"exposed_comm_ms", r.exposed_ms},
                          {"samples_per_s", r.samples_per_s}, {"scaling_efficiency", r.efficiency},
-                         {"busbw_gbs", r.busbw_gbs}, {"allreduce_alone_ms", allreduce_ms},
+                         {"busbw_gbs", r.busbw_gbs}, {"allreduce_alone_ms", allreduce_ms}, {"bucket_mb", c.bucket_mb},
                          {"device", job.device().str()}});
         }
         std::ofstream(c.json) << out.dump(2) << "\n";
