@@ -300,6 +300,7 @@ int main(int argc, char** argv) {
     }
 
     if (job.rank() == 0) {
+      std::printf("# %d node(s), %d rank(s) per node\n", job.node_count(), job.local_size());
       std::printf("# ddp_bench: %d rank(s), backend %s, device %s, %s (%.3f M parameters), %s, %s, batch %lld per rank, "
                   "bucket %.0f MiB, %d steps (median)\n",
                   n, std::string(job.backend()).c_str(), device.str().c_str(), model_name(c).c_str(), params / 1e6,
@@ -334,12 +335,12 @@ int main(int argc, char** argv) {
       if (!c.json.empty()) {
         nlohmann::json out = nlohmann::json::array();
         for (const Result& r : results) {
-          out.push_back({{"mode", r.mode}, {"zero", r.zero}, {"ranks", n}, {"parameters", params},
+          out.push_back({{"mode", r.mode}, {"zero", r.zero}, {"ranks", n}, {"nodes", job.node_count()}, {"parameters", params},
                          {"model", model_name(c)}, {"optimizer", c.optimizer}, {"precision", c.precision},
                          {"batch_per_rank", c.batch}, {"step_ms", r.step_ms}, {"compute_ms", r.compute_ms},
                          {"exposed_comm_ms", r.exposed_ms}, {"samples_per_s", r.samples_per_s},
                          {"scaling_efficiency", r.efficiency}, {"busbw_gbs", r.busbw_gbs},
-                         {"allreduce_alone_ms", allreduce_ms}, {"device", device.str()},
+                         {"allreduce_alone_ms", allreduce_ms}, {"bucket_mb", c.bucket_mb}, {"device", device.str()},
                          {"memory", {{"parameters", r.memory.parameters}, {"master_weights", r.memory.master_weights},
                                      {"gradients", r.memory.gradients}, {"optimizer_state", r.memory.optimizer_state},
                                      {"communication", r.memory.communication}, {"total", r.memory.total()},

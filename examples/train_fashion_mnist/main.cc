@@ -483,6 +483,7 @@ int run(const Flags& f, int& argc, char**& argv) {
                             {"train_s", train_seconds},
                             {"samples_per_s", samples_per_s},
                             {"ranks", world},
+                            {"nodes", job.node_count()},
                             {"skipped_steps", scaler.skipped_steps()},
                             {"precision", f.precision},
                             {"grad_comm", std::string(tutti::name_of(policy.comm))},

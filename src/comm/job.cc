@@ -111,6 +111,37 @@ Device choose_device(const std::string& wanted, int local_rank) {
   return d;
 }
 
+// JobOptions::mpi_allreduce -> Open MPI's MCA variables (set unless the environment has them).
+// coll/tuned numbers its allreduce algorithms: 1 basic linear, 2 nonoverlapping (reduce +
+// bcast), 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner.
+std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
+  if (wanted.empty()) {
+    const char* env = std::getenv("TUTTI_MPI_ALLREDUCE");
+    wanted = env != nullptr && *env != '\0' ? env : "default";
+  }
+  static const std::pair<const char*, const char*> tuned[] = {
+      {"reduce_bcast", "2"}, {"recursive_doubling", "3"}, {"ring", "4"}, {"segmented_ring", "5"}, {"rabenseifner", "6"}};
+  const char* number = nullptr;
+  for (const auto& [name, n] : tuned) {
+    if (wanted == name) number = n;
+  }
+  TUTTI_CHECK_ARG(number != nullptr || wanted == "default" || wanted == "han",
+                  "JobOptions::mpi_allreduce (or TUTTI_MPI_ALLREDUCE) must be default, ring, segmented_ring, "
+                  "recursive_doubling, rabenseifner, reduce_bcast or han, got '", wanted, "'");
+  if (wanted == "default") return wanted;
+  TUTTI_CHECK_ARG(will_init_mpi, "JobOptions::mpi_allreduce = '", wanted, "' needs the Job to initialize MPI (the "
+                  "program did: set Open MPI's coll_tuned/coll_han MCA variables before MPI_Init instead)");
+  if (number != nullptr) {
+    setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", /*overwrite=*/0);
+    setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", number, 0);
+  } else {
+    // han is built but off (priority 0) in Open MPI 4.1; above tuned's 30 it takes the
+    // collectives it implements (allreduce among them) on every communicator.
+    setenv("OMPI_MCA_coll_han_priority", "100", 0);
+  }
+  return wanted;
+}
+
 }  // namespace
 
 struct Job::Impl {
@@ -120,14 +151,13 @@ struct Job::Impl {
   std::unique_ptr<detail::Watchdog> watchdog;
   std::shared_ptr<detail::ProgressBoard> board;
   int next_board_comm = 0;
-  bool caught_signals = false;
-  struct sigaction previous_actions[std::size(kStopSignals)] = {};
   bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
   std::unique_ptr<detail::MpiBootstrap> boot;        // over world
   std::unique_ptr<detail::MpiBootstrap> local_boot;  // over local
-  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
+  std::string mpi_allreduce = "default";
   Device device;
   std::string hostname;
   std::shared_ptr<detail::Backend> comm;      // for device
@@ -138,11 +168,8 @@ struct Job::Impl {
 
   ~Impl() { teardown(std::uncaught_exceptions() > uncaught_at_start); }
 
+  // The stop signals' handlers stay (job.h: a late signal must not kill a rank that saved).
   void restore_handlers() noexcept {
-    if (caught_signals) {
-      for (std::size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_actions[i], nullptr);
-      caught_signals = false;
-    }
     if (set_terminate_handler) {
       std::set_terminate(previous_terminate);
       set_terminate_handler = false;
@@ -251,6 +278,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
   TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
   TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
+  j.mpi_allreduce = apply_mpi_allreduce(options.mpi_allreduce, !initialized);
   int provided = MPI_THREAD_SINGLE;
   if (j.board) j.board->set_phase(detail::Phase::mpi_init);
   if (!initialized) {
@@ -299,6 +327,10 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   j.hostname = host;
+  // One leader (local rank 0) per shared-memory node; and every rank's host for the reports.
+  const int leader = j.local_rank == 0 ? 1 : 0;
+  TUTTI_MPI_CHECK(MPI_Allreduce(&leader, &j.node_count, 1, MPI_INT, MPI_SUM, j.world));
+  j.watchdog->set_hosts(j.boot->allgather(j.hostname));
 
   agreed(*j.boot, "choosing the device", [&] {
     TUTTI_CHECK_ARG(options.backend == "auto" || options.backend == "mpi" || options.backend == "nccl",
@@ -337,9 +369,8 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
       action.sa_handler = on_stop_signal;
       sigemptyset(&action.sa_mask);
       action.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as by default
-      sigaction(kStopSignals[i], &action, &j.previous_actions[i]);
+      sigaction(kStopSignals[i], &action, nullptr);
     }
-    j.caught_signals = true;
   }
   previous_terminate = std::set_terminate(on_terminate);
   j.set_terminate_handler = true;
@@ -355,6 +386,8 @@ int Job::rank() const { return impl_->rank; }
 int Job::world_size() const { return impl_->size; }
 int Job::local_rank() const { return impl_->local_rank; }
 int Job::local_size() const { return impl_->local_size; }
+int Job::node_count() const { return impl_->node_count; }
+const std::string& Job::mpi_allreduce() const { return impl_->mpi_allreduce; }
 Device Job::device() const { return impl_->device; }
 const std::string& Job::hostname() const { return impl_->hostname; }
 std::string_view Job::backend() const { return impl_->comm->backend(); }
@@ -396,10 +429,9 @@ std::string Job::summary() const {
                 j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
                 device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
   const std::vector<std::string> lines = j.boot->allgather(line);
-  const std::vector<std::string> hosts = j.boot->allgather(j.hostname);
-  const std::size_t nhosts = std::set<std::string>(hosts.begin(), hosts.end()).size();
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
-                    std::to_string(nhosts) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
+                    std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
+                    (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
          ", driver " + cuda_driver_version() + "\n";
   for (const auto& l : lines) out += l;
