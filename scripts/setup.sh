@@ -15,6 +15,9 @@ packages=(
   zlib1g-dev                          # checksums, gzip'ed data sets
   dataset-fashion-mnist               # the examples' data set
   iproute2                            # the emulated cluster of the multi-node tests (scripts/cluster.sh)
+  libcpp-httplib-dev                  # the Prometheus /metrics endpoint (obs::HttpExporter)
+  python3-prometheus-client           # tests: parse the metrics as Prometheus does
+  python3-matplotlib                  # scripts/trace_plot.py: a picture of the timeline
 )
 
 missing=()
