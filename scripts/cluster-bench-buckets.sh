@@ -20,7 +20,7 @@ for speed in 1gbit 2.5gbit; do
         f="$out/ddp_${speed}_${n}x1_cap${cap}_run$rep"
         bash scripts/cluster.sh exec --name $name -- mpirun --host $hosts "$build/benchmarks/ddp/ddp_bench" --hidden 1024 \
           --layers 3 --batch 128 --bucket-mb $cap --steps 10 --json "$f.json" > "$f.txt" 2>&1 || echo "FAILED $f"
-        echo "$speed ${n}x1 cap $cap run $rep: $(grep -E '^ddp overlap' "$f.txt")"
+        echo "$speed ${n}x1 cap $cap run $rep: $(grep -E '^overlap ' "$f.txt")"
       done
     done
   done

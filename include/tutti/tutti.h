@@ -19,6 +19,7 @@
 #include "tutti/data/idx.h"
 #include "tutti/data/loader.h"
 #include "tutti/io/checkpoint.h"
+#include "tutti/nn/flat_plan.h"
 #include "tutti/nn/init.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/loss.h"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/bootstrap_mpi.h"
 #include "comm/fault.h"
 #include "comm/progress.h"
 #include "comm/watchdog.h"
@@ -72,46 +73,26 @@ void abort_at_exit(int status, void*) {
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
 }
 
-std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
-  int size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
-  TUTTI_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += lens[static_cast<std::size_t>(r)];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  TUTTI_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
-  std::vector<std::string> out;
-  for (int r = 0; r < size; ++r) {
-    out.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                             static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
-  }
-  return out;
-}
-
 // True on every rank when `ok` is true on every rank.
-bool all_ranks(MPI_Comm comm, bool ok) {
-  int mine = ok ? 1 : 0, all = 0;
-  TUTTI_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm));
-  return all == 1;
+bool all_ranks(Bootstrap& boot, bool ok) {
+  for (const std::string& v : boot.allgather(ok ? "1" : "0")) {
+    if (v != "1") return false;
+  }
+  return true;
 }
 
 // Runs a local step of the bootstrap on every rank, then agrees: if it failed anywhere, every
 // rank throws (the failing ones their own error), so that no rank is left waiting in the next
 // collective step.
 template <typename F>
-void agreed(MPI_Comm comm, const char* step, F&& f) {
+void agreed(Bootstrap& boot, const char* step, F&& f) {
   std::exception_ptr error;
   try {
     f();
   } catch (...) {
     error = std::current_exception();
   }
-  if (all_ranks(comm, error == nullptr)) return;
+  if (all_ranks(boot, error == nullptr)) return;
   if (error) std::rethrow_exception(error);
   TUTTI_THROW(Error, "job setup failed on another rank while ", step, " (see that rank's error)");
 }
@@ -173,6 +154,8 @@ struct Job::Impl {
   bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
+  std::unique_ptr<detail::MpiBootstrap> boot;        // over world
+  std::unique_ptr<detail::MpiBootstrap> local_boot;  // over local
   int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
   std::string mpi_allreduce = "default";
   Device device;
@@ -230,6 +213,8 @@ struct Job::Impl {
     MPI_Finalized(&finalized);
     if (mpi_up && !finalized && clean) {
       watchdog->detach();
+      local_boot.reset();
+      boot.reset();
       if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
       if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
       if (initialized_mpi) {
@@ -317,8 +302,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &j.world));
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(j.world, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(j.world, &j.rank));
-  TUTTI_MPI_CHECK(MPI_Comm_size(j.world, &j.size));
+  j.boot = std::make_unique<detail::MpiBootstrap>(j.world);
+  j.rank = j.boot->rank();
+  j.size = j.boot->size();
   set_error_rank(j.rank);
   j.watchdog->set_rank(j.rank, j.size);
   // From here on the ranks hear from each other when one fails.
@@ -327,8 +313,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   j.watchdog->attach(control);
   ErrorContext context("setting up the job (rank " + std::to_string(j.rank) + " of " + std::to_string(j.size) + ")");
   TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(j.local, &j.local_rank));
-  TUTTI_MPI_CHECK(MPI_Comm_size(j.local, &j.local_size));
+  j.local_boot = std::make_unique<detail::MpiBootstrap>(j.local);
+  j.local_rank = j.local_boot->rank();
+  j.local_size = j.local_boot->size();
   j.board = detail::ProgressBoard::open_after_init(j.board, j.local, j.rank, j.size);
   j.watchdog->set_board(j.board);
   if (options.cpu_threads > 0) {
@@ -343,9 +330,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   // One leader (local rank 0) per shared-memory node; and every rank's host for the reports.
   const int leader = j.local_rank == 0 ? 1 : 0;
   TUTTI_MPI_CHECK(MPI_Allreduce(&leader, &j.node_count, 1, MPI_INT, MPI_SUM, j.world));
-  j.watchdog->set_hosts(allgather_strings(j.world, j.hostname));
+  j.watchdog->set_hosts(j.boot->allgather(j.hostname));
 
-  agreed(j.world, "choosing the device", [&] {
+  agreed(*j.boot, "choosing the device", [&] {
     TUTTI_CHECK_ARG(options.backend == "auto" || options.backend == "mpi" || options.backend == "nccl",
                     "JobOptions::backend must be 'auto', 'mpi' or 'nccl', got '", options.backend, "'");
     j.device = choose_device(options.device, j.local_rank);
@@ -353,12 +340,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   });
 
   // NCCL wants one GPU per rank: two ranks of a node on one GPU use mpi instead.
-  std::vector<std::string> devices = allgather_strings(j.local, j.device.str());
+  std::vector<std::string> devices = j.local_boot->allgather(j.device.str());
   const bool gpu_to_itself = j.device.is_cuda() &&
                              std::set<std::string>(devices.begin(), devices.end()).size() == devices.size();
-  const bool nccl_everywhere = all_ranks(j.world, gpu_to_itself && detail::built_with_nccl());
+  const bool nccl_everywhere = all_ranks(*j.boot, gpu_to_itself && detail::built_with_nccl());
   bool use_nccl = false;
-  agreed(j.world, "choosing the backend", [&] {
+  agreed(*j.boot, "choosing the backend", [&] {
     if (options.backend == "nccl") {
       TUTTI_CHECK_ARG(detail::built_with_nccl(), "JobOptions::backend is 'nccl' but tutti was built without NCCL");
       TUTTI_CHECK_ARG(nccl_everywhere, "JobOptions::backend is 'nccl' but not every rank has a GPU of its own (this "
@@ -369,7 +356,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   if (use_nccl) {
     startup.set_what("the job's start-up (creating the NCCL communicator: every rank waits for all the others)");
-    j.comm = detail::make_nccl_backend(j.world, j.device, options.comm, j.take_board_comm());
+    j.comm = detail::make_nccl_backend(j.world, *j.boot, j.device, options.comm, j.take_board_comm());
     j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm, j.take_board_comm());
   } else {
     j.comm = detail::make_mpi_backend(j.world, j.device, options.comm, j.take_board_comm());
@@ -427,7 +414,7 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
   auto region = j.watchdog->region("Job::new_communicator (every rank waits there for all the others)", j.timeout_s);
   const int slot = j.take_board_comm();
   std::shared_ptr<detail::Backend> b =
-      nccl ? detail::make_nccl_backend(j.world, j.device, std::move(options), slot)
+      nccl ? detail::make_nccl_backend(j.world, *j.boot, j.device, std::move(options), slot)
            : detail::make_mpi_backend(j.world, j.device, std::move(options), slot);
   std::lock_guard lock(j.extra_mutex);
   j.extra.push_back(b);
@@ -441,7 +428,7 @@ std::string Job::summary() const {
   std::snprintf(line, sizeof line, "  rank %d/%d  host %s  local %d/%d  device %s [%s]  backend %s\n", j.rank, j.size,
                 j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
                 device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
-  const std::vector<std::string> lines = allgather_strings(j.world, line);
+  const std::vector<std::string> lines = j.boot->allgather(line);
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
                     std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
                     (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
@@ -457,7 +444,7 @@ void Job::check_same(std::string_view what, std::string_view value) {
   {
     auto region = j.watchdog->region("Job::check_same(\"" + std::string(what) + "\") (every rank waits there for all the others)",
                                      j.timeout_s);
-    all = allgather_strings(j.world, std::string(value));
+    all = j.boot->allgather(value);
   }
   // Distinct values in the order of the first rank that has each.
   std::vector<std::pair<std::string, std::vector<int>>> groups;
