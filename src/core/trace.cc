@@ -223,8 +223,9 @@ void start(const Options& options) {
   r.dropped = 0;
   r.pending.clear();
   r.step_recorded = false;
+  r.step.store(-1);
   // Before the first step: on when the window starts at the beginning.
-  detail::g_on.store(in_window(options, std::max<std::int64_t>(r.step.load(), 0)), std::memory_order_relaxed);
+  detail::g_on.store(in_window(options, 0), std::memory_order_relaxed);
 }
 
 void stop() {

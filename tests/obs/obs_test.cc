@@ -114,9 +114,15 @@ struct Traced {
   std::vector<std::string> files;
   std::string dir;
   std::int64_t offset_ns = 0;
+  Traced() = default;
+  Traced(const Traced&) = delete;
+  // The files go when every rank has read them.
+  ~Traced() {
+    world().cpu_communicator().barrier().wait();
+    if (world().rank() == 0 && !dir.empty()) std::filesystem::remove_all(dir);
+  }
 };
-Traced run_traced(int steps, trace::Options window) {
-  Traced out;
+void run_traced(Traced& out, int steps, trace::Options window) {
   out.dir = shared_tmpdir();
   const Device device = world().device();
   const Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
@@ -151,12 +157,12 @@ Traced run_traced(int steps, trace::Options window) {
   }
   out.files = session.write();
   world().cpu_communicator().barrier().wait();
-  return out;
 }
 
 TEST(Trace, ValidNestedAndEveryBucketInsideItsStep) {
   const int n = world().world_size(), steps = 4;
-  const Traced t = run_traced(steps, {});
+  Traced t;
+  run_traced(t, steps, {});
   ASSERT_EQ(t.files.size(), world().rank() == 0 ? 2u : 1u);
   EXPECT_EQ(t.files[0], t.dir + "/trace-rank" + std::to_string(world().rank()) + ".json");
   EXPECT_LT(std::abs(t.offset_ns), 200'000'000) << "one host, one CLOCK_MONOTONIC: the offset is the barrier's skew";
@@ -214,7 +220,8 @@ TEST(Trace, ValidNestedAndEveryBucketInsideItsStep) {
 TEST(Trace, BoundedByTheRingWhenLong) {
   trace::Options w;
   w.max_events = 40;
-  const Traced t = run_traced(12, w);
+  Traced t;
+  run_traced(t, 12, w);
   const json mine = read_json(t.files[0]);
   const std::vector<json> spans = spans_of(mine);
   EXPECT_LE(spans.size(), 40u);
@@ -233,7 +240,8 @@ TEST(Trace, StepWindowRecordsOnlyItsSteps) {
   trace::Options w;
   w.first_step = 3;
   w.last_step = 4;
-  const Traced t = run_traced(6, w);
+  Traced t;
+  run_traced(t, 6, w);
   const std::vector<json> spans = spans_of(read_json(t.files[0]));
   ASSERT_FALSE(spans.empty());
   std::set<int> steps;
@@ -444,6 +452,8 @@ TEST(Metrics, TextfileIsReplacedAtomically) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/.tutti_rank" + std::to_string(world().rank()) + ".prom.tmp"))
       << "a temporary file was left";
   EXPECT_THROW(TextfileExporter(m.registry(), "/nonexistent-dir/x.prom"), Error);
+  world().cpu_communicator().barrier().wait();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // GET path from 127.0.0.1:port with a plain socket; the whole response.
