@@ -324,12 +324,19 @@ int run(Flags f, int& argc, char**& argv) {
   auto last_print = Clock::now();
   bool stopped = false;
   nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
+  // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
+  // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
+  std::uint32_t first_batch_crc = 0;
   while (step < f.steps) {
     const auto t0 = Clock::now();
     step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::TokenBatch b = loader.next();
       const std::int64_t rows = b.inputs.numel();
+      if (step == first_step && micro == 0) {
+        first_batch_crc = static_cast<std::uint32_t>(
+            crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
+      }
       const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
       const tutti::Tensor logits = ddp.forward(x);
       loss.forward(logits.reshape({rows, logits.dim(-1)}), y.reshape({rows}), scaler.scale(), stream);
@@ -452,6 +459,7 @@ int run(Flags f, int& argc, char**& argv) {
                             {"backend", std::string(job.backend())},
                             {"loss_curve", curve},
                             {"sample", sample},
+                            {"first_batch_crc32", first_batch_crc},
                             {"params_crc32", crc}};
       std::ofstream(f.json) << out.dump(2) << "\n";
     }

@@ -82,7 +82,8 @@ double Gpt::flops_per_token(std::int64_t T) {
 }
 
 tutti::Tensor Gpt::forward_impl(const tutti::Tensor& tokens) {
-  return head_.forward(ln_f_.forward(blocks_.forward(embed_.forward(tokens))));
+  hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));
+  return head_.forward(hidden_);
 }
 
 tutti::Tensor Gpt::backward_impl(const tutti::Tensor& dlogits) {

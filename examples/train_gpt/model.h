@@ -44,6 +44,10 @@ class Gpt : public tutti::nn::Module {
   // (PaLM's appendix B: the attention scores and their use, the full T x T without halving
   // for the causal mask).
   double flops_per_token(std::int64_t T);
+  // The token embedding, which the output head shares.
+  tutti::nn::Parameter& embed_weight() { return embed_.wte; }
+  // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
+  const tutti::Tensor& last_hidden() const { return hidden_; }
 
  protected:
   // tokens [B, T] i32 -> logits [B, T, padded_vocab].
@@ -56,6 +60,7 @@ class Gpt : public tutti::nn::Module {
   tutti::nn::Sequential blocks_;
   tutti::nn::LayerNorm ln_f_;
   tutti::nn::TiedLinear head_;
+  tutti::Tensor hidden_;
 };
 
 struct SampleOptions {
