@@ -49,10 +49,11 @@ struct Flags {
   std::int64_t seq_len = 0;  // 0: the context
   std::int64_t batch_size = 32;
   int accum_steps = 1;
-  std::int64_t steps = 2000;
+  std::int64_t steps = 300;
+  std::int64_t max_steps = 0;  // stop after this many (0: --steps); the schedule still spans --steps
   double lr = 1e-3;
   double min_lr = -1;  // lr / 10 when not given
-  std::int64_t warmup_steps = 100;
+  std::int64_t warmup_steps = 50;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.99;
   double grad_clip = 1.0;
@@ -61,7 +62,7 @@ struct Flags {
   double bucket_mb = 25;
   std::string device = "auto";
   std::uint64_t seed = 1;
-  std::int64_t eval_every = 250;
+  std::int64_t eval_every = 100;
   std::int64_t val_tokens = 65536;
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
@@ -133,7 +134,7 @@ std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
     << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 " << f.beta2 << " --grad-clip "
     << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb "
     << f.bucket_mb << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens " << f.val_tokens
-    << " --checkpoint-every " << f.checkpoint_every << " --resume " << f.resume;
+    << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume " << f.resume;
   return s.str();
 }
 
@@ -327,7 +328,8 @@ int run(Flags f, int& argc, char**& argv) {
   // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
   // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
   std::uint32_t first_batch_crc = 0;
-  while (step < f.steps) {
+  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
+  while (step < last_step) {
     const auto t0 = Clock::now();
     step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
@@ -364,7 +366,7 @@ int run(Flags f, int& argc, char**& argv) {
       return job.rank() == 0 ? kExitDiverged : 0;
     }
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
-    const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps;
+    const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || step == last_step;
     if (eval_now) {
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
       curve.push_back({step, step * tokens_per_step, last_loss, last_val});
@@ -372,7 +374,7 @@ int run(Flags f, int& argc, char**& argv) {
     const auto now = Clock::now();
     if (chatty && (eval_now || std::chrono::duration<double>(now - last_print).count() >= f.progress_interval)) {
       last_print = now;
-      const double eta = train_seconds / static_cast<double>(step - first_step) * static_cast<double>(f.steps - step);
+      const double eta = train_seconds / static_cast<double>(step - first_step) * static_cast<double>(last_step - step);
       std::printf("step %lld/%lld | loss %.4f%s | lr %.3g | %.0f tokens/s", static_cast<long long>(step),
                   static_cast<long long>(f.steps), last_loss,
                   eval_now ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "",
@@ -382,10 +384,10 @@ int run(Flags f, int& argc, char**& argv) {
       std::fflush(stdout);
     }
     if (!ckpt_path.empty() &&
-        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == f.steps || stop_now)) {
+        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == last_step || stop_now)) {
       save();
     }
-    if (stop_now && step < f.steps) {
+    if (stop_now && step < last_step) {
       stopped = true;
       break;
     }
@@ -461,7 +463,8 @@ int run(Flags f, int& argc, char**& argv) {
                             {"sample", sample},
                             {"first_batch_crc32", first_batch_crc},
                             {"params_crc32", crc}};
-      std::ofstream(f.json) << out.dump(2) << "\n";
+      // The sample may hold bytes that are not UTF-8 (a byte-level model): JSON gets U+FFFD.
+      std::ofstream(f.json) << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   }
   return 0;
@@ -492,6 +495,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps in all (0: --steps); the schedule spans --steps")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
       ->check(CLI::NonNegativeNumber);
