@@ -216,6 +216,8 @@ def main():
               f"precision {a.precision}{', compiled' if a.compile else ''}", flush=True)
     tokens_per_step = a.batch_size * T
     train_s, curve, last_val, first_crc = 0.0, [], None, None
+    warm = min(10, a.steps // 5)  # steps left out of the steady rate, as train_gpt does
+    steady_s = 0.0
     step_loss = torch.zeros(1, device=device)
     last_print = time.perf_counter()
     for step in range(1, a.steps + 1):
@@ -245,6 +247,8 @@ def main():
         dist.all_reduce(step_loss)  # the mean loss over ranks, read every step as train_gpt does
         last_loss = step_loss.item() / world
         train_s += time.perf_counter() - t0
+        if step > warm:
+            steady_s += time.perf_counter() - t0
         if (a.eval_every > 0 and step % a.eval_every == 0) or step == a.steps:
             last_val = evaluate()
             curve.append([step, step * tokens_per_step, last_loss, last_val])
@@ -255,10 +259,13 @@ def main():
                   + (f" | val {last_val:.4f}" if curve and curve[-1][0] == step else "")
                   + f" | {step * tokens_per_step / train_s:.0f} tokens/s", flush=True)
     tokens_per_s = a.steps * tokens_per_step / train_s
+    steady = (a.steps - warm) * tokens_per_step / steady_s if steady_s > 0 else tokens_per_s
     peak = a.peak_tflops
     mfu = flops_per_token * tokens_per_s / (world * peak * 1e12) if peak > 0 else None
+    mfu_steady = flops_per_token * steady / (world * peak * 1e12) if peak > 0 else None
     out = {"steps": a.steps, "tokens": a.steps * tokens_per_step, "final_train_loss": last_loss,
            "final_val_loss": last_val, "tokens_per_s": tokens_per_s, "train_s": train_s,
+           "tokens_per_s_steady": steady, "mfu_steady": mfu_steady, "warm_steps": warm,
            "wall_s": time.perf_counter() - WALL_START, "ranks": world, "precision": a.precision,
            "model": a.model, "parameters": n_params, "flops_per_token": flops_per_token, "mfu": mfu,
            "attention": attention, "compiled": a.compile, "torch": torch.__version__,

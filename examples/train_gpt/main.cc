@@ -322,13 +322,17 @@ int run(Flags f, int& argc, char**& argv) {
   loss_call.label = "train loss and stop flag";
   loss_call.stream = stream;
   double train_seconds = 0, first_loss = -1;
+  // The steady rate leaves out the first steps (cuBLAS's heuristics, the allocator's first
+  // requests, cold caches): at most 10, a fifth of the run.
+  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
+  const std::int64_t warm_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(10, (last_step - step) / 5));
+  double steady_seconds = 0;
   auto last_print = Clock::now();
   bool stopped = false;
   nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
   // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
   // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
   std::uint32_t first_batch_crc = 0;
-  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
   while (step < last_step) {
     const auto t0 = Clock::now();
     step_sync.zero(stream);
@@ -357,7 +361,9 @@ int run(Flags f, int& argc, char**& argv) {
     last_loss = tutti::nn::item(step_loss, stream);
     const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
     if (first_loss < 0) first_loss = last_loss;
-    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    train_seconds += step_seconds;
+    if (step > first_step + warm_steps) steady_seconds += step_seconds;
     if (!std::isfinite(last_loss) && f.precision != "fp16") {
       if (job.rank() == 0)
         std::fprintf(stderr, "train_gpt: error: the training loss is %g at step %lld (%s): the run diverged; start "
@@ -409,7 +415,12 @@ int run(Flags f, int& argc, char**& argv) {
   const std::uint32_t crc = parameters_crc32(model);
   const double tokens_per_s =
       train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
+  const std::int64_t steady_steps = step - first_step - warm_steps;
+  const double steady_tokens_per_s =
+      steady_seconds > 0 && steady_steps > 0 ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
+                                             : tokens_per_s;
   const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
+  const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
   if (job.rank() == 0) {
     // What a person looks at first: text from the trained model.
     std::string sample;
@@ -444,6 +455,9 @@ int run(Flags f, int& argc, char**& argv) {
                             {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
                             {"tokens_per_s", tokens_per_s},
                             {"mfu", mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json()},
+                            {"tokens_per_s_steady", steady_tokens_per_s},
+                            {"mfu_steady", steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json()},
+                            {"warm_steps", warm_steps},
                             {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
                             {"flops_per_token", flops_per_token},
                             {"wall_s", wall},
