@@ -33,25 +33,29 @@ constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / 32;
 
 // dst[b, h, t, i] = src[(b·T + t)·row_stride + h·hs + i]: one head-major copy of q, k, v or
-// dout.
+// dout. A block per row (b, t) of src (grid-stride over the B·T rows), its threads along the
+// C columns: the reads are contiguous, the column arithmetic 32-bit (no 64-bit division per
+// element, which would make this memory-bound copy compute-bound).
 template <typename T>
-__global__ void attention_to_heads_kernel(const T* src, int64_t row_stride, int64_t T_, int64_t heads, int64_t hs,
-                                          int64_t n, T* dst) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += stride) {
-    const int64_t i = idx % hs, r = idx / hs, t = r % T_, bh = r / T_, h = bh % heads, b = bh / heads;
-    dst[idx] = src[(b * T_ + t) * row_stride + h * hs + i];
+__global__ void attention_to_heads_kernel(const T* src, int64_t row_stride, int64_t rows, int T_, int C, int hs,
+                                          T* dst) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t b = r / T_, t = r % T_;
+    const T* in = src + r * row_stride;
+    T* out = dst + b * static_cast<int64_t>(C) * T_ + t * hs;  // [b, h = 0, t, 0]
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out[static_cast<int64_t>(c / hs) * T_ * hs + c % hs] = in[c];
   }
 }
 
 // The inverse: dst[(b·T + t)·row_stride + h·hs + i] = src[b, h, t, i].
 template <typename T>
-__global__ void attention_from_heads_kernel(const T* src, int64_t row_stride, int64_t T_, int64_t heads, int64_t hs,
-                                            int64_t n, T* dst) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += stride) {
-    const int64_t i = idx % hs, r = idx / hs, t = r % T_, bh = r / T_, h = bh % heads, b = bh / heads;
-    dst[(b * T_ + t) * row_stride + h * hs + i] = src[idx];
+__global__ void attention_from_heads_kernel(const T* src, int64_t row_stride, int64_t rows, int T_, int C, int hs,
+                                            T* dst) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t b = r / T_, t = r % T_;
+    const T* in = src + b * static_cast<int64_t>(C) * T_ + t * hs;
+    T* out = dst + r * row_stride;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out[c] = in[static_cast<int64_t>(c / hs) * T_ * hs + c % hs];
   }
 }
 
@@ -119,17 +123,22 @@ Dims dims_of(const Tensor& qkv, int64_t heads) {
   return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
 }
 
+// Blocks for the B·T rows of a permute: enough to fill the GPU, at most one per row.
+unsigned permute_blocks(const Dims& d) {
+  return static_cast<unsigned>(std::min<int64_t>(d.B * d.T, static_cast<int64_t>(sm_count()) * 32));
+}
+
 template <typename H>
 void to_heads(const H* src, int64_t row_stride, const Dims& d, H* dst, cudaStream_t s) {
-  attention_to_heads_kernel<<<grid_for(d.btc(), kBlock), kBlock, 0, s>>>(src, row_stride, d.T, d.heads, d.hs, d.btc(),
-                                                                       dst);
+  attention_to_heads_kernel<<<permute_blocks(d), kBlock, 0, s>>>(src, row_stride, d.B * d.T, static_cast<int>(d.T),
+                                                                static_cast<int>(d.C), static_cast<int>(d.hs), dst);
   TUTTI_CUDA_CHECK_LAUNCH("attention_to_heads_kernel");
 }
 
 template <typename H>
 void from_heads(const H* src, int64_t row_stride, const Dims& d, H* dst, cudaStream_t s) {
-  attention_from_heads_kernel<<<grid_for(d.btc(), kBlock), kBlock, 0, s>>>(src, row_stride, d.T, d.heads, d.hs,
-                                                                         d.btc(), dst);
+  attention_from_heads_kernel<<<permute_blocks(d), kBlock, 0, s>>>(src, row_stride, d.B * d.T, static_cast<int>(d.T),
+                                                                  static_cast<int>(d.C), static_cast<int>(d.hs), dst);
   TUTTI_CUDA_CHECK_LAUNCH("attention_from_heads_kernel");
 }
 
