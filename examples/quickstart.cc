@@ -19,7 +19,10 @@ int main(int argc, char** argv) {
   tutti::ddp::DdpOptions ddp_options;
   ddp_options.accumulation_steps = 2;
   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
-  tutti::optim::AdamW optimizer(model.parameters(), {.lr = 1e-3f, .weight_decay = 0.01f});
+  // Weight decay on matrices, not on biases (optim::weight_decay_groups); the optimizer takes
+  // DDP's flat plan, so it updates the whole model in a few fused calls.
+  tutti::optim::AdamW optimizer(tutti::optim::weight_decay_groups(model.parameters(), 0.01f), {.lr = 1e-3f});
+  ddp.attach(optimizer);
   tutti::amp::LossScaler scaler(tutti::amp::Policy::bf16().default_scaler());
   tutti::nn::CrossEntropyLoss loss;
 

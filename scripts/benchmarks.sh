@@ -3,14 +3,14 @@
 # docs/bench/ (the data behind docs/benchmarks.md). Needs a build (scripts/build.sh); the peer
 # comparison also needs Debian's python3-torch, the plots python3-matplotlib.
 #   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
-#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, peers
+#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=docs/bench
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1
-parts=${*:-kernels allreduce ddp peers}
+parts=${*:-kernels allreduce ddp zero peers}
 # The widest x86 vector unit: the CPU kernels' compute-bound loops are built for each (common.h).
 isa=baseline
 for f in avx avx2 avx512f; do grep -qw "$f" /proc/cpuinfo && isa=$f; done
@@ -40,12 +40,33 @@ for part in $parts; do
       for b in 256 64; do
         for n in 1 2 4; do
           mpirun -np $n --oversubscribe build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 3 --batch $b \
-            --bucket-mb 1 --steps 20 --json "$out/ddp_b${b}_np$n.json" | tee "$out/ddp_b${b}_np$n.txt"
+            --bucket-mb 1 --steps 20 --modes local,overlap,after --json "$out/ddp_b${b}_np$n.json" \
+            | tee "$out/ddp_b${b}_np$n.txt"
+        done
+      done ;;
+    zero)
+      # Memory per rank by component, stages 0/1/2 at 1-4 ranks (AdamW, bf16 parameters and
+      # gradients: the configuration of the ZeRO formulas), then step times of stages 0/1/2
+      # side by side at 2 ranks for the trainer's MLP and the wider one (fp32, SGD as the
+      # trainer, and AdamW).
+      for n in 1 2 3 4; do
+        { echo "# measured on: $machine"
+          mpirun -np $n --oversubscribe build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 3 --optimizer adamw \
+            --precision bf16 --bucket-mb 1 --modes zero0,zero1,zero2 --memory-only --json "$out/zero_memory_np$n.json"; } \
+          | tee "$out/zero_memory_np$n.txt"
+      done
+      for model in "mlp --widths 512,256" "wide --hidden 1024 --layers 3 --bucket-mb 1"; do
+        name=${model%% *}
+        for opt in sgd adamw; do
+          { echo "# measured on: $machine"
+            mpirun -np 2 --oversubscribe build/benchmarks/ddp/ddp_bench ${model#* } --batch 64 --optimizer $opt \
+              --steps 60 --modes local,zero0,zero1,zero2 --json "$out/zero_speed_${name}_${opt}_np2.json"; } \
+            | tee "$out/zero_speed_${name}_${opt}_np2.txt"
         done
       done ;;
     peers)
       bash benchmarks/peers/compare.sh -n 2 -e 3 -r 3 --out "$out/peers" | tee "$out/peers.txt" ;;
-    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, peers)" >&2; exit 2 ;;
+    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers)" >&2; exit 2 ;;
   esac
 done
 /usr/bin/python3 scripts/bench-plots.py "$out" || echo "benchmarks.sh: plots skipped (needs python3-matplotlib)"

@@ -3,6 +3,11 @@
 //   mpirun -np 4 build/benchmarks/comm/allreduce_bench [--min-bytes 8] [--max-bytes 256M]
 //       [--factor 2] [--dtype f32] [--device auto|cpu|cuda] [--backend auto|mpi|nccl]
 //       [--iters 100] [--warmup 5] [--in-place] [--json results.json]
+//       [--mpi-allreduce default|ring|recursive_doubling|rabenseifner|han|...] [--no-raw]
+//
+// Across nodes (docs/multinode.md): the "nodes" column is Job::node_count(); --mpi-allreduce
+// picks Open MPI's algorithm (JobOptions::mpi_allreduce; the raw call uses the same one), and
+// --no-raw leaves the raw call out (half the time, for sweeps over algorithms and links).
 //
 // Up to 64 KiB it also reports "loop": the time per call in runs of back-to-back calls of
 // each kind (median over 15 alternating runs of 64 calls, slowest rank), and the ratio
@@ -99,7 +104,8 @@ int run(int argc, char** argv) {
   CLI::App app{"tutti allreduce benchmark: tutti's allreduce next to the raw backend call"};
   std::string min_bytes_s = "8", max_bytes_s = "256M", dtype_s = "f32", device = "auto", backend = "auto", json_path;
   int factor = 2, iters = 100, warmup = 5;
-  bool in_place = false;
+  bool in_place = false, no_raw = false;
+  std::string mpi_allreduce;
   app.add_option("--min-bytes,-b", min_bytes_s, "smallest message (8, 1K, 1M...)");
   app.add_option("--max-bytes,-e", max_bytes_s, "largest message");
   app.add_option("--factor,-f", factor, "size multiplier between steps")->check(CLI::Range(2, 1024));
@@ -110,6 +116,8 @@ int run(int argc, char** argv) {
   app.add_option("--warmup,-w", warmup, "untimed iterations per size");
   app.add_flag("--in-place", in_place, "allreduce in place (default: out of place)");
   app.add_option("--json", json_path, "write the table as JSON to this path (rank 0)");
+  app.add_option("--mpi-allreduce", mpi_allreduce, "Open MPI's allreduce algorithm (JobOptions::mpi_allreduce)");
+  app.add_flag("--no-raw", no_raw, "time tutti's allreduce only");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,7 +127,9 @@ int run(int argc, char** argv) {
   tutti::JobOptions options;
   options.device = device;
   options.backend = backend;
+  options.mpi_allreduce = mpi_allreduce;
   tutti::Job job(argc, argv, options);
+  const int nodes = job.node_count();
   const int rank = job.rank(), world = job.world_size();
   tutti::Communicator& comm = job.communicator();
   const tutti::DType dtype = tutti::parse_dtype(dtype_s);
@@ -132,7 +142,9 @@ int run(int argc, char** argv) {
     std::printf("# allreduce sum, %s, %s, %d rank(s), backend %s, device %s; times: median over iterations, slowest rank\n",
                 dtype_s.c_str(), in_place ? "in place" : "out of place", world, std::string(comm.backend()).c_str(),
                 dev.str().c_str());
-    std::printf("# %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s | %8s %8s %6s\n", "bytes", "count", "type",
+    std::printf("# %d node(s), %d rank(s) on this node; MPI allreduce algorithm: %s%s\n", nodes, job.local_size(),
+                job.mpi_allreduce().c_str(), no_raw ? "; raw call not timed (--no-raw)" : "");
+    std::printf("# %5s %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s | %8s %8s %6s\n", "nodes", "bytes", "count", "type",
                 "tutti(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong", "loop:tutti", "raw",
                 "ratio");
   }
@@ -198,6 +210,7 @@ int run(int argc, char** argv) {
       f();
       into.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     };
+    if (no_raw) raw.run = [] {};
     for (int i = 0; i < warmup; ++i) {
       tutti_run();
       raw.run();
@@ -259,31 +272,38 @@ int run(int argc, char** argv) {
     in.copy_from(host_in);
     tutti_run();
     wrong[0] = count_wrong(out);
-    raw_in.copy_from(host_in);
-    raw.run();
-    wrong[1] = count_wrong(raw_out);
+    if (!no_raw) {
+      raw_in.copy_from(host_in);
+      raw.run();
+      wrong[1] = count_wrong(raw_out);
+    }
     MPI_Allreduce(wrong, wrong_all, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
 
     const double gb = static_cast<double>(count) * static_cast<double>(es) / 1e9;
     const double bus = world > 1 ? 2.0 * (world - 1) / world : 0.0;
     const double alg_t = gb / (slowest[0] * 1e-6), alg_r = gb / (slowest[1] * 1e-6);
     if (rank == 0) {
-      char loop_text[64] = "";
+      char loop_text[64] = "", raw_text[96];
       if (measure_loop) {
         std::snprintf(loop_text, sizeof loop_text, " | %8.2f %8.2f %6.3f", loop_slowest[0], loop_slowest[1],
                       loop_slowest[1] / loop_slowest[0]);
+        if (no_raw) std::snprintf(loop_text, sizeof loop_text, " | %8.2f %8s %6s", loop_slowest[0], "-", "-");
       }
-      std::printf("  %12zu %11lld %5s | %11.1f %9.3f %9.3f | %11.1f %9.3f %9.3f | %6.3f %6lld%s\n",
-                  static_cast<std::size_t>(count) * es, static_cast<long long>(count), dtype_s.c_str(), slowest[0],
-                  alg_t, alg_t * bus, slowest[1], alg_r, alg_r * bus, alg_t / alg_r, wrong_all[0] + wrong_all[1],
-                  loop_text);
+      std::snprintf(raw_text, sizeof raw_text, "%11.1f %9.3f %9.3f | %6.3f", slowest[1], alg_r, alg_r * bus, alg_t / alg_r);
+      if (no_raw) std::snprintf(raw_text, sizeof raw_text, "%11s %9s %9s | %6s", "-", "-", "-", "-");
+      std::printf("  %5d %12zu %11lld %5s | %11.1f %9.3f %9.3f | %s %6lld%s\n", nodes, static_cast<std::size_t>(count) * es,
+                  static_cast<long long>(count), dtype_s.c_str(), slowest[0], alg_t, alg_t * bus, raw_text,
+                  wrong_all[0] + wrong_all[1], loop_text);
       std::fflush(stdout);
       table.push_back({{"bytes", static_cast<std::size_t>(count) * es},
                        {"count", count},
                        {"dtype", dtype_s},
                        {"ranks", world},
+                       {"nodes", nodes},
+                       {"ranks_per_node", job.local_size()},
+                       {"mpi_allreduce", job.mpi_allreduce()},
                        {"backend", std::string(comm.backend())},
-                       {"raw", raw.name},
+                       {"raw", no_raw ? std::string("none") : raw.name},
                        {"device", dev.str()},
                        {"in_place", in_place},
                        {"iterations", n_iters},

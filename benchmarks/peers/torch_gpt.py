@@ -16,8 +16,8 @@ Same as train_gpt, flag for flag:
 - data (gpt_data.py): the same corpus, split, windows of T + 1 tokens and order; each rank its
   slice of every global micro-batch. Validation: the first --val-tokens / T windows of the
   validation split, each rank a contiguous share, mean cross-entropy over all their tokens.
-- AdamW(lr, betas (0.9, --beta2), eps 1e-8, --weight-decay on every parameter: one group, as
-  train_gpt until parameter groups land in tutti), linear warm-up then cosine to --min-lr
+- AdamW(lr, betas (0.9, --beta2), eps 1e-8, --weight-decay on the blocks' weight matrices only,
+  not on embeddings, LayerNorms or biases: two groups, as train_gpt), linear warm-up then cosine to --min-lr
   (tutti::optim::LrSchedule::cosine), clip_grad_norm_(--grad-clip), gradient accumulation.
 - attention: on PyTorch 2.x, F.scaled_dot_product_attention(is_causal=True) (what a PyTorch
   user writes; flash attention on a GPU); on 1.x (Debian's 1.13), the explicit
@@ -178,8 +178,14 @@ def main():
     flops_per_token = 6 * flop_params + 12 * cfg["layers"] * cfg["width"] * T
     ddp = DDP(model, device_ids=[device.index] if cuda else None)
     run = torch.compile(ddp) if a.compile else ddp
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), eps=1e-8,
-                            weight_decay=a.weight_decay)
+    # Two groups, as train_gpt: the blocks' weight matrices decay; embeddings (the tied head
+    # too), LayerNorms and biases do not.
+    embeddings = {id(model.wte.weight), id(model.wpe.weight)}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
     scaler = torch.cuda.amp.GradScaler(enabled=a.precision == "fp16" and cuda)
 

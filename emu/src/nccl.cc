@@ -314,13 +314,22 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, std::size_t
   if (const ncclResult_t r = check_call(comm, datatype, stream, s); r != ncclSuccess) return r;
   auto c = comm->state;
   enqueue(s, [=] {
-    Wire in(datatype, recvcount * static_cast<std::size_t>(c->size), sendbuff, true);
-    Wire out(datatype, recvcount, recvbuff, false);
+    const std::size_t total = recvcount * static_cast<std::size_t>(c->size);
+    Wire in(datatype, total, sendbuff, true);
+    // NCCL allows the in-place form, recvbuff = sendbuff + rank * recvcount; MPI forbids
+    // overlapping send and receive buffers, so such an output is received into a copy first.
+    const std::size_t es = size_of(datatype);
+    const char* send_lo = static_cast<const char*>(sendbuff);
+    const char* recv_lo = static_cast<const char*>(recvbuff);
+    const bool overlapping = !is_half(datatype) && recv_lo < send_lo + total * es && send_lo < recv_lo + recvcount * es;
+    std::vector<char> scratch(overlapping ? recvcount * es : 0);
+    Wire out(datatype, recvcount, overlapping ? static_cast<void*>(scratch.data()) : recvbuff, false);
     MPI_Request request;
     const int rc = MPI_Ireduce_scatter_block(in.data(), out.data(), static_cast<int>(recvcount), mpi_type(datatype),
                                              mpi_op(op), c->mpi, &request);
     complete(*c, request, rc, "ncclReduceScatter");
     out.finish(op == ncclAvg ? c->size : 1);
+    if (overlapping) std::memcpy(recvbuff, scratch.data(), scratch.size());
   });
   return ncclSuccess;
 }

@@ -4,6 +4,7 @@
 //   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt
 //   mpirun -np 2 build/examples/train_fashion_mnist --model cnn --epochs 3 --checkpoint-dir ckpt --resume
 //   mpirun -np 2 build/examples/train_fashion_mnist --checkpoint-dir ckpt --resume auto   # rerun after a stop
+//   mpirun -np 4 build/examples/train_fashion_mnist --optimizer adamw --zero 2           # ZeRO-2
 //
 // --batch-size is the GLOBAL batch of one optimizer step: with N ranks and k accumulation
 // steps, each rank computes k micro-batches of batch / (k N) samples. The data order depends
@@ -64,6 +65,7 @@ struct Flags {
   std::string precision = "fp32";
   std::string grad_comm;  // the precision policy's when not given
   double bucket_mb = 25;
+  int zero = 0;  // ZeRO stage
   std::string device = "auto";
   std::uint64_t seed = 1;
   std::string checkpoint_dir;
@@ -93,9 +95,9 @@ tutti::amp::Policy policy_of(const Flags& f) {
 }
 
 // crc32 of every parameter's bytes, in name order: equal runs hold bit-identical models.
-std::uint32_t parameters_crc32(tutti::nn::Module& model) {
+std::uint32_t parameters_crc32(const tutti::StateDict& model_state) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& [name, t] : model.state_dict()) {
+  for (const auto& [name, t] : model_state) {
     crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
     crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
   }
@@ -127,7 +129,7 @@ std::string shaping_flags(const Flags& f) {
   s << "--model " << f.model << " --epochs " << f.epochs << " --batch-size " << f.batch_size << " --accum-steps "
     << f.accum_steps << " --lr " << f.lr << " --optimizer " << f.optimizer << " --lr-schedule " << f.lr_schedule
     << " --warmup-steps " << f.warmup_steps << " --momentum " << f.momentum << " --weight-decay " << f.weight_decay
-    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb
+    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero
     << " --seed " << f.seed << " --max-steps " << f.max_steps << " --train-subset " << f.train_subset
     << " --test-subset " << f.test_subset << " --checkpoint-every " << f.checkpoint_every << " --resume " << f.resume
     << (f.overwrite ? " --overwrite" : "");
@@ -218,7 +220,8 @@ int run(const Flags& f, int& argc, char**& argv) {
   tutti::ddp::DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = f.bucket_mb;
   ddp_options.accumulation_steps = f.accum_steps;
-  ddp_options.grad_comm_dtype = policy.comm;
+  ddp_options.reducer.grad_comm_dtype = policy.comm;
+  ddp_options.zero_stage = f.zero;
   tutti::ddp::DistributedDataParallel ddp(job.communicator(), *model, ddp_options);
 
   std::unique_ptr<tutti::optim::Optimizer> optimizer;
@@ -239,7 +242,9 @@ int run(const Flags& f, int& argc, char**& argv) {
     o.weight_decay = static_cast<float>(weight_decay);
     optimizer = std::make_unique<tutti::optim::AdamW>(model->parameters(), o);
   }
-  optimizer->set_stream(stream);
+  // The optimizer takes DDP's plan: one fused update per run of parameters (stage 0), or this
+  // rank's shard and the all-gather after each step (ZeRO).
+  ddp.attach(*optimizer);
   tutti::amp::LossScaler scaler(policy.default_scaler());
   tutti::nn::CrossEntropyLoss loss;
 
@@ -285,10 +290,13 @@ int run(const Flags& f, int& argc, char**& argv) {
     const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
     tutti::io::check_metadata(ckpt, "model", spec.fingerprint, ckpt_path);
     tutti::io::check_metadata(ckpt, "optimizer", f.optimizer, ckpt_path);
+    // Whole tensors by name, whatever the number of ranks and the ZeRO stage that wrote them.
     const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
-    tutti::io::check_state_matches(model_state, model->state_dict(), ckpt_path);
-    model->load_state_dict(model_state);
-    optimizer->load_state_dict(tutti::io::strip_prefix(ckpt.state, "optim."));
+    tutti::StateDict expected = model->extra_state();
+    for (const tutti::nn::Parameter* p : model->parameters()) expected[p->name] = tutti::Tensor::empty(p->shape(), tutti::DType::f32);
+    tutti::io::check_state_matches(model_state, expected, ckpt_path);
+    ddp.load_model_state_dict(model_state);
+    ddp.load_optimizer_state_dict(*optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
     // The loss scaler's state belongs to the precision it was saved with: an fp32 run's
     // (off, scale 1) would start an fp16 run at scale 1 instead of the default 2^16.
     const auto saved_precision = ckpt.metadata.find("precision");
@@ -306,12 +314,15 @@ int run(const Flags& f, int& argc, char**& argv) {
   double saved_loss = last_loss;                   // and its loss
 
   auto save = [&] {
+    // Every rank takes part (under ZeRO the shards are gathered); rank 0 writes.
+    tutti::StateDict model_state = ddp.model_state_dict();
+    tutti::StateDict optim_state = ddp.optimizer_state_dict(*optimizer);
     if (job.rank() != 0) return;
     try {
       std::filesystem::create_directories(f.checkpoint_dir);
       tutti::StateDict state;
-      tutti::io::add_prefixed(state, "model.", model->state_dict());
-      tutti::io::add_prefixed(state, "optim.", optimizer->state_dict());
+      tutti::io::add_prefixed(state, "model.", std::move(model_state));
+      tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
       tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
       tutti::io::add_prefixed(state, "loader.", loader.state_dict());
       state["train.step"] = tutti::int_scalar_tensor(step);
@@ -327,11 +338,11 @@ int run(const Flags& f, int& argc, char**& argv) {
   for (auto* p : model->parameters()) params += p->numel();
   if (chatty) {
     std::printf("train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
-                "grad comm %s, loss scaler %s | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
+                "grad comm %s, loss scaler %s, zero %d | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
                 "%s schedule | %lld steps (%lld per epoch)%s%s\n",
                 world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
                 static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
-                scaler.enabled() ? "dynamic" : "off", static_cast<long long>(f.batch_size),
+                scaler.enabled() ? "dynamic" : "off", f.zero, static_cast<long long>(f.batch_size),
                 static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
                 f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
                 resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
@@ -447,7 +458,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
 
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = parameters_crc32(*model);
+  const std::uint32_t crc = parameters_crc32(ddp.model_state_dict());
   if (job.rank() == 0) {
     const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     if (!f.quiet) {
@@ -472,9 +483,11 @@ int run(const Flags& f, int& argc, char**& argv) {
                             {"train_s", train_seconds},
                             {"samples_per_s", samples_per_s},
                             {"ranks", world},
+                            {"nodes", job.node_count()},
                             {"skipped_steps", scaler.skipped_steps()},
                             {"precision", f.precision},
                             {"grad_comm", std::string(tutti::name_of(policy.comm))},
+                            {"zero", f.zero},
                             {"model", f.model},
                             {"optimizer", f.optimizer},
                             {"lr", lr},
@@ -521,6 +534,10 @@ int main(int argc, char** argv) {
   app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
+                 "the gradients); checkpoints resume at any stage and number of ranks")
+      ->check(CLI::Range(0, 2))->capture_default_str();
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization and the data order")->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");

@@ -60,6 +60,7 @@ struct Flags {
   std::string precision = "fp32";
   std::string grad_comm;
   double bucket_mb = 25;
+  int zero = 0;  // ZeRO stage
   std::string device = "auto";
   std::uint64_t seed = 1;
   std::int64_t eval_every = 100;
@@ -110,9 +111,9 @@ double peak_tflops(const std::string& device, const std::string& precision) {
   return 0;
 }
 
-std::uint32_t parameters_crc32(tutti::nn::Module& model) {
+std::uint32_t parameters_crc32(const tutti::StateDict& state) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& [name, t] : model.state_dict()) {
+  for (const auto& [name, t] : state) {
     crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
     crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
   }
@@ -133,7 +134,7 @@ std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
     << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
     << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 " << f.beta2 << " --grad-clip "
     << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb "
-    << f.bucket_mb << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens " << f.val_tokens
+    << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens " << f.val_tokens
     << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume " << f.resume;
   return s.str();
 }
@@ -216,19 +217,34 @@ int run(Flags f, int& argc, char**& argv) {
   tutti::ddp::DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = f.bucket_mb;
   ddp_options.accumulation_steps = f.accum_steps;
-  ddp_options.grad_comm_dtype = policy.comm;
+  ddp_options.reducer.grad_comm_dtype = policy.comm;
+  ddp_options.zero_stage = f.zero;
   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
 
-  // One parameter group: weight decay (default 0) applies to every parameter, LayerNorm gains,
-  // biases and embeddings too. Parameter groups belong to the optimizer (issue 13's
-  // optim::ParamGroup); until they land, --weight-decay > 0 decays everything.
+  // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
+  // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
+  // nanoGPT's recipe).
+  const tutti::nn::Parameter* position_embedding = model.position_embedding();
+  const auto decays = [&](const tutti::nn::Parameter& p) {
+    return p.ndim() >= 2 && &p != &model.embed_weight() && &p != position_embedding;
+  };
   tutti::optim::AdamWOptions adamw;
   adamw.lr = static_cast<float>(f.lr);
   adamw.beta1 = static_cast<float>(f.beta1);
   adamw.beta2 = static_cast<float>(f.beta2);
   adamw.weight_decay = static_cast<float>(f.weight_decay);
-  tutti::optim::AdamW optimizer(model.parameters(), adamw);
+  tutti::optim::AdamW optimizer(
+      tutti::optim::weight_decay_groups(model.parameters(), static_cast<float>(f.weight_decay), decays), adamw);
   optimizer.set_stream(stream);
+  // The optimizer takes DDP's plan: one fused update per run of parameters that share a weight
+  // decay (stage 0), or this rank's shard and the all-gather after each step (ZeRO).
+  ddp.attach(optimizer);
+  std::int64_t decayed = 0;
+  for (const auto& g : optimizer.groups()) {
+    if (optimizer.weight_decay_of(g) > 0) {
+      for (const auto* p : g.parameters) decayed += p->numel();
+    }
+  }
   optimizer.set_schedule(tutti::optim::LrSchedule::cosine(static_cast<float>(f.lr), f.warmup_steps, f.steps,
                                                           static_cast<float>(f.min_lr)));
   tutti::amp::LossScaler scaler(policy.default_scaler());
@@ -266,8 +282,8 @@ int run(Flags f, int& argc, char**& argv) {
     tutti::io::check_metadata(ckpt, "model", config.fingerprint(), ckpt_path);
     const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
     tutti::io::check_state_matches(model_state, model.state_dict(), ckpt_path);
-    model.load_state_dict(model_state);
-    optimizer.load_state_dict(tutti::io::strip_prefix(ckpt.state, "optim."));
+    ddp.load_model_state_dict(model_state);
+    ddp.load_optimizer_state_dict(optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
     const auto saved_precision = ckpt.metadata.find("precision");
     if (saved_precision == ckpt.metadata.end() || saved_precision->second == f.precision) {
       scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
@@ -279,12 +295,15 @@ int run(Flags f, int& argc, char**& argv) {
   }
   const std::int64_t first_step = step;
   auto save = [&] {
+    // Every rank takes part (under ZeRO the shards are gathered); rank 0 writes.
+    tutti::StateDict model_state = ddp.model_state_dict();
+    tutti::StateDict optim_state = ddp.optimizer_state_dict(optimizer);
     if (job.rank() != 0) return;
     try {
       std::filesystem::create_directories(f.checkpoint_dir);
       tutti::StateDict state;
-      tutti::io::add_prefixed(state, "model.", model.state_dict());
-      tutti::io::add_prefixed(state, "optim.", optimizer.state_dict());
+      tutti::io::add_prefixed(state, "model.", std::move(model_state));
+      tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
       tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
       tutti::io::add_prefixed(state, "loader.", loader.state_dict());
       state["train.step"] = tutti::int_scalar_tensor(step);
@@ -303,14 +322,14 @@ int run(Flags f, int& argc, char**& argv) {
   const double peak = f.peak_tflops > 0 ? f.peak_tflops : device.is_cuda() ? peak_tflops(device_name, f.precision) : 0;
   if (chatty) {
     std::printf("train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
-                "precision %s, grad comm %s | global batch %lld x %lld tokens (%lld sequences per rank x %d "
-                "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g, clip %g | %lld steps%s\n",
+                "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
+                "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | %lld steps%s\n",
                 world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(),
                 config.fingerprint().c_str(), static_cast<long long>(params), data.description.c_str(),
-                f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
+                f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(), f.zero,
                 static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
                 static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
-                static_cast<long long>(f.warmup_steps), f.weight_decay, f.grad_clip, static_cast<long long>(f.steps),
+                static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip, static_cast<long long>(f.steps),
                 resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
     std::fflush(stdout);
   }
@@ -351,7 +370,7 @@ int run(Flags f, int& argc, char**& argv) {
     }
     if (scaler.update(ddp.found_nonfinite())) {
       float coefficient = 1.0f;
-      if (f.grad_clip > 0) coefficient = tutti::optim::compute_grad_norm(model.parameters(), f.grad_clip, stream).coefficient;
+      if (f.grad_clip > 0) coefficient = ddp.grad_norm(f.grad_clip).coefficient;
       optimizer.step(coefficient);
     }
     ddp.zero_grad();
@@ -374,6 +393,7 @@ int run(Flags f, int& argc, char**& argv) {
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
     const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || step == last_step;
     if (eval_now) {
+      ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
       curve.push_back({step, step * tokens_per_step, last_loss, last_val});
     }
@@ -409,10 +429,11 @@ int run(Flags f, int& argc, char**& argv) {
     }
     return job.rank() == 0 ? kExitStopped : 0;
   }
+  ddp.synchronize_parameters();
   if (last_val < 0) last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
 
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = parameters_crc32(model);
+  const std::uint32_t crc = parameters_crc32(ddp.model_state_dict());
   const double tokens_per_s =
       train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
   const std::int64_t steady_steps = step - first_step - warm_steps;
@@ -464,6 +485,8 @@ int run(Flags f, int& argc, char**& argv) {
                             {"train_s", train_seconds},
                             {"ranks", world},
                             {"precision", f.precision},
+                            {"zero", f.zero},
+                            {"decayed_parameters", decayed},
                             {"model", f.model},
                             {"config", config.fingerprint()},
                             {"parameters", params},
@@ -516,7 +539,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay, on every parameter (one group)")
+  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
@@ -528,6 +551,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--zero", f.zero, "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
+                 "sharded), 2 (gradients too)")->check(CLI::Range(0, 2))->capture_default_str();
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
   app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")

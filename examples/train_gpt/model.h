@@ -46,6 +46,8 @@ class Gpt : public tutti::nn::Module {
   double flops_per_token(std::int64_t T);
   // The token embedding, which the output head shares.
   tutti::nn::Parameter& embed_weight() { return embed_.wte; }
+  // The position embedding.
+  const tutti::nn::Parameter* position_embedding() const { return &embed_.wpe; }
   // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
   const tutti::Tensor& last_hidden() const { return hidden_; }
 

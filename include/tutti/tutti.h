@@ -20,6 +20,7 @@
 #include "tutti/data/loader.h"
 #include "tutti/data/tokens.h"
 #include "tutti/io/checkpoint.h"
+#include "tutti/nn/flat_plan.h"
 #include "tutti/nn/init.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/loss.h"

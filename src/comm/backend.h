@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
 
 namespace tutti::detail {
@@ -34,9 +35,11 @@ class Backend : public Communicator {
 // it stages GPU tensors through (cpu: it takes CPU tensors only). `board_comm`: its slot on
 // the progress board (-1: none); the same number on every rank.
 std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm = -1);
-// The nccl backend on `device` (a GPU), bootstrapped over `parent` (collective over parent).
+// The nccl backend on `device` (a GPU): its unique id travels over `bootstrap`, its debug-mode
+// agreements over a duplicate of `parent` (collective over both, which span the same ranks).
 // Throws BackendError in a build without NCCL.
-std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm = -1);
+std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Bootstrap& bootstrap, Device device, CommOptions options,
+                                           int board_comm = -1);
 bool built_with_nccl();
 // "2.28.9", or "none".
 std::string nccl_version();

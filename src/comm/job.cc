@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/backend.h"
+#include "comm/bootstrap_mpi.h"
 #include "comm/fault.h"
 #include "comm/progress.h"
 #include "comm/watchdog.h"
@@ -72,46 +73,26 @@ void abort_at_exit(int status, void*) {
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
 }
 
-std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
-  int size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
-  TUTTI_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += lens[static_cast<std::size_t>(r)];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  TUTTI_MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, comm));
-  std::vector<std::string> out;
-  for (int r = 0; r < size; ++r) {
-    out.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                             static_cast<std::size_t>(lens[static_cast<std::size_t>(r)])));
-  }
-  return out;
-}
-
 // True on every rank when `ok` is true on every rank.
-bool all_ranks(MPI_Comm comm, bool ok) {
-  int mine = ok ? 1 : 0, all = 0;
-  TUTTI_MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm));
-  return all == 1;
+bool all_ranks(Bootstrap& boot, bool ok) {
+  for (const std::string& v : boot.allgather(ok ? "1" : "0")) {
+    if (v != "1") return false;
+  }
+  return true;
 }
 
 // Runs a local step of the bootstrap on every rank, then agrees: if it failed anywhere, every
 // rank throws (the failing ones their own error), so that no rank is left waiting in the next
 // collective step.
 template <typename F>
-void agreed(MPI_Comm comm, const char* step, F&& f) {
+void agreed(Bootstrap& boot, const char* step, F&& f) {
   std::exception_ptr error;
   try {
     f();
   } catch (...) {
     error = std::current_exception();
   }
-  if (all_ranks(comm, error == nullptr)) return;
+  if (all_ranks(boot, error == nullptr)) return;
   if (error) std::rethrow_exception(error);
   TUTTI_THROW(Error, "job setup failed on another rank while ", step, " (see that rank's error)");
 }
@@ -130,6 +111,37 @@ Device choose_device(const std::string& wanted, int local_rank) {
   return d;
 }
 
+// JobOptions::mpi_allreduce -> Open MPI's MCA variables (set unless the environment has them).
+// coll/tuned numbers its allreduce algorithms: 1 basic linear, 2 nonoverlapping (reduce +
+// bcast), 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner.
+std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
+  if (wanted.empty()) {
+    const char* env = std::getenv("TUTTI_MPI_ALLREDUCE");
+    wanted = env != nullptr && *env != '\0' ? env : "default";
+  }
+  static const std::pair<const char*, const char*> tuned[] = {
+      {"reduce_bcast", "2"}, {"recursive_doubling", "3"}, {"ring", "4"}, {"segmented_ring", "5"}, {"rabenseifner", "6"}};
+  const char* number = nullptr;
+  for (const auto& [name, n] : tuned) {
+    if (wanted == name) number = n;
+  }
+  TUTTI_CHECK_ARG(number != nullptr || wanted == "default" || wanted == "han",
+                  "JobOptions::mpi_allreduce (or TUTTI_MPI_ALLREDUCE) must be default, ring, segmented_ring, "
+                  "recursive_doubling, rabenseifner, reduce_bcast or han, got '", wanted, "'");
+  if (wanted == "default") return wanted;
+  TUTTI_CHECK_ARG(will_init_mpi, "JobOptions::mpi_allreduce = '", wanted, "' needs the Job to initialize MPI (the "
+                  "program did: set Open MPI's coll_tuned/coll_han MCA variables before MPI_Init instead)");
+  if (number != nullptr) {
+    setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", /*overwrite=*/0);
+    setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", number, 0);
+  } else {
+    // han is built but off (priority 0) in Open MPI 4.1; above tuned's 30 it takes the
+    // collectives it implements (allreduce among them) on every communicator.
+    setenv("OMPI_MCA_coll_han_priority", "100", 0);
+  }
+  return wanted;
+}
+
 }  // namespace
 
 struct Job::Impl {
@@ -139,12 +151,13 @@ struct Job::Impl {
   std::unique_ptr<detail::Watchdog> watchdog;
   std::shared_ptr<detail::ProgressBoard> board;
   int next_board_comm = 0;
-  bool caught_signals = false;
-  struct sigaction previous_actions[std::size(kStopSignals)] = {};
   bool set_terminate_handler = false;
   MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
   MPI_Comm local = MPI_COMM_NULL;
-  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  std::unique_ptr<detail::MpiBootstrap> boot;        // over world
+  std::unique_ptr<detail::MpiBootstrap> local_boot;  // over local
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
+  std::string mpi_allreduce = "default";
   Device device;
   std::string hostname;
   std::shared_ptr<detail::Backend> comm;      // for device
@@ -155,11 +168,8 @@ struct Job::Impl {
 
   ~Impl() { teardown(std::uncaught_exceptions() > uncaught_at_start); }
 
+  // The stop signals' handlers stay (job.h: a late signal must not kill a rank that saved).
   void restore_handlers() noexcept {
-    if (caught_signals) {
-      for (std::size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_actions[i], nullptr);
-      caught_signals = false;
-    }
     if (set_terminate_handler) {
       std::set_terminate(previous_terminate);
       set_terminate_handler = false;
@@ -203,6 +213,8 @@ struct Job::Impl {
     MPI_Finalized(&finalized);
     if (mpi_up && !finalized && clean) {
       watchdog->detach();
+      local_boot.reset();
+      boot.reset();
       if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
       if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
       if (initialized_mpi) {
@@ -266,6 +278,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
   TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
   TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
+  j.mpi_allreduce = apply_mpi_allreduce(options.mpi_allreduce, !initialized);
   int provided = MPI_THREAD_SINGLE;
   if (j.board) j.board->set_phase(detail::Phase::mpi_init);
   if (!initialized) {
@@ -289,8 +302,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &j.world));
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(j.world, MPI_ERRORS_RETURN));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(j.world, &j.rank));
-  TUTTI_MPI_CHECK(MPI_Comm_size(j.world, &j.size));
+  j.boot = std::make_unique<detail::MpiBootstrap>(j.world);
+  j.rank = j.boot->rank();
+  j.size = j.boot->size();
   set_error_rank(j.rank);
   j.watchdog->set_rank(j.rank, j.size);
   // From here on the ranks hear from each other when one fails.
@@ -299,8 +313,9 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   j.watchdog->attach(control);
   ErrorContext context("setting up the job (rank " + std::to_string(j.rank) + " of " + std::to_string(j.size) + ")");
   TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
-  TUTTI_MPI_CHECK(MPI_Comm_rank(j.local, &j.local_rank));
-  TUTTI_MPI_CHECK(MPI_Comm_size(j.local, &j.local_size));
+  j.local_boot = std::make_unique<detail::MpiBootstrap>(j.local);
+  j.local_rank = j.local_boot->rank();
+  j.local_size = j.local_boot->size();
   j.board = detail::ProgressBoard::open_after_init(j.board, j.local, j.rank, j.size);
   j.watchdog->set_board(j.board);
   if (options.cpu_threads > 0) {
@@ -312,8 +327,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   char host[256] = {0};
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   j.hostname = host;
+  // One leader (local rank 0) per shared-memory node; and every rank's host for the reports.
+  const int leader = j.local_rank == 0 ? 1 : 0;
+  TUTTI_MPI_CHECK(MPI_Allreduce(&leader, &j.node_count, 1, MPI_INT, MPI_SUM, j.world));
+  j.watchdog->set_hosts(j.boot->allgather(j.hostname));
 
-  agreed(j.world, "choosing the device", [&] {
+  agreed(*j.boot, "choosing the device", [&] {
     TUTTI_CHECK_ARG(options.backend == "auto" || options.backend == "mpi" || options.backend == "nccl",
                     "JobOptions::backend must be 'auto', 'mpi' or 'nccl', got '", options.backend, "'");
     j.device = choose_device(options.device, j.local_rank);
@@ -321,12 +340,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   });
 
   // NCCL wants one GPU per rank: two ranks of a node on one GPU use mpi instead.
-  std::vector<std::string> devices = allgather_strings(j.local, j.device.str());
+  std::vector<std::string> devices = j.local_boot->allgather(j.device.str());
   const bool gpu_to_itself = j.device.is_cuda() &&
                              std::set<std::string>(devices.begin(), devices.end()).size() == devices.size();
-  const bool nccl_everywhere = all_ranks(j.world, gpu_to_itself && detail::built_with_nccl());
+  const bool nccl_everywhere = all_ranks(*j.boot, gpu_to_itself && detail::built_with_nccl());
   bool use_nccl = false;
-  agreed(j.world, "choosing the backend", [&] {
+  agreed(*j.boot, "choosing the backend", [&] {
     if (options.backend == "nccl") {
       TUTTI_CHECK_ARG(detail::built_with_nccl(), "JobOptions::backend is 'nccl' but tutti was built without NCCL");
       TUTTI_CHECK_ARG(nccl_everywhere, "JobOptions::backend is 'nccl' but not every rank has a GPU of its own (this "
@@ -337,7 +356,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   if (use_nccl) {
     startup.set_what("the job's start-up (creating the NCCL communicator: every rank waits for all the others)");
-    j.comm = detail::make_nccl_backend(j.world, j.device, options.comm, j.take_board_comm());
+    j.comm = detail::make_nccl_backend(j.world, *j.boot, j.device, options.comm, j.take_board_comm());
     j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm, j.take_board_comm());
   } else {
     j.comm = detail::make_mpi_backend(j.world, j.device, options.comm, j.take_board_comm());
@@ -350,9 +369,8 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
       action.sa_handler = on_stop_signal;
       sigemptyset(&action.sa_mask);
       action.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as by default
-      sigaction(kStopSignals[i], &action, &j.previous_actions[i]);
+      sigaction(kStopSignals[i], &action, nullptr);
     }
-    j.caught_signals = true;
   }
   previous_terminate = std::set_terminate(on_terminate);
   j.set_terminate_handler = true;
@@ -368,6 +386,8 @@ int Job::rank() const { return impl_->rank; }
 int Job::world_size() const { return impl_->size; }
 int Job::local_rank() const { return impl_->local_rank; }
 int Job::local_size() const { return impl_->local_size; }
+int Job::node_count() const { return impl_->node_count; }
+const std::string& Job::mpi_allreduce() const { return impl_->mpi_allreduce; }
 Device Job::device() const { return impl_->device; }
 const std::string& Job::hostname() const { return impl_->hostname; }
 std::string_view Job::backend() const { return impl_->comm->backend(); }
@@ -394,7 +414,7 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
   auto region = j.watchdog->region("Job::new_communicator (every rank waits there for all the others)", j.timeout_s);
   const int slot = j.take_board_comm();
   std::shared_ptr<detail::Backend> b =
-      nccl ? detail::make_nccl_backend(j.world, j.device, std::move(options), slot)
+      nccl ? detail::make_nccl_backend(j.world, *j.boot, j.device, std::move(options), slot)
            : detail::make_mpi_backend(j.world, j.device, std::move(options), slot);
   std::lock_guard lock(j.extra_mutex);
   j.extra.push_back(b);
@@ -408,11 +428,10 @@ std::string Job::summary() const {
   std::snprintf(line, sizeof line, "  rank %d/%d  host %s  local %d/%d  device %s [%s]  backend %s\n", j.rank, j.size,
                 j.hostname.c_str(), j.local_rank, j.local_size, j.device.str().c_str(),
                 device_description(j.device).c_str(), std::string(j.comm->backend()).c_str());
-  const std::vector<std::string> lines = allgather_strings(j.world, line);
-  const std::vector<std::string> hosts = allgather_strings(j.world, j.hostname);
-  const std::size_t nhosts = std::set<std::string>(hosts.begin(), hosts.end()).size();
+  const std::vector<std::string> lines = j.boot->allgather(line);
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
-                    std::to_string(nhosts) + " host(s), backend " + std::string(j.comm->backend()) + "\n";
+                    std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
+                    (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
          ", driver " + cuda_driver_version() + "\n";
   for (const auto& l : lines) out += l;
@@ -425,7 +444,7 @@ void Job::check_same(std::string_view what, std::string_view value) {
   {
     auto region = j.watchdog->region("Job::check_same(\"" + std::string(what) + "\") (every rank waits there for all the others)",
                                      j.timeout_s);
-    all = allgather_strings(j.world, std::string(value));
+    all = j.boot->allgather(value);
   }
   // Distinct values in the order of the first rank that has each.
   std::vector<std::pair<std::string, std::vector<int>>> groups;

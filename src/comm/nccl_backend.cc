@@ -16,6 +16,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <limits>
@@ -250,7 +251,8 @@ void NcclWork::wait(const Stream& stream) {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(MPI_Comm parent, Device device, CommOptions options, int rank, int size, int board_comm)
+  NcclBackend(MPI_Comm parent, Bootstrap& bootstrap, Device device, CommOptions options, int rank, int size,
+              int board_comm)
       : Backend(rank, size, std::move(options)), engine_(std::make_shared<NcclEngine>()) {
     TUTTI_CHECK_ARG(device.is_cuda(), "the nccl backend needs a GPU device, got ", device.str());
     device.require_available();
@@ -264,7 +266,9 @@ class NcclBackend final : public Backend {
     gpu::set_device(device.index);
     ncclUniqueId id{};
     if (rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
-    TUTTI_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, e.mpi));
+    const std::string id_bytes = bootstrap.broadcast(std::string_view(reinterpret_cast<const char*>(&id), sizeof id), 0);
+    TUTTI_CHECK(id_bytes.size() == sizeof id, "the NCCL unique id arrived with ", id_bytes.size(), " bytes");
+    std::memcpy(&id, id_bytes.data(), sizeof id);
     {
       ErrorContext context("creating the NCCL communicator of rank " + std::to_string(rank) + " of " +
                            std::to_string(size) + " on " + device.str());
@@ -457,11 +461,10 @@ class NcclBackend final : public Backend {
 
 }  // namespace
 
-std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Device device, CommOptions options, int board_comm) {
-  int rank = 0, size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_rank(parent, &rank));
-  TUTTI_MPI_CHECK(MPI_Comm_size(parent, &size));
-  return std::make_shared<NcclBackend>(parent, device, std::move(options), rank, size, board_comm);
+std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Bootstrap& bootstrap, Device device,
+                                                CommOptions options, int board_comm) {
+  return std::make_shared<NcclBackend>(parent, bootstrap, device, std::move(options), bootstrap.rank(),
+                                       bootstrap.size(), board_comm);
 }
 
 std::string nccl_version_impl() {

@@ -83,6 +83,18 @@ void Watchdog::set_board(std::shared_ptr<ProgressBoard> board) {
   board_ = std::move(board);
 }
 
+void Watchdog::set_hosts(std::vector<std::string> hosts) {
+  std::lock_guard lock(mutex_);
+  // On one host the names add nothing to a report: keep none.
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts.front(); });
+  hosts_ = one_host ? std::vector<std::string>{} : std::move(hosts);
+}
+
+std::string Watchdog::host_of(int rank) const {
+  std::lock_guard lock(mutex_);
+  return rank >= 0 && static_cast<std::size_t>(rank) < hosts_.size() ? hosts_[static_cast<std::size_t>(rank)] : "";
+}
+
 std::shared_ptr<ProgressBoard> Watchdog::board() const {
   std::lock_guard lock(mutex_);
   return board_;
@@ -176,7 +188,8 @@ void Watchdog::check_regions() {
     }
   }
   std::vector<int> not_there;
-  const std::string where = where_everyone_is(gather_progress(), -1, 0, expired->min_phase, &not_there);
+  const std::vector<RankSnapshot> all = gather_progress();
+  const std::string where = where_everyone_is(all, -1, 0, expired->min_phase, &not_there);
   std::string report = "TIMEOUT: " + expired->what + " did not complete within its deadline of " +
                        seconds(expired->timeout_s) + " (TUTTI_TIMEOUT_S or CommOptions::timeout).";
   if (!not_there.empty()) {
@@ -184,6 +197,7 @@ void Watchdog::check_regions() {
     for (int r : not_there) report += " rank " + std::to_string(r);
     report += ".";
   }
+  report += silent_hosts(all);
   report += "\n  Where each rank is:" + where;
   end_job(report, kExitTimeout);
 }
@@ -463,7 +477,8 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
   for (std::size_t i = 0; i < all.size(); ++i) {
     const RankSnapshot& s = all[i];
     const int r = static_cast<int>(i);
-    std::string line = "\n    rank " + std::to_string(r) + ": ";
+    const std::string host = host_of(r);
+    std::string line = "\n    rank " + std::to_string(r) + (host.empty() ? "" : " (" + host + ")") + ": ";
     bool there = true;
     if (s.rank < 0) {
       line += mpi_up_.load() ? "no answer (stopped, hung outside MPI, or its host is unreachable)"
@@ -494,6 +509,35 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
     if (s.rank >= 0 && s.gone) line += " [process " + std::to_string(s.pid) + " is gone]";
     if (!there && not_there != nullptr) not_there->push_back(r);
     out += line;
+  }
+  return out;
+}
+
+std::string Watchdog::silent_hosts(const std::vector<RankSnapshot>& all) {
+  if (!mpi_up_.load()) return "";
+  const std::string mine = host_of(rank_.load());
+  // Hosts in the order of their first rank; a host is silent when none of its ranks answered.
+  std::vector<std::pair<std::string, std::vector<int>>> hosts;
+  std::vector<bool> answered;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string host = host_of(static_cast<int>(i));
+    if (host.empty() || host == mine) continue;
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& h) { return h.first == host; });
+    if (it == hosts.end()) {
+      hosts.push_back({host, {}});
+      answered.push_back(false);
+      it = hosts.end() - 1;
+    }
+    it->second.push_back(static_cast<int>(i));
+    if (all[i].rank >= 0) answered[static_cast<std::size_t>(it - hosts.begin())] = true;
+  }
+  std::string out;
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    if (answered[h]) continue;
+    out += " Host " + hosts[h].first + " (rank" + (hosts[h].second.size() > 1 ? "s" : "");
+    for (std::size_t k = 0; k < hosts[h].second.size(); ++k) out += (k ? ", " : " ") + std::to_string(hosts[h].second[k]);
+    out += ") did not answer within " + seconds(kStatusWait) +
+           ": it is unreachable (down, or its network is), or every rank there is stuck.";
   }
   return out;
 }
@@ -546,7 +590,7 @@ std::optional<std::string> Watchdog::collective_missed(std::string_view backend,
   std::vector<int> not_there;
   const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there);
   const std::string report = timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there) +
-                             "\n  Where each rank is:" + where;
+                             silent_hosts(all) + "\n  Where each rank is:" + where;
   if (abort_job) end_job(report, kExitTimeout);
   return report;
 }

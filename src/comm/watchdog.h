@@ -124,6 +124,10 @@ class Watchdog {
   // MPI_Init has returned: MPI_Abort can end the job from now on.
   void mpi_ready() { mpi_up_.store(true); }
   bool mpi_up() const { return mpi_up_.load(); }
+  // Every rank's host name (index = rank), so that reports can name each rank's host and a
+  // host that stopped answering ("Host node1 (ranks 2, 3) did not answer"). Ignored when every
+  // rank runs on one host.
+  void set_hosts(std::vector<std::string> hosts);
   // The progress board of this host (may be null: a world of one, no shared memory).
   void set_board(std::shared_ptr<ProgressBoard> board);
   std::shared_ptr<ProgressBoard> board() const;
@@ -190,14 +194,19 @@ class Watchdog {
   // reached it; else its phase (ranks below min_phase are not there).
   std::string where_everyone_is(const std::vector<RankSnapshot>& all, int board_comm, std::uint64_t seq,
                                 Phase min_phase, std::vector<int>* not_there);
+  // " Host node1 (ranks 2, 3) did not answer: ..." for every host none of whose ranks answered
+  // (other hosts only), or "".
+  std::string silent_hosts(const std::vector<RankSnapshot>& all);
+  std::string host_of(int rank) const;
   void print_line(const std::string& text);
 
-  mutable std::mutex mutex_;  // regions_, watched_, board_, stop_
+  mutable std::mutex mutex_;  // regions_, watched_, board_, hosts_, stop_
   std::condition_variable cv_;
   std::vector<RegionEntry> regions_;
   std::uint64_t next_region_ = 1;
   std::vector<std::weak_ptr<Watched>> watched_;
   std::shared_ptr<ProgressBoard> board_;
+  std::vector<std::string> hosts_;
   bool stop_ = false;
 
   std::atomic<int> rank_{-1};

@@ -24,6 +24,7 @@ std::atomic<int>& rank_slot() {
 }
 
 thread_local const ErrorContext* innermost_context = nullptr;
+thread_local int thread_rank = -1;  // set_thread_error_rank; negative: the process's rank
 
 // The last tutti error made in this process (see core/last_error.h).
 struct LastError {
@@ -57,8 +58,9 @@ Error::Error(std::string message, std::string where, int rank)
   last.when = std::chrono::steady_clock::now();
 }
 
-int error_rank() { return rank_slot().load(std::memory_order_relaxed); }
+int error_rank() { return thread_rank >= 0 ? thread_rank : rank_slot().load(std::memory_order_relaxed); }
 void set_error_rank(int rank) { rank_slot().store(rank, std::memory_order_relaxed); }
+void set_thread_error_rank(int rank) { thread_rank = rank; }
 
 ErrorContext::ErrorContext(std::string what) : what_(std::move(what)), outer_(innermost_context) {
   innermost_context = this;

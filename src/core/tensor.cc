@@ -1,5 +1,7 @@
 #include "tutti/core/tensor.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -28,6 +30,17 @@ std::int64_t numel_of(const Shape& shape) {
 
 // ---- Storage ---------------------------------------------------------------------------
 
+namespace {
+// Live bytes per device: [0] the CPU, [1 + i] GPU i (GPUs past the table share its last slot).
+constexpr int kTrackedDevices = 17;
+std::atomic<std::int64_t> live[kTrackedDevices];
+std::atomic<std::int64_t>& live_slot(Device d) {
+  return live[d.is_cpu() ? 0 : std::min(1 + std::max(d.index, 0), kTrackedDevices - 1)];
+}
+}  // namespace
+
+std::int64_t Storage::live_bytes(Device device) { return live_slot(device).load(std::memory_order_relaxed); }
+
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool pinned) {
   device.require_available();
   void* p = nullptr;
@@ -45,6 +58,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
       TUTTI_THROW(BackendError, "out of host memory allocating ", nbytes, " bytes");
     }
   }
+  if (p != nullptr) live_slot(device).fetch_add(static_cast<std::int64_t>(nbytes), std::memory_order_relaxed);
   return std::shared_ptr<Storage>(new Storage(p, nbytes, device, /*owned=*/true, pinned));
 }
 
@@ -55,6 +69,7 @@ std::shared_ptr<Storage> Storage::wrap(void* data, std::size_t nbytes, Device de
 
 Storage::~Storage() {
   if (!owned_ || data_ == nullptr) return;
+  live_slot(device_).fetch_sub(static_cast<std::int64_t>(nbytes_), std::memory_order_relaxed);
   if (device_.is_cuda()) {
     gpu::free_device(data_, device_.index);
   } else if (pinned_) {

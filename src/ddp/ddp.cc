@@ -1,9 +1,13 @@
 #include "tutti/ddp/ddp.h"
 
+#include <cmath>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
 #include "tutti/core/error.h"
+#include "tutti/kernels/cast.h"
+#include "tutti/kernels/reduce.h"
 
 namespace tutti::ddp {
 namespace {
@@ -21,49 +25,177 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
     : comm_(comm), model_(model), options_(options) {
   TUTTI_CHECK_ARG(options_.accumulation_steps >= 1, "DistributedDataParallel: accumulation_steps must be >= 1, got ",
                   options_.accumulation_steps);
+  TUTTI_CHECK_ARG(options_.zero_stage >= 0 && options_.zero_stage <= 2,
+                  "DistributedDataParallel: zero_stage must be 0, 1 or 2, got ", options_.zero_stage);
+  TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none, "DistributedDataParallel: set zero_stage, not "
+                  "reducer.sharding (zero_stage decides how gradients are sharded)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
 
-  const std::vector<nn::Parameter*> params = model_.parameters();
-  std::vector<GradientSpec> specs;
-  specs.reserve(params.size());
-  for (const nn::Parameter* p : params) specs.push_back({p->name, p->shape(), p->requires_grad});
-
-  ReducerOptions ro;
-  ro.bucket_cap_mb = options_.bucket_cap_mb;
-  ro.first_bucket_cap_mb = options_.first_bucket_cap_mb;
-  if (!options_.grad_comm_dtype) options_.grad_comm_dtype = model_.grad_comm_dtype();
-  ro.grad_comm_dtype = *options_.grad_comm_dtype;
-  ro.average = options_.average;
-  ro.overlap = options_.overlap;
-  ro.allow_unused = options_.allow_unused_parameters;
-  reducer_ = std::make_unique<Reducer>(comm_, std::move(specs), model_.grad_dtype(), model_.device(), ro);
-
-  // Values and gradients in one layout: the optimizer then updates the whole model in one
-  // fused call, and every gradient is written straight into its bucket.
-  nn::FlatLayout layout;
-  layout.offsets = reducer_->offsets();
-  layout.total = reducer_->buffer().numel();
-  model_.flatten_parameters(layout);
-  model_.set_grad_buffer(reducer_->buffer(), layout);
-  // Before the hook: a refusal here must not leave the model calling into a DDP never made.
+  params_ = model_.parameters();
+  for (std::size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i], i);
+  const int zero = options_.zero_stage;
+  nn::FlatPlanOptions po;
+  po.bucket_cap_mb = options_.bucket_cap_mb;
+  po.first_bucket_cap_mb = options_.first_bucket_cap_mb;
+  po.grad_element_bytes = size_of(model_.grad_dtype());
+  po.world_size = zero > 0 ? comm_.size() : 1;
+  ReducerOptions& ro = options_.reducer;
+  if (!ro.grad_comm_dtype) ro.grad_comm_dtype = model_.grad_comm_dtype();
+  ro.sharding = zero == 0 ? GradientSharding::none : zero == 1 ? GradientSharding::scatter : GradientSharding::shard_only;
+  // THE plan: the reducer's buckets and shards, the model's values and gradients, the optimizer's state.
+  reducer_ = std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
+  const nn::FlatPlan& plan = reducer_->plan();
+  model_.drop_grads();
+  model_.flatten_parameters(plan);
+  if (zero < 2) {
+    // Every gradient is written straight into its bucket.
+    model_.set_grad_buffer(reducer_->buffer(), plan);
+  }
+  // Before the hooks: a refusal here must not leave the model calling into a DDP never made.
   if (options_.broadcast_parameters) broadcast_parameters();
+  if (zero > 0 && model_.flat_compute().defined()) {
+    // Half compute: the model reads its compute copies; the fp32 masters are this rank's shard.
+    master_shard_ = Tensor::empty({plan.shard_numel}, DType::f32, model_.device());
+    for (const nn::PlanBucket& b : plan.buckets) {
+      master_shard_.view(b.shard_offset, {b.chunk})
+          .copy_from(model_.flat_values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
+    }
+    model_.release_master_values();
+  }
+  gathers_.resize(plan.buckets.size());
+  gather_pending_.assign(plan.buckets.size(), false);
 
-  std::unordered_map<const nn::Parameter*, std::size_t> index;
-  for (std::size_t i = 0; i < params.size(); ++i) index.emplace(params[i], i);
-  model_.set_grad_ready_hook([this, index = std::move(index)](nn::Parameter& p) {
-    const auto it = index.find(&p);
-    TUTTI_CHECK(it != index.end(), "DistributedDataParallel: gradient of unknown parameter '", p.name,
+  auto index_of = [this](const nn::Parameter& p) {
+    const auto it = index_.find(&p);
+    TUTTI_CHECK(it != index_.end(), "DistributedDataParallel: unknown parameter '", p.name,
                 "' (was a layer added after DistributedDataParallel was made?)");
-    reducer_->mark_ready(it->second);
-  });
+    return it->second;
+  };
+  model_.set_grad_ready_hook([this, index_of](nn::Parameter& p) { reducer_->mark_ready(index_of(p)); });
+  if (zero == 2) {
+    model_.set_grad_placement_hook([this, index_of](nn::Parameter& p) { return reducer_->grad(index_of(p)); });
+  }
+  if (zero > 0) {
+    model_.set_param_use_hook([this, index_of](nn::Parameter& p) {
+      const int b = reducer_->plan().entries[index_of(p)].bucket;
+      if (gather_pending_[static_cast<std::size_t>(b)]) wait_gather(b);
+    });
+  }
   model_.set_batch_slice(comm_.rank(), comm_.size());
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
+  try {
+    synchronize_parameters();
+  } catch (...) {
+  }
   model_.set_grad_ready_hook({});
+  model_.set_grad_placement_hook({});
+  model_.set_param_use_hook({});
   model_.set_batch_slice(0, 1);
+  if (options_.zero_stage == 2) {
+    for (nn::Parameter* p : params_) p->grad = Tensor();
+  }
+}
+
+void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
+  const nn::FlatPlan& plan = reducer_->plan();
+  optim::FlatTarget target;
+  target.plan = reducer_->shared_plan();
+  target.params = params_;
+  if (options_.zero_stage == 0) {
+    optim::FlatSpan all;
+    all.begin = 0;
+    all.end = plan.total;
+    all.value = model_.flat_values().view(0, {plan.total});
+    all.grad = reducer_->buffer().view(0, {plan.total});
+    if (model_.flat_compute().defined()) all.compute = model_.flat_compute().view(0, {plan.total});
+    target.spans.push_back(std::move(all));
+  } else {
+    const int rank = comm_.rank();
+    for (int b = 0; b < static_cast<int>(plan.buckets.size()); ++b) {
+      const nn::PlanBucket& pb = plan.buckets[static_cast<std::size_t>(b)];
+      if (pb.chunk == 0) continue;
+      const nn::ElementRange mine = pb.chunk_of(rank);
+      optim::FlatSpan span;
+      span.begin = mine.begin;
+      span.end = mine.end;
+      if (half_masters()) {
+        span.value = master_shard_.view(pb.shard_offset, {pb.chunk});
+        span.compute = model_.flat_compute().view(mine.begin, {pb.chunk});
+      } else {
+        span.value = model_.flat_values().view(mine.begin, {pb.chunk});
+      }
+      span.grad = reducer_->shard_grad(b);
+      target.spans.push_back(std::move(span));
+    }
+    std::weak_ptr<int> alive = alive_;
+    target.after_step = [this, alive] {
+      TUTTI_CHECK(!alive.expired(), "Optimizer::step: the DistributedDataParallel this optimizer was attached to is "
+                  "gone (its step would update one shard and gather nothing)");
+      launch_gathers();
+    };
+  }
+  optimizer.set_stream(model_.stream());
+  optimizer.bind(std::move(target));
+  attached_ = &optimizer;
+}
+
+// ---- ZeRO: gathering the updated parameters ------------------------------------------------
+
+void DistributedDataParallel::launch_gathers() {
+  if (comm_.size() == 1) return;  // the step wrote every element already
+  const nn::FlatPlan& plan = reducer_->plan();
+  const Tensor& values = half_masters() ? model_.flat_compute() : model_.flat_values();
+  CallOptions call;
+  call.stream = model_.stream();
+  t_gather_launch_ = std::chrono::steady_clock::now();
+  gather_ms_ = exposed_gather_ms_ = 0;
+  // Last bucket first: it holds the first layers, which the next forward needs first.
+  for (int b = static_cast<int>(plan.buckets.size()) - 1; b >= 0; --b) {
+    const nn::PlanBucket& pb = plan.buckets[static_cast<std::size_t>(b)];
+    if (pb.numel() == 0) continue;
+    Tensor whole = values.view(pb.begin, {pb.numel()});
+    call.label = "zero gather " + std::to_string(b);
+    gathers_[static_cast<std::size_t>(b)] =
+        comm_.allgather(whole.view(comm_.rank() * pb.chunk, {pb.chunk}), whole, call);
+    gather_pending_[static_cast<std::size_t>(b)] = true;
+    ++gathers_pending_;
+  }
+  if (!options_.gather_during_forward) synchronize_parameters();
+}
+
+void DistributedDataParallel::wait_gather(int bucket) {
+  const auto b = static_cast<std::size_t>(bucket);
+  if (!gather_pending_[b]) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  gathers_[b].wait(model_.stream());
+  const auto t1 = std::chrono::steady_clock::now();
+  gathers_[b] = Work();
+  gather_pending_[b] = false;
+  exposed_gather_ms_ += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (--gathers_pending_ == 0) gather_ms_ = std::chrono::duration<double, std::milli>(t1 - t_gather_launch_).count();
+}
+
+void DistributedDataParallel::synchronize_parameters() {
+  for (int b = 0; b < static_cast<int>(gathers_.size()); ++b) wait_gather(b);
+}
+
+// A whole [plan.total] f32 buffer on the device from every rank's shard (chunks in bucket order).
+Tensor DistributedDataParallel::gather_full(const Tensor& shard) {
+  const nn::FlatPlan& plan = reducer_->plan();
+  Tensor full = Tensor::zeros({plan.total}, DType::f32, model_.device());
+  CallOptions call;
+  call.stream = model_.stream();
+  call.label = "zero checkpoint gather";
+  for (const nn::PlanBucket& pb : plan.buckets) {
+    if (pb.numel() == 0) continue;
+    comm_.allgather(shard.view(pb.shard_offset, {pb.chunk}), full.view(pb.begin, {pb.numel()}), call)
+        .wait(model_.stream());
+  }
+  return full;
 }
 
 void DistributedDataParallel::verify_same_model() {
@@ -161,6 +293,11 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
                   "same gradients again and ", next_backward_syncs() ? "reduce them across ranks a second time" :
                   "count them twice in the accumulation", " (nothing was communicated)");
   const bool sync = next_backward_syncs();
+  TUTTI_CHECK_ARG(options_.zero_stage == 0 || attached_ != nullptr || !sync, "DistributedDataParallel: zero_stage ",
+                  options_.zero_stage, " needs the optimizer attached before the first step (ddp.attach(optimizer)): "
+                  "each rank updates only its shard of the parameters, and only an attached optimizer knows which");
+  // The all-gathers of the last step read the buffers this step's update will write.
+  synchronize_parameters();
   reducer_->prepare(sync, model_.stream());
   model_.backward(dy);
   if (!sync) {
@@ -169,6 +306,12 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   micro_step_ = 0;
   reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
+  if (options_.zero_stage == 2) {
+    for (nn::Parameter* p : params_) p->grad = Tensor();  // views into pool buffers other buckets reuse
+  }
+  StepStats& stats = reducer_->mutable_stats();
+  stats.gather_ms = gather_ms_;
+  stats.exposed_gather_ms = exposed_gather_ms_;
   return true;
 }
 
@@ -177,6 +320,127 @@ bool DistributedDataParallel::found_nonfinite() {
   return found_nonfinite_flag().to_ints()[0] != 0;
 }
 
-void DistributedDataParallel::zero_grad() { reducer_->zero(); }
+void DistributedDataParallel::zero_grad() {
+  reducer_->zero();
+  micro_step_ = 0;
+  if (options_.zero_stage == 2) {
+    for (nn::Parameter* p : params_) p->grad = Tensor();
+  }
+}
+
+optim::GradNorm DistributedDataParallel::grad_norm(double max_norm) {
+  TUTTI_CHECK_ARG(max_norm > 0, "DistributedDataParallel::grad_norm: max_norm must be positive, got ", max_norm);
+  TUTTI_CHECK(reducer_->phase() == Reducer::Phase::reduced, "DistributedDataParallel::grad_norm: call it after a "
+              "backward that completed a step (the gradients are not reduced yet)");
+  const Stream& stream = model_.stream();
+  Tensor sq = Tensor::zeros({1}, DType::f32, model_.device());
+  if (options_.zero_stage == 0) {
+    kernels::sum_squares(reducer_->buffer(), sq, /*accumulate=*/false, stream);
+  } else {
+    // The norm is a sum over the shards: each rank its own chunks, then one small allreduce.
+    for (int b = 0; b < reducer_->bucket_count(); ++b) {
+      const Tensor g = reducer_->shard_grad(b);
+      if (g.numel() > 0) kernels::sum_squares(g, sq, /*accumulate=*/true, stream);
+    }
+    CallOptions call;
+    call.label = "ddp gradient norm";
+    call.stream = stream;
+    comm_.allreduce(sq, ReduceOp::sum, call).wait(stream);
+  }
+  stream.synchronize();
+  optim::GradNorm out;
+  out.norm = std::sqrt(static_cast<double>(sq.to_floats()[0]));
+  out.finite = std::isfinite(out.norm);
+  out.coefficient = optim::clip_coefficient(out.norm, max_norm);
+  return out;
+}
+
+// ---- checkpoints ---------------------------------------------------------------------------
+
+StateDict DistributedDataParallel::model_state_dict() {
+  synchronize_parameters();
+  if (!half_masters()) return model_.state_dict();
+  StateDict out = model_.extra_state();
+  const Tensor full = gather_full(master_shard_);
+  const nn::FlatPlan& plan = reducer_->plan();
+  for (const nn::PlanEntry& e : plan.entries) out[e.name] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+  model_.stream().synchronize();
+  return out;
+}
+
+void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
+  synchronize_parameters();
+  if (!half_masters()) {
+    model_.load_state_dict(state);
+    return;
+  }
+  const nn::FlatPlan& plan = reducer_->plan();
+  std::set<std::string> used;
+  for (const auto& [name, t] : model_.extra_state()) used.insert(name);
+  // Every entry checked before anything changes.
+  Tensor host = Tensor::zeros({plan.total}, DType::f32);
+  for (const nn::PlanEntry& e : plan.entries) {
+    const auto it = state.find(e.name);
+    TUTTI_CHECK_ARG(it != state.end(), "load_model_state_dict: no entry for parameter '", e.name, "'");
+    TUTTI_CHECK_ARG(it->second.shape() == e.shape && it->second.dtype() == DType::f32, "load_model_state_dict: '",
+                    e.name, "' is ", it->second.str(), " but the parameter is ", shape_str(e.shape), " f32");
+    host.view(e.offset, e.shape).copy_from(it->second);
+    used.insert(e.name);
+  }
+  for (const auto& [key, t] : state) {
+    TUTTI_CHECK_ARG(used.count(key) == 1, "load_model_state_dict: entry '", key, "' matches no parameter or state");
+  }
+  model_.load_extra_state(state);
+  const Stream& stream = model_.stream();
+  for (const nn::PlanBucket& pb : plan.buckets) {
+    if (pb.chunk == 0) continue;
+    master_shard_.view(pb.shard_offset, {pb.chunk}).copy_from(host.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
+  }
+  // Every rank holds the whole state: the compute copies need no gather.
+  const Tensor values = host.to(model_.device(), stream);
+  kernels::cast(values, model_.flat_compute(), stream);
+  stream.synchronize();
+  for (nn::Parameter* p : params_) p->initialized = true;
+}
+
+StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimizer) {
+  TUTTI_CHECK_ARG(&optimizer == attached_ || options_.zero_stage == 0, "optimizer_state_dict: the optimizer is not "
+                  "the one attached to this DistributedDataParallel");
+  if (options_.zero_stage == 0 || comm_.size() == 1) return optimizer.state_dict();
+  StateDict out;
+  out["step"] = int_scalar_tensor(optimizer.steps());
+  const std::vector<std::string> names = optimizer.state_names();
+  const nn::FlatPlan& plan = reducer_->plan();
+  const std::vector<nn::Parameter*> mine = optimizer.parameters();
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const Tensor full = gather_full(optimizer.flat_state(k));
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
+      const std::string key = mine[i]->name.empty() ? "param" + std::to_string(i) : mine[i]->name;
+      out[key + "." + names[k]] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+    }
+  }
+  model_.stream().synchronize();
+  return out;
+}
+
+void DistributedDataParallel::load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state) {
+  optimizer.load_state_dict(state);
+}
+
+DdpMemory DistributedDataParallel::memory() const {
+  auto bytes = [](const Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0; };
+  DdpMemory m;
+  if (model_.flat_compute().defined()) {
+    m.parameters = bytes(model_.flat_compute());
+    m.master_weights = half_masters() ? bytes(master_shard_) : bytes(model_.flat_values());
+  } else {
+    m.parameters = bytes(model_.flat_values());  // f32 compute: the parameters are the masters
+  }
+  m.gradients = reducer_->gradient_bytes();
+  m.optimizer_state = attached_ != nullptr ? attached_->state_bytes() : 0;
+  m.communication = reducer_->communication_bytes();
+  return m;
+}
 
 }  // namespace tutti::ddp

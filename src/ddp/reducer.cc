@@ -15,65 +15,56 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// Gradient offsets are multiples of this many elements: 16-byte (and for f32, 32-byte)
-// aligned views, so the vectorized kernels take their fast path on every gradient.
-constexpr std::int64_t kAlignElements = 8;
-
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-
 bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+const char* phase_name(Reducer::Phase p) {
+  switch (p) {
+    case Reducer::Phase::idle: return "idle";
+    case Reducer::Phase::accumulating: return "accumulating";
+    case Reducer::Phase::reducing: return "reducing";
+    case Reducer::Phase::reduced: return "reduced";
+    case Reducer::Phase::failed: return "failed";
+  }
+  return "?";
+}
 
 }  // namespace
 
-Reducer::Reducer(Communicator& comm, std::vector<GradientSpec> specs, DType grad_dtype, Device device,
-                 ReducerOptions options)
-    : comm_(comm), specs_(std::move(specs)), options_(options), device_(device) {
+Reducer::Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device device, ReducerOptions options)
+    : comm_(comm),
+      plan_(std::make_shared<const nn::FlatPlan>(std::move(plan))),
+      options_(options),
+      grad_dtype_(grad_dtype),
+      device_(device) {
   TUTTI_CHECK_ARG(is_floating(grad_dtype), "Reducer: gradient dtype must be f32, f16 or bf16, got ",
                   name_of(grad_dtype));
-  TUTTI_CHECK_ARG(is_floating(options_.grad_comm_dtype), "Reducer: grad_comm_dtype must be f32, f16 or bf16, got ",
-                  name_of(options_.grad_comm_dtype));
-  TUTTI_CHECK_ARG(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
-                  "Reducer: bucket caps must be positive, got bucket_cap_mb=", options_.bucket_cap_mb,
-                  " first_bucket_cap_mb=", options_.first_bucket_cap_mb);
+  if (!options_.grad_comm_dtype) options_.grad_comm_dtype = grad_dtype;
+  TUTTI_CHECK_ARG(is_floating(*options_.grad_comm_dtype), "Reducer: grad_comm_dtype must be f32, f16 or bf16, got ",
+                  name_of(*options_.grad_comm_dtype));
+  TUTTI_CHECK_ARG(options_.sharding == GradientSharding::none || plan_->world_size() == comm.size(),
+                  "Reducer: sharded gradients need a plan made for the communicator's ", comm.size(),
+                  " rank(s), got one for ", plan_->world_size(), " (FlatPlanOptions::world_size)");
   device_.require_available();
-
-  // Reverse order: backward writes the last layers' gradients first, so they go in the
-  // first bucket and its allreduce can start while earlier layers are still computing.
-  const std::size_t n = specs_.size();
-  const double elem = static_cast<double>(size_of(grad_dtype));
-  offsets_.assign(n, 0);
-  bucket_of_.assign(n, 0);
-  std::int64_t end = 0;
-  double cap_bytes = options_.first_bucket_cap_mb * 1024 * 1024;
-  Bucket current;
-  for (std::size_t k = n; k-- > 0;) {
-    const std::int64_t numel = numel_of(specs_[k].shape);
-    const std::int64_t start = round_up(end, kAlignElements);
-    const bool full = !current.grads.empty() && static_cast<double>(start + numel - current.offset) * elem > cap_bytes;
-    if (full) {
-      buckets_.push_back(std::move(current));
-      current = Bucket();
-      cap_bytes = options_.bucket_cap_mb * 1024 * 1024;
+  const DType wire = *options_.grad_comm_dtype;
+  buckets_.resize(plan_->buckets.size());
+  if (options_.sharding == GradientSharding::shard_only) {
+    shard_ = Tensor::zeros({plan_->shard_numel}, grad_dtype_, device_);
+  } else {
+    buffer_ = Tensor::zeros({plan_->total}, grad_dtype_, device_);
+    if (wire != grad_dtype_) {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        buckets_[b].staging = Tensor::empty({plan_->buckets[b].numel()}, wire, device_);
+      }
     }
-    if (current.grads.empty()) current.offset = start;
-    offsets_[k] = start;
-    end = start + numel;
-    current.grads.push_back(k);
-    current.numel = end - current.offset;
-    bucket_of_[k] = static_cast<int>(buckets_.size());
-  }
-  if (!current.grads.empty()) buckets_.push_back(std::move(current));
-
-  buffer_ = Tensor::zeros({end}, grad_dtype, device_);
-  if (options_.grad_comm_dtype != grad_dtype) {
-    for (Bucket& b : buckets_) b.staging = Tensor::empty({b.numel}, options_.grad_comm_dtype, device_);
   }
   found_ = Tensor::zeros({1}, DType::i32, device_);
-  marked_.assign(n, false);
+  marked_.assign(plan_->entries.size(), false);
 }
 
 Reducer::~Reducer() {
-  // Collectives still in flight read the buffer: let them finish before it is freed.
+  // Collectives still in flight read the buffers: let them finish before they are freed
+  // (their Works keep the storage alive too). After a failure they may never finish.
+  if (phase_ == Phase::failed) return;
   for (Bucket& b : buckets_) {
     try {
       if (b.launched) b.work.wait();
@@ -82,140 +73,317 @@ Reducer::~Reducer() {
   }
 }
 
-Tensor Reducer::grad(std::size_t i) const {
-  TUTTI_CHECK_ARG(i < specs_.size(), "Reducer::grad: index ", i, " out of range (", specs_.size(), " gradients)");
-  return buffer_.view(offsets_[i], specs_[i].shape);
+void Reducer::require_usable(const char* what) const {
+  TUTTI_CHECK(phase_ != Phase::failed, "Reducer::", what, ": the reducer failed earlier and cannot be used again (",
+              failure_, ")");
 }
 
+template <typename F>
+auto Reducer::guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    phase_ = Phase::failed;
+    failure_ = std::string(what) + ": " + e.what();
+    throw;
+  }
+}
+
+Tensor Reducer::grad(std::size_t i) {
+  TUTTI_CHECK_ARG(i < size(), "Reducer::grad: index ", i, " out of range (", size(), " gradients)");
+  const nn::PlanEntry& e = plan_->entries[i];
+  if (options_.sharding != GradientSharding::shard_only) return buffer_.view(e.offset, e.shape);
+  require_usable("grad");
+  TUTTI_CHECK(phase_ == Phase::accumulating || phase_ == Phase::reducing, "Reducer::grad('", e.name,
+              "'): with sharding shard_only a gradient is placed only within a backward pass (prepare first); the "
+              "reducer is ", phase_name(phase_));
+  Bucket& b = buckets_[static_cast<std::size_t>(e.bucket)];
+  TUTTI_CHECK(!b.launched, "Reducer::grad: gradient '", e.name, "' is written after its bucket ", e.bucket,
+              " was launched (mark a gradient ready after its last kernel, once per pass)");
+  if (b.slot < 0) b.slot = guarded("placing a bucket", [&] { return acquire_slot(e.bucket); });
+  const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(e.bucket)];
+  return slots_[static_cast<std::size_t>(b.slot)].grads.view(e.offset - pb.begin, e.shape);
+}
+
+Tensor Reducer::shard_grad(int bucket) const {
+  TUTTI_CHECK_ARG(options_.sharding != GradientSharding::none, "Reducer::shard_grad: the gradients are not sharded");
+  TUTTI_CHECK_ARG(bucket >= 0 && bucket < bucket_count(), "Reducer::shard_grad: bucket ", bucket, " of ",
+                  bucket_count());
+  const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(bucket)];
+  if (options_.sharding == GradientSharding::shard_only) return shard_.view(pb.shard_offset, {pb.chunk});
+  return buffer_.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk});
+}
+
+// ---- the pool (shard_only) -----------------------------------------------------------------
+
+int Reducer::acquire_slot(int bucket) {
+  int chosen = -1;
+  for (std::size_t s = 0; s < slots_.size() && chosen < 0; ++s) {
+    if (slots_[s].bucket < 0) chosen = static_cast<int>(s);
+  }
+  if (chosen < 0) {
+    // The earliest launched bucket gives its buffer back once its chunk is in the shard.
+    int oldest = -1;
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      const int b = slots_[s].bucket;
+      if (buckets_[static_cast<std::size_t>(b)].launched && (oldest < 0 || b < slots_[static_cast<std::size_t>(oldest)].bucket)) {
+        oldest = static_cast<int>(s);
+      }
+    }
+    if (oldest >= 0) {
+      retire(slots_[static_cast<std::size_t>(oldest)].bucket);
+      chosen = oldest;
+    }
+  }
+  if (chosen < 0) {
+    // Every buffer holds a bucket still being written: one more.
+    std::int64_t largest = 0;
+    for (const nn::PlanBucket& pb : plan_->buckets) largest = std::max(largest, pb.numel());
+    Slot slot;
+    slot.grads = Tensor::empty({largest}, grad_dtype_, device_);
+    if (*options_.grad_comm_dtype != grad_dtype_) slot.staging = Tensor::empty({largest}, *options_.grad_comm_dtype, device_);
+    slots_.push_back(std::move(slot));
+    chosen = static_cast<int>(slots_.size()) - 1;
+  }
+  Slot& slot = slots_[static_cast<std::size_t>(chosen)];
+  slot.bucket = bucket;
+  slot.grads.view(0, {plan_->buckets[static_cast<std::size_t>(bucket)].numel()}).zero(stream_);
+  return chosen;
+}
+
+// Waits for bucket b's reduce-scatter, adds its chunk to the shard and frees its buffer.
+void Reducer::retire(int b) {
+  Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
+  const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(b)];
+  Slot& slot = slots_[static_cast<std::size_t>(bucket.slot)];
+  bucket.work.wait(stream_);
+  stats_.comm_run_ms += bucket.work.run_ms().value_or(0.0);
+  Tensor chunk = slot.grads.view(comm_.rank() * pb.chunk, {pb.chunk});
+  if (slot.staging.defined()) kernels::cast(slot.staging.view(comm_.rank() * pb.chunk, {pb.chunk}), chunk, stream_);
+  Tensor mine = shard_.view(pb.shard_offset, {pb.chunk});
+  kernels::add(mine, chunk, mine, stream_);
+  slot.bucket = -1;
+  bucket.slot = -1;
+  bucket.work = Work();
+}
+
+// ---- passes --------------------------------------------------------------------------------
+
 void Reducer::prepare(bool sync, const Stream& stream) {
-  // A communicating pass that got under way must be finished: its buckets are in flight, or
-  // summed but not yet averaged and checked. (One abandoned before any gradient, after an
-  // error in backward, may start over.)
-  const bool started = launched_any_ || std::any_of(marked_.begin(), marked_.end(), [](bool m) { return m; });
-  TUTTI_CHECK(!(in_pass_ && sync_ && started), "Reducer::prepare: the previous synchronized pass was never "
-              "finished: call finish() after the last mark_ready() of a pass prepared with sync = true");
-  sync_ = sync;
-  in_pass_ = true;
+  require_usable("prepare");
+  TUTTI_CHECK(phase_ != Phase::reducing, "Reducer::prepare: the previous synchronized pass was never finished: call "
+              "finish() after the last mark_ready() of a pass prepared with sync = true");
+  TUTTI_CHECK(phase_ != Phase::reduced, "Reducer::prepare: the last step's reduced gradients are still in the buffer "
+              "and would be added to: call zero() after the optimizer has used them");
+  if (phase_ == Phase::accumulating) guarded("closing an accumulating pass", [&] { close_accumulating_pass(); });
+  begin_pass(sync, stream);
+}
+
+void Reducer::begin_pass(bool sync, const Stream& stream) {
+  phase_ = sync ? Phase::reducing : Phase::accumulating;
   stream_ = stream;
   next_to_launch_ = 0;
-  launched_any_ = false;
-  stats_ = StepStats();
-  t_prepare_ = Clock::now();
+  if (!step_started_) {
+    launched_any_ = false;
+    stats_ = StepStats();
+    t_prepare_ = Clock::now();
+  }
   std::fill(marked_.begin(), marked_.end(), false);
-  for (Bucket& b : buckets_) {
-    b.launched = false;
-    b.work = Work();
-    b.pending = 0;
-    for (std::size_t i : b.grads) {
-      if (specs_[i].requires_grad) ++b.pending;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    bucket.launched = false;
+    bucket.work = Work();
+    bucket.pending = 0;
+    for (std::size_t i : plan_->buckets[b].entries) {
+      if (plan_->entries[i].requires_grad) ++bucket.pending;
     }
   }
   // A bucket of frozen weights only is ready from the start.
-  if (sync_ && options_.overlap) launch_ready_buckets();
+  if (communicates() && options_.overlap) guarded("launching a bucket", [&] { launch_ready_buckets(); });
+}
+
+void Reducer::close_accumulating_pass() {
+  if (options_.sharding != GradientSharding::shard_only) return;  // nothing was sent
+  launch_rest();
+  for (int b = 0; b < bucket_count(); ++b) {
+    if (buckets_[static_cast<std::size_t>(b)].slot >= 0) retire(b);
+  }
+  phase_ = Phase::idle;
 }
 
 void Reducer::mark_ready(std::size_t i) {
-  TUTTI_CHECK_ARG(i < specs_.size(), "Reducer::mark_ready: index ", i, " out of range (", specs_.size(), " gradients)");
-  TUTTI_CHECK(in_pass_, "Reducer::mark_ready('", specs_[i].name, "') outside a backward pass (call prepare first)");
-  TUTTI_CHECK(!marked_[i], "Reducer::mark_ready: gradient '", specs_[i].name,
+  TUTTI_CHECK_ARG(i < size(), "Reducer::mark_ready: index ", i, " out of range (", size(), " gradients)");
+  require_usable("mark_ready");
+  const nn::PlanEntry& e = plan_->entries[i];
+  TUTTI_CHECK(phase_ == Phase::accumulating || phase_ == Phase::reducing, "Reducer::mark_ready('", e.name,
+              "') outside a backward pass (call prepare first; the reducer is ", phase_name(phase_), ")");
+  TUTTI_CHECK(!marked_[i], "Reducer::mark_ready: gradient '", e.name,
               "' was marked ready twice in one backward pass (a parameter used twice must be marked once, "
               "after its last gradient kernel)");
   marked_[i] = true;
-  if (!sync_ || !specs_[i].requires_grad) return;
-  Bucket& b = buckets_[static_cast<std::size_t>(bucket_of_[i])];
-  --b.pending;
-  if (options_.overlap) launch_ready_buckets();
+  if (!communicates() || !e.requires_grad) return;
+  --buckets_[static_cast<std::size_t>(e.bucket)].pending;
+  if (options_.overlap) guarded("launching a bucket", [&] { launch_ready_buckets(); });
 }
 
 void Reducer::launch_ready_buckets() {
   // In bucket order only: the same order on every rank, whatever order gradients arrive in.
   while (next_to_launch_ < bucket_count() && buckets_[static_cast<std::size_t>(next_to_launch_)].pending == 0) {
-    launch(buckets_[static_cast<std::size_t>(next_to_launch_)], next_to_launch_);
+    launch(next_to_launch_);
     ++next_to_launch_;
   }
 }
 
-void Reducer::launch(Bucket& b, int index) {
-  Tensor wire = buffer_.view(b.offset, {b.numel});
-  if (b.staging.defined()) {
-    kernels::cast(wire, b.staging, stream_);
-    wire = b.staging;
+void Reducer::launch_rest() {
+  for (int b = next_to_launch_; b < bucket_count(); ++b) {
+    if (buckets_[static_cast<std::size_t>(b)].pending > 0 && !options_.allow_unused) throw_unready();
   }
+  for (; next_to_launch_ < bucket_count(); ++next_to_launch_) launch(next_to_launch_);
+}
+
+Tensor Reducer::wire_of(int b) {
+  const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(b)];
+  Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
+  if (options_.sharding == GradientSharding::shard_only) {
+    const Slot& slot = slots_[static_cast<std::size_t>(bucket.slot)];
+    return (slot.staging.defined() ? slot.staging : slot.grads).view(0, {pb.numel()});
+  }
+  return bucket.staging.defined() ? bucket.staging : buffer_.view(pb.begin, {pb.numel()});
+}
+
+void Reducer::launch(int b) {
+  Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
+  const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(b)];
+  if (options_.sharding == GradientSharding::shard_only && bucket.slot < 0) bucket.slot = acquire_slot(b);
+  const Tensor grads = options_.sharding == GradientSharding::shard_only
+                           ? slots_[static_cast<std::size_t>(bucket.slot)].grads.view(0, {pb.numel()})
+                           : buffer_.view(pb.begin, {pb.numel()});
+  Tensor wire = wire_of(b);
+  if (wire.dtype() != grads.dtype()) kernels::cast(grads, wire, stream_);
   // A half sum of N gradients can overflow where their average would not: divide first.
   if (options_.average && is_half(wire.dtype()) && comm_.size() > 1) {
     kernels::scale(wire, 1.0f / static_cast<float>(comm_.size()), wire, stream_);
   }
   CallOptions call;
-  call.label = "ddp bucket " + std::to_string(index);
+  call.label = "ddp bucket " + std::to_string(b);
   call.stream = stream_;
   if (!launched_any_) {
     t_first_launch_ = Clock::now();
     launched_any_ = true;
   }
-  b.work = comm_.allreduce(wire, ReduceOp::sum, call);
-  b.launched = true;
+  if (options_.sharding == GradientSharding::none) {
+    bucket.work = comm_.allreduce(wire, ReduceOp::sum, call);
+  } else {
+    bucket.work = comm_.reduce_scatter(wire, wire.view(comm_.rank() * pb.chunk, {pb.chunk}), ReduceOp::sum, call);
+  }
+  bucket.launched = true;
+  step_started_ = true;
   stats_.bytes_reduced += static_cast<std::int64_t>(wire.nbytes());
 }
 
 void Reducer::throw_unready() const {
   std::string names;
   int count = 0;
-  for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (!specs_[i].requires_grad || marked_[i]) continue;
-    if (count < 8) names += (count ? ", '" : "'") + specs_[i].name + "'";
+  for (std::size_t i = 0; i < size(); ++i) {
+    if (!plan_->entries[i].requires_grad || marked_[i]) continue;
+    if (count < 8) names += (count ? ", '" : "'") + plan_->entries[i].name + "'";
     ++count;
   }
   if (count > 8) names += ", ...";
-  TUTTI_THROW(Error, "DistributedDataParallel: ", count, " parameter(s) received no gradient in this backward pass: ",
-              names, ". Their buckets cannot be reduced. If some parameters are unused on purpose, set "
-              "allow_unused_parameters (their gradient then counts as zero)");
+  TUTTI_THROW(Error, "Reducer: ", count, " gradient(s) were not marked ready in this backward pass: ", names,
+              ". Their buckets cannot be reduced. If some parameters are unused on purpose, set "
+              "ReducerOptions::allow_unused (their gradient then counts as zero)");
 }
 
 const Tensor& Reducer::finish(double divisor) {
-  TUTTI_CHECK(in_pass_ && sync_, "Reducer::finish: no synchronized backward pass to finish (prepare(true) first)");
+  require_usable("finish");
+  TUTTI_CHECK(phase_ == Phase::reducing, "Reducer::finish: no synchronized backward pass to finish (prepare(true) "
+              "first; the reducer is ", phase_name(phase_), ")");
   TUTTI_CHECK_ARG(divisor > 0, "Reducer::finish: divisor must be positive, got ", divisor);
   ErrorContext context("finishing the gradient reduction of " + std::to_string(bucket_count()) + " bucket(s)");
-  const Clock::time_point t_finish = Clock::now();
+  return guarded("finishing a reduction", [&]() -> const Tensor& {
+    const Clock::time_point t_finish = Clock::now();
+    launch_rest();  // what backward did not launch: everything when overlap is off, unused gradients otherwise
+    const int rank = comm_.rank();
+    if (options_.sharding == GradientSharding::shard_only) {
+      for (int b = 0; b < bucket_count(); ++b) {
+        if (buckets_[static_cast<std::size_t>(b)].slot >= 0) retire(b);
+      }
+    } else {
+      for (Bucket& b : buckets_) {
+        b.work.wait(stream_);
+        stats_.comm_run_ms += b.work.run_ms().value_or(0.0);
+      }
+    }
+    const Clock::time_point t_done = Clock::now();
 
-  // What backward did not launch: everything when overlap is off, unused gradients otherwise.
-  for (int i = next_to_launch_; i < bucket_count(); ++i) {
-    Bucket& b = buckets_[static_cast<std::size_t>(i)];
-    if (b.pending > 0 && !options_.allow_unused) throw_unready();
-  }
-  for (; next_to_launch_ < bucket_count(); ++next_to_launch_) {
-    launch(buckets_[static_cast<std::size_t>(next_to_launch_)], next_to_launch_);
-  }
-  for (Bucket& b : buckets_) b.work.wait(stream_);
-  const Clock::time_point t_done = Clock::now();
+    // One fused pass per bucket (or per chunk): divide and check. Scaling by 1/(N · divisor)
+    // after the sum (or 1/divisor after a half reduction that already divided by N).
+    const bool prescaled = options_.average && is_half(*options_.grad_comm_dtype) && comm_.size() > 1;
+    double factor = 1.0 / divisor;
+    if (options_.average && !prescaled) factor /= comm_.size();
+    found_.zero(stream_);
+    if (options_.sharding == GradientSharding::shard_only) {
+      kernels::unscale_and_check(shard_, static_cast<float>(factor), found_, stream_);
+    } else {
+      for (int b = 0; b < bucket_count(); ++b) {
+        const nn::PlanBucket& pb = plan_->buckets[static_cast<std::size_t>(b)];
+        const Bucket& bucket = buckets_[static_cast<std::size_t>(b)];
+        const bool scattered = options_.sharding == GradientSharding::scatter;
+        const std::int64_t begin = scattered ? pb.chunk_of(rank).begin : pb.begin;
+        const std::int64_t n = scattered ? pb.chunk : pb.numel();
+        Tensor view = buffer_.view(begin, {n});
+        if (bucket.staging.defined()) kernels::cast(bucket.staging.view(begin - pb.begin, {n}), view, stream_);
+        kernels::unscale_and_check(view, static_cast<float>(factor), found_, stream_);
+      }
+    }
+    if (options_.sharding != GradientSharding::none && comm_.size() > 1) {
+      // Each rank checked its own chunks: agree, so that every rank skips alike.
+      CallOptions call;
+      call.label = "ddp found-nonfinite flag";
+      call.stream = stream_;
+      comm_.allreduce(found_, ReduceOp::max, call).wait(stream_);
+    }
+    phase_ = Phase::reduced;
+    step_started_ = false;
 
-  // One fused pass per bucket: divide and check. Scaling by 1/(N · divisor) after the sum
-  // (or 1/divisor after a half reduction that already divided by N).
-  const bool prescaled = options_.average && is_half(options_.grad_comm_dtype) && comm_.size() > 1;
-  double factor = 1.0 / divisor;
-  if (options_.average && !prescaled) factor /= comm_.size();
-  found_.zero(stream_);
-  for (Bucket& b : buckets_) {
-    Tensor view = buffer_.view(b.offset, {b.numel});
-    if (b.staging.defined()) kernels::cast(b.staging, view, stream_);
-    kernels::unscale_and_check(view, static_cast<float>(factor), found_, stream_);
-  }
-  in_pass_ = false;
-
-  const Clock::time_point t_end = Clock::now();
-  stats_.buckets = bucket_count();
-  stats_.backward_ms = ms_between(t_prepare_, t_finish);
-  stats_.exposed_comm_ms = ms_between(t_finish, t_done);
-  stats_.comm_ms = launched_any_ ? ms_between(t_first_launch_, t_done) : 0.0;
-  stats_.finish_ms = ms_between(t_finish, t_end);
-  for (const Bucket& b : buckets_) stats_.comm_run_ms += b.work.run_ms().value_or(0.0);
-  const int n = comm_.size();
-  const double busy_ms = stats_.comm_run_ms > 0 ? stats_.comm_run_ms : stats_.comm_ms;
-  if (busy_ms > 0 && n > 1) {
-    stats_.busbw_gbs = static_cast<double>(stats_.bytes_reduced) * 2.0 * (n - 1) / n / (busy_ms * 1e-3) / 1e9;
-  }
-  return found_;
+    const Clock::time_point t_end = Clock::now();
+    stats_.buckets = bucket_count();
+    stats_.backward_ms = ms_between(t_prepare_, t_finish);
+    stats_.exposed_comm_ms = ms_between(t_finish, t_done);
+    stats_.comm_ms = launched_any_ ? ms_between(t_first_launch_, t_done) : 0.0;
+    stats_.finish_ms = ms_between(t_finish, t_end);
+    const int n = comm_.size();
+    const double busy_ms = stats_.comm_run_ms > 0 ? stats_.comm_run_ms : stats_.comm_ms;
+    const double f = options_.sharding == GradientSharding::none ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+    if (busy_ms > 0 && n > 1) stats_.busbw_gbs = static_cast<double>(stats_.bytes_reduced) * f / (busy_ms * 1e-3) / 1e9;
+    return found_;
+  });
 }
 
-void Reducer::zero() { buffer_.zero(stream_); }
+std::int64_t Reducer::gradient_bytes() const {
+  const Tensor& t = buffer_.defined() ? buffer_ : shard_;
+  return static_cast<std::int64_t>(t.storage()->nbytes());
+}
+
+std::int64_t Reducer::communication_bytes() const {
+  std::int64_t bytes = 0;
+  for (const Bucket& b : buckets_) bytes += b.staging.defined() ? static_cast<std::int64_t>(b.staging.nbytes()) : 0;
+  for (const Slot& s : slots_) {
+    bytes += static_cast<std::int64_t>(s.grads.nbytes());
+    if (s.staging.defined()) bytes += static_cast<std::int64_t>(s.staging.nbytes());
+  }
+  return bytes;
+}
+
+void Reducer::zero() {
+  require_usable("zero");
+  TUTTI_CHECK(phase_ != Phase::reducing, "Reducer::zero: a synchronized pass is in progress (finish() it first: its "
+              "collectives are in flight on every rank)");
+  if (phase_ == Phase::accumulating) guarded("closing an accumulating pass", [&] { close_accumulating_pass(); });
+  (options_.sharding == GradientSharding::shard_only ? shard_ : buffer_).zero(stream_);
+  phase_ = Phase::idle;
+  step_started_ = false;
+}
 
 }  // namespace tutti::ddp

@@ -12,22 +12,11 @@ namespace {
 
 bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
 
-// Checks a layout against the parameters: one offset each, ranges inside [0, total), no
-// overlaps.
-void check_layout(const FlatLayout& layout, const std::vector<Parameter*>& params, const char* what) {
-  TUTTI_ENFORCE_EQ(layout.offsets.size(), params.size(), what, ": layout offsets vs parameters");
-  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::int64_t b = layout.offsets[i], e = b + params[i]->numel();
-    TUTTI_CHECK_ARG(b >= 0 && e <= layout.total, what, ": parameter ", params[i]->name, " at [", b, ", ", e,
-                    ") lies outside the buffer of ", layout.total, " elements");
-    ranges.emplace_back(b, e);
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (std::size_t i = 1; i < ranges.size(); ++i) {
-    TUTTI_CHECK_ARG(ranges[i].first >= ranges[i - 1].second, what, ": parameters overlap at element ",
-                    ranges[i].first);
-  }
+// The plan as a shared value, reusing `current` when it is the same plan (so that values and
+// gradients laid out by equal plans share one object).
+std::shared_ptr<const FlatPlan> share(const FlatPlan& plan, const std::shared_ptr<const FlatPlan>& current) {
+  if (current && *current == plan) return current;
+  return std::make_shared<const FlatPlan>(plan);
 }
 
 }  // namespace
@@ -42,6 +31,9 @@ Tensor Module::forward(const Tensor& x) {
   if (parent_ == nullptr) {
     check_initialized();
     awaiting_backward_ = true;
+  }
+  if (settings_->param_use_hook) {
+    for (auto& [name, p] : params_) settings_->param_use_hook(*p);
   }
   TUTTI_CHECK_ARG(x.device() == device(), describe(), ": input ", x.str(), " is not on the model's device ",
                   device().str());
@@ -62,9 +54,12 @@ Tensor Module::backward(const Tensor& dy) {
                     "gradients again, and under DistributedDataParallel communicate again)");
     awaiting_backward_ = false;
     bool missing = false;
-    for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
+    // A placement hook says where each gradient goes as it is written: nothing to allocate.
+    if (!settings_->grad_placement_hook) {
+      for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
+    }
     if (missing) {
-      if (flat_grads_.defined() || std::none_of(all_params_.begin(), all_params_.end(),
+      if (grads_owned_ || std::none_of(all_params_.begin(), all_params_.end(),
                                                 [](Parameter* p) { return p->grad.defined(); })) {
         allocate_flat_grads();
       } else {
@@ -130,7 +125,8 @@ std::vector<Parameter*> Module::trainable_parameters() {
 std::string Module::signature() {
   std::string s;
   for (Parameter* p : parameters()) {
-    s += p->name + " " + shape_str(p->shape()) + " " + std::string(name_of(p->value.dtype())) +
+    // Masters are f32 (released ones too: the optimizer refuses any other).
+    s += p->name + " " + shape_str(p->shape()) + " " + std::string(name_of(DType::f32)) +
          (p->requires_grad ? " trainable\n" : " frozen\n");
   }
   for (const auto& [name, t] : extra_state()) {
@@ -194,6 +190,13 @@ void Module::require_root(const char* what) const {
   TUTTI_CHECK_ARG(parent_ == nullptr, what, ": call it on the model (the root module), not on ", describe());
 }
 
+void Module::require_masters(const char* what) const {
+  TUTTI_CHECK_ARG(!masters_released_, what, ": this model's fp32 master weights were released "
+                  "(release_master_values: under DistributedDataParallel's ZeRO stages with a half compute dtype "
+                  "each rank keeps only its shard of them); save, load and change them through "
+                  "DistributedDataParallel (model_state_dict, load_model_state_dict)");
+}
+
 // ---- settings --------------------------------------------------------------------------
 
 Module& Module::set_stream(const Stream& stream) {
@@ -206,15 +209,18 @@ Module& Module::set_stream(const Stream& stream) {
 
 Module& Module::to(Device device, const Stream& stream) {
   require_root("to");
+  require_masters("to");
   device.require_available();
   TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == device, "to: stream on ", stream.device().str(),
                   " but the target is ", device.str());
-  const bool owned_grads = flat_grads_.defined();
+  const bool owned_grads = grads_owned_;
   const std::vector<Parameter*> params = parameters();
   const Stream& s = stream;
   if (flat_values_.defined()) {
     Tensor moved = flat_values_.to(device, s);
-    for (std::size_t i = 0; i < params.size(); ++i) params[i]->value = moved.view(value_layout_.offsets[i], params[i]->shape());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      params[i]->value = moved.view(value_plan_->entries[i].offset, params[i]->shape());
+    }
     flat_values_ = moved;
   } else {
     for (Parameter* p : params) p->value = p->value.to(device, s);
@@ -227,12 +233,13 @@ Module& Module::to(Device device, const Stream& stream) {
   for (Parameter* p : params) p->compute = Tensor();
   flat_compute_ = Tensor();
   set_precision(settings_->compute_dtype, settings_->grad_dtype);
-  if (owned_grads) allocate_flat_grads(grad_layout_);
+  if (owned_grads) allocate_flat_grads(*grad_plan_);
   return *this;
 }
 
 Module& Module::set_precision(DType compute, DType grad) {
   require_root("set_precision");
+  require_masters("set_precision");
   TUTTI_CHECK_ARG(is_floating(compute), "set_precision: compute dtype must be f32, f16 or bf16, got ",
                   name_of(compute));
   TUTTI_CHECK_ARG(grad == DType::f32 || grad == compute, "set_precision: gradients must be f32 or the compute dtype ",
@@ -249,9 +256,9 @@ Module& Module::set_precision(DType compute, DType grad) {
     flat_compute_ = Tensor();
   } else if (!have_copies) {
     if (flat_values_.defined()) {
-      flat_compute_ = Tensor::zeros({value_layout_.total}, compute, device());
+      flat_compute_ = Tensor::zeros({value_plan_->total}, compute, device());
       for (std::size_t i = 0; i < params.size(); ++i) {
-        params[i]->compute = flat_compute_.view(value_layout_.offsets[i], params[i]->shape());
+        params[i]->compute = flat_compute_.view(value_plan_->entries[i].offset, params[i]->shape());
       }
     } else {
       flat_compute_ = Tensor();
@@ -263,14 +270,16 @@ Module& Module::set_precision(DType compute, DType grad) {
   bool mismatched = false;
   for (Parameter* p : params) mismatched = mismatched || (p->grad.defined() && p->grad.dtype() != grad);
   if (mismatched) {
-    const bool owned = flat_grads_.defined();
+    const bool owned = grads_owned_;
+    const std::shared_ptr<const FlatPlan> plan = grad_plan_;
     drop_grads();
-    if (owned) allocate_flat_grads(grad_layout_);
+    if (owned) allocate_flat_grads(*plan);
   }
   return *this;
 }
 
 void Module::refresh_compute_copies() {
+  require_masters("refresh_compute_copies");
   const Stream& s = stream();
   if (flat_compute_.defined()) {
     kernels::cast(flat_values_, flat_compute_, s);
@@ -283,6 +292,7 @@ void Module::refresh_compute_copies() {
 
 Module& Module::init(std::uint64_t seed) {
   require_root("init");
+  require_masters("init");
   const std::vector<Parameter*> params = parameters();
   const Stream& s = stream();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -330,6 +340,16 @@ void Module::set_grad_ready_hook(GradReadyHook hook) {
   settings_->grad_ready_hook = std::move(hook);
 }
 
+void Module::set_grad_placement_hook(GradPlacementHook hook) {
+  require_root("set_grad_placement_hook");
+  settings_->grad_placement_hook = std::move(hook);
+}
+
+void Module::set_param_use_hook(ParamUseHook hook) {
+  require_root("set_param_use_hook");
+  settings_->param_use_hook = std::move(hook);
+}
+
 Module& Module::set_input_grad(bool needed) {
   input_grad_needed_ = needed;
   on_input_grad_changed();
@@ -359,76 +379,89 @@ void Module::clear_buffers_recursive() {
 }
 
 const Tensor& Module::grad_of(Parameter& param) {
+  if (settings_->grad_placement_hook) {
+    param.grad = settings_->grad_placement_hook(param);
+    TUTTI_CHECK(param.grad.defined() && param.grad.shape() == param.shape() && param.grad.dtype() == grad_dtype(),
+                "the gradient placement hook gave parameter '", param.name, "' ", param.grad.str(), ", expected ",
+                shape_str(param.shape()), " ", name_of(grad_dtype()));
+    return param.grad;
+  }
   if (!param.grad.defined()) param.grad = Tensor::zeros(param.shape(), grad_dtype(), device());
   return param.grad;
 }
 
 // ---- flat buffers ----------------------------------------------------------------------
 
-FlatLayout Module::default_flat_layout(std::int64_t align_elements) {
-  TUTTI_CHECK_ARG(align_elements >= 1, "default_flat_layout: align_elements must be >= 1, got ", align_elements);
-  const std::vector<Parameter*> params = parameters();
-  FlatLayout layout;
-  layout.offsets.resize(params.size());
-  std::int64_t at = 0;
-  for (std::size_t k = params.size(); k-- > 0;) {
-    at = (at + align_elements - 1) / align_elements * align_elements;
-    layout.offsets[k] = at;
-    at += params[k]->numel();
-  }
-  layout.total = at;
-  return layout;
-}
+FlatPlan Module::make_plan(const FlatPlanOptions& options) { return make_flat_plan(parameters(), options); }
 
-void Module::flatten_parameters(const FlatLayout& layout) {
+void Module::flatten_parameters(const FlatPlan& plan) {
   require_root("flatten_parameters");
+  require_masters("flatten_parameters");
   const std::vector<Parameter*> params = parameters();
-  check_layout(layout, params, "flatten_parameters");
+  plan.check_matches(params, "flatten_parameters");
   const Stream& s = stream();
-  Tensor flat = Tensor::zeros({layout.total}, DType::f32, device());
+  Tensor flat = Tensor::zeros({plan.total}, DType::f32, device());
   for (std::size_t i = 0; i < params.size(); ++i) {
-    Tensor view = flat.view(layout.offsets[i], params[i]->shape());
+    Tensor view = flat.view(plan.entries[i].offset, params[i]->shape());
     view.copy_from(params[i]->value, s);
     params[i]->value = view;
   }
   flat_values_ = flat;
-  value_layout_ = layout;
+  value_plan_ = share(plan, grad_plan_);
   if (is_half(compute_dtype())) {
-    flat_compute_ = Tensor::zeros({layout.total}, compute_dtype(), device());
+    flat_compute_ = Tensor::zeros({plan.total}, compute_dtype(), device());
     for (std::size_t i = 0; i < params.size(); ++i) {
-      params[i]->compute = flat_compute_.view(layout.offsets[i], params[i]->shape());
+      params[i]->compute = flat_compute_.view(plan.entries[i].offset, params[i]->shape());
     }
     refresh_compute_copies();
+  }
+  // Gradients flat in another plan cannot serve the values' plan: move them to it.
+  if (grad_plan_ && grad_plan_ != value_plan_) {
+    const bool owned = grads_owned_;
+    drop_grads();
+    if (owned) allocate_flat_grads(plan);
   }
   s.synchronize();
 }
 
-void Module::allocate_flat_grads(const FlatLayout& layout) {
+void Module::release_master_values() {
+  require_root("release_master_values");
+  TUTTI_CHECK_ARG(value_plan_ != nullptr, "release_master_values: the values are not flat (flatten_parameters first)");
+  TUTTI_CHECK_ARG(is_half(compute_dtype()), "release_master_values: the compute dtype is ", name_of(compute_dtype()),
+                  ": the values are what forward reads, they cannot go");
+  stream().synchronize();
+  for (Parameter* p : parameters()) p->value = Tensor();
+  flat_values_ = Tensor();
+  masters_released_ = true;
+}
+
+void Module::allocate_flat_grads(const FlatPlan& plan) {
   require_root("allocate_flat_grads");
-  Tensor buffer = Tensor::zeros({layout.total}, grad_dtype(), device());
-  set_grad_buffer(buffer, layout);
-  flat_grads_ = buffer;
-  grad_layout_ = layout;
+  Tensor buffer = Tensor::zeros({plan.total}, grad_dtype(), device());
+  set_grad_buffer(buffer, plan);
+  grads_owned_ = true;
 }
 
-void Module::allocate_flat_grads() {
-  allocate_flat_grads(flat_values_.defined() ? value_layout_ : default_flat_layout());
-}
+void Module::allocate_flat_grads() { allocate_flat_grads(value_plan_ ? *value_plan_ : make_plan()); }
 
-void Module::set_grad_buffer(const Tensor& buffer, const FlatLayout& layout) {
+void Module::set_grad_buffer(const Tensor& buffer, const FlatPlan& plan) {
   require_root("set_grad_buffer");
   const std::vector<Parameter*> params = parameters();
-  check_layout(layout, params, "set_grad_buffer");
-  TUTTI_CHECK_ARG(buffer.defined() && buffer.numel() >= layout.total, "set_grad_buffer: buffer ", buffer.str(),
-                  " is smaller than the layout's ", layout.total, " elements");
+  plan.check_matches(params, "set_grad_buffer");
+  TUTTI_CHECK_ARG(value_plan_ == nullptr || *value_plan_ == plan, "set_grad_buffer: the values are flat in another "
+                  "plan; values and gradients must share one (", value_plan_ ? value_plan_->describe() : "", ")");
+  TUTTI_CHECK_ARG(buffer.defined() && buffer.numel() >= plan.total, "set_grad_buffer: buffer ", buffer.str(),
+                  " is smaller than the plan's ", plan.total, " elements");
   TUTTI_CHECK_ARG(buffer.device() == device(), "set_grad_buffer: buffer on ", buffer.device().str(),
                   " but the model on ", device().str());
   TUTTI_CHECK_ARG(buffer.dtype() == grad_dtype(), "set_grad_buffer: buffer is ", name_of(buffer.dtype()),
                   " but the model's gradient dtype is ", name_of(grad_dtype()));
   for (std::size_t i = 0; i < params.size(); ++i) {
-    params[i]->grad = params[i]->requires_grad ? buffer.view(layout.offsets[i], params[i]->shape()) : Tensor();
+    params[i]->grad = params[i]->requires_grad ? buffer.view(plan.entries[i].offset, params[i]->shape()) : Tensor();
   }
-  flat_grads_ = Tensor();
+  flat_grads_ = buffer;
+  grads_owned_ = false;
+  grad_plan_ = share(plan, value_plan_);
 }
 
 void Module::zero_grad() {
@@ -444,11 +477,14 @@ void Module::zero_grad() {
 void Module::drop_grads() {
   for (Parameter* p : parameters()) p->grad = Tensor();
   flat_grads_ = Tensor();
+  grads_owned_ = false;
+  grad_plan_.reset();
 }
 
 // ---- state -----------------------------------------------------------------------------
 
 StateDict Module::state_dict() {
+  require_masters("state_dict");
   StateDict out = extra_state();
   for (Parameter* p : parameters()) out[p->name] = p->value.to(Device::cpu(), stream());
   stream().synchronize();
@@ -492,6 +528,7 @@ void Module::load_extra_state(const StateDict& state, bool strict) {
 
 void Module::load_state_dict(const StateDict& state, bool strict) {
   require_root("load_state_dict");
+  require_masters("load_state_dict");
   std::set<std::string> used;
   for (const auto& [name, t] : extra_state()) used.insert(name);
   load_extra_state(state, strict);

@@ -5,7 +5,7 @@
 namespace tutti::nn {
 
 Parameter::Parameter(Shape shape, InitSpec init_spec)
-    : value(Tensor::zeros(std::move(shape), DType::f32)), init(init_spec) {}
+    : value(Tensor::zeros(shape, DType::f32)), init(init_spec), shape_(std::move(shape)), numel_(numel_of(shape_)) {}
 
 std::vector<Tensor> coalesce_views(const std::vector<Tensor>& tensors) {
   std::vector<Tensor> out;

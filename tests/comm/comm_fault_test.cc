@@ -48,11 +48,19 @@ void hello(const tutti::Job& job) {
   std::fflush(stdout);
 }
 
-// Allreduces (the faults hook into them) with a little work between them.
+// Allreduces (the faults hook into them) with a little work between them: 40, or
+// FAULT_TEST_STEPS (the multi-node tests cut a node off while they run). Rank 0 prints "STEP k"
+// after each.
 void train_a_little(tutti::Job& job) {
   auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
-  for (int i = 0; i < 40; ++i) {
+  const char* steps_env = std::getenv("FAULT_TEST_STEPS");
+  const int steps = steps_env != nullptr ? std::atoi(steps_env) : 40;
+  for (int i = 0; i < steps; ++i) {
     job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "step " + std::to_string(i)}).wait();
+    if (job.rank() == 0 && steps_env != nullptr) {
+      std::printf("STEP %d\n", i);
+      std::fflush(stdout);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

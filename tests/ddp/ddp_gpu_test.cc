@@ -2,8 +2,10 @@
 // a CPU copy of the model on the WHOLE global batch, and a GPU copy under DDP on its slice, on
 // a stream of its own (the GPU paths: the model's stream, the reducer's flat buffers and
 // per-bucket collectives, the fused unscale-and-check, the found-inf flag, the optimizer's
-// fused kernels). Both backends: the job's communicator (nccl where every rank has its own GPU)
-// and mpi staging GPU tensors through pinned host memory.
+// fused kernels; under ZeRO the reduce-scatters, the sharded fused updates on shard views,
+// the all-gathers of the updated compute copies and the agreed found-inf flag). Both
+// backends: the job's communicator (nccl where every rank has its own GPU) and mpi staging
+// GPU tensors through pinned host memory.
 //
 // Where it runs: ddp_gpu_test on a GPU machine (skipped elsewhere), ddp_gpu_test_emu on the
 // emulated CUDA device in every CI run (TUTTI_EMU_DEVICES=4, so each rank has a GPU of its own;
@@ -66,10 +68,10 @@ double train_gpu_against_cpu(Communicator& comm, const GpuRun& run) {
   auto ref_opt = make_optimizer(run.optimizer, *reference);
   DdpOptions options = run.ddp;
   options.accumulation_steps = run.accumulation;
-  options.grad_comm_dtype = run.policy.comm;
+  options.reducer.grad_comm_dtype = run.policy.comm;
   DistributedDataParallel ddp(comm, *distributed, options);
   auto ddp_opt = make_optimizer(run.optimizer, *distributed);
-  ddp_opt->set_stream(stream);
+  ddp.attach(*ddp_opt);  // the model's stream, and the plan (or this rank's shard)
   amp::LossScaler scaler(run.policy.default_scaler());
   nn::CrossEntropyLoss ref_loss, loss;
   for (int step = 0; step < run.steps; ++step) {
@@ -93,7 +95,10 @@ double train_gpu_against_cpu(Communicator& comm, const GpuRun& run) {
   auto untouched = make_mlp();
   untouched->init(kSeed);
   EXPECT_GT(relative_difference(*untouched, *reference), 1e-3) << "training must move the parameters";
-  return relative_difference(*distributed, *reference);
+  // Whole parameters, gathered from the shards under ZeRO, on the CPU.
+  auto gathered = make_mlp();
+  gathered->load_state_dict(ddp.model_state_dict());
+  return relative_difference(*gathered, *reference);
 }
 
 TEST_P(DdpGpu, SgdMatchesOneRankOnTheCpu) {
@@ -108,7 +113,7 @@ TEST_P(DdpGpu, ManySmallBucketsWithoutOverlapMatch) {
   GpuRun run;
   run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 1e-9;  // a bucket per parameter
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), run), 1e-5);
-  run.ddp.overlap = false;
+  run.ddp.reducer.overlap = false;
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), run), 1e-5);
 }
 
@@ -118,25 +123,58 @@ TEST_P(DdpGpu, MixedPrecisionStaysCloseToTheCpu) {
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), {.policy = amp::Policy::fp16()}), 3e-3);
 }
 
+// ZeRO-1 and ZeRO-2 on GPUs: reduce-scatter per bucket, fused updates of this rank's shard,
+// all-gather of the updated compute copies (in the next forward, or right after the step).
+TEST_P(DdpGpu, ZeroStagesMatchOneRankOnTheCpu) {
+  Communicator& comm = communicator_for(GetParam());
+  const amp::Policy bf16_grads{DType::bf16, DType::f32, DType::bf16, DType::bf16};
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("zero stage " + std::to_string(stage));
+    GpuRun run;
+    run.ddp.zero_stage = stage;
+    run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 3e-4;  // several buckets and shards
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
+    run.optimizer = Opt::adamw;
+    run.accumulation = 2;
+    run.ddp.gather_during_forward = false;
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
+    run.accumulation = 1;
+    run.ddp.gather_during_forward = true;
+    // Half compute: the fp32 masters are this rank's shard, the gathers move bf16 / fp16.
+    // (SGD, as the stage-0 test above: AdamW's normalized steps magnify fp16's rounding, at
+    // any stage alike.)
+    run.optimizer = Opt::sgd;
+    run.policy = bf16_grads;
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 3e-2);
+    run.policy = amp::Policy::fp16();
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 3e-3);
+  }
+}
+
 TEST_P(DdpGpu, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
-  const Device gpu = world().device();
-  const Stream stream = Stream::create(gpu);
-  auto model = make_mlp();
-  model->to(gpu, stream).init(kSeed);
-  DistributedDataParallel ddp(communicator_for(GetParam()), *model, {});
-  amp::LossScaler scaler;  // dynamic, 2^16
-  nn::CrossEntropyLoss loss;
-  const Batch b = my_slice(global_batch({12}, 12, 7));
-  const bool poisoned = world().rank() == world().world_size() - 1;
-  const float grad_scale = poisoned ? std::numeric_limits<float>::infinity() : scaler.scale();
-  loss.forward(ddp.forward(b.x.to(gpu, stream)), b.y.to(gpu, stream), grad_scale, stream);
-  ASSERT_TRUE(ddp.backward(loss.grad(), scaler.scale()));
-  EXPECT_TRUE(ddp.found_nonfinite()) << "rank " << world().rank() << " must see the last rank's inf";
-  EXPECT_FALSE(scaler.update(true));
-  ddp.zero_grad();
-  loss.forward(ddp.forward(b.x.to(gpu, stream)), b.y.to(gpu, stream), scaler.scale(), stream);
-  ASSERT_TRUE(ddp.backward(loss.grad(), scaler.scale()));
-  EXPECT_FALSE(ddp.found_nonfinite()) << "a clean step after it goes through";
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("zero stage " + std::to_string(stage));
+    const Device gpu = world().device();
+    const Stream stream = Stream::create(gpu);
+    auto model = make_mlp();
+    model->to(gpu, stream).init(kSeed);
+    DistributedDataParallel ddp(communicator_for(GetParam()), *model, {.zero_stage = stage});
+    auto opt = make_optimizer(Opt::sgd, *model);
+    ddp.attach(*opt);
+    amp::LossScaler scaler;  // dynamic, 2^16
+    nn::CrossEntropyLoss loss;
+    const Batch b = my_slice(global_batch({12}, 12, 7));
+    const bool poisoned = world().rank() == world().world_size() - 1;
+    const float grad_scale = poisoned ? std::numeric_limits<float>::infinity() : scaler.scale();
+    loss.forward(ddp.forward(b.x.to(gpu, stream)), b.y.to(gpu, stream), grad_scale, stream);
+    ASSERT_TRUE(ddp.backward(loss.grad(), scaler.scale()));
+    EXPECT_TRUE(ddp.found_nonfinite()) << "rank " << world().rank() << " must see the last rank's inf";
+    EXPECT_FALSE(scaler.update(true));
+    ddp.zero_grad();
+    loss.forward(ddp.forward(b.x.to(gpu, stream)), b.y.to(gpu, stream), scaler.scale(), stream);
+    ASSERT_TRUE(ddp.backward(loss.grad(), scaler.scale()));
+    EXPECT_FALSE(ddp.found_nonfinite()) << "a clean step after it goes through";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DdpGpu, ::testing::Values("job", "mpi_staging"),

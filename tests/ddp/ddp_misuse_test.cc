@@ -277,11 +277,11 @@ TEST(DdpPolicy, Bf16GradientsAreSentAsBf16ByDefault) {
     amp::apply(c.policy, *model);
     model->init(kSeed);
     DdpOptions o;
-    o.grad_comm_dtype = c.option;
+    o.reducer.grad_comm_dtype = c.option;
     DistributedDataParallel ddp(world().communicator(), *model, o);
     const std::string what = std::string(name_of(c.policy.compute)) + " policy, option " +
                              (c.option ? std::string(name_of(*c.option)) : "unset");
-    EXPECT_EQ(ddp.options().grad_comm_dtype, c.wire) << what;
+    EXPECT_EQ(ddp.options().reducer.grad_comm_dtype, c.wire) << what;
     nn::CrossEntropyLoss loss;
     const Batch b = my_slice(global_batch(6, 3));
     loss.forward(ddp.forward(b.x), b.y);

@@ -18,8 +18,17 @@ namespace {
 
 using testing::world;
 
-std::vector<GradientSpec> specs() {
+std::vector<nn::PlanParam> specs() {
   return {{"a", {3, 5}}, {"b", {7}}, {"c", {1}}, {"d", {4, 4, 2}}, {"e", {33}}};
+}
+
+// The plan of specs(): tiny buckets (one gradient each) when asked, sharded over `world`.
+nn::FlatPlan plan(bool tiny_buckets = false, int world = 1, double first_bucket_mb = 1.0) {
+  nn::FlatPlanOptions o;
+  o.world_size = world;
+  o.first_bucket_cap_mb = first_bucket_mb;
+  if (tiny_buckets) o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-9;
+  return nn::make_flat_plan(specs(), o);
 }
 
 // Gradient i, element j on rank r: small integers, exact in every dtype and every sum.
@@ -44,7 +53,7 @@ void mark_all_in_rank_order(Reducer& red) {
   for (std::size_t i : order) red.mark_ready(i);
 }
 
-void expect_reduced(const Reducer& red, bool average, double divisor, double tolerance) {
+void expect_reduced(Reducer& red, bool average, double divisor, double tolerance) {
   const int n = world().world_size();
   for (std::size_t i = 0; i < red.size(); ++i) {
     const auto got = red.grad(i).to_floats();
@@ -59,9 +68,7 @@ void expect_reduced(const Reducer& red, bool average, double divisor, double tol
 }
 
 TEST(Reducer, AveragesInAnyReadyOrderWithTinyBuckets) {
-  ReducerOptions o;
-  o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-9;  // one gradient per bucket
-  Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), o);
+  Reducer red(world().communicator(), plan(/*tiny_buckets=*/true), DType::f32, Device::cpu());
   EXPECT_EQ(red.bucket_count(), 5);
   // Reverse layout: the last gradient first.
   EXPECT_EQ(red.offset(4), 0);
@@ -79,7 +86,7 @@ TEST(Reducer, SumsWithOverlapOffAndOneBucket) {
   ReducerOptions o;
   o.average = false;
   o.overlap = false;
-  Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), o);
+  Reducer red(world().communicator(), plan(), DType::f32, Device::cpu(), o);
   EXPECT_EQ(red.bucket_count(), 1);
   red.prepare(true);
   fill(red, world().rank());
@@ -92,8 +99,7 @@ TEST(Reducer, HalfPrecisionOnTheWire) {
   for (DType wire : {DType::bf16, DType::f16}) {
     ReducerOptions o;
     o.grad_comm_dtype = wire;
-    o.first_bucket_cap_mb = 1e-4;
-    Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), o);
+    Reducer red(world().communicator(), plan(false, 1, 1e-4), DType::f32, Device::cpu(), o);
     red.prepare(true);
     fill(red, world().rank());
     mark_all_in_rank_order(red);
@@ -104,7 +110,7 @@ TEST(Reducer, HalfPrecisionOnTheWire) {
 }
 
 TEST(Reducer, HalfGradientsAreReducedInPlace) {
-  Reducer red(world().communicator(), specs(), DType::bf16, Device::cpu(), {});
+  Reducer red(world().communicator(), plan(), DType::bf16, Device::cpu(), {});
   EXPECT_EQ(red.buffer().dtype(), DType::bf16);
   red.prepare(true);
   fill(red, world().rank());
@@ -114,7 +120,7 @@ TEST(Reducer, HalfGradientsAreReducedInPlace) {
 }
 
 TEST(Reducer, InfOnOneRankRaisesTheFlagOnEveryRank) {
-  Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), {});
+  Reducer red(world().communicator(), plan(), DType::f32, Device::cpu(), {});
   red.prepare(true);
   fill(red, world().rank());
   if (world().rank() == 0) red.grad(3).data_as<float>()[5] = std::numeric_limits<float>::infinity();
@@ -129,7 +135,7 @@ TEST(Reducer, InfOnOneRankRaisesTheFlagOnEveryRank) {
 }
 
 TEST(Reducer, NonSyncPassesCommunicateNothingAndAccumulate) {
-  Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), {});
+  Reducer red(world().communicator(), plan(), DType::f32, Device::cpu(), {});
   red.prepare(false);
   fill(red, world().rank());
   mark_all_in_rank_order(red);
@@ -147,7 +153,7 @@ TEST(Reducer, TheUserGuideRecipeRunsAsWritten) {
   auto contribution = [](std::size_t i, std::int64_t j, int r, int step, int micro) {
     return value(i, j, r) * static_cast<float>(1 + step + 2 * micro);
   };
-  Reducer reducer(world().communicator(), specs(), DType::f32, Device::cpu());
+  Reducer reducer(world().communicator(), plan(), DType::f32, Device::cpu());
   const Stream stream;  // the CPU's; a GPU program passes its compute stream
   const int k = 2;      // micro-batches per optimizer step
   for (int step = 0; step < 3; ++step) {
@@ -194,7 +200,7 @@ TEST(Reducer, TheUserGuideRecipeRunsAsWritten) {
 }
 
 TEST(Reducer, MisuseIsAClearError) {
-  Reducer red(world().communicator(), specs(), DType::f32, Device::cpu(), {});
+  Reducer red(world().communicator(), plan(), DType::f32, Device::cpu(), {});
   EXPECT_THROW(red.mark_ready(0), Error);  // before prepare
   red.prepare(false);
   red.mark_ready(2);
@@ -205,7 +211,51 @@ TEST(Reducer, MisuseIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("'c' was marked ready twice"), std::string::npos) << e.what();
   }
   EXPECT_THROW(red.mark_ready(99), InvalidArgument);
-  EXPECT_THROW(Reducer(world().communicator(), specs(), DType::i32, Device::cpu(), {}), InvalidArgument);
+  EXPECT_THROW(Reducer(world().communicator(), plan(), DType::i32, Device::cpu(), {}), InvalidArgument);
+}
+
+// Sharded on the job's backend (mpi): every rank's chunks of every bucket hold the average of
+// the ranks' gradients there, with halves on the wire too, and the found flag is agreed.
+TEST(Reducer, ShardedReductionsGiveEachRankItsChunks) {
+  const int n = world().world_size(), rank = world().rank();
+  for (GradientSharding sharding : {GradientSharding::scatter, GradientSharding::shard_only}) {
+    for (DType wire : {DType::f32, DType::bf16}) {
+      ReducerOptions o;
+      o.sharding = sharding;
+      o.grad_comm_dtype = wire;
+      Reducer red(world().communicator(), plan(/*tiny_buckets=*/true, n), DType::f32, Device::cpu(), o);
+      red.prepare(true);
+      fill(red, rank);
+      if (rank == 0 && wire == DType::f32) red.grad(1).data_as<float>()[0] = std::numeric_limits<float>::infinity();
+      mark_all_in_rank_order(red);
+      // The inf lands in one rank's chunk; the flag is every rank's.
+      EXPECT_EQ(red.finish(2.0).to_ints()[0], wire == DType::f32 ? 1 : 0);
+      const nn::FlatPlan& p = red.plan();
+      for (int b = 0; b < red.bucket_count(); ++b) {
+        const std::vector<float> got = red.shard_grad(b).to_floats();
+        const nn::ElementRange mine = p.buckets[static_cast<std::size_t>(b)].chunk_of(rank);
+        for (std::int64_t j = mine.begin; j < mine.end; ++j) {
+          double expected = 0;
+          bool inf = false;
+          for (std::size_t i = 0; i < p.entries.size(); ++i) {
+            const nn::PlanEntry& e = p.entries[i];
+            if (j < e.offset || j >= e.offset + e.numel) continue;
+            for (int r = 0; r < n; ++r) expected += value(i, j - e.offset, r);
+            inf = i == 1 && j == e.offset && wire == DType::f32;
+          }
+          expected /= 2.0 * n;
+          const float g = got[static_cast<std::size_t>(j - mine.begin)];
+          if (inf) {
+            EXPECT_TRUE(std::isinf(g));
+          } else {
+            ASSERT_NEAR(g, expected, (wire == DType::bf16 ? 1e-2 : 1e-6) * std::max(1.0, std::fabs(expected)))
+                << "bucket " << b << " element " << j;
+          }
+        }
+      }
+      red.zero();
+    }
+  }
 }
 
 }  // namespace

@@ -50,10 +50,12 @@ void randomize(Gpt& model, std::uint32_t seed) {
 
 // Mean cross-entropy of the model on (x, y), and its gradients in the parameters' grads.
 double loss_and_grads(Gpt& model, const Tensor& x, const Tensor& y, bool backward) {
-  const Tensor logits = model.forward(x.to(model.device()));
+  const Tensor logits = model.forward(x.to(model.device(), model.stream()));
   const std::int64_t rows = x.numel();
   tutti::nn::CrossEntropyLoss loss;
-  loss.forward(logits.reshape({rows, logits.dim(-1)}), y.to(model.device()).reshape({rows}));
+  // On the model's stream: backward reads the loss's gradient there.
+  loss.forward(logits.reshape({rows, logits.dim(-1)}), y.to(model.device(), model.stream()).reshape({rows}), 1.0f,
+               model.stream());
   if (backward) {
     model.zero_grad();
     model.backward(loss.grad());

@@ -136,6 +136,32 @@ class TrainFashionMnist(Case):
         self.assertEqual(a["params_crc32"], b["params_crc32"])
         self.assertEqual(a["final_train_loss"], b["final_train_loss"])
 
+    def test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages(self):
+        adamw = [*SUBSET, "--optimizer", "adamw"]
+        run(1, *adamw, "--max-steps", "12", "--json", self.path("whole.json"))
+        whole = summary(self.path("whole.json"))
+        # Stage 1 on 2 ranks -> stage 0 on 1 rank -> stage 2 on 4 ranks, one checkpoint.
+        d = self.path("chain")
+        run(2, *adamw, "--zero", "1", "--max-steps", "4", "--checkpoint-dir", d)
+        run(1, *adamw, "--zero", "0", "--max-steps", "8", "--checkpoint-dir", d, "--resume")
+        run(4, *adamw, "--zero", "2", "--max-steps", "12", "--checkpoint-dir", d, "--resume",
+            "--json", self.path("chain.json"))
+        chain = summary(self.path("chain.json"))
+        self.assertEqual(chain["resumed_from_step"], 8)
+        self.assertEqual((chain["zero"], chain["ranks"]), (2, 4))
+        # The same training: only the order in which ranks' gradients are summed differs.
+        self.assertAlmostEqual(chain["final_train_loss"], whole["final_train_loss"],
+                               delta=1e-4 * abs(whole["final_train_loss"]))
+        # Nothing changes (bf16, stage 2, 2 ranks): bit for bit the uninterrupted run.
+        bf16 = [*adamw, "--precision", "bf16", "--zero", "2"]
+        run(2, *bf16, "--max-steps", "10", "--json", self.path("bf16.json"))
+        run(2, *bf16, "--max-steps", "5", "--checkpoint-dir", self.path("bf16"))
+        run(2, *bf16, "--max-steps", "10", "--checkpoint-dir", self.path("bf16"), "--resume",
+            "--json", self.path("bf16r.json"))
+        a, b = summary(self.path("bf16.json")), summary(self.path("bf16r.json"))
+        self.assertEqual(a["params_crc32"], b["params_crc32"])
+        self.assertEqual(a["final_train_loss"], b["final_train_loss"])
+
     def test_resume_after_kill_9_is_bit_identical(self):
         steps = "400"
         run(2, *SUBSET, "--max-steps", steps, "--json", self.path("whole.json"))

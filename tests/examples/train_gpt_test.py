@@ -106,6 +106,23 @@ class TrainGpt(unittest.TestCase):
         self.assertEqual(resumed["final_train_loss"], straight["final_train_loss"])
         self.assertEqual(resumed["final_val_loss"], straight["final_val_loss"])
 
+    def test_zero_stages_and_resume_across_them(self):
+        # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,
+        # then ZeRO-2 at 4 ranks from its checkpoint: the training of stage 0 at 2 ranks.
+        wd = ["--weight-decay", "0.1"]
+        ckpt = os.path.join(self.dir, "ckpt")
+        straight = train(2, self.dir, "zero0", *self.data, *wd)
+        first = train(2, self.dir, "zero1", *self.data, *wd, "--zero", "1", "--checkpoint-dir", ckpt, "--max-steps", "4")
+        self.assertEqual(first["zero"], 1)
+        resumed = train(4, self.dir, "zero2", *self.data, *wd, "--zero", "2", "--checkpoint-dir", ckpt, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["zero"], 2)
+        for key in ("final_train_loss", "final_val_loss"):
+            self.assertAlmostEqual(resumed[key], straight[key], delta=2e-5 * abs(straight[key]), msg=key)
+        # The weight matrices of the blocks decay (qkv 3C x C, projection C x C, MLP 4C x C and
+        # C x 4C: 12 C^2 per layer); embeddings (the tied head too), LayerNorms and biases do not.
+        self.assertEqual(straight["decayed_parameters"], 12 * 2 * 32 * 32)
+
     def test_data_order_is_the_one_the_python_peer_reads(self):
         r = train(2, self.dir, "order", *self.data, "--seed", "7")
         tokens, starts, _ = gpt_data.read_corpus([corpus(ARGS.workdir)])

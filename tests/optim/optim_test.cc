@@ -17,6 +17,16 @@ using testing::expect_close;
 using testing::random_labels;
 using testing::random_tensor;
 
+double max_abs_difference(nn::Module& a, nn::Module& b) {
+  double out = 0;
+  const auto pa = a.parameters(), pb = b.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    const auto va = pa[i]->value.to_floats(), vb = pb[i]->value.to_floats();
+    for (std::size_t j = 0; j < va.size(); ++j) out = std::max(out, static_cast<double>(std::fabs(va[j] - vb[j])));
+  }
+  return out;
+}
+
 // Standalone parameters with random values, as an optimizer sees them.
 struct Params {
   std::vector<std::unique_ptr<nn::Parameter>> owned;
@@ -177,30 +187,34 @@ void build(nn::Sequential& m) {
 
 enum class Layout { per_parameter, flat, flat_aligned, aligned_lazy_grads, placed };
 
-// Trains 3 AdamW steps; returns the kernel calls of the last step.
-int train(nn::Sequential& model, Layout layout, nn::Sequential* reference = nullptr) {
+// Trains 3 AdamW steps; returns the kernel calls of the last step. Flat layouts bind the
+// optimizer to the model's plan (flat_target) once the gradients exist.
+int train(nn::Sequential& model, Layout layout, nn::Sequential* reference = nullptr,
+          std::vector<optim::ParamGroup> groups = {}) {
   Tensor outside;
   if (layout == Layout::flat) {
-    model.flatten_parameters();
-    model.allocate_flat_grads(model.flat_layout());
+    model.flatten_parameters(model.make_plan({.align_elements = 1}));
+    model.allocate_flat_grads(*model.flat_plan());
   } else if (layout == Layout::flat_aligned) {
-    const nn::FlatLayout l = model.default_flat_layout(8);
-    model.flatten_parameters(l);
-    model.allocate_flat_grads(l);
+    const nn::FlatPlan plan = model.make_plan({.align_elements = 8});
+    model.flatten_parameters(plan);
+    model.allocate_flat_grads(plan);
   } else if (layout == Layout::aligned_lazy_grads) {
-    model.flatten_parameters(model.default_flat_layout(8));  // the first backward allocates grads like it
+    model.flatten_parameters(model.make_plan({.align_elements = 8}));  // the first backward allocates grads like it
   } else if (layout == Layout::placed) {
     model.flatten_parameters();
-    outside = Tensor::zeros({model.flat_layout().total}, DType::f32);
-    model.set_grad_buffer(outside, model.flat_layout());
+    outside = Tensor::zeros({model.flat_plan()->total}, DType::f32);
+    model.set_grad_buffer(outside, *model.flat_plan());
   } else {
     for (nn::Parameter* p : model.parameters()) p->grad = Tensor::zeros(p->shape(), DType::f32);
   }
-  optim::AdamW opt(model.parameters(), {.lr = 0.05f, .weight_decay = 0.1f});
+  if (groups.empty()) groups.push_back({model.parameters(), std::nullopt});
+  optim::AdamW opt(groups, {.lr = 0.05f, .weight_decay = 0.1f});
   nn::CrossEntropyLoss loss;
   for (int t = 0; t < 3; ++t) {
     opt.zero_grad();
     testing::forward_backward(model, loss, random_tensor({6, 7}, DType::f32, t), random_labels(6, 4, DType::i32, t));
+    if (layout != Layout::per_parameter && !opt.bound()) opt.bind(optim::flat_target(model));
     opt.step();
   }
   if (reference != nullptr) testing::expect_same_parameters(model, *reference, 0, 0, "same training, other layout");
@@ -217,6 +231,43 @@ TEST(Flat, WholeModelInOneFusedCallWithSameResults) {
   EXPECT_EQ(train(placed, Layout::placed, &reference), 1);
 }
 
+// Parameter groups: decay on matrices only (the default rule), per parameter and flat (one
+// fused call per run of parameters that share a decay), against the closed form of the rule.
+TEST(Flat, WeightDecayGroupsPerParameterAndFlat) {
+  nn::Sequential per, flat, all_decay;
+  for (nn::Sequential* m : {&per, &flat, &all_decay}) build(*m);
+  auto groups_of = [](nn::Sequential& m) { return optim::weight_decay_groups(m.parameters(), 0.5f); };
+  const auto g = groups_of(per);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].weight_decay, 0.5f);
+  EXPECT_EQ(g[1].weight_decay, 0.0f);
+  for (nn::Parameter* p : g[0].parameters) EXPECT_GE(p->ndim(), 2) << p->name;
+  for (nn::Parameter* p : g[1].parameters) EXPECT_EQ(p->ndim(), 1) << p->name;
+  EXPECT_EQ(g[0].parameters.size(), 2u);  // the two Linear weights
+  EXPECT_EQ(g[1].parameters.size(), 4u);  // their biases, LayerNorm's gain and offset
+  EXPECT_EQ(train(per, Layout::per_parameter, nullptr, groups_of(per)), 6);
+  // Plan order (reverse registration): bias3, weight3 | ln.beta, ln.gamma, bias0 | weight0:
+  // four runs of one decay.
+  EXPECT_EQ(train(flat, Layout::flat_aligned, &per, groups_of(flat)), 4);
+  train(all_decay, Layout::per_parameter);
+  EXPECT_GT(max_abs_difference(flat, all_decay), 1e-4) << "the groups must change the training";
+}
+
+// Decoupled decay per group, against its closed form: with zero gradients AdamW moves each
+// weight by -lr · wd · w, SGD (coupled L2, no momentum) by -lr · wd · w too.
+TEST(Optimizer, GroupsTakeTheirOwnWeightDecay) {
+  Params ps({{2, 3}, {4}});
+  for (nn::Parameter* p : ps.ptrs) p->grad = Tensor::zeros(p->shape(), DType::f32);
+  const auto w0 = ps.ptrs[0]->value.to_floats(), w1 = ps.ptrs[1]->value.to_floats();
+  std::vector<optim::ParamGroup> groups = {{{ps.ptrs[0]}, 0.25f}, {{ps.ptrs[1]}, std::nullopt}};
+  optim::AdamW adam(groups, {.lr = 0.1f, .weight_decay = 0.5f});
+  adam.step();
+  for (std::size_t j = 0; j < w0.size(); ++j) EXPECT_NEAR(ps.ptrs[0]->value.to_floats()[j], w0[j] * (1 - 0.1f * 0.25f), 1e-6);
+  for (std::size_t j = 0; j < w1.size(); ++j) EXPECT_NEAR(ps.ptrs[1]->value.to_floats()[j], w1[j] * (1 - 0.1f * 0.5f), 1e-6);
+  EXPECT_THROW(optim::SGD({{{ps.ptrs[0]}, -1.0f}}), InvalidArgument);
+  EXPECT_THROW(optim::SGD({{{ps.ptrs[0]}, 0.0f}, {{ps.ptrs[0]}, 0.0f}}), InvalidArgument);  // listed twice
+}
+
 TEST(Flat, StateFollowsWhenTheModelIsFlattenedLater) {
   nn::Sequential reference, later;
   build(reference);
@@ -227,7 +278,8 @@ TEST(Flat, StateFollowsWhenTheModelIsFlattenedLater) {
   for (int t = 0; t < 4; ++t) {
     if (t == 2) {
       later.flatten_parameters();
-      later.allocate_flat_grads(later.flat_layout());
+      later.allocate_flat_grads(*later.flat_plan());
+      opt.bind(optim::flat_target(later));  // the state of two steps is carried over
     }
     const Tensor x = random_tensor({5, 7}, DType::f32, t);
     const Tensor y = random_labels(5, 4, DType::i32, t);
@@ -251,6 +303,7 @@ TEST(Flat, HalfComputeCopiesAreUpdatedInTheSamePass) {
       optim::SGD opt(model.parameters(), {.lr = 0.1f, .momentum = 0.5f});
       nn::CrossEntropyLoss loss;
       testing::forward_backward(model, loss, random_tensor({4, 7}, DType::f32, 1), random_labels(4, 4, DType::i32, 2));
+      if (flat) opt.bind(optim::flat_target(model));
       opt.step();
       EXPECT_EQ(opt.last_step_kernel_calls(), flat ? 1 : 6);
       for (nn::Parameter* p : model.parameters()) {
@@ -397,6 +450,10 @@ TEST(Gpu, FlatAdamWAndSgdMatchCpu) {
         og->zero_grad();
         testing::forward_backward(cpu, lc, x, y);
         testing::forward_backward(gpu, lg, x.to(Device::cuda(0)), y.to(Device::cuda(0)));
+        if (t == 0) {
+          oc->bind(optim::flat_target(cpu));
+          og->bind(optim::flat_target(gpu));
+        }
         oc->step();
         og->step();
       }

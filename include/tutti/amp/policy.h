@@ -31,7 +31,7 @@ struct Policy {
 
 // Sets the model's compute and gradient dtypes from the policy (Module::set_precision) and
 // the dtype its gradients are communicated in (Module::set_grad_comm_dtype), which
-// DistributedDataParallel then uses unless DdpOptions::grad_comm_dtype says otherwise.
+// DistributedDataParallel then uses unless DdpOptions::reducer.grad_comm_dtype says otherwise.
 // Throws InvalidArgument for a master dtype other than f32.
 void apply(const Policy& policy, nn::Module& model);
 

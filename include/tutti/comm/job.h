@@ -54,14 +54,32 @@ struct JobOptions {
   // moves GPU tensors through pinned host memory). "mpi" or "nccl" force one ("nccl" throws
   // where it cannot work).
   std::string backend = "auto";
+  // Open MPI's allreduce algorithm for the whole process (every communicator, tutti's and the
+  // program's), set through Open MPI's MCA variables before MPI_Init:
+  //   "default"             Open MPI's own choice (coll/tuned's fixed decision by ranks and size)
+  //   "ring"                ring (reduce-scatter + allgather): bandwidth-optimal, 2(p-1) steps
+  //   "segmented_ring"      the ring in segments (pipelined)
+  //   "recursive_doubling"  log2(p) steps, each moving the whole buffer: for small messages
+  //   "rabenseifner"        recursive halving + doubling: log steps, ring's bytes
+  //   "reduce_bcast"        reduce to rank 0, then broadcast ("nonoverlapping")
+  //   "han"                 hierarchical: within each node, then among nodes, then within
+  // Unset (empty): TUTTI_MPI_ALLREDUCE if set, else "default". An MCA variable the
+  // environment already sets (OMPI_MCA_coll_tuned_allreduce_algorithm, ...) wins. Needs the Job
+  // to initialize MPI (throws otherwise); other MPI libraries ignore it. docs/multinode.md
+  // compares the algorithms across nodes.
+  std::string mpi_allreduce;
   // Options of communicator() (timeout, debug, abort_on_timeout). The timeout is also the
   // deadline of the Job's start-up, of check_same and summary, and of MPI_Finalize.
   CommOptions comm;
   // Preemption: true makes SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 set stop_requested() instead
   // of ending the process (the handler does nothing else), so that the program can stop at a
   // step boundary, agreed by all ranks, with a checkpoint. A second signal of the same kind
-  // acts as by default, and so does any while the job is failing. The previous handlers come
-  // back when the Job ends. After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
+  // acts as by default, and so does any while the job is failing. The handlers stay after the
+  // Job ends, until the process exits: a launcher's signal may reach some ranks only after the
+  // job agreed to stop and they left their Job (srun --signal reached the ranks of one emulated
+  // node after those of the other had stopped the job and saved), and it must not kill a rank
+  // that saved and is leaving.
+  // After a stop signal, ~Job waits at most 3 s in MPI_Finalize, then
   // ends the process with 0: a launcher that sent SIGTERM (mpirun, Slurm) is taking the job
   // down and may never complete it. So let every rank wait (a barrier) until the checkpoint
   // is written before it leaves the Job.
@@ -103,10 +121,15 @@ class Job {
   int world_size() const;
   int local_rank() const;   // among the ranks on this host (shared-memory node)
   int local_size() const;
+  // The number of hosts (shared-memory nodes, as MPI groups them: MPI_Comm_split_type SHARED)
+  // that the job's ranks run on; the same on every rank. 1 on a single machine.
+  int node_count() const;
   Device device() const;    // the device this rank computes on (current for this thread)
   const std::string& hostname() const;
   // Backend of communicator(): "mpi" or "nccl".
   std::string_view backend() const;
+  // The JobOptions::mpi_allreduce in effect ("default", "ring", ...).
+  const std::string& mpi_allreduce() const;
   // "MPI 3.1, Open MPI v4.1.4" and "2.28.9" (or "none" in a build without NCCL).
   std::string mpi_version() const;
   std::string nccl_version() const;

@@ -56,6 +56,9 @@ class TimeoutError : public Error {
 // launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID), else -1.
 int error_rank();
 void set_error_rank(int rank);
+// Ranks that are threads of one process (tutti::ThreadGroup): this thread's errors report
+// `rank` instead of the process's; a negative rank removes the override.
+void set_thread_error_rank(int rank);
 
 // Says what this thread is doing, for as long as it lives; an error raised meanwhile ends
 // with "(while <what>[; while <outer>...])". Cheap: one pointer push and pop.

@@ -38,6 +38,11 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  // Bytes of memory this process holds on `device` in Storages it allocated (pinned host
+  // memory counts as the CPU's), right now. Memory reports read it; a benchmark compares it
+  // with what a component says it holds.
+  static std::int64_t live_bytes(Device device);
+
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }

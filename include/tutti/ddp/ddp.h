@@ -1,18 +1,19 @@
-// DistributedDataParallel: N ranks train like one rank with N times the batch.
+// DistributedDataParallel: N ranks train like one rank with N times the batch, and with
+// zero_stage 1 or 2 without N copies of the optimizer's memory.
 //
 // It wraps a model and a communicator. At construction (COLLECTIVE) it checks that every rank
 // has the same model (names, shapes, dtypes, in order; a difference fails on every rank with a
-// message naming it), lays the gradients out in buckets (see reducer.h), makes every
-// parameter's gradient a view into them and its fp32 value a view into a flat buffer of the
-// same layout (so the optimizer updates the whole model in one fused call), and broadcasts
-// the parameters and the layers' state (Dropout's random-number position) from rank 0; a
-// parameter that rank 0 never initialized is an error on every rank. It also tells the model
-// that this rank holds slice `rank` of `world size` of each global batch
-// (Module::set_batch_slice), so that Dropout masks each sample as one rank with the whole
-// batch would.
+// message naming it), computes THE flat plan of the model (nn::make_flat_plan: order, offsets,
+// buckets and, under ZeRO, each rank's shard), lays the model's values and gradients out by
+// it and gives it to its Reducer, and broadcasts the parameters and the layers' state
+// (Dropout's random-number position) from rank 0; a parameter that rank 0 never initialized is
+// an error on every rank. It also tells the model that this rank holds slice `rank` of `world
+// size` of each global batch (Module::set_batch_slice), so that Dropout masks each sample as
+// one rank with the whole batch would.
 //
 // A training step with k micro-batches per step and a loss scaler:
 //
+//   ddp.attach(optimizer);                                 // once: the optimizer takes the plan
 //   for (int micro = 0; micro < k; ++micro) {
 //     const Tensor& logits = ddp.forward(x[micro]);
 //     loss.forward(logits, y[micro], scaler.scale());
@@ -22,34 +23,61 @@
 //     }
 //   }
 //
-// The first k-1 backward passes accumulate gradients locally and communicate nothing; the
-// k-th launches each bucket's allreduce as soon as its gradients are written, then waits
-// for all and divides by (world size · k · loss scale) in one fused pass that also checks
-// for inf/nan — after the reduction, so every rank sees the same flag and skips alike.
+// zero_stage (ZeRO, as DeepSpeed numbers it; bytes per parameter with AdamW, N ranks, half
+// compute and half gradients: 16 at stage 0, 4 + 12/N at stage 1, 2 + 14/N at stage 2):
+//   0  every rank keeps everything; gradients are allreduced.
+//   1  gradients are reduce-scattered (each rank gets the averaged gradients of its shard of
+//      every bucket), each rank keeps the fp32 master weights and the optimizer state of its
+//      shard only and updates only those, and the updated parameters (in the compute dtype)
+//      are all-gathered, bucket by bucket, by the next forward as it reaches them.
+//   2  as 1, and no full-size gradient buffer is kept: backward writes each bucket into a
+//      small pool, each rank keeps its shard of the gradients. Every micro-step communicates.
+// Under ZeRO the optimizer must be attached (backward refuses to complete a step otherwise),
+// gradient-norm clipping goes through grad_norm() and checkpoints through model_state_dict()
+// and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "tutti/comm/communicator.h"
+#include "tutti/core/state_dict.h"
 #include "tutti/ddp/reducer.h"
 #include "tutti/nn/module.h"
+#include "tutti/optim/clip.h"
+#include "tutti/optim/optimizer.h"
 
 namespace tutti::ddp {
 
 struct DdpOptions {
-  double bucket_cap_mb = 25.0;        // see ReducerOptions
+  // The plan's buckets (nn::FlatPlanOptions), in MiB of gradients: bigger ones run each
+  // collective nearer full bandwidth, smaller ones start communication earlier. The first
+  // (the last layers) is small so that communication starts early.
+  double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
-  int accumulation_steps = 1;         // micro-batches per optimizer step
-  // f32, bf16 or f16 on the wire. Unset: the model's grad_comm_dtype(), which amp::apply sets
-  // from the policy (bf16 for Policy::bf16()) and is f32 otherwise. After construction,
-  // options() holds the dtype in use.
-  std::optional<DType> grad_comm_dtype;
-  bool average = true;                // average (true) or sum (false) over ranks
-  bool overlap = true;                // false: all communication after backward
-  bool allow_unused_parameters = false;  // a parameter without gradient: error (false) or zero
-  bool broadcast_parameters = true;   // rank 0's values everywhere at construction
-  bool verify_model = true;           // the start-up check that every rank has the same model
+  int accumulation_steps = 1;  // micro-batches per optimizer step
+  int zero_stage = 0;          // 0, 1 or 2 (see the top of this file)
+  // ZeRO: true: each bucket's all-gather of the updated parameters is waited for by the first
+  // forward that reads one of its parameters (overlapped with the forward of the layers
+  // before it); false: right after the optimizer's step.
+  bool gather_during_forward = true;
+  // How gradients are reduced. grad_comm_dtype unset: the model's grad_comm_dtype(), which
+  // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
+  // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
+  ReducerOptions reducer;
+  bool broadcast_parameters = true;  // rank 0's values everywhere at construction
+  bool verify_model = true;          // the start-up check that every rank has the same model
+};
+
+// Bytes this rank holds, by component (what the tensors' storages hold, not a formula).
+struct DdpMemory {
+  std::int64_t parameters = 0;      // what forward reads: compute copies (half), or the fp32 values
+  std::int64_t master_weights = 0;  // fp32 masters kept beside half parameters (ZeRO: the shard)
+  std::int64_t gradients = 0;       // the flat gradient buffer (ZeRO-2: the shard)
+  std::int64_t optimizer_state = 0; // the attached optimizer's state (ZeRO: the shard)
+  std::int64_t communication = 0;   // staging in the wire dtype, ZeRO-2's pool
+  std::int64_t total() const { return parameters + master_weights + gradients + optimizer_state + communication; }
 };
 
 class DistributedDataParallel {
@@ -58,47 +86,94 @@ class DistributedDataParallel {
   // set_precision()) and initialized on rank 0 at least (else InvalidArgument on every rank,
   // naming the parameter); the communicator must serve that device. Keeps references to
   // both: they must outlive this object, which leaves the model's batch slice at (0, 1)
-  // when it goes.
+  // when it goes. Under ZeRO with a half compute dtype the model's fp32 masters are released
+  // (Module::release_master_values): the model then lives on with this object's shard only.
   DistributedDataParallel(Communicator& comm, nn::Module& model, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // The model's forward (not collective, no communication).
+  // Binds `optimizer` (every parameter of it must be the model's) to this object's buffers:
+  // at stage 0 the whole plan (one fused call per run of a weight decay), under ZeRO this
+  // rank's shard, and its step() then also launches the all-gather of the updated
+  // parameters. Not collective. The state so far is carried over. The optimizer may outlive
+  // this object, but must not step after it is gone (it throws).
+  void attach(optim::Optimizer& optimizer);
+
+  // The model's forward (not collective; under ZeRO it waits, bucket by bucket, for the
+  // all-gathers of the last step).
   Tensor forward(const Tensor& x) { return model_.forward(x); }
   // Backward of one micro-batch. On the last micro-batch of a step it is COLLECTIVE: it
   // reduces the gradients across ranks (overlapped with backward), waits for them and
   // divides by (world size · accumulation steps · loss_scale), and returns true: the
-  // gradients are ready for the optimizer. Otherwise it accumulates locally and returns false.
-  // loss_scale: the factor the loss gradient was multiplied by (LossScaler::scale()).
-  // Throws InvalidArgument, before any communication, when the model ran no forward since
-  // its last backward (Module::backward).
+  // gradients are ready for the optimizer. Otherwise it accumulates locally and returns false
+  // (ZeRO-2: reduces too, so it is collective). loss_scale: the factor the loss gradient was
+  // multiplied by (LossScaler::scale()). Throws InvalidArgument, before any communication,
+  // when the model ran no forward since its last backward (Module::backward), and under ZeRO
+  // when no optimizer is attached.
   bool backward(const Tensor& dy, double loss_scale = 1.0);
-  // Whether the next backward completes a step (communicates).
+  // Whether the next backward completes a step. The count of micro-steps restarts at
+  // zero_grad().
   bool next_backward_syncs() const { return micro_step_ + 1 == options_.accumulation_steps; }
   // After a backward that returned true: whether any reduced gradient holds inf or nan (the
   // same answer on every rank). Reads a flag from the device: the step's one host sync.
   bool found_nonfinite();
   // The flag itself (i32 [1] on the device), for callers that read it later.
   const Tensor& found_nonfinite_flag() const { return reducer_->found_nonfinite_flag(); }
-  // Zeroes all gradients (one memset of the bucket buffer).
+  // Zeroes all gradients and starts a new step (the micro-step count restarts).
   void zero_grad();
+  // After a backward that returned true, COLLECTIVE under ZeRO (one small allreduce): the
+  // global L2 norm of the reduced gradients of every rank, and the clipping coefficient for
+  // max_norm to pass to Optimizer::step (as optim::compute_grad_norm). One host sync.
+  optim::GradNorm grad_norm(double max_norm);
+  // ZeRO: waits until every updated parameter has been gathered (forward does it bucket by
+  // bucket by itself; call it before reading parameters outside forward).
+  void synchronize_parameters();
+
+  // Checkpoints whose layout depends neither on the number of ranks nor on the stage: whole
+  // tensors by name, exactly what model.state_dict() and optimizer.state_dict() give at
+  // stage 0 on one rank. COLLECTIVE (call on every rank; under ZeRO they gather the shards).
+  StateDict model_state_dict();
+  StateDict optimizer_state_dict(optim::Optimizer& optimizer);
+  // Not collective: every rank takes its part of the whole tensors (any stage, any world
+  // size wrote them).
+  void load_model_state_dict(const StateDict& state);
+  void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
 
   nn::Module& module() { return model_; }
   Reducer& reducer() { return *reducer_; }
+  const nn::FlatPlan& plan() const { return reducer_->plan(); }
   const DdpOptions& options() const { return options_; }
+  int zero_stage() const { return options_.zero_stage; }
   // Statistics of the last synchronized step.
   const StepStats& last_stats() const { return reducer_->last_stats(); }
+  // Bytes this rank holds now, by component.
+  DdpMemory memory() const;
 
  private:
   void verify_same_model();
   void broadcast_parameters();
+  void launch_gathers();
+  void wait_gather(int bucket);
+  Tensor gather_full(const Tensor& shard);
+  bool half_masters() const { return master_shard_.defined(); }
 
   Communicator& comm_;
   nn::Module& model_;
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
+  std::vector<nn::Parameter*> params_;
+  std::unordered_map<const nn::Parameter*, std::size_t> index_;
   int micro_step_ = 0;
+  optim::Optimizer* attached_ = nullptr;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
+  // ZeRO
+  Tensor master_shard_;  // f32 [shard_numel] where the compute dtype is half
+  std::vector<Work> gathers_;
+  std::vector<bool> gather_pending_;
+  int gathers_pending_ = 0;
+  std::chrono::steady_clock::time_point t_gather_launch_;
+  double gather_ms_ = 0, exposed_gather_ms_ = 0;
 };
 
 }  // namespace tutti::ddp

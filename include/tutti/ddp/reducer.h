@@ -1,60 +1,72 @@
 // Reducer: sums gradients across ranks in buckets while backward is still running.
 //
-// The reducer owns one flat gradient buffer. Gradient i (in the order given, which is the
-// parameters' registration order) is a view into it, and the views are laid out in REVERSE
-// order, because backward produces the last layers' gradients first. The buffer is cut into
-// buckets at gradient boundaries: the first bucket holds about first_bucket_cap_mb, the
-// others about bucket_cap_mb. When every gradient of a bucket has been marked ready, its
-// allreduce starts at once (GPU: on the communicator's stream, ordered after the work issued
-// to the compute stream so far; CPU: on the communication thread), while backward goes on.
+// It takes a FlatPlan (nn/flat_plan.h): the plan says where gradient i lives in the flat
+// buffer, which bucket holds it and, sharded, which chunk of every bucket each rank owns.
+// When every gradient of a bucket has been marked ready, its collective starts at once (GPU:
+// on the communicator's stream, ordered after the work issued to the compute stream so far;
+// CPU: on the communication thread), while backward goes on.
 //
 // Invariant, on which correctness depends (as in PyTorch's reducer): buckets are reduced in
 // the same order on every rank — bucket b is launched only after buckets 0..b-1, whatever
 // order the gradients become ready in.
 //
+// Sharding (ReducerOptions::sharding; DistributedDataParallel's zero_stage sets it):
+//   none        allreduce: every rank gets every averaged gradient (plain data parallelism).
+//   scatter     reduce-scatter in place (ZeRO-1): rank r gets the averaged gradients of its
+//               chunk of each bucket (shard_grad(b)); the rest of the buffer keeps this rank's
+//               local sums, which nobody should read.
+//   shard_only  no full-size buffer at all (ZeRO-2): backward writes each bucket into a buffer
+//               of a small pool (grad(i) places it: call it right before writing gradient i),
+//               the bucket is reduce-scattered and its chunk added to this rank's shard (shard()),
+//               and the pool buffer serves a later bucket. The pool grows only while more buckets
+//               are being written at once than it has buffers (two for a model whose backward
+//               goes layer by layer). Every pass communicates, the accumulating ones too (as
+//               DeepSpeed's stage 2): a non-final pass adds its reduced chunks to the shard.
+//
+// The phases of a reducer, every transition checked (misuse is an error at once, never a
+// wrong sum):
+//   idle --prepare(false)--> accumulating --prepare(...)--> (the pass is closed first)
+//   idle --prepare(true)---> reducing --finish()--> reduced --zero()--> idle
+//   any failure inside a collective --> failed (every later call throws, naming it)
+// prepare(true) then prepare again without finish() is refused (the sums were never
+// averaged); prepare() in `reduced` is refused (zero() first: the optimizer's gradients are
+// still in the buffer and would be added to).
+//
 // This is also the low-level API for programs with their own kernels (docs/user-guide.md has
-// the recipe; tests/ddp/reducer_test.cc runs it): per backward pass prepare(sync), add each
-// gradient into grad(i) and mark_ready(i) as it is done; finish() after the communicating
-// pass; zero() before the next step.
+// the recipe; tests/ddp/reducer_test.cc runs it).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tutti/comm/communicator.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
+#include "tutti/nn/flat_plan.h"
 
 namespace tutti::ddp {
 
-struct ReducerOptions {
-  // Bucket sizes in MiB of gradient data. The first bucket (the last layers) is small so
-  // that communication starts early; the others are large so each allreduce runs near full
-  // bandwidth.
-  double bucket_cap_mb = 25.0;
-  double first_bucket_cap_mb = 1.0;
-  // Dtype on the wire: f32, bf16 or f16. When it differs from the gradients' dtype, each
-  // bucket is cast into a staging buffer before its allreduce and back after it. A half
-  // reduction that averages divides by the world size BEFORE it sums, so the sum of N
-  // gradients cannot overflow; the mpi backend accumulates halves in fp32.
-  DType grad_comm_dtype = DType::f32;
-  // true: gradients are averaged over ranks (DDP's default); false: summed.
-  bool average = true;
-  // true: a bucket's allreduce starts as soon as it is ready (overlapped with backward);
-  // false: every allreduce starts in finish(), after backward (for comparison).
-  bool overlap = true;
-  // A gradient never marked ready by finish(): false (default) throws an error naming it;
-  // true treats it as zero (its slot keeps whatever it holds, zero after zero()).
-  bool allow_unused = false;
-};
+enum class GradientSharding : std::uint8_t { none, scatter, shard_only };
 
-// One gradient the reducer holds.
-struct GradientSpec {
-  std::string name;  // for error messages: "2.weight"
-  Shape shape;
-  bool requires_grad = true;  // false: never communicated and never waited for (a frozen weight)
+struct ReducerOptions {
+  // Dtype on the wire: f32, bf16 or f16; unset: the gradients' dtype. When it differs from the
+  // gradients' dtype, each bucket is cast into a staging buffer before its collective and back
+  // after it. A half reduction that averages divides by the world size BEFORE it sums, so the
+  // sum of N gradients cannot overflow; the mpi backend accumulates halves in fp32.
+  std::optional<DType> grad_comm_dtype;
+  // true: gradients are averaged over ranks; false: summed.
+  bool average = true;
+  // true: a bucket's collective starts as soon as it is ready (overlapped with backward);
+  // false: every collective starts in finish() (or, shard_only, when the pass closes).
+  bool overlap = true;
+  // A gradient never marked ready when its bucket must be reduced: false (default) throws an
+  // error naming it; true treats it as zero (its slot keeps whatever it holds).
+  bool allow_unused = false;
+  GradientSharding sharding = GradientSharding::none;
 };
 
 // Timings of the last synchronized step, in milliseconds of wall time on the host (GPU:
@@ -64,94 +76,130 @@ struct StepStats {
   double comm_ms = 0;           // from the first launch until finish() saw the last bucket
                                 // complete: the span communication was in flight (an upper
                                 // bound of the time spent communicating)
-  double comm_run_ms = 0;       // the buckets' allreduces' own run times added up, where the
+  double comm_run_ms = 0;       // the buckets' collectives' own run times added up, where the
                                 // backend measures them (mpi; 0 on nccl): time spent communicating
   double exposed_comm_ms = 0;   // time finish() waited for communication: NOT hidden by backward
   double finish_ms = 0;         // all of finish(): waits, casts, unscale and check
-  std::int64_t bytes_reduced = 0;  // per rank, on the wire
-  double busbw_gbs = 0;         // bytes_reduced · 2(n-1)/n / comm_run_ms (comm_ms where not measured)
+  std::int64_t bytes_reduced = 0;  // per rank, on the wire (each bucket's input)
+  double busbw_gbs = 0;         // bytes_reduced · f / comm_run_ms (comm_ms where not measured),
+                                // f = 2(n-1)/n for allreduce, (n-1)/n for reduce-scatter
   int buckets = 0;
+  // ZeRO (filled by DistributedDataParallel): the all-gathers of the updated parameters that
+  // followed the previous step.
+  double gather_ms = 0;          // from their launch until the last one was seen complete
+  double exposed_gather_ms = 0;  // time forward (or the step, gathering right away) waited for them
 };
 
 class Reducer {
  public:
-  // Lays out the buffer (grad_dtype: f32, f16 or bf16, on device) and the buckets. Not
-  // collective; every rank must construct it with the same specs and options.
-  Reducer(Communicator& comm, std::vector<GradientSpec> specs, DType grad_dtype, Device device,
-          ReducerOptions options = {});
+  enum class Phase : std::uint8_t { idle, accumulating, reducing, reduced, failed };
+
+  // Lays out the buffer (grad_dtype: f32, f16 or bf16, on device) by `plan`. Not collective;
+  // every rank must construct it with the same plan and options. Sharded, the plan must be
+  // made for comm.size() ranks.
+  Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device device, ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // The flat buffer and gradient i's view into it; offsets(i) in elements. Zeroed at start.
+  const nn::FlatPlan& plan() const { return *plan_; }
+  const std::shared_ptr<const nn::FlatPlan>& shared_plan() const { return plan_; }
+  // none and scatter: the flat buffer (zeroed at start); shard_only: undefined.
   const Tensor& buffer() const { return buffer_; }
-  Tensor grad(std::size_t i) const;
-  std::int64_t offset(std::size_t i) const { return offsets_.at(i); }
-  // The offsets of every gradient, in order, and the buffer length (elements).
-  const std::vector<std::int64_t>& offsets() const { return offsets_; }
-  std::size_t size() const { return specs_.size(); }
-  int bucket_count() const { return static_cast<int>(buckets_.size()); }
-  // Which bucket gradient i is in (0 = reduced first).
-  int bucket_of(std::size_t i) const { return bucket_of_.at(i); }
+  // Gradient i, where backward must write it: a view into the buffer; shard_only, a view into
+  // its bucket's pool buffer, placing the bucket there (call it right before writing, within a
+  // pass; writing a gradient after its bucket was launched is an error).
+  Tensor grad(std::size_t i);
+  // Sharded: this rank's chunk of bucket b's reduced gradients (valid after finish()).
+  Tensor shard_grad(int bucket) const;
+  // shard_only: this rank's gradient shard [plan.shard_numel] (chunks in bucket order).
+  const Tensor& shard() const { return shard_; }
+  std::size_t size() const { return plan_->entries.size(); }
+  int bucket_count() const { return static_cast<int>(plan_->buckets.size()); }
+  int bucket_of(std::size_t i) const { return plan_->entries.at(i).bucket; }
+  std::int64_t offset(std::size_t i) const { return plan_->entries.at(i).offset; }
+  // The options in use (grad_comm_dtype resolved).
   const ReducerOptions& options() const { return options_; }
+  Phase phase() const { return phase_; }
 
-  // Starts a backward pass; every pass needs one, the accumulating ones too. sync: this pass
-  // communicates (the last micro-step of an accumulation) and must end with finish();
-  // otherwise mark_ready() only records and nothing is launched. Work is issued on `stream`
-  // (the model's compute stream). Throws if the previous pass was prepared with sync = true,
-  // got under way and was never finished.
+  // Opens a backward pass; every pass needs one, the accumulating ones too. sync: this pass
+  // completes the step (the last micro-step of an accumulation) and must end with finish();
+  // otherwise mark_ready() only records (shard_only: reduces too). Work is issued on `stream`
+  // (the model's compute stream). An accumulating pass still open is closed first. Throws in
+  // `reducing` (never finished), `reduced` (zero() first) and `failed`.
   void prepare(bool sync, const Stream& stream = Stream());
-  // Gradient i is written for this backward (for a GPU: its last kernel is issued on the
-  // stream given to prepare). Launches every bucket that became ready, in bucket order.
-  // Throws if i was already marked in this pass.
+  // Gradient i is written for this pass (for a GPU: its last kernel is issued on the stream
+  // given to prepare). Launches every bucket that became ready, in bucket order. Throws if i
+  // was already marked in this pass, or outside a pass.
   void mark_ready(std::size_t i);
-  // Ends a synchronized backward: launches what is left (overlap off, or unused gradients
-  // when allowed), waits for every bucket (GPU: the stream waits, the host does not), then
-  // one fused pass per bucket multiplies by 1 / (world size (if averaging) · divisor) and
-  // checks for inf/nan. divisor is typically accumulation steps · loss scale. Returns the
-  // found-nonfinite flag (i32 [1] on the device, 0 or 1), identical on every rank because
-  // the check runs after the reduction. No host sync on a GPU.
+  // Ends a synchronized pass: launches what is left (overlap off, or unused gradients when
+  // allowed), waits for every bucket (GPU: the stream waits, the host does not), then one
+  // fused pass multiplies by 1 / (world size (if averaging) · divisor) and checks for inf/nan
+  // (sharded: over this rank's chunks, then one small max-allreduce of the flag). divisor is
+  // typically accumulation steps · loss scale. Returns the found-nonfinite flag (i32 [1] on
+  // the device, 0 or 1), identical on every rank. No host sync on a GPU.
   const Tensor& finish(double divisor = 1.0);
-  // Zeroes the whole buffer (one memset on the stream of the last prepare()). The buffer is
-  // zero only at construction and gradients are added into it: a reducer used for several
-  // steps needs zero() after each step's gradients have been used.
+  // Zeroes the gradients (the buffer, or the shard) on the stream of the last prepare(), and
+  // returns to idle. Needed after every step: gradients are added into the buffer. Throws in
+  // `reducing` and `failed`.
   void zero();
   // The found-nonfinite flag of the last finish() (i32 [1] on the device; 0 before any).
   const Tensor& found_nonfinite_flag() const { return found_; }
   // Statistics of the last finish().
   const StepStats& last_stats() const { return stats_; }
+  StepStats& mutable_stats() { return stats_; }
+  // Memory: bytes of gradients held (the buffer, or the shard) and of communication buffers
+  // (staging in the wire dtype, shard_only's pool).
+  std::int64_t gradient_bytes() const;
+  std::int64_t communication_bytes() const;
+  // shard_only: buffers in the pool now.
+  int pool_size() const { return static_cast<int>(slots_.size()); }
 
  private:
   struct Bucket {
-    std::int64_t offset = 0;  // elements into buffer_
-    std::int64_t numel = 0;
-    std::vector<std::size_t> grads;
-    int pending = 0;          // gradients not yet marked in this pass
-    Tensor staging;           // grad_comm_dtype copy when it differs from the buffer's dtype
+    int pending = 0;   // gradients not yet marked in this pass
+    Tensor staging;    // wire-dtype copy (none/scatter: one per bucket)
     Work work;
     bool launched = false;
+    int slot = -1;     // shard_only: the pool buffer holding it in this pass
   };
-  void launch(Bucket& b, int index);
+  struct Slot {        // shard_only: one pool buffer
+    Tensor grads;      // grad dtype, the largest bucket's length
+    Tensor staging;    // wire dtype when it differs
+    int bucket = -1;
+  };
+  bool communicates() const { return phase_ == Phase::reducing || options_.sharding == GradientSharding::shard_only; }
+  void require_usable(const char* what) const;
+  void begin_pass(bool sync, const Stream& stream);
+  void close_accumulating_pass();
+  void launch(int b);
   void launch_ready_buckets();
+  void launch_rest();
+  int acquire_slot(int bucket);
+  void retire(int b);
+  Tensor wire_of(int b);
   [[noreturn]] void throw_unready() const;
+  template <typename F>
+  auto guarded(const char* what, F&& f) -> decltype(f());
 
   Communicator& comm_;
-  std::vector<GradientSpec> specs_;
+  std::shared_ptr<const nn::FlatPlan> plan_;
   ReducerOptions options_;
+  DType grad_dtype_;
   Device device_;
-  Tensor buffer_;
-  std::vector<std::int64_t> offsets_;
-  std::vector<int> bucket_of_;
+  Tensor buffer_, shard_;
   std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;
   std::vector<bool> marked_;
   int next_to_launch_ = 0;
-  bool sync_ = false;
-  bool in_pass_ = false;
+  Phase phase_ = Phase::idle;
+  std::string failure_;
   Stream stream_;
   Tensor found_;  // i32 [1]
   StepStats stats_;
   std::chrono::steady_clock::time_point t_prepare_, t_first_launch_;
   bool launched_any_ = false;
+  bool step_started_ = false;  // shard_only: a pass of this step has launched something
 };
 
 }  // namespace tutti::ddp

@@ -23,6 +23,7 @@
 #include "tutti/core/state_dict.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
+#include "tutti/nn/flat_plan.h"
 #include "tutti/nn/parameter.h"
 
 namespace tutti::nn {
@@ -31,6 +32,15 @@ namespace tutti::nn {
 // (accumulates into) a parameter's gradient, on the thread that runs backward. On a GPU the
 // kernel is only issued, not finished: record an Event on the model's stream to know when.
 using GradReadyHook = std::function<void(Parameter&)>;
+// Called by a layer's backward right before it writes (accumulates into) a parameter's
+// gradient, every time (Module::grad_of): returns where that gradient lives now. A
+// data-parallel runtime that keeps no full-size gradient buffer (ZeRO-2) hands out bucket
+// buffers from a pool this way.
+using GradPlacementHook = std::function<Tensor(Parameter&)>;
+// Called by forward before a module's forward reads its own parameters, once per parameter.
+// A data-parallel runtime that gathers updated parameters from other ranks (ZeRO) waits here
+// for the gather of the parameter's bucket.
+using ParamUseHook = std::function<void(Parameter&)>;
 
 // Settings of one model, shared by all its modules (a child adopts its parent's).
 struct ModuleSettings {
@@ -41,6 +51,8 @@ struct ModuleSettings {
   DType grad_comm_dtype = DType::f32;  // what a data-parallel runtime sends the gradients as
   bool training = true;              // Dropout drops only in training mode
   GradReadyHook grad_ready_hook;     // may be empty
+  GradPlacementHook grad_placement_hook;  // may be empty
+  ParamUseHook param_use_hook;       // may be empty
   int batch_slice = 0;               // this process's slice of the global batch ...
   int batch_slices = 1;              // ... of this many (see Module::set_batch_slice)
 };
@@ -124,6 +136,11 @@ class Module {
   Module& eval() { return train(false); }
   // The hook backward calls for each parameter whose gradient is written; empty to remove.
   void set_grad_ready_hook(GradReadyHook hook);
+  // The hooks a layer calls before it writes a gradient and before it reads its parameters in
+  // forward (see above); empty to remove. With a placement hook, backward allocates no
+  // gradients of its own.
+  void set_grad_placement_hook(GradPlacementHook hook);
+  void set_param_use_hook(ParamUseHook hook);
   // Whether backward returns dx (see backward). Children of a module other than the first
   // of a Sequential always compute it.
   Module& set_input_grad(bool needed);
@@ -137,32 +154,46 @@ class Module {
   DType grad_comm_dtype() const { return settings_->grad_comm_dtype; }
   bool is_training() const { return settings_->training; }
 
-  // ---- flat buffers -------------------------------------------------------------------
-  // Parameters packed back to back in REVERSE registration order (the order in which
-  // backward produces their gradients), each start rounded up to a multiple of
-  // align_elements.
-  FlatLayout default_flat_layout(std::int64_t align_elements = 1);
+  // ---- flat buffers: laid out by a FlatPlan (flat_plan.h), never guessed ----------------
+  // The plan make_flat_plan gives this model's parameters with `options` (by default: REVERSE
+  // registration order, offsets aligned to 8 elements, one rank).
+  FlatPlan make_plan(const FlatPlanOptions& options = {});
   // Moves every parameter's fp32 value (and its compute copy, into a second flat buffer of
-  // the same layout) into one flat buffer; each value becomes a view. Gaps are zero. With
-  // values and grads flat in the same layout, an optimizer updates the whole model in one
-  // fused kernel call. Issued on stream(); synchronizes.
-  void flatten_parameters(const FlatLayout& layout);
-  void flatten_parameters() { flatten_parameters(default_flat_layout()); }
-  // The flat fp32 values / compute copies; undefined unless flatten_parameters ran.
+  // the same layout) into one flat buffer laid out by `plan`; each value becomes a view. Gaps
+  // are zero. Gradients already placed in another plan are dropped. Issued on stream();
+  // synchronizes.
+  void flatten_parameters(const FlatPlan& plan);
+  void flatten_parameters() { flatten_parameters(make_plan()); }
+  // The plan the values are flat in (null unless flatten_parameters ran), the flat fp32
+  // values (undefined after release_master_values) and compute copies (undefined for f32).
+  const std::shared_ptr<const FlatPlan>& flat_plan() const { return value_plan_; }
   const Tensor& flat_values() const { return flat_values_; }
   const Tensor& flat_compute() const { return flat_compute_; }
-  const FlatLayout& flat_layout() const { return value_layout_; }
-  // Allocates one zeroed flat gradient buffer of grad_dtype() on device() in `layout` and
-  // makes every trainable parameter's grad a view into it. The model owns the buffer.
-  void allocate_flat_grads(const FlatLayout& layout);
-  // The same in the values' layout when they are flat, else in default_flat_layout(). What
-  // the first backward does when some trainable parameter has no gradient.
+  // Allocates one zeroed flat gradient buffer of grad_dtype() on device() laid out by `plan`
+  // and makes every trainable parameter's grad a view into it. The model owns the buffer.
+  // When the values are flat, `plan` must be theirs (InvalidArgument otherwise).
+  void allocate_flat_grads(const FlatPlan& plan);
+  // The same in the values' plan when they are flat, else in make_plan(). What the first
+  // backward does when some trainable parameter has no gradient.
   void allocate_flat_grads();
   // Makes every trainable parameter's grad a view into `buffer` (owned by the caller; its
-  // dtype f32 or compute_dtype(), on device()) at layout's offsets. Does not zero it.
-  void set_grad_buffer(const Tensor& buffer, const FlatLayout& layout);
-  // The gradient buffer the model allocated; undefined when grads were placed from outside.
+  // dtype grad_dtype(), on device(), at least plan.total elements) at the plan's offsets. Does
+  // not zero it. When the values are flat, `plan` must be theirs.
+  void set_grad_buffer(const Tensor& buffer, const FlatPlan& plan);
+  // The plan the gradients are flat in (null when they are not) and their buffer (undefined
+  // when they are not flat), the model's own or one placed with set_grad_buffer.
+  const std::shared_ptr<const FlatPlan>& grad_plan() const { return grad_plan_; }
   const Tensor& flat_grads() const { return flat_grads_; }
+  // Whether flat_grads() is the model's own (allocate_flat_grads) rather than placed.
+  bool owns_grad_buffer() const { return grads_owned_; }
+  // ZeRO with a half compute dtype: the fp32 master weights are kept elsewhere (each rank
+  // holds its shard), so the model frees its flat fp32 values; every Parameter::value becomes
+  // undefined and forward/backward read the compute copies, which stay whole. Afterwards
+  // init, to, set_precision, state_dict, load_state_dict and refresh_compute_copies throw
+  // (the owner of the masters saves, loads and refreshes them). Needs flat values and a half
+  // compute dtype.
+  void release_master_values();
+  bool master_values_released() const { return masters_released_; }
   // Zeroes every gradient (a few memsets: adjacent views are merged), on stream().
   void zero_grad();
   // Makes every grad undefined (the buffers they viewed are released when unused).
@@ -213,8 +244,9 @@ class Module {
   // A reusable buffer of `shape` and `dtype` on device(), one per slot: reallocated only
   // when it must grow, so repeated steps allocate nothing. Contents are uninitialized.
   Tensor buffer(int slot, const Shape& shape, DType dtype);
-  // The gradient of `param` to accumulate into: its grad, allocated (zeroed) if still
-  // undefined (a module used on its own, without the root's flat buffer).
+  // The gradient of `param` to accumulate into: where the placement hook says, else its grad,
+  // allocated (zeroed) if still undefined (a module used on its own, without the root's flat
+  // buffer). Layers call it right before they write the gradient.
   const Tensor& grad_of(Parameter& param);
 
  private:
@@ -223,6 +255,7 @@ class Module {
   void collect_modules(std::vector<Module*>& out);
   void collect_named_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
   void require_root(const char* what) const;
+  void require_masters(const char* what) const;
   void structure_changed();
   void check_initialized();
   void clear_buffers_recursive();
@@ -240,7 +273,9 @@ class Module {
   bool checked_initialized_ = false;
   bool awaiting_backward_ = false;
   Tensor flat_values_, flat_compute_, flat_grads_;
-  FlatLayout value_layout_, grad_layout_;
+  std::shared_ptr<const FlatPlan> value_plan_, grad_plan_;
+  bool masters_released_ = false;
+  bool grads_owned_ = false;
 };
 
 }  // namespace tutti::nn

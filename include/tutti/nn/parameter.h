@@ -48,7 +48,10 @@ struct Parameter {
   // Dotted path in the model, set when the model enumerates its parameters: "0.weight",
   // "fc1.bias", "3.body.1.gamma". Stable for a given model structure.
   std::string name;
-  // fp32 master value, always defined. May be a view into a flat buffer.
+  // fp32 master value. May be a view into a flat buffer. Always defined, except where the
+  // master weights live elsewhere: under DistributedDataParallel's ZeRO stages with a half
+  // compute dtype each rank keeps only its shard of them (Module::release_master_values), and
+  // value is undefined; forward and backward read `compute`, which stays whole.
   Tensor value;
   // Gradient: f32, or the compute dtype under mixed precision; undefined until the model
   // allocates one (lazily, at the first backward) or someone places a view here. Its shape
@@ -65,19 +68,17 @@ struct Parameter {
   // otherwise, so a forgotten init() is an error rather than a silent all-zero model.
   bool initialized = false;
 
-  const Shape& shape() const { return value.shape(); }
-  std::int64_t numel() const { return value.numel(); }
-  Device device() const { return value.device(); }
+  // The shape given at construction; value, grad and compute all have it.
+  const Shape& shape() const { return shape_; }
+  std::int64_t numel() const { return numel_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  Device device() const { return compute_value().device(); }
   // What forward and backward read: the compute copy when there is one, else the value.
   const Tensor& compute_value() const { return compute.defined() ? compute : value; }
-};
 
-// Where each parameter lives in a flat buffer: offsets[i] (in elements) is where the i-th
-// parameter in registration order starts; `total` is the buffer's length. Offsets are free
-// (the data-parallel runtime may leave gaps to align buckets); ranges must not overlap.
-struct FlatLayout {
-  std::vector<std::int64_t> offsets;
-  std::int64_t total = 0;
+ private:
+  Shape shape_;
+  std::int64_t numel_ = 0;
 };
 
 // The tensors, in their order, with every run of tensors that lie back to back in one

@@ -18,12 +18,15 @@ struct AdamWOptions {
 
 class AdamW : public Optimizer {
  public:
+  // One group of parameters, or several (each with its own weight decay, see optimizer.h).
   AdamW(std::vector<nn::Parameter*> params, AdamWOptions options = {});
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {});
   const AdamWOptions& options() const { return options_; }
 
  protected:
   // "exp_avg" (m) and "exp_avg_sq" (v), PyTorch's names.
-  std::vector<std::string> state_names() const override;
+  std::vector<std::string> state_names_impl() const override;
+  float default_weight_decay() const override { return options_.weight_decay; }
   void update(const Segment& segment, float lr, float grad_scale, std::int64_t step_index) override;
 
  private:

@@ -17,11 +17,14 @@ struct SgdOptions {
 
 class SGD : public Optimizer {
  public:
+  // One group of parameters, or several (each with its own weight decay, see optimizer.h).
   SGD(std::vector<nn::Parameter*> params, SgdOptions options = {});
+  SGD(std::vector<ParamGroup> groups, SgdOptions options = {});
   const SgdOptions& options() const { return options_; }
 
  protected:
-  std::vector<std::string> state_names() const override;
+  std::vector<std::string> state_names_impl() const override;
+  float default_weight_decay() const override { return options_.weight_decay; }
   void update(const Segment& segment, float lr, float grad_scale, std::int64_t step_index) override;
 
  private:
