@@ -14,6 +14,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev     # flags, JSON output
   zlib1g-dev                          # checksums, gzip'ed data sets
   dataset-fashion-mnist               # the examples' data set
+  fortunes                            # train_gpt's default corpus: ~2.5 MB of real English text
   iproute2                            # the emulated cluster of the multi-node tests (scripts/cluster.sh)
   libcpp-httplib-dev                  # the Prometheus /metrics endpoint (obs::HttpExporter)
   python3-prometheus-client           # tests: parse the metrics as Prometheus does

@@ -4,7 +4,7 @@
 //
 // Memory-bound ops report GB/s (bytes each op must move at least once, read + write) against
 // the copy ceiling (a large device-to-device copy on the GPU, memcpy on the CPU; a copy moves
-// 2 x its size). GEMM-like ops (linear, conv) report TFLOP/s against a GEMM of the same dtype
+// 2 x its size). GEMM-like ops (linear, conv, attention) report TFLOP/s against a GEMM of the same dtype
 // (cuBLAS at 4096^3 on the GPU; OpenBLAS sgemm on the CPU, f32 for every dtype since tutti's CPU
 // path computes halves through fp32). Ceilings are measured before and after the ops, and the
 // better of the two counts; in addition, each memory-bound op is compared with the copy timed
@@ -32,6 +32,7 @@
 #include "tutti/core/device.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
+#include "tutti/kernels/attention.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/cross_entropy.h"
@@ -376,6 +377,21 @@ void bench_compute_ops(Ctx& c, DType dt, bool gpu) {
   };
   conv("conv2d", 32, 64, true);
   conv("conv2d_1to32", 1, 32, false);
+  // Causal self-attention forward + backward: GPT-2 124M's shape on the GPU (8 sequences of
+  // 1024, 12 heads of 64), train_gpt's gpt-tiny on the CPU (16 of 128, 4 heads of 32). FLOPs
+  // as the MFU formula counts them (docs/gpt.md): 4·B·T²·C forward, twice that backward, the
+  // full T x T products (the CPU path skips most of the masked triangle, the GPU's computes it).
+  guarded("attention", [&] {
+    const int64_t B = gpu ? 8 : 16, T = gpu ? 1024 : 128, heads = gpu ? 12 : 4, C = gpu ? 768 : 128;
+    Tensor qkv = make({B, T, 3 * C}, dt, dev), dout = make({B, T, C}, dt, dev);
+    Tensor out = Tensor::empty({B, T, C}, dt, dev), probs = Tensor::empty({B, heads, T, T}, dt, dev);
+    Tensor dqkv = Tensor::empty({B, T, 3 * C}, dt, dev);
+    const double flops = 12.0 * static_cast<double>(B * T * T * C);
+    compute_op(c, "attention_fwd_bwd", dt, flops, [&] {
+      attention_forward(qkv, heads, out, probs, s);
+      attention_backward(qkv, probs, dout, heads, dqkv, s);
+    });
+  });
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Trains Fashion-MNIST's MLP (784-512-256-10) or CNN with tutti's trainer and with PyTorch DDP,
 # one after the other, with the same ranks, global batch, optimizer, learning rate and epochs,
-# and prints samples/s of each, their ratio, test accuracy and final loss.
+# and prints samples/s of each, their ratio, test accuracy and final loss. --model gpt-tiny
+# (or gpt2-124m) compares examples/train_gpt with torch_gpt.py instead: the same GPT, data and
+# data order, AdamW and schedule for -s STEPS steps of -b sequences; tokens/s, their ratio,
+# validation and train loss (flags for both in GPT_FLAGS, e.g. "--eval-every 100").
 #
 #   benchmarks/peers/compare.sh [-n RANKS] [-e EPOCHS] [-b GLOBAL_BATCH] [-l LR] [-o OPTIMIZER]
-#                               [-m MOMENTUM] [-r REPEATS] [--model mlp|cnn] [--device cpu|cuda]
+#                               [-m MOMENTUM] [-r REPEATS] [-s STEPS] [--model mlp|cnn|gpt-tiny|gpt2-124m]
+#                               [--device cpu|cuda]
 #                               [--build DIR] [--data DIR] [--out DIR] [--torch-only]
 #   benchmarks/peers/compare.sh --summary-only --out DIR   # the table of the runs already in DIR
 #
@@ -23,7 +27,7 @@
 set -euo pipefail
 
 ranks=2 epochs=1 batch=128 lr=0.05 momentum=0.9 optimizer=sgd build=build data="" out="" torch_only=0 repeats=3
-model=mlp device="" summary_only=0
+model=mlp device="" summary_only=0 steps=300
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) ranks=$2; shift 2 ;;
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
     -o) optimizer=$2; shift 2 ;;
     -m) momentum=$2; shift 2 ;;
     -r) repeats=$2; shift 2 ;;
+    -s) steps=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -49,8 +54,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 trainer="$build/examples/train_fashion_mnist"
+peer="$here/torch_fashion_mnist.py"
 python=${PYTHON:-/usr/bin/python3}  # Debian's python3-torch installs into the system interpreter only
-case "$model" in mlp|cnn) ;; *) echo "compare.sh: --model is mlp or cnn, not '$model'" >&2; exit 2 ;; esac
+gpt=0
+case "$model" in
+  mlp|cnn) ;;
+  gpt-tiny|gpt2-124m) gpt=1 trainer="$build/examples/train_gpt" peer="$here/torch_gpt.py" ;;
+  *) echo "compare.sh: --model is mlp, cnn, gpt-tiny or gpt2-124m, not '$model'" >&2; exit 2 ;;
+esac
 [ "$summary_only" -eq 0 ] || [ -n "$out" ] || { echo "compare.sh: --summary-only needs --out DIR" >&2; exit 2; }
 out=${out:-$(mktemp -d /tmp/tutti-peers.XXXXXX)}
 mkdir -p "$out"
@@ -74,13 +85,21 @@ mpiflags+=(-x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS)
 data_flag=()
 [ -n "$data" ] && data_flag=(--data "$data")
 
-common=(--model "$model" --epochs "$epochs" --batch-size "$batch" --lr "$lr" --optimizer "$optimizer" "${data_flag[@]}")
-[ "$optimizer" = sgd ] && common+=(--momentum "$momentum")
+if [ "$gpt" -eq 1 ]; then
+  # The GPT trainers' own defaults for lr and batch unless given (-l, -b): AdamW, cosine.
+  read -r -a gpt_flags <<< "${GPT_FLAGS:-}"
+  common=(--model "$model" --steps "$steps" "${data_flag[@]}" "${gpt_flags[@]}")
+  [ "$batch" != 128 ] && common+=(--batch-size "$batch")
+  [ "$lr" != 0.05 ] && common+=(--lr "$lr")
+else
+  common=(--model "$model" --epochs "$epochs" --batch-size "$batch" --lr "$lr" --optimizer "$optimizer" "${data_flag[@]}")
+  [ "$optimizer" = sgd ] && common+=(--momentum "$momentum")
+fi
 [ -n "$device" ] && common+=(--device "$device")
 [ "$summary_only" -eq 1 ] && repeats=0
 [ "$summary_only" -eq 1 ] ||
-  echo "compare: $model, $ranks ranks x $threads thread(s), $epochs epoch(s), global batch $batch," \
-       "$optimizer lr $lr${device:+, device $device}; results in $out"
+  echo "compare: $model, $ranks ranks x $threads thread(s), flags ${common[*]}${device:+, device $device};" \
+       "results in $out"
 
 tutti_ran=0
 if [ "$summary_only" -eq 0 ] && [ "$torch_only" -eq 0 ] && [ ! -x "$trainer" ]; then
@@ -94,15 +113,17 @@ for r in $(seq 1 "$repeats"); do
   export MASTER_PORT=$((port0 + r))
   if [ "$torch_only" -eq 0 ]; then
     # The peer keeps its learning rate constant: so does tutti here.
-    echo "--- tutti ($r/$repeats): mpirun -np $ranks $trainer --lr-schedule constant ${common[*]}"
-    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" --lr-schedule constant "${common[@]}" \
-      --progress lines --json "$out/tutti.$r.json" > "$out/tutti.$r.log" 2>&1 || { cat "$out/tutti.$r.log"; exit 1; }
-    tail -n 1 "$out/tutti.$r.log"
+    own=(--lr-schedule constant --progress lines)
+    [ "$gpt" -eq 1 ] && own=()  # the GPT trainers share their schedule (warm-up, cosine)
+    echo "--- tutti ($r/$repeats): mpirun -np $ranks $trainer ${own[*]} ${common[*]}"
+    mpirun -np "$ranks" "${mpiflags[@]}" "$trainer" "${own[@]}" "${common[@]}" \
+      --json "$out/tutti.$r.json" > "$out/tutti.$r.log" 2>&1 || { cat "$out/tutti.$r.log"; exit 1; }
+    grep -E "^(done|epoch)" "$out/tutti.$r.log" | tail -n 1
     tutti_ran=1
   fi
-  echo "--- pytorch ($r/$repeats): mpirun -np $ranks $python $here/torch_fashion_mnist.py ${common[*]}"
+  echo "--- pytorch ($r/$repeats): mpirun -np $ranks $python $peer ${common[*]}"
   mpirun -np "$ranks" "${mpiflags[@]}" -x MASTER_ADDR -x MASTER_PORT \
-    "$python" "$here/torch_fashion_mnist.py" "${common[@]}" --threads "$threads" --json "$out/torch.$r.json" \
+    "$python" "$peer" "${common[@]}" --threads "$threads" --json "$out/torch.$r.json" \
     > "$out/torch.$r.log" 2>&1 || { cat "$out/torch.$r.log"; exit 1; }
   tail -n 2 "$out/torch.$r.log" | head -n 1
 done
@@ -110,9 +131,9 @@ done
 # The table reads every tutti.*.json and torch.*.json in $out (with --summary-only: whatever
 # an earlier run left there).
 [ "$summary_only" -eq 1 ] && tutti_ran=1
-"$python" - "$out" "$tutti_ran" <<'PY'
+"$python" - "$out" "$tutti_ran" "$gpt" <<'PY'
 import json, os, sys
-out, tutti_ran = sys.argv[1], sys.argv[2] == "1"
+out, tutti_ran, gpt = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 import glob, statistics
 def runs(name):
     rows = []
@@ -130,16 +151,27 @@ def fmt(v, spec):
 print()
 print(f"medians of {max(len(t), len(p))} alternating run(s)")
 print(f"{'':16}{'tutti':>14}{'pytorch':>14}")
-for key, spec in [("samples_per_s", ",.0f"), ("test_accuracy", ".4f"), ("final_train_loss", ".4f"),
-                  ("train_s", ".2f"), ("wall_s", ".2f")]:
+rate = "tokens_per_s" if gpt else "samples_per_s"
+keys = ([("tokens_per_s", ",.0f"), ("final_val_loss", ".4f"), ("final_train_loss", ".4f"), ("train_s", ".1f"),
+         ("wall_s", ".1f")] if gpt else
+        [("samples_per_s", ",.0f"), ("test_accuracy", ".4f"), ("final_train_loss", ".4f"), ("train_s", ".2f"),
+         ("wall_s", ".2f")])
+for key, spec in keys:
     print(f"{key:16}{fmt(med(t, key), spec):>14}{fmt(med(p, key), spec):>14}")
-ts, ps = med(t, "samples_per_s"), med(p, "samples_per_s")
+ts, ps = med(t, rate), med(p, rate)
 summary = {"tutti": t, "pytorch": p}
 if ts and ps:
-    pairs = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(t, p)]
-    print(f"\nsamples/s ratio tutti / pytorch: {ts / ps:.2f}x (per pair: {', '.join(f'{x:.2f}' for x in pairs)})")
-    summary.update({"ratio_of_medians": ts / ps, "pair_ratios": pairs,
-                    "accuracy_difference": med(t, "test_accuracy") - med(p, "test_accuracy")})
+    pairs = [a[rate] / b[rate] for a, b in zip(t, p)]
+    print(f"\n{rate} ratio tutti / pytorch: {ts / ps:.2f}x (per pair: {', '.join(f'{x:.2f}' for x in pairs)})")
+    summary.update({"ratio_of_medians": ts / ps, "pair_ratios": pairs})
+    if gpt:
+        same = all(a.get("first_batch_crc32") == b.get("first_batch_crc32") for a, b in zip(t, p))
+        diff = med(t, "final_val_loss") - med(p, "final_val_loss")
+        print(f"validation loss tutti - pytorch: {diff:+.4f} nats; same data order (first batch crc32): "
+              f"{'yes' if same else 'NO'}")
+        summary.update({"val_loss_difference": diff, "same_data_order": same})
+    else:
+        summary["accuracy_difference"] = med(t, "test_accuracy") - med(p, "test_accuracy")
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
 if not t or not p:

@@ -46,3 +46,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void* alpha, const void* A, cudaDataType_t a_type, int lda, const void* B,
                             cudaDataType_t b_type, int ldb, const void* beta, void* C, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
+// Column-major C_i = alpha · op(A_i) · op(B_i) + beta · C_i for i < batch_count, where A_i =
+// A + i · stride_a elements (likewise B_i, C_i); batch_count 0 does nothing. Each product is
+// one cublasGemmEx.
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb,
+                                          long long stride_b, const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                                          long long stride_c, int batch_count, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo);

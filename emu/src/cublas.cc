@@ -3,6 +3,7 @@
 // result rounded once to the output type, as CUBLAS_COMPUTE_32F specifies.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -186,6 +187,47 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                ldc,
                c_type};
   return queue(handle->stream, g);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* B, cudaDataType_t b_type, int ldb,
+                                          long long stride_b, const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                                          long long stride_c, int batch_count, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (compute != CUBLAS_COMPUTE_32F || !supported(a_type) || a_type != b_type ||
+      (c_type != CUDA_R_32F && c_type != a_type)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
+  const int a_rows = ta ? k : m, b_rows = tb ? n : k;
+  if (m < 0 || n < 0 || k < 0 || batch_count < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const std::size_t a_size = a_type == CUDA_R_32F ? 4 : 2, c_size = c_type == CUDA_R_32F ? 4 : 2;
+  for (int i = 0; i < batch_count; ++i) {
+    const auto* a = static_cast<const unsigned char*>(A) + static_cast<std::size_t>(i * stride_a) * a_size;
+    const auto* b = static_cast<const unsigned char*>(B) + static_cast<std::size_t>(i * stride_b) * a_size;
+    auto* c = static_cast<unsigned char*>(C) + static_cast<std::size_t>(i * stride_c) * c_size;
+    const Gemm g{ta,
+                 tb,
+                 m,
+                 n,
+                 k,
+                 *static_cast<const float*>(alpha),
+                 *static_cast<const float*>(beta),
+                 Matrix{a, a_type, a_rows, ta ? m : k, lda},
+                 Matrix{b, b_type, b_rows, tb ? k : n, ldb},
+                 Matrix{c, c_type, m, n, ldc},
+                 c,
+                 ldc,
+                 c_type};
+    const cublasStatus_t st = queue(handle->stream, g);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {

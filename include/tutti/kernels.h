@@ -3,10 +3,12 @@
 // tensors' device.
 #pragma once
 
+#include "tutti/kernels/attention.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/cross_entropy.h"
 #include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/embedding.h"
 #include "tutti/kernels/layernorm.h"
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/optimizer.h"

@@ -21,15 +21,11 @@
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublas.cuh"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/validate.h"
 
 namespace tutti::kernels::cuda {
-namespace {
-
-using std::int64_t;
-
-constexpr std::size_t kLtWorkspaceBytes = 32u << 20;
 
 cudaDataType_t cuda_type(DType d) {
   switch (d) {
@@ -50,6 +46,12 @@ cublasHandle_t cublas_handle(int device) {
   handles.emplace(device, h);
   return h;
 }
+
+namespace {
+
+using std::int64_t;
+
+constexpr std::size_t kLtWorkspaceBytes = 32u << 20;
 
 cublasLtHandle_t cublaslt_handle(int device) {
   thread_local std::map<int, cublasLtHandle_t> handles;

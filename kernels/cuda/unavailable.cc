@@ -96,3 +96,27 @@ void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
   no_cuda_kb("adamw_update");
 }
 }  // namespace tutti::kernels::cuda
+
+// ---- embedding, attention ----
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/embedding.h"
+
+namespace tutti::kernels::cuda {
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  TUTTI_THROW(BackendError, op, ": this build of tutti has no CUDA (TUTTI_WITH_CUDA=OFF)");
+}
+}  // namespace
+void embedding_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Stream&) {
+  no_cuda("embedding_forward");
+}
+void embedding_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Stream&) {
+  no_cuda("embedding_backward");
+}
+void attention_forward(const Tensor&, std::int64_t, const Tensor&, const Tensor&, const Stream&) {
+  no_cuda("attention_forward");
+}
+void attention_backward(const Tensor&, const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Stream&) {
+  no_cuda("attention_backward");
+}
+}  // namespace tutti::kernels::cuda

@@ -32,6 +32,15 @@ void fill_init(const Tensor& t, const InitSpec& spec, InitRng& rng) {
       for (std::int64_t i = 0; i < n; ++i) p[i] = 1.0f;
       return;
     case InitSpec::Kind::uniform: bound = spec.bound; break;
+    case InitSpec::Kind::normal:
+      // Box-Muller on two 53-bit uniforms (u1 in (0, 1], so log(u1) is finite): every value
+      // a function of the generator's bits (and of libm's log and cos).
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double u1 = (static_cast<double>(rng.next_u64() >> 11) + 1.0) * 0x1.0p-53;
+        const double u2 = static_cast<double>(rng.next_u64() >> 11) * 0x1.0p-53;
+        p[i] = static_cast<float>(spec.bound * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+      }
+      return;
     case InitSpec::Kind::kaiming_uniform:
       TUTTI_CHECK_ARG(spec.fan_in > 0, "kaiming_uniform: fan_in must be positive, got ", spec.fan_in);
       bound = std::sqrt(6.0 / spec.fan_in);

@@ -24,17 +24,19 @@ struct InitSpec {
     uniform,          // U(-bound, bound)
     kaiming_uniform,  // U(-b, b), b = sqrt(6 / fan_in): He et al., for ReLU-like layers
     xavier_uniform,   // U(-b, b), b = sqrt(6 / (fan_in + fan_out)): Glorot & Bengio
+    normal,           // N(0, bound^2): bound is the standard deviation (GPT-2: 0.02)
   };
   Kind kind = Kind::zeros;
   double fan_in = 0;
   double fan_out = 0;
-  double bound = 0;  // for Kind::uniform
+  double bound = 0;  // for Kind::uniform; the standard deviation for Kind::normal
 
   static InitSpec zeros() { return {Kind::zeros}; }
   static InitSpec ones() { return {Kind::ones}; }
   static InitSpec uniform(double bound) { return {Kind::uniform, 0, 0, bound}; }
   static InitSpec kaiming_uniform(double fan_in) { return {Kind::kaiming_uniform, fan_in, 0, 0}; }
   static InitSpec xavier_uniform(double fan_in, double fan_out) { return {Kind::xavier_uniform, fan_in, fan_out, 0}; }
+  static InitSpec normal(double std) { return {Kind::normal, 0, 0, std}; }
 };
 
 struct Parameter {

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# GPT-2 124M in bf16 on one GPU: tutti's train_gpt next to PyTorch eager and, where it works,
+# torch.compile: tokens/s and MFU of each, the same model, data, batch and optimizer. For the
+# lent H200 (first, here: bash scripts/gpu-deps.sh):
+#   run(command="bash benchmarks/peers/gpt_gpu.sh", carry=[".gpu-deps"], timeout_s=420)
+# A separate script, not a step of scripts/gpu-check.sh, so that the two fit one device call
+# each; it reuses gpu-check's build folder (build-gpu) when that is already configured.
+#
+# What it does, within GPT_GPU_BUDGET_S (default 380 s; each step is cut at what is left):
+#   1. the carried .deb files unpacked as gpu-check.sh does (Open MPI, OpenBLAS, CLI11, ...),
+#      configure (if needed; NCCL and cuDNN off unless build-gpu has them: one rank needs
+#      neither) and build libtutti and train_gpt only;
+#   2. data: llm.c-format token shards made here from the repository's own text (pairs of
+#      bytes mapped into GPT-2's 50257 ids), since the machine reaches no data set. Throughput
+#      and MFU do not depend on which tokens they are; the losses are not GPT-2's on real text;
+#   3. tutti: train_gpt --model gpt2-124m --precision bf16, batch GPT_BATCH (16) x 1024 tokens,
+#      GPT_STEPS (40) steps, the first ones left out of the steady tokens/s;
+#   4. PyTorch eager (torch_gpt.py: F.scaled_dot_product_attention, autocast bf16), then
+#      torch.compile of the same, each with the same flags;
+#   5. summary: tokens/s (steady), MFU against the H200's 989.4 TFLOP/s dense bf16 (or the
+#      table's entry for the GPU found; GPT_PEAK_TFLOPS overrides), ratio tutti / eager.
+# Output in $OUT (or gpt-gpu-out/): gpt_gpu.txt (the summary, also printed last) and every
+# JSON and log. GPT_GPU_REHEARSE=1 runs the whole plumbing here on the CPU with a tiny GPT and
+# the CPU build (build-cpu), to check the script before spending device minutes.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-$PWD/gpt-gpu-out}
+mkdir -p "$OUT"
+summary=$OUT/gpt_gpu.txt
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+budget=${GPT_GPU_BUDGET_S:-380}
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+rehearse=${GPT_GPU_REHEARSE:-0}
+steps=${GPT_STEPS:-40}
+batch=${GPT_BATCH:-16}
+trap 'echo; echo "== gpt_gpu summary ($OUT)"; cat "$summary"' EXIT
+
+# ---- 1. dependencies and build
+if [ "$rehearse" = 1 ]; then
+  build=${GPT_BUILD:-build-cpu}
+  model=(--model gpt-tiny --layers 2 --width 64 --heads 2 --context 64)
+  device=cpu
+  python=${PYTHON:-/usr/bin/python3}
+  steps=${GPT_STEPS:-12}
+  batch=${GPT_BATCH:-8}
+  say "== REHEARSAL on the CPU: a tiny GPT, $build (GPT_GPU_REHEARSE=1): the plumbing, not the numbers"
+else
+  build=build-gpu
+  model=(--model gpt2-124m)
+  device=cuda
+  python=${PYTHON:-python3}
+  if [ -d .gpu-deps ] && ! command -v mpiexec > /dev/null; then
+    root=/tmp/tutti-deps
+    mkdir -p $root
+    for f in .gpu-deps/*.deb; do dpkg -x "$f" $root; done
+    for p in mpicc mpicxx mpiexec mpirun; do ln -sf $p.openmpi $root/usr/bin/$p; done
+    arch=x86_64-linux-gnu
+    export PATH=$root/usr/bin:$PATH
+    export LD_LIBRARY_PATH=$root/usr/lib/$arch:$root/usr/lib/$arch/openblas-pthread:$root/usr/lib/$arch/openmpi/lib:${LD_LIBRARY_PATH:-}
+    export OPAL_PREFIX=$root/usr PMIX_MCA_pcompress_base_silence_warning=1
+    export OMPI_MCA_plm=isolated OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
+    export CMAKE_PREFIX_PATH=$root/usr:$root/usr/lib/$arch/cmake
+    extra=(-DMPI_C_COMPILER=$root/usr/bin/mpicc -DMPIEXEC_EXECUTABLE=$root/usr/bin/mpiexec
+           -DOpenBLAS_DIR=$root/usr/lib/$arch/openblas-pthread/cmake/openblas)
+    sed -i "s|/usr/|$root/usr/|g" $root/usr/lib/$arch/openblas-pthread/cmake/openblas/OpenBLASConfig.cmake
+  else
+    extra=()
+  fi
+  say "== gpt_gpu $(date -u +%FT%TZ) at $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+changes')"
+  say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null || echo 'none visible')"
+  say "PyTorch: $($python -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1)"
+  b=$(date +%s)
+  if [ ! -f $build/CMakeCache.txt ]; then
+    cmake --preset gpu -G Ninja "${extra[@]}" -DTUTTI_CUDA_EMULATION=OFF -DTUTTI_WITH_NCCL=OFF -DTUTTI_WITH_CUDNN=OFF \
+      -DTUTTI_BUILD_TESTS=OFF -DTUTTI_BUILD_BENCHMARKS=OFF > "$OUT/configure.log" 2>&1 ||
+      { say "configure FAILED (configure.log):"; tail -20 "$OUT/configure.log" | tee -a "$summary"; exit 1; }
+  fi
+  timeout $(( $(left) - 60 )) cmake --build $build -j "$(nproc)" --target train_gpt > "$OUT/build.log" 2>&1 ||
+    { say "build FAILED or out of time (build.log):"; grep -m 20 error "$OUT/build.log" | tee -a "$summary"; exit 1; }
+  say "build (libtutti, train_gpt): $(( $(date +%s) - b )) s"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+trainer=$build/examples/train_gpt
+[ -x "$trainer" ] || { say "no $trainer: build it first"; exit 1; }
+
+# ---- 2. data: llm.c shards from the repository's text
+"$python" - "$OUT" <<'PY'
+import glob, os, struct, sys
+out = sys.argv[1]
+text = b"".join(open(p, "rb").read() for p in sorted(glob.glob("docs/*.md") + glob.glob("src/*/*.cc") + glob.glob("kernels/*/*.c*")))
+ids = [(text[i] * 191 + text[i + 1]) % 50257 for i in range(0, len(text) - 1, 2)]
+def shard(path, tokens):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+need = 1_500_000  # > GPT_STEPS x 16 x 1024 tokens: no window is seen twice
+train = (ids * (need // len(ids) + 1))[:need]
+shard(os.path.join(out, "gpt_train_000001.bin"), train)
+shard(os.path.join(out, "gpt_val_000000.bin"), ids[:70_000])
+print(f"data: {len(text)} bytes of the repository's text -> {len(ids)} tokens, train shard {need}, val 70000")
+PY
+data=(--data "$OUT/gpt_train_000001.bin" --val-data "$OUT/gpt_val_000000.bin")
+common=("${model[@]}" "${data[@]}" --precision bf16 --batch-size "$batch" --steps "$steps" --warmup-steps 5
+        --eval-every 0 --val-tokens 8192 --device "$device")
+[ "$rehearse" = 1 ] && common=("${common[@]/bf16/fp32}")
+[ -n "${GPT_PEAK_TFLOPS:-}" ] && common+=(--peak-tflops "$GPT_PEAK_TFLOPS")
+
+# run NAME WANT CMD...: a timed step (WANT seconds or what is left), its log in $OUT/NAME.log.
+run() {
+  local name=$1 want=$2 l; shift 2
+  l=$(( $(left) - 5 ))
+  [ "$l" -lt 20 ] && { say "$name: SKIPPED, out of time"; return 1; }
+  [ "$want" -lt "$l" ] && l=$want
+  timeout "$l" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  [ $rc = 124 ] && say "$name: TIMED OUT after ${l}s (see $name.log)"
+  [ $rc != 0 ] && [ $rc != 124 ] && { say "$name: FAILED rc=$rc:"; grep -m 5 -iE "error|Traceback|exception" "$OUT/$name.log" | cut -c1-300 | tee -a "$summary"; }
+  return $rc
+}
+
+# ---- 3. tutti
+run tutti 150 mpiexec -n 1 "$trainer" "${common[@]}" --sample-tokens 32 --json "$OUT/tutti.json"
+peak=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1])).get('peak_tflops') or 0)" "$OUT/tutti.json" 2>/dev/null || echo 0)
+[ -n "${GPT_PEAK_TFLOPS:-}" ] && peak=$GPT_PEAK_TFLOPS
+
+# ---- 4. PyTorch eager, then torch.compile
+torch_flags=("${common[@]}" --peak-tflops "${peak:-0}")
+[ "$rehearse" = 1 ] && torch_flags+=(--threads 1)
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29600 + RANDOM % 300))
+run torch_eager 100 "$python" benchmarks/peers/torch_gpt.py "${torch_flags[@]}" --json "$OUT/torch_eager.json"
+export MASTER_PORT=$((MASTER_PORT + 1))
+if [ "$rehearse" = 1 ] || "$python" -c "import torch, sys; sys.exit(0 if hasattr(torch, 'compile') else 1)"; then
+  run torch_compile 150 "$python" benchmarks/peers/torch_gpt.py "${torch_flags[@]}" --compile --json "$OUT/torch_compile.json"
+else
+  say "torch.compile: NOT AVAILABLE in this PyTorch"
+fi
+
+# ---- 5. summary
+"$python" - "$OUT" <<'PY' | tee -a "$summary"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name + ".json")))
+    except (OSError, ValueError):
+        return None
+rows = [("tutti", load("tutti")), ("pytorch eager", load("torch_eager")), ("torch.compile", load("torch_compile"))]
+base = rows[0][1]
+print(f"{'':16}{'tokens/s':>12}{'MFU':>8}{'val loss':>10}  (steady: after the first warm-up steps)")
+for name, r in rows:
+    if r is None:
+        print(f"{name:16}{'-':>12}{'-':>8}{'-':>10}  no result (see {name.split()[0].replace('.', '_')}*.log)")
+        continue
+    mfu = r.get("mfu_steady")
+    print(f"{name:16}{r['tokens_per_s_steady']:>12,.0f}{(f'{100 * mfu:.1f}%' if mfu else 'n/a'):>8}"
+          f"{r['final_val_loss']:>10.4f}")
+if base:
+    print(f"model: {base.get('config')}, {base.get('parameters')} parameters, {base.get('flops_per_token'):.4g} FLOPs/token "
+          f"(6N + 12 L C T), batch {base.get('global_batch_size')} x {base.get('seq_len')}, {base.get('precision')}, "
+          f"device {base.get('device')}, peak {base.get('peak_tflops')} TFLOP/s")
+    for name, r in rows[1:]:
+        if r:
+            print(f"ratio tutti / {name}: {base['tokens_per_s_steady'] / r['tokens_per_s_steady']:.2f}x")
+PY

@@ -1,0 +1,593 @@
+// train_gpt: data-parallel training of a GPT-2-style language model.
+//
+//   mpirun -np 2 build/examples/train_gpt --model gpt-tiny                  # bytes of Debian's fortunes
+//   mpirun -np 2 build/examples/train_gpt --data book.txt --steps 3000       # any text, byte-level
+//   mpirun -np 8 build/examples/train_gpt --model gpt2-124m --precision bf16 \
+//       --data fineweb_train_*.bin --val-data fineweb_val_000000.bin --tokenizer gpt2_tokenizer.bin
+//
+// --batch-size is the GLOBAL batch of one optimizer step in sequences of --seq-len tokens:
+// with N ranks and k accumulation steps each rank runs k micro-batches of batch / (k N)
+// sequences. The data order depends only on the seed (tutti::data::TokenLoader), so a run
+// trains the same way on any number of ranks. docs/gpt.md explains the model, the data, the
+// MFU formula and what was measured.
+//
+// Exit codes as train_fashion_mnist's: 0 done, 1 an error, 2 a bad command line, 3 the loss
+// diverged, 75 stopped by a signal (resumable with --resume).
+#include <unistd.h>
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <tutti/tutti.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../train_fashion_mnist/progress.h"
+#include "data.h"
+#include "model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kExitDiverged = 3;
+constexpr int kExitStopped = 75;
+
+struct Flags {
+  std::string model = "gpt-tiny";
+  std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
+  std::vector<std::string> data, val_data;
+  double val_fraction = 0.1;
+  std::string tokenizer;
+  std::int64_t seq_len = 0;  // 0: the context
+  std::int64_t batch_size = 32;
+  int accum_steps = 1;
+  std::int64_t steps = 300;
+  std::int64_t max_steps = 0;  // stop after this many (0: --steps); the schedule still spans --steps
+  double lr = 1e-3;
+  double min_lr = -1;  // lr / 10 when not given
+  std::int64_t warmup_steps = 50;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.99;
+  double grad_clip = 1.0;
+  std::string precision = "fp32";
+  std::string grad_comm;
+  double bucket_mb = 25;
+  int zero = 0;  // ZeRO stage
+  std::string device = "auto";
+  std::uint64_t seed = 1;
+  std::int64_t eval_every = 100;
+  std::int64_t val_tokens = 65536;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  std::string resume = "no";
+  bool overwrite = false;
+  std::string json;
+  bool quiet = false;
+  double progress_interval = 5.0;
+  std::int64_t sample_tokens = 300;
+  double temperature = 0.8;
+  std::int64_t top_k = 40;
+  std::string prompt = "\n";
+  double peak_tflops = 0;  // 0: the table's
+};
+
+tutti::DType dtype_flag(const std::string& name) {
+  return name == "fp32" ? tutti::DType::f32 : name == "bf16" ? tutti::DType::bf16 : tutti::DType::f16;
+}
+
+tutti::amp::Policy policy_of(const Flags& f) {
+  tutti::amp::Policy p = f.precision == "bf16"   ? tutti::amp::Policy::bf16()
+                         : f.precision == "fp16" ? tutti::amp::Policy::fp16()
+                                                 : tutti::amp::Policy::fp32();
+  if (!f.grad_comm.empty()) p.comm = dtype_flag(f.grad_comm);
+  return p;
+}
+
+// Dense peak FLOP/s of the GPUs we know, for the precision the GEMMs run in: bf16/fp16 on the
+// tensor cores; fp32 without TF32 (tutti's cuBLAS calls use CUBLAS_COMPUTE_32F) on the CUDA
+// cores. From the vendors' data sheets (without sparsity). Returns 0 for an unknown device:
+// MFU is then not reported unless --peak-tflops gives the peak (llm.c prints -100% there).
+double peak_tflops(const std::string& device, const std::string& precision) {
+  struct Row {
+    const char* name;  // a substring of the CUDA device name; earlier rows win
+    double half, fp32;
+  };
+  static const Row kTable[] = {
+      {"H200", 989.4, 66.9},     {"H100 PCIe", 756.5, 51.2}, {"H100", 989.4, 66.9},  // SXM: "H100 80GB HBM3"
+      {"A100", 312.0, 19.5},     {"L40S", 362.1, 91.6},      {"A10", 125.0, 31.2},
+      {"V100", 125.0, 15.7},     {"RTX 4090", 165.2, 82.6},
+  };
+  for (const Row& r : kTable) {
+    if (device.find(r.name) != std::string::npos) return precision == "fp32" ? r.fp32 : r.half;
+  }
+  return 0;
+}
+
+std::uint32_t parameters_crc32(const tutti::StateDict& state) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& [name, t] : state) {
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
+    crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
+  const uLong crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(c.tokens.data()),
+                          static_cast<uInt>(c.tokens.size() * sizeof(std::uint16_t)));
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%08lx/%lld", static_cast<unsigned long>(crc), static_cast<long long>(c.size()));
+  return hex;
+}
+
+std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
+  std::ostringstream s;
+  s << c.fingerprint() << " --seq-len " << f.seq_len << " --batch-size " << f.batch_size << " --accum-steps "
+    << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
+    << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 " << f.beta2 << " --grad-clip "
+    << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb "
+    << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens " << f.val_tokens
+    << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume " << f.resume;
+  return s.str();
+}
+
+// Mean loss over the first min(all, --val-tokens / T) validation windows, each rank
+// computing its contiguous share. COLLECTIVE.
+double evaluate(tutti::Job& job, example::Gpt& model, const tutti::data::TokenLoader& val, std::int64_t max_windows,
+                std::int64_t chunk, const tutti::Stream& stream) {
+  const std::int64_t n = std::min(val.windows(), max_windows);
+  const std::int64_t begin = n * job.rank() / job.world_size(), end = n * (job.rank() + 1) / job.world_size();
+  tutti::Tensor acc = tutti::Tensor::zeros({2}, tutti::DType::f32, job.device());  // sum of losses, count
+  const tutti::Tensor sum = acc.view(0, {1}), count = acc.view(1, {1});
+  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(job.device(), stream);
+  tutti::nn::CrossEntropyLoss loss;
+  model.eval();
+  for (std::int64_t b = begin; b < end; b += chunk) {
+    const tutti::data::TokenBatch batch = val.windows_range(b, std::min(end, b + chunk));
+    const std::int64_t rows = batch.inputs.numel();
+    const tutti::Tensor x = batch.inputs.to(job.device(), stream), y = batch.targets.to(job.device(), stream);
+    const tutti::Tensor logits = model.forward(x);
+    loss.forward(logits.reshape({rows, logits.dim(-1)}), y.reshape({rows}), 1.0f, stream);
+    tutti::kernels::add_scaled(loss.loss(), static_cast<float>(rows), sum, stream);
+    tutti::kernels::add_scaled(one, static_cast<float>(rows), count, stream);
+  }
+  model.train();
+  tutti::CallOptions call;
+  call.label = "validation loss";
+  call.stream = stream;
+  job.communicator().allreduce(acc, tutti::ReduceOp::sum, call).wait(stream);
+  stream.synchronize();
+  const std::vector<float> v = acc.to_floats();
+  return v[1] > 0 ? v[0] / v[1] : 0.0;
+}
+
+int run(Flags f, int& argc, char**& argv) {
+  const auto t_start = Clock::now();
+  tutti::JobOptions job_options;
+  job_options.device = f.device;
+  job_options.catch_stop_signals = true;
+  tutti::Job job(argc, argv, job_options);
+  const int world = job.world_size();
+  const bool chatty = job.rank() == 0 && !f.quiet;
+
+  // The model's shape: the preset, then the overrides.
+  example::GptConfig config = example::GptConfig::preset(f.model);
+  if (f.layers > 0) config.layers = f.layers;
+  if (f.heads > 0) config.heads = f.heads;
+  if (f.width > 0) config.width = f.width;
+  if (f.context > 0) config.context = f.context;
+  if (f.seq_len == 0) f.seq_len = config.context;
+  if (f.min_lr < 0) f.min_lr = f.lr / 10;
+  TUTTI_CHECK_ARG(f.seq_len <= config.context, "--seq-len ", f.seq_len, " is longer than the context ", config.context);
+  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
+                  f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world);
+  TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  if (job.rank() == 0 && !f.json.empty()) {
+    std::ofstream probe(f.json, std::ios::app);
+    TUTTI_CHECK_ARG(probe.good(), "--json ", f.json, ": cannot write there");
+  }
+
+  const example::GptData data = example::load_gpt_data(f.data, f.val_data, f.val_fraction);
+  if (data.bytes) {
+    config.vocab = 256;
+    config.padded_vocab = 256;
+  } else {
+    config.vocab = data.train.vocab;
+    config.padded_vocab = example::pad_vocab(config.vocab);
+  }
+  job.check_same("the flags that shape the run", shaping_flags(f, config));
+  job.check_same("the training data (crc32/tokens)", corpus_fingerprint(data.train));
+  job.check_same("the validation data (crc32/tokens)", corpus_fingerprint(data.val));
+
+  const tutti::Device device = job.device();
+  const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
+  example::Gpt model(config);
+  const tutti::amp::Policy policy = policy_of(f);
+  tutti::amp::apply(policy, model);
+  model.to(device, stream).init(f.seed);
+
+  tutti::ddp::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = f.bucket_mb;
+  ddp_options.accumulation_steps = f.accum_steps;
+  ddp_options.reducer.grad_comm_dtype = policy.comm;
+  ddp_options.zero_stage = f.zero;
+  tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
+
+  // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
+  // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
+  // nanoGPT's recipe).
+  const tutti::nn::Parameter* position_embedding = model.position_embedding();
+  const auto decays = [&](const tutti::nn::Parameter& p) {
+    return p.ndim() >= 2 && &p != &model.embed_weight() && &p != position_embedding;
+  };
+  tutti::optim::AdamWOptions adamw;
+  adamw.lr = static_cast<float>(f.lr);
+  adamw.beta1 = static_cast<float>(f.beta1);
+  adamw.beta2 = static_cast<float>(f.beta2);
+  adamw.weight_decay = static_cast<float>(f.weight_decay);
+  tutti::optim::AdamW optimizer(
+      tutti::optim::weight_decay_groups(model.parameters(), static_cast<float>(f.weight_decay), decays), adamw);
+  optimizer.set_stream(stream);
+  // The optimizer takes DDP's plan: one fused update per run of parameters that share a weight
+  // decay (stage 0), or this rank's shard and the all-gather after each step (ZeRO).
+  ddp.attach(optimizer);
+  std::int64_t decayed = 0;
+  for (const auto& g : optimizer.groups()) {
+    if (optimizer.weight_decay_of(g) > 0) {
+      for (const auto* p : g.parameters) decayed += p->numel();
+    }
+  }
+  optimizer.set_schedule(tutti::optim::LrSchedule::cosine(static_cast<float>(f.lr), f.warmup_steps, f.steps,
+                                                          static_cast<float>(f.min_lr)));
+  tutti::amp::LossScaler scaler(policy.default_scaler());
+  tutti::nn::CrossEntropyLoss loss;
+
+  tutti::data::TokenLoaderOptions lo;
+  lo.sequence_length = f.seq_len;
+  lo.global_micro_batch_size = f.batch_size / f.accum_steps;
+  lo.rank = job.rank();
+  lo.world_size = world;
+  lo.seed = f.seed;
+  tutti::data::TokenLoader loader(data.train, lo);
+  tutti::data::TokenLoaderOptions vo = lo;
+  vo.shuffle = false;
+  vo.global_micro_batch_size = world;
+  tutti::data::TokenLoader val_loader(data.val, vo);
+  const std::int64_t val_windows = std::max<std::int64_t>(world, f.val_tokens / f.seq_len);
+  const std::int64_t tokens_per_step = f.batch_size * f.seq_len;
+
+  // Resume.
+  const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
+  const bool ckpt_exists = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
+  job.check_same("whether " + ckpt_path + " exists (is --checkpoint-dir shared?)", ckpt_exists ? "yes" : "no");
+  TUTTI_CHECK_ARG(f.resume != "yes" || ckpt_exists, "--resume: no checkpoint at ", ckpt_path);
+  TUTTI_CHECK_ARG(f.resume != "no" || !ckpt_exists || f.overwrite, "a checkpoint exists at ", ckpt_path,
+                  ": pass --resume (or --resume auto) to continue it, or --overwrite to start afresh");
+  const bool resuming = f.resume != "no" && ckpt_exists;
+  const tutti::io::Metadata metadata{{"model", config.fingerprint()},
+                                     {"precision", f.precision},
+                                     {"program", "train_gpt"}};
+  std::int64_t step = 0;
+  double last_loss = -1, last_val = -1;
+  if (resuming) {
+    const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
+    tutti::io::check_metadata(ckpt, "model", config.fingerprint(), ckpt_path);
+    const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
+    tutti::io::check_state_matches(model_state, model.state_dict(), ckpt_path);
+    ddp.load_model_state_dict(model_state);
+    ddp.load_optimizer_state_dict(optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
+    const auto saved_precision = ckpt.metadata.find("precision");
+    if (saved_precision == ckpt.metadata.end() || saved_precision->second == f.precision) {
+      scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
+    }
+    loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
+    step = tutti::get_int_scalar(ckpt.state, "train.step");
+    last_loss = tutti::get_scalar(ckpt.state, "train.last_loss");
+    last_val = tutti::get_scalar(ckpt.state, "train.last_val_loss");
+  }
+  const std::int64_t first_step = step;
+  auto save = [&] {
+    // Every rank takes part (under ZeRO the shards are gathered); rank 0 writes.
+    tutti::StateDict model_state = ddp.model_state_dict();
+    tutti::StateDict optim_state = ddp.optimizer_state_dict(optimizer);
+    if (job.rank() != 0) return;
+    try {
+      std::filesystem::create_directories(f.checkpoint_dir);
+      tutti::StateDict state;
+      tutti::io::add_prefixed(state, "model.", std::move(model_state));
+      tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
+      tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
+      tutti::io::add_prefixed(state, "loader.", loader.state_dict());
+      state["train.step"] = tutti::int_scalar_tensor(step);
+      state["train.last_loss"] = tutti::scalar_tensor(last_loss);
+      state["train.last_val_loss"] = tutti::scalar_tensor(last_val);
+      tutti::io::save_checkpoint(ckpt_path, state, metadata);
+    } catch (const std::exception& e) {
+      TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", ckpt_path, " failed: ", e.what());
+    }
+  };
+
+  std::int64_t params = 0;
+  for (auto* p : model.parameters()) params += p->numel();
+  const double flops_per_token = model.flops_per_token(f.seq_len);
+  const std::string device_name = tutti::device_description(device);
+  const double peak = f.peak_tflops > 0 ? f.peak_tflops : device.is_cuda() ? peak_tflops(device_name, f.precision) : 0;
+  if (chatty) {
+    std::printf("train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
+                "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
+                "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | %lld steps%s\n",
+                world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(),
+                config.fingerprint().c_str(), static_cast<long long>(params), data.description.c_str(),
+                f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(), f.zero,
+                static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
+                static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
+                static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip, static_cast<long long>(f.steps),
+                resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
+    std::fflush(stdout);
+  }
+
+  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
+  const tutti::Tensor step_loss = step_sync.view(0, {1}), stop_flag = step_sync.view(1, {1});
+  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
+  tutti::CallOptions loss_call;
+  loss_call.label = "train loss and stop flag";
+  loss_call.stream = stream;
+  double train_seconds = 0, first_loss = -1;
+  // The steady rate leaves out the first steps (cuBLAS's heuristics, the allocator's first
+  // requests, cold caches): at most 10, a fifth of the run.
+  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
+  const std::int64_t warm_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(10, (last_step - step) / 5));
+  double steady_seconds = 0;
+  auto last_print = Clock::now();
+  bool stopped = false;
+  nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
+  // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
+  // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
+  std::uint32_t first_batch_crc = 0;
+  while (step < last_step) {
+    const auto t0 = Clock::now();
+    step_sync.zero(stream);
+    for (int micro = 0; micro < f.accum_steps; ++micro) {
+      const tutti::data::TokenBatch b = loader.next();
+      const std::int64_t rows = b.inputs.numel();
+      if (step == first_step && micro == 0) {
+        first_batch_crc = static_cast<std::uint32_t>(
+            crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
+      }
+      const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
+      const tutti::Tensor logits = ddp.forward(x);
+      loss.forward(logits.reshape({rows, logits.dim(-1)}), y.reshape({rows}), scaler.scale(), stream);
+      tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
+      ddp.backward(loss.grad(), scaler.scale());
+    }
+    if (scaler.update(ddp.found_nonfinite())) {
+      float coefficient = 1.0f;
+      if (f.grad_clip > 0) coefficient = ddp.grad_norm(f.grad_clip).coefficient;
+      optimizer.step(coefficient);
+    }
+    ddp.zero_grad();
+    ++step;
+    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
+    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
+    last_loss = tutti::nn::item(step_loss, stream);
+    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
+    if (first_loss < 0) first_loss = last_loss;
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    train_seconds += step_seconds;
+    if (step > first_step + warm_steps) steady_seconds += step_seconds;
+    if (!std::isfinite(last_loss) && f.precision != "fp16") {
+      if (job.rank() == 0)
+        std::fprintf(stderr, "train_gpt: error: the training loss is %g at step %lld (%s): the run diverged; start "
+                     "again with a smaller --lr (now %g)%s\n", last_loss, static_cast<long long>(step),
+                     f.precision.c_str(), f.lr, ckpt_path.empty() ? "" : ", or resume an earlier checkpoint");
+      return job.rank() == 0 ? kExitDiverged : 0;
+    }
+    const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
+    const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || step == last_step;
+    if (eval_now) {
+      ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
+      curve.push_back({step, step * tokens_per_step, last_loss, last_val});
+    }
+    const auto now = Clock::now();
+    if (chatty && (eval_now || std::chrono::duration<double>(now - last_print).count() >= f.progress_interval)) {
+      last_print = now;
+      const double eta = train_seconds / static_cast<double>(step - first_step) * static_cast<double>(last_step - step);
+      std::printf("step %lld/%lld | loss %.4f%s | lr %.3g | %.0f tokens/s", static_cast<long long>(step),
+                  static_cast<long long>(f.steps), last_loss,
+                  eval_now ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "",
+                  static_cast<double>(optimizer.lr()), tokens_per_s);
+      if (peak > 0) std::printf(" | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / (world * peak * 1e12));
+      std::printf(" | ETA %s\n", example::format_duration(eta).c_str());
+      std::fflush(stdout);
+    }
+    if (!ckpt_path.empty() &&
+        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == last_step || stop_now)) {
+      save();
+    }
+    if (stop_now && step < last_step) {
+      stopped = true;
+      break;
+    }
+  }
+  if (stopped) {
+    job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
+    if (job.rank() == 0) {
+      std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by a signal. %s\n", static_cast<long long>(step),
+                   static_cast<long long>(f.steps),
+                   ckpt_path.empty() ? "No checkpoint was written (no --checkpoint-dir)."
+                                     : ("Checkpoint written to " + ckpt_path + ": resume with the same command and "
+                                        "--resume.").c_str());
+    }
+    return job.rank() == 0 ? kExitStopped : 0;
+  }
+  ddp.synchronize_parameters();
+  if (last_val < 0) last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
+
+  const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
+  const std::uint32_t crc = parameters_crc32(ddp.model_state_dict());
+  const double tokens_per_s =
+      train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
+  const std::int64_t steady_steps = step - first_step - warm_steps;
+  const double steady_tokens_per_s =
+      steady_seconds > 0 && steady_steps > 0 ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
+                                             : tokens_per_s;
+  const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
+  const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
+  if (job.rank() == 0) {
+    // What a person looks at first: text from the trained model.
+    std::string sample;
+    if (f.sample_tokens > 0) {
+      example::SampleOptions so;
+      so.tokens = f.sample_tokens;
+      so.temperature = static_cast<float>(f.temperature);
+      so.top_k = f.top_k;
+      so.seed = f.seed;
+      const example::Detokenizer detok(data.bytes, f.tokenizer);
+      std::vector<std::int32_t> prompt =
+          data.bytes ? example::Detokenizer::bytes_of(f.prompt) : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
+      if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
+      sample = detok.decode(example::generate(model, prompt, so));
+    }
+    if (!f.quiet) {
+      std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s", static_cast<long long>(step),
+                  static_cast<long long>(step * tokens_per_step), last_loss, last_val, tokens_per_s);
+      if (mfu >= 0) std::printf(", MFU %.1f%% of %.1f TFLOP/s per rank", 100 * mfu, peak);
+      else std::printf(", MFU not known (no peak for %s: --peak-tflops sets one)", device_name.c_str());
+      std::printf(", %.1f s\n", wall);
+      if (!sample.empty()) std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n",
+                                       f.temperature, static_cast<long long>(f.top_k),
+                                       static_cast<unsigned long long>(f.seed), sample.c_str());
+      std::fflush(stdout);
+    }
+    if (!f.json.empty()) {
+      nlohmann::json out = {{"steps", step},
+                            {"tokens", step * tokens_per_step},
+                            {"final_train_loss", last_loss},
+                            {"final_val_loss", last_val},
+                            {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
+                            {"tokens_per_s", tokens_per_s},
+                            {"mfu", mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json()},
+                            {"tokens_per_s_steady", steady_tokens_per_s},
+                            {"mfu_steady", steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json()},
+                            {"warm_steps", warm_steps},
+                            {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
+                            {"flops_per_token", flops_per_token},
+                            {"wall_s", wall},
+                            {"train_s", train_seconds},
+                            {"ranks", world},
+                            {"precision", f.precision},
+                            {"zero", f.zero},
+                            {"decayed_parameters", decayed},
+                            {"model", f.model},
+                            {"config", config.fingerprint()},
+                            {"parameters", params},
+                            {"global_batch_size", f.batch_size},
+                            {"seq_len", f.seq_len},
+                            {"accum_steps", f.accum_steps},
+                            {"resumed_from_step", resuming ? first_step : 0},
+                            {"device", device_name},
+                            {"backend", std::string(job.backend())},
+                            {"loss_curve", curve},
+                            {"sample", sample},
+                            {"first_batch_crc32", first_batch_crc},
+                            {"params_crc32", crc}};
+      // The sample may hold bytes that are not UTF-8 (a byte-level model): JSON gets U+FFFD.
+      std::ofstream(f.json) << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
+               "  mpirun -np 2 train_gpt --model gpt-tiny"};
+  app.add_option("--model", f.model, "gpt-tiny (4 layers, 4 heads, 128 wide, context 128) or gpt2-124m")
+      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))->capture_default_str();
+  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
+  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
+  app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
+  app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
+  app.add_option("--data", f.data,
+                 "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
+  app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
+  app.add_option("--val-fraction", f.val_fraction, "share of the data held out for validation")
+      ->check(CLI::Range(0.001, 0.5))->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
+  app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context)")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps in all (0: --steps); the schedule spans --steps")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--zero", f.zero, "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
+                 "sharded), 2 (gradients too)")->check(CLI::Range(0, 2))->capture_default_str();
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
+  app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--resume", f.resume, "continue from --checkpoint-dir; --resume auto: if there is a checkpoint")
+      ->expected(0, 1)->default_str("yes")->check(CLI::IsMember({"yes", "auto"}));
+  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint");
+  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
+  app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--temperature", f.temperature, "sampling temperature")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
+  app.add_option("--peak-tflops", f.peak_tflops, "peak TFLOP/s per rank for MFU (default: the table's, GPUs only)")
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return run(f, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 1;
+  }
+}

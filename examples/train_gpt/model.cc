@@ -1,0 +1,138 @@
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace example {
+
+using tutti::nn::GELU;
+using tutti::nn::InitSpec;
+using tutti::nn::LayerNorm;
+using tutti::nn::Linear;
+using tutti::nn::Residual;
+
+std::int64_t pad_vocab(std::int64_t v) { return (v + 127) / 128 * 128; }
+
+GptConfig GptConfig::preset(const std::string& name) {
+  GptConfig c;
+  if (name == "gpt-tiny") return c;
+  if (name == "gpt2-124m") {
+    c.vocab = 50257;
+    c.padded_vocab = pad_vocab(c.vocab);
+    c.context = 1024;
+    c.layers = 12;
+    c.heads = 12;
+    c.width = 768;
+    return c;
+  }
+  TUTTI_THROW(InvalidArgument, "unknown model '", name, "' (gpt-tiny or gpt2-124m)");
+}
+
+std::string GptConfig::fingerprint() const {
+  std::ostringstream s;
+  s << "L" << layers << " H" << heads << " C" << width << " T" << context << " V" << vocab;
+  if (padded_vocab != vocab) s << "/" << padded_vocab;
+  return s.str();
+}
+
+Gpt::Gpt(const GptConfig& config)
+    : config_(config),
+      embed_(config.padded_vocab, config.context, config.width),
+      ln_f_(config.width),
+      head_(embed_.wte) {
+  const std::int64_t C = config.width;
+  TUTTI_CHECK_ARG(config.layers >= 1 && config.heads >= 1 && C % config.heads == 0 && config.vocab >= 1 &&
+                      config.padded_vocab >= config.vocab,
+                  "GPT: ", config.heads, " heads must divide the width ", C, ", with at least one layer and ",
+                  "padded vocabulary >= vocabulary (", config.fingerprint(), ")");
+  // GPT-2's initialization: N(0, 0.02²) weights, the residual branches' output projections
+  // scaled by 1/sqrt(2 · layers), zero biases, LayerNorm gains 1.
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
+  for (std::int64_t l = 0; l < config.layers; ++l) {
+    auto& attn = blocks_.emplace<Residual>().body();
+    attn.add<LayerNorm>(C);
+    attn.emplace<Linear>(C, 3 * C).weight.init = InitSpec::normal(0.02);
+    attn.add<tutti::nn::CausalSelfAttention>(config.heads);
+    attn.emplace<Linear>(C, C).weight.init = InitSpec::normal(proj_std);
+    auto& mlp = blocks_.emplace<Residual>().body();
+    mlp.add<LayerNorm>(C);
+    mlp.emplace<Linear>(C, 4 * C).weight.init = InitSpec::normal(0.02);
+    mlp.add<GELU>();
+    mlp.emplace<Linear>(4 * C, C).weight.init = InitSpec::normal(proj_std);
+  }
+  register_module("embed", embed_);
+  register_module("blocks", blocks_);
+  register_module("ln_f", ln_f_);
+  register_module("head", head_);
+}
+
+std::string Gpt::describe() const { return "GPT(" + config_.fingerprint() + ")"; }
+
+std::int64_t Gpt::flop_parameters() {
+  std::int64_t n = 0;
+  for (auto* p : parameters()) n += p->numel();
+  return n - embed_.wpe.numel();
+}
+
+double Gpt::flops_per_token(std::int64_t T) {
+  return 6.0 * static_cast<double>(flop_parameters()) +
+         12.0 * static_cast<double>(config_.layers * config_.width * T);
+}
+
+tutti::Tensor Gpt::forward_impl(const tutti::Tensor& tokens) {
+  hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));
+  return head_.forward(hidden_);
+}
+
+tutti::Tensor Gpt::backward_impl(const tutti::Tensor& dlogits) {
+  embed_.backward(blocks_.backward(ln_f_.backward(head_.backward(dlogits))));
+  return tutti::Tensor();  // token ids have no gradient
+}
+
+std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt, const SampleOptions& options) {
+  TUTTI_CHECK_ARG(!prompt.empty() && options.temperature > 0, "generate: needs a prompt and a positive temperature");
+  const GptConfig& c = model.config();
+  std::mt19937_64 rng(options.seed);
+  const tutti::Stream& stream = model.stream();
+  model.eval();
+  std::vector<std::int32_t> out = prompt;
+  std::vector<float> p(static_cast<std::size_t>(c.vocab));
+  for (std::int64_t n = 0; n < options.tokens; ++n) {
+    const std::int64_t T = std::min<std::int64_t>(c.context, static_cast<std::int64_t>(out.size()));
+    const std::vector<std::int64_t> window(out.end() - T, out.end());
+    const tutti::Tensor x = tutti::Tensor::from_ints(window, {1, T}, tutti::DType::i32).to(model.device(), stream);
+    const tutti::Tensor logits = model.forward(x);
+    const tutti::Tensor last = logits.view((T - 1) * c.padded_vocab, {c.padded_vocab}).to(tutti::Device::cpu(), stream);
+    stream.synchronize();
+    const std::vector<float> l = last.to_floats();
+    // Softmax over the real vocabulary (the padding never occurs) at the temperature, among
+    // the top k.
+    std::vector<float> sorted(l.begin(), l.begin() + c.vocab);
+    float cut = -INFINITY;
+    if (options.top_k > 0 && options.top_k < c.vocab) {
+      std::nth_element(sorted.begin(), sorted.begin() + (options.top_k - 1), sorted.end(), std::greater<float>());
+      cut = sorted[static_cast<std::size_t>(options.top_k - 1)];
+    }
+    const float mx = *std::max_element(l.begin(), l.begin() + c.vocab);
+    double sum = 0;
+    for (std::int64_t v = 0; v < c.vocab; ++v) {
+      const float x_v = l[static_cast<std::size_t>(v)];
+      p[static_cast<std::size_t>(v)] = x_v >= cut ? std::exp((x_v - mx) / options.temperature) : 0.0f;
+      sum += p[static_cast<std::size_t>(v)];
+    }
+    double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * sum;
+    std::int32_t pick = 0;
+    for (std::int64_t v = 0; v < c.vocab; ++v) {
+      u -= p[static_cast<std::size_t>(v)];
+      pick = static_cast<std::int32_t>(v);
+      if (u < 0) break;
+    }
+    out.push_back(pick);
+  }
+  model.train();
+  return out;
+}
+
+}  // namespace example

@@ -1,0 +1,80 @@
+// The GPT-2 decoder of train_gpt, built from tutti's nn modules: token + position embedding,
+// `layers` pre-LayerNorm blocks (causal self-attention, then an MLP 4x as wide with GELU, each
+// a residual branch), a final LayerNorm, and an output head tied to the token embedding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <tutti/tutti.h>
+
+namespace example {
+
+struct GptConfig {
+  std::int64_t vocab = 256;        // tokens the data can hold
+  std::int64_t padded_vocab = 256; // rows of the embedding and columns of the logits (>= vocab;
+                                   // GPT-2's 50257 is padded to 50304, a multiple of 128, as
+                                   // llm.c and nanoGPT do: the GEMMs run faster)
+  std::int64_t context = 128;      // the longest sequence (rows of the position embedding)
+  std::int64_t layers = 4;
+  std::int64_t heads = 4;
+  std::int64_t width = 128;        // C; heads must divide it
+
+  // "gpt-tiny" (4 layers, 4 heads, 128 wide, context 128, byte vocabulary: for a 2-core CPU)
+  // or "gpt2-124m" (12 layers, 12 heads, 768 wide, context 1024, vocabulary 50257 padded to
+  // 50304). Throws InvalidArgument for another name.
+  static GptConfig preset(const std::string& name);
+  // "L4 H4 C128 T128 V256" (and "/50304" when padded): what a checkpoint must match.
+  std::string fingerprint() const;
+};
+
+// Rounds v up to a multiple of 128 (llm.c's padding of GPT-2's vocabulary).
+std::int64_t pad_vocab(std::int64_t v);
+
+class Gpt : public tutti::nn::Module {
+ public:
+  explicit Gpt(const GptConfig& config);
+  const GptConfig& config() const { return config_; }
+  std::string describe() const override;
+  // N of the MFU formula: every parameter but the position embedding (which does no
+  // multiply-add per token), as nanoGPT and PaLM count.
+  std::int64_t flop_parameters();
+  // Model FLOPs per trained token (forward + backward) at sequence length T: 6·N + 12·L·C·T
+  // (PaLM's appendix B: the attention scores and their use, the full T x T without halving
+  // for the causal mask).
+  double flops_per_token(std::int64_t T);
+  // The token embedding, which the output head shares.
+  tutti::nn::Parameter& embed_weight() { return embed_.wte; }
+  // The position embedding.
+  const tutti::nn::Parameter* position_embedding() const { return &embed_.wpe; }
+  // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
+  const tutti::Tensor& last_hidden() const { return hidden_; }
+
+ protected:
+  // tokens [B, T] i32 -> logits [B, T, padded_vocab].
+  tutti::Tensor forward_impl(const tutti::Tensor& tokens) override;
+  tutti::Tensor backward_impl(const tutti::Tensor& dlogits) override;
+
+ private:
+  GptConfig config_;
+  tutti::nn::TokenPositionEmbedding embed_;
+  tutti::nn::Sequential blocks_;
+  tutti::nn::LayerNorm ln_f_;
+  tutti::nn::TiedLinear head_;
+  tutti::Tensor hidden_;
+};
+
+struct SampleOptions {
+  std::int64_t tokens = 200;  // new tokens to generate
+  float temperature = 0.8f;   // logits are divided by it (> 0)
+  std::int64_t top_k = 40;    // sample among the k likeliest (0: all)
+  std::uint64_t seed = 1;
+};
+
+// Continues `prompt` (at least one token) by options.tokens tokens drawn one at a time from
+// the model (eval mode; each step runs the last `context` tokens through it, no cache).
+// Reads each step's last logits on the host. Not collective: call it on one rank.
+std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt, const SampleOptions& options);
+
+}  // namespace example

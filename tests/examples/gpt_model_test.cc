@@ -1,0 +1,196 @@
+// train_gpt's model (examples/train_gpt/model.cc): the whole GPT's gradients against finite
+// differences, the tied weight's gradient reported once and complete, GPT-2 124M's parameter
+// count (llm.c's), sampling; and the model on the GPU against the CPU (emulated in CI).
+#include "examples/train_gpt/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "kernels/kernel_test_util.h"
+
+namespace example {
+namespace {
+
+using tutti::DType;
+using tutti::Device;
+using tutti::Tensor;
+
+GptConfig tiny() {
+  GptConfig c;
+  c.vocab = c.padded_vocab = 11;
+  c.context = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.width = 8;
+  return c;
+}
+
+Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
+  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
+  return Tensor::from_ints(v, {B, T}, DType::i32);
+}
+
+// Values far from GPT-2's small initialization, so that every path carries a gradient
+// well above rounding: weights U(-0.5, 0.5), LayerNorm gains 1 + U(-0.3, 0.3).
+void randomize(Gpt& model, std::uint32_t seed) {
+  tutti::StateDict s = model.state_dict();
+  std::uint32_t k = seed;
+  for (auto& [name, t] : s) {
+    const bool gain = name.size() > 6 && name.compare(name.size() - 6, 6, ".gamma") == 0;
+    Tensor r = tutti::testing::random_tensor(t.shape(), DType::f32, k++, gain ? 0.7f : -0.5f, gain ? 1.3f : 0.5f);
+    t = r;
+  }
+  model.load_state_dict(s);
+}
+
+// Mean cross-entropy of the model on (x, y), and its gradients in the parameters' grads.
+double loss_and_grads(Gpt& model, const Tensor& x, const Tensor& y, bool backward) {
+  const Tensor logits = model.forward(x.to(model.device(), model.stream()));
+  const std::int64_t rows = x.numel();
+  tutti::nn::CrossEntropyLoss loss;
+  // On the model's stream: backward reads the loss's gradient there.
+  loss.forward(logits.reshape({rows, logits.dim(-1)}), y.to(model.device(), model.stream()).reshape({rows}), 1.0f,
+               model.stream());
+  if (backward) {
+    model.zero_grad();
+    model.backward(loss.grad());
+  }
+  return tutti::nn::item(loss.loss(), model.stream());
+}
+
+TEST(GptModel, WholeModelGradientsMatchFiniteDifferences) {
+  Gpt model(tiny());
+  model.init(1);
+  randomize(model, 10);
+  const Tensor x = random_tokens(2, 5, 11, 3), y = random_tokens(2, 5, 11, 4);
+  loss_and_grads(model, x, y, true);
+  std::map<std::string, std::vector<float>> grads;
+  for (auto* p : model.parameters()) grads[p->name] = p->grad.to_floats();
+  // Every parameter tensor, at most 6 elements each, spread over it: 70-odd checks.
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (auto* p : model.parameters()) {
+    float* v = p->value.data_as<float>();
+    for (int k = 0; k < 6 && k < p->numel(); ++k) {
+      const std::int64_t i = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(p->numel()));
+      const float saved = v[i];
+      const double h = 1e-2;
+      v[i] = static_cast<float>(saved + h);
+      const double plus = loss_and_grads(model, x, y, false);
+      v[i] = static_cast<float>(saved - h);
+      const double minus = loss_and_grads(model, x, y, false);
+      v[i] = saved;
+      const double numeric = (plus - minus) / (2 * h), analytic = grads[p->name][static_cast<std::size_t>(i)];
+      EXPECT_NEAR(analytic, numeric, 2e-4 + 0.03 * std::fabs(numeric)) << p->name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 60);
+  // The token embedding is used twice (input and tied head): its gradient is not small.
+  double wte = 0;
+  for (float g : grads["embed.wte"]) wte = std::max(wte, double(std::fabs(g)));
+  EXPECT_GT(wte, 1e-2);
+}
+
+TEST(GptModel, TiedWeightIsOneParameterReportedOnceWithBothShares) {
+  Gpt model(tiny());
+  model.init(2);
+  randomize(model, 20);
+  int wte_parameters = 0;
+  for (auto* p : model.parameters()) wte_parameters += p->name == "embed.wte";
+  EXPECT_EQ(wte_parameters, 1);
+  std::map<std::string, int> calls;
+  std::vector<float> at_hook;
+  model.set_grad_ready_hook([&](tutti::nn::Parameter& p) {
+    ++calls[p.name];
+    if (p.name == "embed.wte") at_hook = p.grad.to_floats();
+  });
+  const Tensor x = random_tokens(2, 5, 11, 6), y = random_tokens(2, 5, 11, 7);
+  loss_and_grads(model, x, y, true);
+  for (auto* p : model.parameters()) EXPECT_EQ(calls[p->name], 1) << p->name;
+  // When the hook fired, the gradient was already complete (the head's share was in).
+  tutti::testing::expect_close(at_hook, model.embed_weight().grad.to_floats(), 0, 0, "wte at its hook");
+  // The head's share alone: dlogits^T · final activations. Freeze the embedding's own use by
+  // comparing with a run where the head's share is removed: the difference must be it.
+  tutti::nn::Parameter& wte = model.embed_weight();
+  const std::vector<float> total = wte.grad.to_floats();
+  Tensor head_only = Tensor::zeros(wte.shape(), DType::f32);
+  const Tensor logits = model.forward(x);
+  tutti::nn::CrossEntropyLoss loss;
+  loss.forward(logits.reshape({10, 11}), y.reshape({10}));
+  tutti::kernels::matmul(loss.grad(), true, model.last_hidden().reshape({10, 8}), false, head_only);
+  model.backward(loss.grad());  // the forward above must be consumed
+  double head_norm = 0, diff = 0;
+  const std::vector<float> h = head_only.to_floats();
+  for (std::size_t i = 0; i < h.size(); ++i) head_norm += h[i] * h[i];
+  EXPECT_GT(head_norm, 1e-6);
+  // total - head = the embedding's scatter-add share: zero in the rows of tokens not in x.
+  std::vector<bool> present(11, false);
+  for (auto t : x.to_ints()) present[static_cast<std::size_t>(t)] = true;
+  for (std::int64_t v = 0; v < 11; ++v) {
+    for (std::int64_t c = 0; c < 8; ++c) {
+      const std::size_t i = static_cast<std::size_t>(v * 8 + c);
+      if (!present[static_cast<std::size_t>(v)]) diff = std::max(diff, double(std::fabs(total[i] - h[i])));
+    }
+  }
+  EXPECT_LT(diff, 1e-6) << "rows of absent tokens hold only the head's share";
+}
+
+TEST(GptModel, Gpt2SmallHasLlmcsParameterCount) {
+  Gpt model(GptConfig::preset("gpt2-124m"));
+  std::int64_t n = 0;
+  for (auto* p : model.parameters()) n += p->numel();
+  EXPECT_EQ(n, 124475904);  // llm.c's num_parameters for GPT-2 124M with the vocabulary padded to 50304
+  EXPECT_EQ(model.flop_parameters(), 124475904 - 1024 * 768);
+  EXPECT_DOUBLE_EQ(model.flops_per_token(1024), 6.0 * (124475904 - 1024 * 768) + 12.0 * 12 * 768 * 1024);
+  EXPECT_EQ(model.config().fingerprint(), "L12 H12 C768 T1024 V50257/50304");
+  EXPECT_THROW(GptConfig::preset("gpt-huge"), tutti::InvalidArgument);
+}
+
+TEST(GptModel, GenerateIsDeterministicAndStaysInTheVocabulary) {
+  GptConfig c = tiny();
+  c.padded_vocab = 16;  // padding never sampled
+  Gpt model(c);
+  model.init(3);
+  SampleOptions o;
+  o.tokens = 20;
+  o.top_k = 5;
+  const auto a = generate(model, {1, 2}, o), b = generate(model, {1, 2}, o);
+  ASSERT_EQ(a.size(), 22u);
+  EXPECT_EQ(a, b);
+  for (auto t : a) EXPECT_TRUE(t >= 0 && t < 11) << t;
+  EXPECT_TRUE(model.is_training());
+}
+
+TEST(Gpu, GptForwardAndBackwardMatchCpu) {
+  TUTTI_REQUIRE_GPU();
+  for (DType d : {DType::f32, DType::bf16}) {
+    Gpt cpu(tiny()), gpu(tiny());
+    cpu.init(4);
+    randomize(cpu, 40);
+    gpu.set_precision(d);
+    gpu.to(Device::cuda(0), tutti::Stream::create(Device::cuda(0)));
+    gpu.load_state_dict(cpu.state_dict());
+    const Tensor x = random_tokens(3, 6, 11, 8), y = random_tokens(3, 6, 11, 9);
+    const double lc = loss_and_grads(cpu, x, y, true), lg = loss_and_grads(gpu, x, y, true);
+    const double tol = d == DType::f32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(lg, lc, tol * std::fabs(lc)) << tutti::name_of(d);
+    const auto pc = cpu.parameters(), pg = gpu.parameters();
+    for (std::size_t i = 0; i < pc.size(); ++i) {
+      const std::vector<float> gc = pc[i]->grad.to_floats();
+      double scale = 0;
+      for (float g : gc) scale = std::max(scale, double(std::fabs(g)));
+      tutti::testing::expect_close(pg[i]->grad.to_floats(), gc, d == DType::f32 ? 1e-3 : 0.1,
+                                   (d == DType::f32 ? 1e-4 : 5e-2) * scale,
+                                   std::string(tutti::name_of(d)) + " grad of " + pc[i]->name);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace example

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""train_gpt end to end under mpirun, on a small GPT and a small corpus so that CI stays fast
+(unittest): the same training on 1, 2 and 4 ranks, a resumed run bit-identical to an
+uninterrupted one, the data order that the PyTorch peer reproduces (benchmarks/peers/gpt_data.py),
+the JSON summary and MFU, the sample, llm.c token shards, the default corpus (Debian's
+fortunes); with --emu-binary, the trainer on the emulated GPU against the CPU.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import unittest
+
+ARGS = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks", "peers"))
+import gpt_data  # noqa: E402
+
+TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
+        "--warmup-steps", "2", "--eval-every", "3", "--val-tokens", "256", "--sample-tokens", "16", "--quiet"]
+
+
+def corpus(workdir):
+    """Real text, a few hundred KB: this repository's docs and sources, always in the same order."""
+    path = os.path.join(workdir, "corpus.txt")
+    if not os.path.exists(path):
+        root = os.path.join(HERE, "..", "..")
+        parts = []
+        for rel in ["README.md", "docs/architecture.md", "docs/user-guide.md", "docs/development.md"]:
+            with open(os.path.join(root, rel), "rb") as f:
+                parts.append(f.read())
+        with open(path, "wb") as f:
+            f.write(b"".join(parts))
+    return path
+
+
+def merged(flags):
+    """TINY with `flags` in place of its own values for the options both name (the trainer
+    takes each option once)."""
+    base = list(TINY)
+    rest = []
+    flags = list(flags)
+    i = 0
+    while i < len(flags):
+        f = flags[i]
+        takes_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+        if f in base and base.index(f) + 1 < len(base) and not base[base.index(f) + 1].startswith("--"):
+            base[base.index(f) + 1] = flags[i + 1]
+        else:
+            rest += flags[i:i + 2] if takes_value else [f]
+        i += 2 if takes_value else 1
+    return base + rest
+
+
+def train(ranks, workdir, name, *flags, binary=None, env=None, expect=0):
+    out = os.path.join(workdir, name + ".json")
+    cmd = [ARGS.mpiexec, "-n", str(ranks), "--oversubscribe", binary or ARGS.binary, *merged(flags), "--json", out]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    if p.returncode != expect:
+        raise AssertionError("%s exited %d, expected %d:\n%s\n%s" % (" ".join(cmd), p.returncode, expect, p.stdout,
+                                                                     p.stderr))
+    if expect != 0:
+        return p
+    with open(out) as f:
+        return json.load(f)
+
+
+class TrainGpt(unittest.TestCase):
+    def setUp(self):
+        self.dir = os.path.join(ARGS.workdir, self.id().split(".")[-1])
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.data = ["--data", corpus(ARGS.workdir)]
+
+    def test_one_two_and_four_ranks_train_alike(self):
+        runs = {n: train(n, self.dir, "np%d" % n, *self.data) for n in (1, 2, 4)}
+        for n, r in runs.items():
+            self.assertEqual(r["ranks"], n)
+            self.assertEqual(r["steps"], 6)
+            self.assertEqual(r["tokens"], 6 * 8 * 32)
+        one = runs[1]
+        self.assertLess(one["final_train_loss"], one["initial_train_loss"] - 0.3, "it learns")
+        for n in (2, 4):
+            # Same global batches in the same order; only the sums' order differs (allreduce).
+            for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+                self.assertAlmostEqual(runs[n][key], one[key], delta=2e-5 * abs(one[key]), msg="np %d %s" % (n, key))
+            for a, b in zip(runs[n]["loss_curve"], one["loss_curve"]):
+                self.assertEqual(a[:2], b[:2])
+                self.assertAlmostEqual(a[3], b[3], delta=2e-5 * abs(b[3]))
+
+    def test_resume_is_bit_identical(self):
+        ckpt = os.path.join(self.dir, "ckpt")
+        straight = train(2, self.dir, "straight", *self.data)
+        first = train(2, self.dir, "first", *self.data, "--checkpoint-dir", ckpt, "--max-steps", "4")
+        self.assertEqual(first["steps"], 4)
+        # A checkpoint is there: starting again without --resume is refused.
+        p = train(2, self.dir, "refused", *self.data, "--checkpoint-dir", ckpt, expect=1)
+        self.assertIn("--resume", p.stderr)
+        resumed = train(2, self.dir, "resumed", *self.data, "--checkpoint-dir", ckpt, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["steps"], 6)
+        self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
+        self.assertEqual(resumed["final_train_loss"], straight["final_train_loss"])
+        self.assertEqual(resumed["final_val_loss"], straight["final_val_loss"])
+
+    def test_zero_stages_and_resume_across_them(self):
+        # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,
+        # then ZeRO-2 at 4 ranks from its checkpoint: the training of stage 0 at 2 ranks.
+        wd = ["--weight-decay", "0.1"]
+        ckpt = os.path.join(self.dir, "ckpt")
+        straight = train(2, self.dir, "zero0", *self.data, *wd)
+        first = train(2, self.dir, "zero1", *self.data, *wd, "--zero", "1", "--checkpoint-dir", ckpt, "--max-steps", "4")
+        self.assertEqual(first["zero"], 1)
+        resumed = train(4, self.dir, "zero2", *self.data, *wd, "--zero", "2", "--checkpoint-dir", ckpt, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["zero"], 2)
+        for key in ("final_train_loss", "final_val_loss"):
+            self.assertAlmostEqual(resumed[key], straight[key], delta=2e-5 * abs(straight[key]), msg=key)
+        # The weight matrices of the blocks decay (qkv 3C x C, projection C x C, MLP 4C x C and
+        # C x 4C: 12 C^2 per layer); embeddings (the tied head too), LayerNorms and biases do not.
+        self.assertEqual(straight["decayed_parameters"], 12 * 2 * 32 * 32)
+
+    def test_data_order_is_the_one_the_python_peer_reads(self):
+        r = train(2, self.dir, "order", *self.data, "--seed", "7")
+        tokens, starts, _ = gpt_data.read_corpus([corpus(ARGS.workdir)])
+        (train_tokens, train_starts), _ = gpt_data.split_tail(tokens, starts, 0.1)
+        loader = gpt_data.TokenLoader(train_tokens, train_starts, 32, 8, 0, 2, 7)
+        self.assertEqual(r["first_batch_crc32"], gpt_data.tokens_crc32(loader.rows(loader.next_windows())))
+
+    def test_summary_mfu_and_sample(self):
+        r = train(1, self.dir, "summary", *self.data, "--peak-tflops", "0.5")
+        for key in ("steps", "final_train_loss", "final_val_loss", "tokens_per_s", "mfu", "wall_s", "ranks",
+                    "precision", "model", "parameters"):
+            self.assertIn(key, r)
+        self.assertEqual(r["model"], "gpt-tiny")
+        self.assertEqual(r["config"], "L2 H2 C32 T32 V256")
+        # 2 layers of 12·C² + 13·C, the two LayerNorms' 2·C, wte 256·C, wpe 32·C.
+        self.assertEqual(r["parameters"], 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32 + 256 * 32 + 32 * 32)
+        self.assertAlmostEqual(r["flops_per_token"], 6 * (r["parameters"] - 32 * 32) + 12 * 2 * 32 * 32)
+        self.assertAlmostEqual(r["mfu"], r["flops_per_token"] * r["tokens_per_s"] / 0.5e12, delta=1e-12)
+        # The "\n" prompt and 16 bytes (a byte that is not UTF-8 comes as U+FFFD in JSON).
+        self.assertTrue(r["sample"].startswith("\n") and 8 <= len(r["sample"]) <= 17, repr(r["sample"]))
+        without_peak = train(1, self.dir, "nopeak", *self.data, "--steps", "1")
+        self.assertIsNone(without_peak["mfu"])
+
+    def test_llmc_token_shards(self):
+        def shard(path, tokens):
+            with open(path, "wb") as f:
+                f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+                f.write(struct.pack("<%dH" % len(tokens), *tokens))
+        text = open(corpus(ARGS.workdir), "rb").read()
+        # A made-up "tokenization" (pairs of bytes) into GPT-2's id range.
+        ids = [(text[i] * 191 + text[i + 1]) % 50257 for i in range(0, 40000, 2)]
+        shard(os.path.join(self.dir, "t_train_000001.bin"), ids[:18000])
+        shard(os.path.join(self.dir, "t_val_000000.bin"), ids[18000:])
+        r = train(2, self.dir, "shards", "--data", os.path.join(self.dir, "t_train_000001.bin"), "--val-data",
+                  os.path.join(self.dir, "t_val_000000.bin"), "--steps", "2", "--sample-tokens", "4")
+        self.assertEqual(r["config"], "L2 H2 C32 T32 V50257/50304")
+        self.assertTrue(r["sample"].startswith("<50256>"), r["sample"])  # ids without --tokenizer
+        bad = os.path.join(self.dir, "bad.bin")
+        with open(bad, "wb") as f:
+            f.write(b"not a shard" * 200)
+        p = train(1, self.dir, "bad", "--data", bad, expect=1)
+        self.assertIn("magic", p.stderr)
+
+    def test_default_corpus_is_debians_fortunes(self):
+        r = train(1, self.dir, "fortunes", "--steps", "1", "--sample-tokens", "0")
+        self.assertEqual(r["steps"], 1)
+        p = train(1, self.dir, "nofortunes", "--steps", "1", env={"TUTTI_FORTUNES_DIR": self.dir + "/none"}, expect=1)
+        self.assertIn("apt-get install fortunes", p.stderr)
+
+
+class TrainGptOnEmulatedGpu(unittest.TestCase):
+    """train_gpt_emu --device cuda: the model, DDP (nccl, a GPU per rank) and the optimizer on
+    the emulated GPU follow the CPU run."""
+
+    def test_fp32_follows_the_cpu(self):
+        if not ARGS.emu_binary:
+            self.skipTest("no emulated build")
+        d = os.path.join(ARGS.workdir, "emu")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        data = ["--data", corpus(ARGS.workdir), "--steps", "3", "--eval-every", "0", "--sample-tokens", "4"]
+        cpu = train(2, d, "cpu", *data, "--device", "cpu")
+        gpu = train(2, d, "gpu", *data, "--device", "cuda", binary=ARGS.emu_binary, env={"TUTTI_EMU_DEVICES": "2"})
+        self.assertEqual(gpu["backend"], "nccl")
+        self.assertIn("cuda", gpu["device"].lower() + " cuda")
+        for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+            self.assertAlmostEqual(gpu[key], cpu[key], delta=1e-4 * abs(cpu[key]), msg=key)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--emu-binary", default="")
+    parser.add_argument("--mpiexec", default="mpiexec")
+    parser.add_argument("--workdir", required=True)
+    ARGS, rest = parser.parse_known_args()
+    os.makedirs(ARGS.workdir, exist_ok=True)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
