@@ -1,7 +1,8 @@
 // tutti: data-parallel training in C++/CUDA. The one header a training program includes.
 //
 // Layers, bottom to top (docs/architecture.md): core (dtypes, devices, tensors, streams,
-// errors), kernels, comm (bootstrap and communicators), nn, optim, amp, ddp.
+// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, optim, amp, ddp,
+// obs (trace files, Prometheus metrics, stragglers, MFU).
 #pragma once
 
 #include "tutti/comm/communicator.h"

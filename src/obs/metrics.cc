@@ -254,7 +254,10 @@ TextfileExporter::~TextfileExporter() {
 void TextfileExporter::write_now() {
   const std::string text = registry_.text();
   const std::filesystem::path target(path_);
-  const std::filesystem::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp");
+  std::string hidden = ".";  // (appended, not concatenated: GCC 12 warns falsely on "." + string)
+  hidden += target.filename().string();
+  hidden += ".tmp";
+  const std::filesystem::path tmp = target.parent_path() / hidden;
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     TUTTI_CHECK(f.good(), "TextfileExporter: cannot write ", tmp.string(), " (", std::strerror(errno), ")");

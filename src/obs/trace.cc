@@ -29,8 +29,10 @@ std::string micros(std::int64_t ns) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%lld.%03lld", static_cast<long long>(ns / 1000),
                 static_cast<long long>(std::llabs(ns % 1000)));
-  if (ns < 0 && ns > -1000) return "-" + std::string(buf);
-  return buf;
+  std::string out;
+  if (ns < 0 && ns > -1000) out += '-';  // -0.500 (ns / 1000 lost the sign)
+  out += buf;
+  return out;
 }
 
 // Rank r's text on rank 0 (others get an empty vector). COLLECTIVE: one allgather of the
