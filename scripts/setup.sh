@@ -16,6 +16,9 @@ packages=(
   dataset-fashion-mnist               # the examples' data set
   fortunes                            # train_gpt's default corpus: ~2.5 MB of real English text
   iproute2                            # the emulated cluster of the multi-node tests (scripts/cluster.sh)
+  libcpp-httplib-dev                  # the Prometheus /metrics endpoint (obs::HttpExporter)
+  python3-prometheus-client           # tests: parse the metrics as Prometheus does
+  python3-matplotlib                  # scripts/trace_plot.py: a picture of the timeline
 )
 
 missing=()

@@ -11,6 +11,9 @@
 //   after        the same with every allreduce after backward (overlap off)
 //   zero1        ZeRO-1: reduce-scatter, sharded update, all-gather in the next forward
 //   zero2        ZeRO-2: as zero1, without a full-size gradient buffer
+//   traced       overlap with the timeline recording (docs/observability.md): its steps record
+//                every span (layers, collectives, waits, optimizer), the other modes' do not, so
+//                traced / overlap is what tracing costs; the spans are written to --trace DIR
 // The modes' steps are interleaved (one step of each in turn, the ranks lined up before each),
 // so that the machine's drift falls on all of them alike; each rank times its own steps and
 // the tables give medians: step
@@ -72,6 +75,7 @@ struct Config {
   std::string modes = "local,overlap,after,zero1,zero2";
   bool memory_only = false;
   std::string json;
+  std::string trace_dir = "ddp_bench_trace";
 };
 
 std::unique_ptr<tutti::nn::Sequential> make_model(const Config& c) {
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
   app.add_option("--modes", c.modes, "comma list of local, overlap, after, zero0, zero1, zero2");
   app.add_flag("--memory-only", c.memory_only, "set up each mode and run two steps: memory, no timing");
   app.add_option("--json", c.json, "write the results as JSON to this path");
+  app.add_option("--trace", c.trace_dir, "where the traced mode writes its timeline")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
     for (const std::string& mode : split(c.modes)) {
       auto m = std::make_unique<Instance>();
       m->mode = mode;
-      if (mode == "overlap" || mode == "after" || mode == "zero0") m->zero = 0;
+      if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced") m->zero = 0;
       else if (mode == "zero1") m->zero = 1;
       else if (mode == "zero2") m->zero = 2;
       else if (mode != "local") throw std::runtime_error("unknown mode '" + mode + "'");
@@ -239,6 +244,17 @@ int main(int argc, char** argv) {
       all.push_back(std::move(m));
     }
 
+    // The traced mode records its steps only: a step number of -1 is outside every window, so the
+    // other modes' steps record nothing (and cost only the flag's branch, as with tracing off).
+    std::unique_ptr<tutti::obs::TraceSession> trace;
+    const bool any_traced = std::any_of(all.begin(), all.end(), [](const auto& m) { return m->mode == "traced"; });
+    if (any_traced && !c.memory_only) {
+      tutti::obs::TraceOptions to;
+      to.dir = c.trace_dir;
+      to.host = job.hostname();
+      trace = std::make_unique<tutti::obs::TraceSession>(job.cpu_communicator(), to);
+      tutti::trace::begin_step(-1);
+    }
     if (!c.memory_only) {
       // The ranks line up before every timed step (else a mode would be charged the drift the
       // previous mode left, a collective-free local step above all); within the step they run
@@ -248,8 +264,14 @@ int main(int argc, char** argv) {
         for (std::size_t k = 0; k < all.size(); ++k) {
           Instance& m = *all[(k + static_cast<std::size_t>(it)) % all.size()];
           job.cpu_communicator().barrier().wait();
+          const bool traced = trace && m.mode == "traced";
           const auto t0 = Clock::now();
+          if (traced) tutti::trace::begin_step(it);
           one_step(m);
+          if (traced) {
+            tutti::trace::end_step();
+            tutti::trace::begin_step(-1);
+          }
           const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
           if (it < c.warmup) continue;
           m.step.push_back(ms);
@@ -266,6 +288,9 @@ int main(int argc, char** argv) {
         }
       }
     }
+
+    std::vector<std::string> trace_files;
+    if (trace) trace_files = trace->write();  // COLLECTIVE
 
     std::vector<Result> results;
     double local = 0;
@@ -312,6 +337,14 @@ int main(int argc, char** argv) {
         double zero0 = 0;
         for (const Result& r : results) {
           if (r.mode == "overlap" || r.mode == "zero0") zero0 = r.step_ms;
+        }
+        double traced = 0;
+        for (const Result& r : results) {
+          if (r.mode == "traced") traced = r.step_ms;
+        }
+        if (traced > 0 && zero0 > 0) {
+          std::printf("# tracing overhead: traced / overlap step time = %.4f (%+.2f%%); timeline in %s\n", traced / zero0,
+                      100.0 * (traced / zero0 - 1.0), trace_files.empty() ? "?" : trace_files.back().c_str());
         }
         for (const Result& r : results) {
           std::printf("%-8s %10.2f %11.2f %11.2f %8.1f%% %12.0f %10.3f %9.2f %9.3f\n", r.mode.c_str(), r.step_ms,

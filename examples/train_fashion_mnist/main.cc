@@ -41,6 +41,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "models.h"
 #include "progress.h"
@@ -80,7 +81,36 @@ struct Flags {
   std::int64_t test_subset = 0;
   double progress_interval = 2.0;
   std::string progress = "auto";
+  // Watching the job (docs/observability.md).
+  std::string trace;            // TUTTI_TRACE when empty
+  std::string metrics_file;     // Prometheus textfile; "%r" is the rank
+  double metrics_interval = 10;
+  int metrics_port = 0;         // /metrics on port + local rank
+  int straggler_every = 50;     // 0: off
+  double straggler_threshold = 0.2;
+  double peak_tflops = 0;       // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
+  std::string debug_slow;       // "R:MS": rank R busy-waits MS ms in every step's compute (tests)
 };
+
+// The textfile of this rank: "%r" replaced by the rank, else "-rank<R>" before the extension when
+// there are several ranks (node_exporter reads every *.prom file of its directory).
+std::string metrics_path_of(const std::string& path, int rank, int world) {
+  if (const auto at = path.find("%r"); at != std::string::npos) {
+    return path.substr(0, at) + std::to_string(rank) + path.substr(at + 2);
+  }
+  if (world == 1) return path;
+  const auto dot = path.rfind('.');
+  const auto slash = path.rfind('/');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_ext ? path.substr(0, dot) : path, ext = has_ext ? path.substr(dot) : "";
+  return stem + "-rank" + std::to_string(rank) + ext;
+}
+
+void busy_wait_ms(double ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
 
 tutti::DType dtype_flag(const std::string& name) {
   return name == "fp32" ? tutti::DType::f32 : name == "bf16" ? tutti::DType::bf16 : tutti::DType::f16;
@@ -159,6 +189,8 @@ const char* signal_name(int sig) {
 // Test accuracy over the whole test set, data-parallel: each rank counts its share, the
 // counts are summed over ranks. COLLECTIVE.
 double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test, const tutti::Stream& stream) {
+  std::optional<tutti::trace::Span> span;
+  if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const tutti::Device device = job.device();
   const tutti::data::Dataset mine = tutti::data::eval_shard(test, job.rank(), job.world_size());
   tutti::Tensor correct = tutti::Tensor::zeros({1}, tutti::DType::i64, device);
@@ -349,6 +381,51 @@ int run(const Flags& f, int& argc, char**& argv) {
     std::fflush(stdout);
   }
 
+  // Watching the job: the timeline, Prometheus metrics, stragglers, MFU (docs/observability.md).
+  // MFU: the model's training FLOPs per sample (its layers') x samples/s over the ranks' peak.
+  const tutti::Shape sample_shape = spec.flat_input ? tutti::Shape{784} : tutti::Shape{1, 28, 28};
+  const double flops_per_sample = model->training_flops_per_sample(sample_shape);
+  const tutti::obs::PeakFlops peak = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
+  std::unique_ptr<tutti::obs::TraceSession> trace_session;
+  {
+    tutti::obs::TraceOptions o = tutti::obs::TraceOptions::from_env();
+    if (!f.trace.empty()) o.dir = f.trace;
+    o.host = job.hostname();
+    if (!o.dir.empty()) trace_session = std::make_unique<tutti::obs::TraceSession>(job.cpu_communicator(), o);
+  }
+  std::unique_ptr<tutti::obs::TrainingMetrics> metrics;
+  std::unique_ptr<tutti::obs::TextfileExporter> metrics_file;
+  std::unique_ptr<tutti::obs::HttpExporter> metrics_http;
+  if (!f.metrics_file.empty() || f.metrics_port > 0) {
+    tutti::obs::MetricLabels labels{"train_fashion_mnist", job.rank(), job.local_rank(), job.hostname()};
+    metrics = std::make_unique<tutti::obs::TrainingMetrics>(
+        labels, tutti::obs::TrainingMetricsOptions{peak.flops, std::string(job.backend()), device.str()});
+    if (!f.metrics_file.empty()) {
+      metrics_file = std::make_unique<tutti::obs::TextfileExporter>(
+          metrics->registry(), metrics_path_of(f.metrics_file, job.rank(), world), f.metrics_interval);
+    }
+    if (f.metrics_port > 0) {
+      metrics_http = std::make_unique<tutti::obs::HttpExporter>(metrics->registry(), f.metrics_port + job.local_rank());
+    }
+  }
+  std::optional<tutti::obs::StragglerDetector> stragglers;
+  if (f.straggler_every > 0 && world > 1) {
+    tutti::obs::StragglerOptions so;
+    so.every = f.straggler_every;
+    so.threshold = f.straggler_threshold;
+    stragglers.emplace(job.rank(), world, tutti::obs::all_hosts(job.cpu_communicator(), job.hostname()), so);
+  }
+  int slow_rank = -1;
+  double slow_ms = 0;
+  if (!f.debug_slow.empty()) {
+    const auto colon = f.debug_slow.find(':');
+    TUTTI_CHECK_ARG(colon != std::string::npos, "--debug-slow ", f.debug_slow, ": expected RANK:MS");
+    slow_rank = std::stoi(f.debug_slow.substr(0, colon));
+    slow_ms = std::stod(f.debug_slow.substr(colon + 1));
+  }
+  std::int64_t straggler_reports = 0;
+  std::string last_straggler;
+
   // Open MPI gives every rank a pseudo-terminal even when mpirun's own output is a pipe or a
   // file, so "auto" draws the bar only outside Open MPI; --progress bar asks for it anyway.
   const bool under_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
@@ -356,9 +433,8 @@ int run(const Flags& f, int& argc, char**& argv) {
   example::Progress progress(chatty, f.progress_interval, total_steps, first_step, bar);
   // What every step reduces anyway, two floats: its mean loss and whether some rank was asked
   // to stop (a stop flag in a sync the step already has: no extra collective).
+  // (On the steps that check for stragglers, each rank's times ride along: 2 floats per rank.)
   tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
-  const tutti::Tensor step_loss = step_sync.view(0, {1});
-  const tutti::Tensor stop_flag = step_sync.view(1, {1});
   const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
   double first_loss = -1, accuracy = -1, train_seconds = 0;
   bool stopped = false;
@@ -371,27 +447,86 @@ int run(const Flags& f, int& argc, char**& argv) {
       loader.set_position({loader.position().epoch + 1, 0});
     }
     const auto t0 = Clock::now();
+    tutti::trace::begin_step(step + 1);
+    // Stragglers: every K steps the ranks' times ride along in this step's loss allreduce.
+    const bool straggler_due = stragglers && stragglers->due(step + 1);
+    if (straggler_due && step_sync.numel() == 2) {
+      step_sync = tutti::Tensor::zeros({2 + stragglers->slot_count()}, tutti::DType::f32, device);
+    } else if (!straggler_due && step_sync.numel() != 2) {
+      step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
+    }
+    const tutti::Tensor step_loss = step_sync.view(0, {1});
+    const tutti::Tensor stop_flag = step_sync.view(1, {1});
     step_sync.zero(stream);
+    double data_s = 0;
     for (int micro = 0; micro < f.accum_steps; ++micro) {
+      const auto td = Clock::now();
       const tutti::data::Batch b = loader.next();
       const tutti::Tensor x = device.is_cpu() ? b.images : b.images.to(device, stream);
       const tutti::Tensor y = device.is_cpu() ? b.labels : b.labels.to(device, stream);
-      loss.forward(ddp.forward(x), y, scaler.scale(), stream);
+      data_s += std::chrono::duration<double>(Clock::now() - td).count();
+      const tutti::Tensor& logits = ddp.forward(x);
+      if (job.rank() == slow_rank) {
+        stream.synchronize();
+        busy_wait_ms(slow_ms);
+      }
+      loss.forward(logits, y, scaler.scale(), stream);
       tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
       ddp.backward(loss.grad(), scaler.scale());
     }
-    if (scaler.update(ddp.found_nonfinite())) optimizer->step();
+    const bool stepped = scaler.update(ddp.found_nonfinite());
+    if (stepped) optimizer->step();
+    const tutti::ddp::StepStats stats = ddp.last_stats();
     ddp.zero_grad();
     ++step;
     if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
+    if (stragglers) stragglers->add_step(step, stats.compute_before_comm_ms * 1e-3, data_s);
+    if (straggler_due) {
+      std::vector<float> slots(static_cast<std::size_t>(stragglers->slot_count()));
+      stragglers->fill(slots.data());
+      step_sync.view(2, {stragglers->slot_count()})
+          .copy_from(tutti::Tensor::from_floats(slots, {stragglers->slot_count()}).to(device, stream), stream);
+    }
     // The mean loss over the whole global batch (the mean of the ranks' equal-sized means),
     // and the stop flag (> 0 when any rank has one).
     job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
     last_loss = tutti::nn::item(step_loss, stream);
     const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
+    if (straggler_due) {
+      // The allreduce averaged the slots: analyze with the world size as the scale.
+      stream.synchronize();
+      const tutti::Tensor reduced = step_sync.view(2, {stragglers->slot_count()}).to(tutti::Device::cpu(), stream);
+      const tutti::obs::StragglerReport report = stragglers->analyze(reduced.data_as<float>(), world);
+      if (report.rank >= 0) {
+        ++straggler_reports;
+        last_straggler = report.message();
+        if (report.new_straggler && job.rank() == 0) {
+          progress.finish_line();
+          std::fprintf(stderr, "train_fashion_mnist: %s\n", last_straggler.c_str());
+        }
+      }
+      if (metrics) metrics->observe_straggler(report.rank, report.slower_by, report.rank == job.rank());
+    }
     if (first_loss < 0) first_loss = last_loss;
-    train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    tutti::trace::end_step();
+    train_seconds += step_s;
     const double samples_per_s = static_cast<double>((step - first_step) * f.batch_size) / train_seconds;
+    const double mfu = peak.flops > 0 ? tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops) : -1;
+    if (metrics) {
+      tutti::obs::StepRecord r;
+      r.step = step;
+      r.step_seconds = step_s;
+      r.data_seconds = data_s;
+      r.samples = f.batch_size / world;
+      r.loss = last_loss;
+      r.loss_scale = scaler.scale();
+      r.skipped = !stepped;
+      r.ddp = stats;
+      r.flops = flops_per_sample * static_cast<double>(r.samples);
+      metrics->observe_step(r);
+      if (device.is_cuda()) metrics->set_device_memory(ddp.memory().total());
+    }
     // fp16's loss scaler skips non-finite steps; in fp32 and bf16 a non-finite loss means
     // the run diverged. Every rank sees the same mean loss, so every rank stops here alike.
     if (!std::isfinite(last_loss) && f.precision != "fp16") {
@@ -413,7 +548,7 @@ int run(const Flags& f, int& argc, char**& argv) {
 
     const bool epoch_done = step % steps_per_epoch == 0;
     const int epoch = static_cast<int>((step - 1) / steps_per_epoch) + 1;
-    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, scaler.skipped_steps(),
+    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, scaler.skipped_steps(), mfu,
                     epoch_done || step == total_steps || stop_now);
     if (epoch_done || step == total_steps) {
       accuracy = evaluate(job, *model, data.test, stream);
@@ -427,13 +562,24 @@ int run(const Flags& f, int& argc, char**& argv) {
     }
     if (!ckpt_path.empty() &&
         ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == total_steps || stop_now)) {
+      const auto ts = Clock::now();
       save();
+      if (metrics) metrics->observe_checkpoint(std::chrono::duration<double>(Clock::now() - ts).count());
       saved_step = step;
       saved_loss = last_loss;
     }
     if (stop_now && step < total_steps) {
       stopped = true;
       break;
+    }
+  }
+  if (trace_session) {
+    // COLLECTIVE: every rank writes its file, rank 0 the merged one.
+    const std::vector<std::string> files = trace_session->write();
+    if (chatty) {
+      progress.finish_line();
+      std::printf("timeline: %s (open it in Perfetto or chrome://tracing; scripts/trace_plot.py draws it)\n",
+                  files.back().c_str());
     }
   }
   if (stopped) {
@@ -462,6 +608,11 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (job.rank() == 0) {
     const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     if (!f.quiet) {
+      if (peak.flops > 0 && train_seconds > 0) {
+        std::printf("MFU %.2f%%: %.3g FLOPs per sample (training), %.3f TFLOP/s per rank of a peak of %.3f (%s)\n",
+                    100.0 * tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops), flops_per_sample,
+                    flops_per_sample * samples_per_s / world / 1e12, peak.flops / 1e12, peak.source.c_str());
+      }
       if (nothing_to_do) {
         std::printf("done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
                     "test accuracy %.4f\n",
@@ -499,7 +650,16 @@ int run(const Flags& f, int& argc, char**& argv) {
                             {"loss_scale", scaler.scale()},
                             {"device", device.str()},
                             {"backend", std::string(job.backend())},
-                            {"params_crc32", crc}};
+                            {"params_crc32", crc},
+                            {"flops_per_sample", flops_per_sample},
+                            {"tflops_per_rank", train_seconds > 0 ? flops_per_sample * samples_per_s / world / 1e12 : 0.0},
+                            {"peak_tflops", peak.flops > 0 ? nlohmann::json(peak.flops / 1e12) : nlohmann::json()},
+                            {"peak_source", peak.source},
+                            {"mfu", peak.flops > 0 && train_seconds > 0
+                                        ? nlohmann::json(tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops))
+                                        : nlohmann::json()},
+                            {"straggler_reports", straggler_reports},
+                            {"last_straggler", last_straggler.empty() ? nlohmann::json() : nlohmann::json(last_straggler)}};
       std::ofstream(f.json) << out.dump(2) << "\n";
     }
   }
@@ -566,6 +726,27 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
+  app.add_option("--trace", f.trace,
+                 "write a timeline of every rank (Chrome trace JSON: DIR/trace.json and DIR/trace-rank<R>.json); "
+                 "default: $TUTTI_TRACE; $TUTTI_TRACE_STEPS=FROM:TO limits it to those steps");
+  app.add_option("--metrics-file", f.metrics_file,
+                 "Prometheus textfile (node_exporter's textfile collector), rewritten atomically; %r is the rank, "
+                 "else -rank<R> is added with several ranks");
+  app.add_option("--metrics-interval", f.metrics_interval, "seconds between rewrites of --metrics-file")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--metrics-port", f.metrics_port, "serve Prometheus metrics at http://HOST:PORT+local_rank/metrics")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--straggler-every", f.straggler_every,
+                 "compare the ranks' compute and data-loading times every N steps (0: never); rank 0 reports a rank "
+                 "slower than the others' median by more than --straggler-threshold")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--straggler-threshold", f.straggler_threshold, "fraction slower than the median that makes a straggler")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--peak-tflops", f.peak_tflops,
+                 "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
+                 "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--debug-slow", f.debug_slow, "RANK:MS: that rank busy-waits MS ms in every step (to see a straggler)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

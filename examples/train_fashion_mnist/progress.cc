@@ -27,7 +27,7 @@ Progress::Progress(bool enabled, double interval_s, std::int64_t total_steps, st
       last_(start_) {}
 
 void Progress::update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s,
-                      std::int64_t skipped, bool force) {
+                      std::int64_t skipped, double mfu, bool force) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   if (!force && std::chrono::duration<double>(now - last_).count() < interval_s_) return;
@@ -39,19 +39,21 @@ void Progress::update(std::int64_t step, int epoch, int epochs, double loss, dou
   if (loss >= 0 || !std::isfinite(loss)) std::snprintf(loss_text, sizeof loss_text, "%.4f", loss);
   char skipped_text[48] = "";
   if (skipped > 0) std::snprintf(skipped_text, sizeof skipped_text, " skipped %lld", static_cast<long long>(skipped));
+  char mfu_text[32] = "";
+  if (mfu >= 0) std::snprintf(mfu_text, sizeof mfu_text, " MFU %.1f%%", 100.0 * mfu);
   if (tty_) {
     const int width = 24;
     const int filled = total_ > 0 ? static_cast<int>(width * std::min<double>(1.0, double(step) / double(total_))) : 0;
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.resize(width, '.');
-    std::printf("\r[%s] epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s ETA %s   ", bar.c_str(), epoch, epochs,
+    std::printf("\r[%s] epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s%s ETA %s   ", bar.c_str(), epoch, epochs,
                 static_cast<long long>(step), static_cast<long long>(total_), loss_text, skipped_text, samples_per_s,
-                format_duration(eta).c_str());
+                mfu_text, format_duration(eta).c_str());
     drawn_ = true;
   } else {
-    std::printf("epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s ETA %s\n", epoch, epochs,
+    std::printf("epoch %d/%d step %lld/%lld loss %s%s %.0f samples/s%s ETA %s\n", epoch, epochs,
                 static_cast<long long>(step), static_cast<long long>(total_), loss_text, skipped_text, samples_per_s,
-                format_duration(eta).c_str());
+                mfu_text, format_duration(eta).c_str());
   }
   std::fflush(stdout);
 }

@@ -13,9 +13,10 @@ class Progress {
  public:
   Progress(bool enabled, double interval_s, std::int64_t total_steps, std::int64_t first_step, bool bar);
   // Call after every step; prints when the interval has passed (or `force`). loss < 0: none yet.
-  // skipped: steps the loss scaler skipped so far (shown when there are any).
+  // skipped: steps the loss scaler skipped so far (shown when there are any). mfu: model FLOPs
+  // utilization (0..1; negative: not known, not shown).
   void update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s, std::int64_t skipped,
-              bool force = false);
+              double mfu, bool force = false);
   // Ends a bar line on a terminal before other output.
   void finish_line();
 

@@ -27,8 +27,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../train_fashion_mnist/progress.h"
 #include "data.h"
@@ -91,26 +94,6 @@ tutti::amp::Policy policy_of(const Flags& f) {
   return p;
 }
 
-// Dense peak FLOP/s of the GPUs we know, for the precision the GEMMs run in: bf16/fp16 on the
-// tensor cores; fp32 without TF32 (tutti's cuBLAS calls use CUBLAS_COMPUTE_32F) on the CUDA
-// cores. From the vendors' data sheets (without sparsity). Returns 0 for an unknown device:
-// MFU is then not reported unless --peak-tflops gives the peak (llm.c prints -100% there).
-double peak_tflops(const std::string& device, const std::string& precision) {
-  struct Row {
-    const char* name;  // a substring of the CUDA device name; earlier rows win
-    double half, fp32;
-  };
-  static const Row kTable[] = {
-      {"H200", 989.4, 66.9},     {"H100 PCIe", 756.5, 51.2}, {"H100", 989.4, 66.9},  // SXM: "H100 80GB HBM3"
-      {"A100", 312.0, 19.5},     {"L40S", 362.1, 91.6},      {"A10", 125.0, 31.2},
-      {"V100", 125.0, 15.7},     {"RTX 4090", 165.2, 82.6},
-  };
-  for (const Row& r : kTable) {
-    if (device.find(r.name) != std::string::npos) return precision == "fp32" ? r.fp32 : r.half;
-  }
-  return 0;
-}
-
 std::uint32_t parameters_crc32(const tutti::StateDict& state) {
   uLong crc = crc32(0L, Z_NULL, 0);
   for (const auto& [name, t] : state) {
@@ -143,6 +126,8 @@ std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
 // computing its contiguous share. COLLECTIVE.
 double evaluate(tutti::Job& job, example::Gpt& model, const tutti::data::TokenLoader& val, std::int64_t max_windows,
                 std::int64_t chunk, const tutti::Stream& stream) {
+  std::optional<tutti::trace::Span> span;
+  if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const std::int64_t n = std::min(val.windows(), max_windows);
   const std::int64_t begin = n * job.rank() / job.world_size(), end = n * (job.rank() + 1) / job.world_size();
   tutti::Tensor acc = tutti::Tensor::zeros({2}, tutti::DType::f32, job.device());  // sum of losses, count
@@ -317,9 +302,13 @@ int run(Flags f, int& argc, char**& argv) {
 
   std::int64_t params = 0;
   for (auto* p : model.parameters()) params += p->numel();
+  // MFU: the model's FLOPs as its layers count them (Module::flops), over the peak of tutti's table
+  // (a known GPU), the GEMM ceiling measured now (CPU) or --peak-tflops (docs/observability.md).
   const double flops_per_token = model.flops_per_token(f.seq_len);
   const std::string device_name = tutti::device_description(device);
-  const double peak = f.peak_tflops > 0 ? f.peak_tflops : device.is_cuda() ? peak_tflops(device_name, f.precision) : 0;
+  const tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
+  const double peak = peak_info.flops / 1e12;  // TFLOP/s per rank; 0: not known
+  std::unique_ptr<tutti::obs::TraceSession> trace = tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
   if (chatty) {
     std::printf("train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
                 "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
@@ -354,6 +343,7 @@ int run(Flags f, int& argc, char**& argv) {
   std::uint32_t first_batch_crc = 0;
   while (step < last_step) {
     const auto t0 = Clock::now();
+    tutti::trace::begin_step(step + 1);
     step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::TokenBatch b = loader.next();
@@ -381,6 +371,7 @@ int run(Flags f, int& argc, char**& argv) {
     const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
     if (first_loss < 0) first_loss = last_loss;
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    tutti::trace::end_step();
     train_seconds += step_seconds;
     if (step > first_step + warm_steps) steady_seconds += step_seconds;
     if (!std::isfinite(last_loss) && f.precision != "fp16") {
@@ -417,6 +408,10 @@ int run(Flags f, int& argc, char**& argv) {
       stopped = true;
       break;
     }
+  }
+  if (trace) {
+    const std::vector<std::string> files = trace->write();  // COLLECTIVE
+    if (chatty) std::printf("timeline: %s\n", files.back().c_str());
   }
   if (stopped) {
     job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
@@ -460,8 +455,8 @@ int run(Flags f, int& argc, char**& argv) {
     if (!f.quiet) {
       std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s", static_cast<long long>(step),
                   static_cast<long long>(step * tokens_per_step), last_loss, last_val, tokens_per_s);
-      if (mfu >= 0) std::printf(", MFU %.1f%% of %.1f TFLOP/s per rank", 100 * mfu, peak);
-      else std::printf(", MFU not known (no peak for %s: --peak-tflops sets one)", device_name.c_str());
+      if (mfu >= 0) std::printf(", MFU %.1f%% of %.3g TFLOP/s per rank (%s)", 100 * mfu, peak, peak_info.source.c_str());
+      else std::printf(", MFU not known (%s: --peak-tflops sets one)", peak_info.source.c_str());
       std::printf(", %.1f s\n", wall);
       if (!sample.empty()) std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n",
                                        f.temperature, static_cast<long long>(f.top_k),
@@ -480,6 +475,7 @@ int run(Flags f, int& argc, char**& argv) {
                             {"mfu_steady", steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json()},
                             {"warm_steps", warm_steps},
                             {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
+                            {"peak_source", peak_info.source},
                             {"flops_per_token", flops_per_token},
                             {"wall_s", wall},
                             {"train_s", train_seconds},
@@ -576,7 +572,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
-  app.add_option("--peak-tflops", f.peak_tflops, "peak TFLOP/s per rank for MFU (default: the table's, GPUs only)")
+  app.add_option("--peak-tflops", f.peak_tflops, "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
+                 "ceiling; $TUTTI_PEAK_TFLOPS)")
       ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);

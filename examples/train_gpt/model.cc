@@ -76,9 +76,23 @@ std::int64_t Gpt::flop_parameters() {
   return n - embed_.wpe.numel();
 }
 
-double Gpt::flops_per_token(std::int64_t T) {
-  return 6.0 * static_cast<double>(flop_parameters()) +
-         12.0 * static_cast<double>(config_.layers * config_.width * T);
+tutti::nn::Flops Gpt::flops(const tutti::Shape& sample, tutti::Shape& out) const {
+  tutti::nn::Flops sum;
+  tutti::Shape shape = sample;
+  for (const tutti::nn::Module* m : {static_cast<const tutti::nn::Module*>(&embed_), static_cast<const tutti::nn::Module*>(&blocks_),
+                                     static_cast<const tutti::nn::Module*>(&ln_f_), static_cast<const tutti::nn::Module*>(&head_)}) {
+    tutti::Shape next;
+    const tutti::nn::Flops f = m->flops(shape, next);
+    sum.forward += f.forward;
+    sum.backward += f.backward;
+    shape = std::move(next);
+  }
+  out = shape;
+  return sum;
+}
+
+double Gpt::flops_per_token(std::int64_t T) const {
+  return training_flops_per_sample({T}) / static_cast<double>(T);
 }
 
 tutti::Tensor Gpt::forward_impl(const tutti::Tensor& tokens) {

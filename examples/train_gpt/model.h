@@ -40,10 +40,13 @@ class Gpt : public tutti::nn::Module {
   // N of the MFU formula: every parameter but the position embedding (which does no
   // multiply-add per token), as nanoGPT and PaLM count.
   std::int64_t flop_parameters();
-  // Model FLOPs per trained token (forward + backward) at sequence length T: 6·N + 12·L·C·T
-  // (PaLM's appendix B: the attention scores and their use, the full T x T without halving
-  // for the causal mask).
-  double flops_per_token(std::int64_t T);
+  // Model FLOPs per trained token (forward + backward) at sequence length T, as the layers count
+  // them (Module::flops): 6·(12·L·C² + V·C) + 12·L·C·T, PaLM's 6·N + 12·L·C·T (appendix B: the
+  // attention scores and their use, the full T x T without halving for the causal mask) with N
+  // the weight matrices' parameters (biases and LayerNorms, 0.1% of GPT-2's, do no matrix product).
+  double flops_per_token(std::int64_t T) const;
+  // A sample is a sequence of T tokens: [T] -> [T, padded vocab]; the layers' FLOPs summed.
+  tutti::nn::Flops flops(const tutti::Shape& sample, tutti::Shape& out) const override;
   // The token embedding, which the output head shares.
   tutti::nn::Parameter& embed_weight() { return embed_.wte; }
   // The position embedding.

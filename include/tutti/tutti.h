@@ -1,7 +1,8 @@
 // tutti: data-parallel training in C++/CUDA. The one header a training program includes.
 //
 // Layers, bottom to top (docs/architecture.md): core (dtypes, devices, tensors, streams,
-// errors), kernels, comm (bootstrap and communicators), nn, optim, amp, ddp.
+// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, optim, amp, ddp,
+// obs (trace files, Prometheus metrics, stragglers, MFU).
 #pragma once
 
 #include "tutti/comm/communicator.h"
@@ -14,6 +15,11 @@
 #include "tutti/core/tensor.h"
 #include "tutti/kernels.h"
 #include "tutti/ddp/ddp.h"
+#include "tutti/core/trace.h"
+#include "tutti/obs/metrics.h"
+#include "tutti/obs/mfu.h"
+#include "tutti/obs/straggler.h"
+#include "tutti/obs/trace.h"
 #include "tutti/version.h"
 #include "tutti/data/dataset.h"
 #include "tutti/data/idx.h"

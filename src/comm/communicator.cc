@@ -14,6 +14,7 @@
 #include "comm/fault.h"
 #include "comm/work_state.h"
 #include "core/mpi_check.h"
+#include "tutti/core/trace.h"
 
 namespace tutti {
 
@@ -121,6 +122,35 @@ std::optional<double> Work::run_ms() const {
 }
 
 namespace detail {
+
+namespace {
+std::string collective_args(const CollectiveInfo& info, std::string_view backend) {
+  const std::int64_t bytes = info.count * static_cast<std::int64_t>(size_of(info.dtype));
+  std::string args = "\"seq\":" + std::to_string(info.seq) + ",\"kind\":\"" + std::string(name_of(info.kind)) + "\"";
+  if (info.kind == CollectiveKind::allreduce || info.kind == CollectiveKind::reduce_scatter) {
+    args += ",\"op\":\"" + std::string(name_of(info.op)) + "\"";
+  }
+  args += ",\"count\":" + std::to_string(info.count) + ",\"dtype\":\"" + std::string(name_of(info.dtype)) +
+          "\",\"bytes\":" + std::to_string(bytes) + ",\"backend\":\"" + std::string(backend) + "\"";
+  return args;
+}
+std::string collective_name(const CollectiveInfo& info) {
+  return info.label.empty() ? std::string(name_of(info.kind)) : info.label;
+}
+}  // namespace
+
+void trace_collective(const CollectiveInfo& info, std::string_view backend, std::int64_t start_ns, std::int64_t end_ns) {
+  std::string args = collective_args(info, backend);
+  if (start_ns > 0 && info.issued_ns > 0) {
+    args += ",\"issued_to_start_us\":" + std::to_string((start_ns - info.issued_ns) / 1000);
+  }
+  trace::record(collective_name(info), "comm", trace::Lane::comm, start_ns > 0 ? start_ns : info.issued_ns, end_ns, std::move(args),
+                /*force=*/true);
+}
+
+void trace_collective_on_device(const CollectiveInfo& info, const Event& begin, const Event& end) {
+  trace::record_device(collective_name(info), "comm", trace::Lane::comm, begin, end, collective_args(info, "nccl"));
+}
 
 Work HostWork::failed(CollectiveInfo info, std::exception_ptr error) {
   auto state = std::make_shared<HostWork>(std::move(info));
@@ -415,6 +445,7 @@ Work Communicator::issue(Collective c, Work (Communicator::*run)(Collective)) {
   detail::inject_fault(detail::FaultPoint::collective);
   std::lock_guard lock(issue_mutex_);
   c.info.seq = next_seq_++;
+  if (trace::on()) c.info.issued_ns = trace::now_ns();
   return (this->*run)(std::move(c));
 }
 

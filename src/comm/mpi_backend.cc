@@ -282,7 +282,13 @@ void Engine::run(const std::shared_ptr<Op>& op) {
   try {
     const Clock::time_point start = Clock::now();
     execute(*op);
-    op->work->set_run_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    const Clock::time_point end = Clock::now();
+    op->work->set_run_ms(std::chrono::duration<double, std::milli>(end - start).count());
+    if (op->info().issued_ns != 0) {
+      using std::chrono::nanoseconds;
+      trace_collective(op->info(), "mpi", std::chrono::duration_cast<nanoseconds>(start.time_since_epoch()).count(),
+                       std::chrono::duration_cast<nanoseconds>(end.time_since_epoch()).count());
+    }
     if (board) board->completed(board_comm, op->info().seq);
     op->work->complete();
   } catch (...) {

@@ -420,20 +420,27 @@ class NcclBackend final : public Backend {
         return HostWork::failed(info, e.broken_error());
       }
     }
+    Event traced_begin;
     try {
       const ncclComm_t comm = e.comm.load();
       TUTTI_CHECK(comm != nullptr, "collective ", info.str(), " issued after the communicator was shut down");
       Event ready(e.device);
       ready.record(c.stream);
       ready.wait(e.stream);
+      // Traced: the span on the communication stream, from when it could start to its end.
+      if (info.issued_ns != 0) {
+        traced_begin = Event(e.device, /*enable_timing=*/true);
+        traced_begin.record(e.stream);
+      }
       const bool empty = c.info.kind != CollectiveKind::barrier && c.info.count == 0;
       if (!empty) TUTTI_NCCL_CHECK(launch(c, comm, as_stream(e.stream)));
     } catch (...) {
       std::rethrow_exception(in_context(std::current_exception(), what()));
     }
     auto work = std::make_shared<NcclWork>(info, engine_, std::move(c));
-    work->done = Event(e.device);
+    work->done = Event(e.device, /*enable_timing=*/info.issued_ns != 0);
     work->done.record(e.stream);
+    if (info.issued_ns != 0) trace_collective_on_device(info, traced_begin, work->done);
     {
       std::lock_guard lock(e.mutex);
       e.outstanding.push_back(work);

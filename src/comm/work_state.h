@@ -37,6 +37,13 @@ namespace detail {
 
 class HostWork;
 
+// Records the span of a traced collective (info.issued_ns != 0) on the trace's communication
+// lane: from when it started running (start_ns; 0: from its issue) to end_ns, with its kind,
+// count, dtype, bytes and backend.
+void trace_collective(const CollectiveInfo& info, std::string_view backend, std::int64_t start_ns, std::int64_t end_ns);
+// The same for a collective on a GPU stream, between two timing events recorded on it.
+void trace_collective_on_device(const CollectiveInfo& info, const Event& begin, const Event& end);
+
 // A backend that lets a waiting caller run queued collectives itself.
 class WorkRunner {
  public:

@@ -1,5 +1,9 @@
 #include "tutti/data/loader.h"
 
+#include <optional>
+
+#include "tutti/core/trace.h"
+
 #include <bit>
 #include <cstring>
 #include <random>
@@ -93,6 +97,8 @@ Batch DistributedLoader::batch(std::int64_t epoch, std::int64_t step) {
 }
 
 Batch DistributedLoader::next() {
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("data", "data");
   if (position_.step >= steps_per_epoch_) position_ = {position_.epoch + 1, 0};
   Batch b = batch(position_.epoch, position_.step);
   ++position_.step;

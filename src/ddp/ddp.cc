@@ -1,11 +1,13 @@
 #include "tutti/ddp/ddp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
 #include <unordered_map>
 
 #include "tutti/core/error.h"
+#include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/kernels/reduce.h"
 
@@ -173,6 +175,12 @@ void DistributedDataParallel::wait_gather(int bucket) {
   const auto t0 = std::chrono::steady_clock::now();
   gathers_[b].wait(model_.stream());
   const auto t1 = std::chrono::steady_clock::now();
+  if (trace::on()) {
+    using std::chrono::nanoseconds;
+    trace::record("wait for parameters (bucket " + std::to_string(bucket) + ")", "wait", trace::Lane::host,
+                  std::chrono::duration_cast<nanoseconds>(t0.time_since_epoch()).count(),
+                  std::chrono::duration_cast<nanoseconds>(t1.time_since_epoch()).count());
+  }
   gathers_[b] = Work();
   gather_pending_[b] = false;
   exposed_gather_ms_ += std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -286,6 +294,14 @@ void DistributedDataParallel::broadcast_parameters() {
   model_.refresh_compute_copies();
 }
 
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  if (!step_clock_running_) {
+    t_step_start_ = std::chrono::steady_clock::now();
+    step_clock_running_ = true;
+  }
+  return model_.forward(x);
+}
+
 bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   TUTTI_CHECK_ARG(loss_scale > 0, "DistributedDataParallel::backward: loss_scale must be positive, got ", loss_scale);
   TUTTI_CHECK_ARG(model_.awaiting_backward(), "DistributedDataParallel::backward: no forward since the last "
@@ -310,12 +326,19 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
     for (nn::Parameter* p : params_) p->grad = Tensor();  // views into pool buffers other buckets reuse
   }
   StepStats& stats = reducer_->mutable_stats();
+  if (step_clock_running_) {
+    const auto t_first = reducer_->first_launch().value_or(std::chrono::steady_clock::now());
+    stats.compute_before_comm_ms = std::max(0.0, std::chrono::duration<double, std::milli>(t_first - t_step_start_).count());
+    step_clock_running_ = false;
+  }
   stats.gather_ms = gather_ms_;
   stats.exposed_gather_ms = exposed_gather_ms_;
   return true;
 }
 
 bool DistributedDataParallel::found_nonfinite() {
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("loss-scaler check (host sync)", "scaler");
   model_.stream().synchronize();  // the flag is written on the model's stream
   return found_nonfinite_flag().to_ints()[0] != 0;
 }

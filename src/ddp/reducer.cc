@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tutti/core/error.h"
+#include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/kernels/elementwise.h"
 
@@ -10,6 +11,10 @@ namespace tutti::ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -316,6 +321,10 @@ const Tensor& Reducer::finish(double divisor) {
       }
     }
     const Clock::time_point t_done = Clock::now();
+    if (trace::on()) {
+      trace::record("wait for gradients", "wait", trace::Lane::host, ns_of(t_finish), ns_of(t_done),
+                    "\"buckets\":" + std::to_string(bucket_count()) + ",\"bytes\":" + std::to_string(stats_.bytes_reduced));
+    }
 
     // One fused pass per bucket (or per chunk): divide and check. Scaling by 1/(N · divisor)
     // after the sum (or 1/divisor after a half reduction that already divided by N).
@@ -353,6 +362,7 @@ const Tensor& Reducer::finish(double divisor) {
     stats_.exposed_comm_ms = ms_between(t_finish, t_done);
     stats_.comm_ms = launched_any_ ? ms_between(t_first_launch_, t_done) : 0.0;
     stats_.finish_ms = ms_between(t_finish, t_end);
+    stats_.compute_before_comm_ms = ms_between(t_prepare_, launched_any_ ? t_first_launch_ : t_finish);
     const int n = comm_.size();
     const double busy_ms = stats_.comm_run_ms > 0 ? stats_.comm_run_ms : stats_.comm_ms;
     const double f = options_.sharding == GradientSharding::none ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;

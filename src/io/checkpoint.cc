@@ -1,5 +1,9 @@
 #include "tutti/io/checkpoint.h"
 
+#include <optional>
+
+#include "tutti/core/trace.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -219,6 +223,8 @@ void remove_stale_temporaries(const std::string& path) {
 // ---- save ----------------------------------------------------------------------------------
 
 void save_checkpoint(const std::string& path, const StateDict& state, const Metadata& metadata) {
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("checkpoint save", "checkpoint");
   ErrorContext context("saving checkpoint '" + path + "'");
   TUTTI_CHECK_ARG(!path.empty(), "save_checkpoint: empty path");
   // Host copies of everything first, so that a bad entry fails before any file is touched.

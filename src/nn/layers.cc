@@ -286,4 +286,49 @@ Tensor Residual::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+// ---- FLOPs (Module::flops) -------------------------------------------------------------------
+
+namespace {
+double product(const Shape& s, std::size_t from, std::size_t to) {
+  double p = 1;
+  for (std::size_t i = from; i < to && i < s.size(); ++i) p *= static_cast<double>(s[i]);
+  return p;
+}
+}  // namespace
+
+Flops Linear::flops(const Shape& sample, Shape& out) const {
+  out = sample;
+  if (out.empty()) out.push_back(in_);
+  out.back() = out_;
+  // Every row of the sample (a token of a sequence, or the sample itself) is one [in] x [in, out] product.
+  const double rows = sample.empty() ? 1.0 : product(sample, 0, sample.size() - 1);
+  const double forward = 2.0 * rows * static_cast<double>(in_) * static_cast<double>(out_);
+  return {forward, 2.0 * forward};
+}
+
+Flops Conv2d::flops(const Shape& sample, Shape& out) const {
+  TUTTI_CHECK_ARG(sample.size() == 3, describe(), "::flops: a sample is [C, H, W], got ", sample.size(), " dimensions");
+  const int p = kernels::conv2d_output_size(static_cast<int>(sample[1]), kernel_, params_);
+  const int q = kernels::conv2d_output_size(static_cast<int>(sample[2]), kernel_, params_);
+  out = {out_, p, q};
+  const double forward = 2.0 * static_cast<double>(out_) * p * q * static_cast<double>(in_) * kernel_ * kernel_;
+  return {forward, 2.0 * forward};
+}
+
+Flops MaxPool2d::flops(const Shape& sample, Shape& out) const {
+  out = sample;
+  if (out.size() >= 2) {
+    out[out.size() - 1] /= 2;
+    out[out.size() - 2] /= 2;
+  }
+  return {};
+}
+
+Flops Flatten::flops(const Shape& sample, Shape& out) const {
+  out = {static_cast<std::int64_t>(product(sample, 0, sample.size()))};
+  return {};
+}
+
+Flops Residual::flops(const Shape& sample, Shape& out) const { return body_->flops(sample, out); }
+
 }  // namespace tutti::nn

@@ -1,8 +1,10 @@
 #include "tutti/nn/module.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
+#include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/nn/init.h"
 
@@ -28,6 +30,8 @@ Module::~Module() = default;
 
 Tensor Module::forward(const Tensor& x) {
   TUTTI_CHECK_ARG(x.defined(), describe(), ": forward of an undefined tensor");
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("forward" + trace_label(), "forward", stream());
   if (parent_ == nullptr) {
     check_initialized();
     awaiting_backward_ = true;
@@ -48,6 +52,8 @@ Tensor Module::forward(const Tensor& x) {
 
 Tensor Module::backward(const Tensor& dy) {
   TUTTI_CHECK_ARG(dy.defined(), describe(), ": backward of an undefined tensor");
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("backward" + trace_label(), "backward", stream());
   if (parent_ == nullptr) {
     TUTTI_CHECK_ARG(awaiting_backward_, describe(), ": backward without a forward since the last backward: each "
                     "backward needs a forward of its own (a second backward of one forward would add the same "
@@ -74,6 +80,31 @@ Tensor Module::backward(const Tensor& dy) {
     return backward_impl(cast);
   }
   return backward_impl(dy);
+}
+
+// " 0 Linear(784, 512)": the module's path in the model and what it is; "" for the model itself
+// (its spans are "forward" and "backward"). Computed once, when a trace first needs it.
+const std::string& Module::trace_label() const {
+  if (!trace_label_) {
+    std::string path;
+    for (const Module* m = this; m->parent_ != nullptr; m = m->parent_) {
+      for (const auto& [name, child] : m->parent_->children_) {
+        if (child == m) path = path.empty() ? name : name + "." + path;
+      }
+    }
+    trace_label_ = std::make_shared<std::string>(parent_ == nullptr ? "" : " " + path + " " + describe());
+  }
+  return *trace_label_;
+}
+
+Flops Module::flops(const Shape& sample, Shape& out) const {
+  out = sample;
+  return {};
+}
+
+double Module::training_flops_per_sample(const Shape& sample) const {
+  Shape out;
+  return flops(sample, out).total();
 }
 
 void Module::check_initialized() {

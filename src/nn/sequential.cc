@@ -22,6 +22,20 @@ std::string Sequential::describe() const {
   return s + ")";
 }
 
+Flops Sequential::flops(const Shape& sample, Shape& out) const {
+  Flops sum;
+  Shape shape = sample;
+  for (const Module* layer : layers_) {
+    Shape next;
+    const Flops f = layer->flops(shape, next);
+    sum.forward += f.forward;
+    sum.backward += f.backward;
+    shape = std::move(next);
+  }
+  out = shape;
+  return sum;
+}
+
 Tensor Sequential::forward_impl(const Tensor& x) {
   Tensor h = x;
   for (Module* layer : layers_) h = layer->forward(h);

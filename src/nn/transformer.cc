@@ -120,4 +120,31 @@ Tensor TiedLinear::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+// ---- FLOPs (Module::flops) -------------------------------------------------------------------
+
+Flops TokenPositionEmbedding::flops(const Shape& sample, Shape& out) const {
+  out = sample;
+  out.push_back(width_);
+  return {};
+}
+
+Flops CausalSelfAttention::flops(const Shape& sample, Shape& out) const {
+  TUTTI_CHECK_ARG(sample.size() == 2 && sample[1] % 3 == 0, describe(), "::flops: a sample is [T, 3C]");
+  const double t = static_cast<double>(sample[0]), c = static_cast<double>(sample[1] / 3);
+  out = {sample[0], sample[1] / 3};
+  const double forward = 4.0 * t * t * c;
+  return {forward, 2.0 * forward};
+}
+
+Flops TiedLinear::flops(const Shape& sample, Shape& out) const {
+  const Shape& w = weight_.shape();  // [out, in]
+  out = sample;
+  if (out.empty()) out.push_back(w[1]);
+  out.back() = w[0];
+  double rows = 1;
+  for (std::size_t i = 0; i + 1 < sample.size(); ++i) rows *= static_cast<double>(sample[i]);
+  const double forward = 2.0 * rows * static_cast<double>(w[0]) * static_cast<double>(w[1]);
+  return {forward, 2.0 * forward};
+}
+
 }  // namespace tutti::nn

@@ -1,5 +1,9 @@
 #include "tutti/optim/optimizer.h"
 
+#include <optional>
+
+#include "tutti/core/trace.h"
+
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
@@ -275,6 +279,8 @@ void Optimizer::unbind() {
 // ---- stepping ----------------------------------------------------------------------------
 
 void Optimizer::step(float grad_scale) {
+  std::optional<trace::Span> span;
+  if (trace::on()) span.emplace("optimizer step", "optimizer", stream_);
   const float lr_now = lr();
   const std::int64_t step_index = steps_ + 1;
   last_calls_ = 0;

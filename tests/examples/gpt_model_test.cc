@@ -147,7 +147,11 @@ TEST(GptModel, Gpt2SmallHasLlmcsParameterCount) {
   for (auto* p : model.parameters()) n += p->numel();
   EXPECT_EQ(n, 124475904);  // llm.c's num_parameters for GPT-2 124M with the vocabulary padded to 50304
   EXPECT_EQ(model.flop_parameters(), 124475904 - 1024 * 768);
-  EXPECT_DOUBLE_EQ(model.flops_per_token(1024), 6.0 * (124475904 - 1024 * 768) + 12.0 * 12 * 768 * 1024);
+  // FLOPs per token as the layers count them: 6 x the weight matrices (12·L·C² + V·C) + 12·L·C·T,
+  // within 0.1% of 6·N + 12·L·C·T with N every parameter but wpe (biases and LayerNorms).
+  const double T = 1024, L = 12, C = 768, V = 50304;
+  EXPECT_EQ(model.flops_per_token(1024), 6 * (12 * L * C * C + V * C) + 12 * L * C * T);
+  EXPECT_NEAR(model.flops_per_token(1024) / (6.0 * model.flop_parameters() + 12 * L * C * T), 1.0, 1e-3);
   EXPECT_EQ(model.config().fingerprint(), "L12 H12 C768 T1024 V50257/50304");
   EXPECT_THROW(GptConfig::preset("gpt-huge"), tutti::InvalidArgument);
 }

@@ -139,12 +139,17 @@ class TrainGpt(unittest.TestCase):
         self.assertEqual(r["config"], "L2 H2 C32 T32 V256")
         # 2 layers of 12·C² + 13·C, the two LayerNorms' 2·C, wte 256·C, wpe 32·C.
         self.assertEqual(r["parameters"], 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32 + 256 * 32 + 32 * 32)
-        self.assertAlmostEqual(r["flops_per_token"], 6 * (r["parameters"] - 32 * 32) + 12 * 2 * 32 * 32)
+        # As the layers count them (Module::flops): 6 x the weight matrices (L·12·C² + V·C) + 12·L·C·T.
+        self.assertAlmostEqual(r["flops_per_token"], 6 * (2 * 12 * 32 * 32 + 256 * 32) + 12 * 2 * 32 * 32)
         self.assertAlmostEqual(r["mfu"], r["flops_per_token"] * r["tokens_per_s"] / 0.5e12, delta=1e-12)
         # The "\n" prompt and 16 bytes (a byte that is not UTF-8 comes as U+FFFD in JSON).
         self.assertTrue(r["sample"].startswith("\n") and 8 <= len(r["sample"]) <= 17, repr(r["sample"]))
+        # Without --peak-tflops on the CPU: against the GEMM ceiling tutti measures at the start.
         without_peak = train(1, self.dir, "nopeak", *self.data, "--steps", "1")
-        self.assertIsNone(without_peak["mfu"])
+        self.assertEqual(without_peak["peak_source"], "measured CPU GEMM (f32)")
+        self.assertGreater(without_peak["mfu"], 0)
+        self.assertAlmostEqual(without_peak["mfu"], without_peak["flops_per_token"] * without_peak["tokens_per_s"] /
+                               (without_peak["peak_tflops"] * 1e12), delta=1e-9)
 
     def test_llmc_token_shards(self):
         def shard(path, tokens):

@@ -66,6 +66,9 @@ struct CollectiveInfo {
   std::int64_t count = 0;
   int root = -1;       // broadcast only
   std::string label;   // who issued it ("ddp bucket 3"); may be empty
+  // When it was issued (steady clock, ns) while a trace was recording (trace::on()), else 0:
+  // the backends then record its span (docs/observability.md).
+  std::int64_t issued_ns = 0;
   // "#17 allreduce(sum) 262144 x f32 (1.0 MiB) issued by 'ddp bucket 3'".
   std::string str() const;
 };

@@ -101,8 +101,9 @@ class DistributedDataParallel {
   void attach(optim::Optimizer& optimizer);
 
   // The model's forward (not collective; under ZeRO it waits, bucket by bucket, for the
-  // all-gathers of the last step).
-  Tensor forward(const Tensor& x) { return model_.forward(x); }
+  // all-gathers of the last step). The first forward of a step starts the step's clock
+  // (StepStats::compute_before_comm_ms).
+  Tensor forward(const Tensor& x);
   // Backward of one micro-batch. On the last micro-batch of a step it is COLLECTIVE: it
   // reduces the gradients across ranks (overlapped with backward), waits for them and
   // divides by (world size · accumulation steps · loss_scale), and returns true: the
@@ -165,6 +166,8 @@ class DistributedDataParallel {
   std::vector<nn::Parameter*> params_;
   std::unordered_map<const nn::Parameter*, std::size_t> index_;
   int micro_step_ = 0;
+  bool step_clock_running_ = false;
+  std::chrono::steady_clock::time_point t_step_start_;
   optim::Optimizer* attached_ = nullptr;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
   // ZeRO

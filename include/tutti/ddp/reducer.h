@@ -80,6 +80,11 @@ struct StepStats {
                                 // backend measures them (mpi; 0 on nccl): time spent communicating
   double exposed_comm_ms = 0;   // time finish() waited for communication: NOT hidden by backward
   double finish_ms = 0;         // all of finish(): waits, casts, unscale and check
+  // Host time from the start of the step (DistributedDataParallel: its first forward; a bare
+  // Reducer: the first prepare()) to the launch of its first collective: the compute that no
+  // collective waits for yet, so a slow rank shows here (the collectives make every rank's
+  // backward look alike). On a GPU: the host's issue time, not the device's.
+  double compute_before_comm_ms = 0;
   std::int64_t bytes_reduced = 0;  // per rank, on the wire (each bucket's input)
   double busbw_gbs = 0;         // bytes_reduced · f / comm_run_ms (comm_ms where not measured),
                                 // f = 2(n-1)/n for allreduce, (n-1)/n for reduce-scatter
@@ -148,6 +153,10 @@ class Reducer {
   // Statistics of the last finish().
   const StepStats& last_stats() const { return stats_; }
   StepStats& mutable_stats() { return stats_; }
+  // When the first collective of the current (or last) step was launched (empty before any).
+  std::optional<std::chrono::steady_clock::time_point> first_launch() const {
+    return launched_any_ ? std::optional(t_first_launch_) : std::nullopt;
+  }
   // Memory: bytes of gradients held (the buffer, or the shard) and of communication buffers
   // (staging in the wire dtype, shard_only's pool).
   std::int64_t gradient_bytes() const;

@@ -27,6 +27,7 @@ class Linear : public Module {
   Parameter weight;
   Parameter bias;  // a [0]-shaped, unregistered placeholder when options.bias is false
   std::string describe() const override;
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -128,6 +129,7 @@ class Conv2d : public Module {
   Parameter weight;  // [K, C, R, R]
   Parameter bias;    // [K]; [0] and unregistered without bias
   std::string describe() const override;
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -145,6 +147,7 @@ class Conv2d : public Module {
 class MaxPool2d : public Module {
  public:
   std::string describe() const override { return "MaxPool2d(2)"; }
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -158,6 +161,7 @@ class MaxPool2d : public Module {
 class Flatten : public Module {
  public:
   std::string describe() const override { return "Flatten"; }
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -176,6 +180,7 @@ class Residual : public Module {
   explicit Residual(std::unique_ptr<Module> inner);
   Sequential& body() { return *body_; }
   std::string describe() const override { return "Residual"; }
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -57,6 +57,13 @@ struct ModuleSettings {
   int batch_slices = 1;              // ... of this many (see Module::set_batch_slice)
 };
 
+// Model FLOPs of one sample through a module in training (see Module::flops).
+struct Flops {
+  double forward = 0;
+  double backward = 0;
+  double total() const { return forward + backward; }
+};
+
 class Module {
  public:
   Module();
@@ -104,6 +111,16 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const { return children_; }
   // A short type name, "Linear(784, 512)".
   virtual std::string describe() const = 0;
+  // Model FLOPs of ONE sample whose shape is `sample` (the input's shape without the batch
+  // dimension: {784}, {1, 28, 28}) through this module in training, for MFU (obs/mfu.h):
+  // matrix products and convolutions only, 2 FLOPs per multiply-add, backward counted as twice
+  // the forward (the input's and the weights' gradients), the convention of PaLM's MFU (6 N per
+  // token). Writes the output's per-sample shape to `out`. Containers add their children's
+  // (Sequential chains the shapes); the default is an elementwise layer: no FLOPs, out = sample.
+  // A custom layer with matrix products should override it.
+  virtual Flops flops(const Shape& sample, Shape& out) const;
+  // flops(sample).total(): the training FLOPs of one sample.
+  double training_flops_per_sample(const Shape& sample) const;
 
   // ---- settings (call on the model, not on a child; they apply to the whole tree) -------
   // Moves parameters (keeping a flat layout, if any) to `device` and issues later work on
@@ -262,6 +279,9 @@ class Module {
 
   std::shared_ptr<ModuleSettings> settings_;
   Module* parent_ = nullptr;
+  // The name of this module's spans in a trace (trace_label()), made when first needed.
+  mutable std::shared_ptr<std::string> trace_label_;
+  const std::string& trace_label() const;
   bool input_grad_needed_ = false;
   std::vector<std::pair<std::string, Parameter*>> params_;
   std::vector<std::pair<std::string, Module*>> children_;

@@ -42,6 +42,8 @@ class Sequential : public Module {
   std::size_t size() const { return layers_.size(); }
   Module& operator[](std::size_t i) const { return *layers_.at(i); }
   std::string describe() const override;
+  // The sum of the layers', each fed the previous one's output shape.
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -22,6 +22,8 @@ class TokenPositionEmbedding : public Module {
   Parameter wte;  // [vocab, width]
   Parameter wpe;  // [context, width]
   std::string describe() const override;
+  // A gather: no FLOPs (the tied head counts the table's multiply). [T] -> [T, width].
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
@@ -40,6 +42,8 @@ class CausalSelfAttention : public Module {
   explicit CausalSelfAttention(std::int64_t heads);
   std::int64_t heads() const { return heads_; }
   std::string describe() const override;
+  // [T, 3C] -> [T, C]: 4·T²·C forward (the scores and their use, the full T x T as PaLM counts).
+  Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& qkv) override;
@@ -62,6 +66,8 @@ class TiedLinear : public Module {
  public:
   explicit TiedLinear(Parameter& weight);
   std::string describe() const override;
+  // 2·in·out per row forward, as Linear.
+  Flops flops(const Shape& sample, Shape& out) const override;
   Parameter& weight() const { return weight_; }
 
  protected:

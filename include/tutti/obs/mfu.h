@@ -1,0 +1,42 @@
+// MFU (model FLOPs utilization): the model's training FLOPs per second over the device's peak.
+// The model's FLOPs come from its layers (nn::Module::flops, summed by Sequential); the peak
+// from here: a table of known GPUs (dense peaks from the vendors' data sheets, without
+// sparsity), the measured GEMM ceiling of this process on the CPU, or an override.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "tutti/core/device.h"
+#include "tutti/core/dtype.h"
+
+namespace tutti::obs {
+
+// Dense peak FLOP/s of a known GPU for the dtype the GEMMs run in: f16/bf16 on the tensor
+// cores, f32 on the CUDA cores (tutti's cuBLAS calls compute in fp32, no TF32). `device_name`
+// as CUDA names it ("NVIDIA H200"); the first row whose name it contains wins. 0 when unknown.
+double gpu_peak_flops(std::string_view device_name, DType compute);
+
+// This process's GEMM ceiling on the CPU: the best FLOP/s of f32 GEMMs (n x n x n) through
+// tutti's CPU kernel (OpenBLAS, with the process's threads: kernels::set_cpu_threads) over
+// about min_seconds. Ranks sharing a host should measure at the same time (each then gets its
+// share of the cores, as in training). Not collective.
+double measure_cpu_gemm_flops(int n = 384, double min_seconds = 0.15);
+
+struct PeakFlops {
+  double flops = 0;    // FLOP/s per rank; 0: unknown (no MFU)
+  std::string source;  // "override", "table: NVIDIA H200, bf16", "measured CPU GEMM (f32)", "unknown GPU ..."
+};
+
+// The peak MFU is measured against, for one rank computing in `compute` on `device`:
+// override_tflops > 0 (a flag), else TUTTI_PEAK_TFLOPS, else the table for a GPU, else on the
+// CPU the measured GEMM ceiling (measure_cpu_gemm_flops, run here: ~0.15 s).
+PeakFlops peak_flops(Device device, DType compute, double override_tflops = 0);
+
+// MFU of `ranks` ranks together: flops_per_item x items_per_s / (ranks x peak_flops); 0 when
+// the peak is unknown.
+inline double mfu(double flops_per_item, double items_per_s, int ranks, double peak_flops_per_rank) {
+  return peak_flops_per_rank > 0 ? flops_per_item * items_per_s / (ranks * peak_flops_per_rank) : 0.0;
+}
+
+}  // namespace tutti::obs

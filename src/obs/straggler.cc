@@ -1,0 +1,139 @@
+#include "tutti/obs/straggler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "tutti/core/error.h"
+
+namespace tutti::obs {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+}  // namespace
+
+std::string StragglerReport::message() const {
+  if (rank < 0) return "no straggler";
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "straggler: rank %d%s is %.0f%% slower than the median of the other ranks in %s (%.1f ms vs %.1f ms "
+                "per step, steps %lld-%lld)",
+                rank, host.empty() ? "" : (" (" + host + ")").c_str(), 100.0 * slower_by, what.c_str(), 1e3 * seconds,
+                1e3 * median_seconds, static_cast<long long>(first_step), static_cast<long long>(last_step));
+  return buf;
+}
+
+StragglerDetector::StragglerDetector(int rank, int world_size, std::vector<std::string> hosts, StragglerOptions options)
+    : rank_(rank), world_(world_size), hosts_(std::move(hosts)), options_(options) {
+  TUTTI_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "StragglerDetector: rank ", rank, " of ", world_size);
+  TUTTI_CHECK_ARG(options_.every >= 1, "StragglerDetector: every must be >= 1, got ", options_.every);
+  TUTTI_CHECK_ARG(options_.threshold >= 0, "StragglerDetector: threshold must be >= 0");
+  TUTTI_CHECK_ARG(hosts_.empty() || static_cast<int>(hosts_.size()) == world_size,
+                  "StragglerDetector: hosts must name every rank");
+}
+
+void StragglerDetector::add_step(std::int64_t step, double compute_before_comm_s, double data_s) {
+  compute_sum_ += compute_before_comm_s;
+  data_sum_ += data_s;
+  ++steps_;
+  if (first_step_ < 0) first_step_ = step;
+  last_step_ = step;
+}
+
+bool StragglerDetector::due(std::int64_t step) const { return step > 0 && step % options_.every == 0; }
+
+void StragglerDetector::fill(float* slots) const {
+  std::fill(slots, slots + slot_count(), 0.0f);
+  const double n = std::max(steps_, 1);
+  slots[2 * rank_] = static_cast<float>(compute_sum_ / n);
+  slots[2 * rank_ + 1] = static_cast<float>(data_sum_ / n);
+}
+
+StragglerReport StragglerDetector::analyze(const float* reduced, double scale) {
+  StragglerReport r;
+  r.checked = true;
+  r.first_step = first_step_;
+  r.last_step = last_step_;
+  for (int i = 0; i < world_; ++i) {
+    r.per_rank.emplace_back(reduced[2 * i] * scale, reduced[2 * i + 1] * scale);
+  }
+  compute_sum_ = data_sum_ = 0;
+  steps_ = 0;
+  first_step_ = last_step_ = -1;
+  if (world_ < 2) return r;
+  // For each cause, the slowest rank against the median of the others; the larger excess wins.
+  double best_excess = 0;
+  for (int what = 0; what < 2; ++what) {
+    int slowest = 0;
+    auto get = [&](int i) { return what == 0 ? r.per_rank[static_cast<std::size_t>(i)].first : r.per_rank[static_cast<std::size_t>(i)].second; };
+    for (int i = 1; i < world_; ++i) {
+      if (get(i) > get(slowest)) slowest = i;
+    }
+    std::vector<double> others;
+    for (int i = 0; i < world_; ++i) {
+      if (i != slowest) others.push_back(get(i));
+    }
+    const double m = median(others), v = get(slowest);
+    const double excess = v - m;
+    if (v > m * (1.0 + options_.threshold) && excess > options_.min_seconds && excess > best_excess) {
+      best_excess = excess;
+      r.rank = slowest;
+      r.what = what == 0 ? "compute before the first collective" : "data loading";
+      r.seconds = v;
+      r.median_seconds = m;
+      r.slower_by = m > 0 ? v / m - 1.0 : 0.0;
+    }
+  }
+  if (r.rank >= 0) {
+    if (!hosts_.empty()) r.host = hosts_[static_cast<std::size_t>(r.rank)];
+    r.new_straggler = r.rank != reported_rank_ || r.what != reported_what_;
+    reported_rank_ = r.rank;
+    reported_what_ = r.what;
+  } else {
+    reported_rank_ = -1;
+    reported_what_.clear();
+  }
+  return r;
+}
+
+StragglerReport StragglerDetector::exchange(Communicator& comm) {
+  TUTTI_CHECK_ARG(comm.size() == world_ && comm.rank() == rank_, "StragglerDetector::exchange: the communicator's ",
+                  "rank/size ", comm.rank(), "/", comm.size(), " are not the detector's ", rank_, "/", world_);
+  std::vector<float> slots(static_cast<std::size_t>(slot_count()));
+  fill(slots.data());
+  Tensor t = Tensor::from_floats(slots, {slot_count()});
+  CallOptions call;
+  call.label = "straggler check";
+  comm.allreduce(t, ReduceOp::sum, call).wait();
+  return analyze(t.data_as<float>());
+}
+
+std::vector<std::string> all_hosts(Communicator& comm, const std::string& host) {
+  constexpr std::int64_t kMax = 256;  // bytes of a host name (HOST_NAME_MAX is 64 on Linux)
+  const int n = comm.size();
+  std::vector<std::int64_t> mine(kMax, 0);
+  for (std::size_t i = 0; i < host.size() && i < kMax; ++i) mine[i] = static_cast<unsigned char>(host[i]);
+  Tensor in = Tensor::from_ints(mine, {kMax}, DType::i32);
+  Tensor all = Tensor::empty({n * kMax}, DType::i32);
+  CallOptions call;
+  call.label = "host names";
+  comm.allgather(in, all, call).wait();
+  const std::vector<std::int64_t> chars = all.to_ints();
+  std::vector<std::string> hosts(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    for (std::int64_t i = 0; i < kMax; ++i) {
+      const std::int64_t c = chars[static_cast<std::size_t>(r * kMax + i)];
+      if (c == 0) break;
+      hosts[static_cast<std::size_t>(r)].push_back(static_cast<char>(c));
+    }
+  }
+  return hosts;
+}
+
+}  // namespace tutti::obs
