@@ -6,6 +6,7 @@
 #   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/openblas-env.sh
 out=docs/bench
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. scripts/openblas-env.sh
 exec mpirun -np 2 --oversubscribe build/examples/train_fashion_mnist --model mlp --epochs 5 "$@"

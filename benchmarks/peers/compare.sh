@@ -51,6 +51,7 @@ while [ $# -gt 0 ]; do
 done
 
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../scripts/openblas-env.sh"
 root=$(cd "$here/../.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 trainer="$build/examples/train_fashion_mnist"

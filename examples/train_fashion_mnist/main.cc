@@ -221,6 +221,10 @@ int run(const Flags& f, int& argc, char**& argv) {
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
+  if (job.rank() == 0 && job.device().is_cpu()) {
+    const std::string blas_warning = tutti::kernels::cpu_blas_info().warning();
+    if (!blas_warning.empty()) std::fprintf(stderr, "train_fashion_mnist: warning: %s\n", blas_warning.c_str());
+  }
   TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
                   f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
                   " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");

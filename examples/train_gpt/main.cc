@@ -162,6 +162,10 @@ int run(Flags f, int& argc, char**& argv) {
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
+  if (job.rank() == 0 && job.device().is_cpu()) {
+    const std::string blas_warning = tutti::kernels::cpu_blas_info().warning();
+    if (!blas_warning.empty()) std::fprintf(stderr, "train_gpt: warning: %s\n", blas_warning.c_str());
+  }
 
   // The model's shape: the preset, then the overrides.
   example::GptConfig config = example::GptConfig::preset(f.model);

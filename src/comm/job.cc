@@ -432,8 +432,10 @@ std::string Job::summary() const {
   std::string out = "tutti " + std::string(version()) + ": " + std::to_string(j.size) + " rank(s) on " +
                     std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
                     (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
+  const kernels::CpuBlasInfo blas = kernels::cpu_blas_info();
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
-         ", driver " + cuda_driver_version() + "\n";
+         ", driver " + cuda_driver_version() + "; OpenBLAS " + blas.core + " kernels on " + blas.cpu_isa + "\n";
+  if (!blas.suggested.empty()) out += "  warning: " + blas.warning() + "\n";
   for (const auto& l : lines) out += l;
   return out;
 }

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "tutti/core/error.h"
 
 namespace tutti::kernels {
@@ -14,6 +17,36 @@ TEST(CpuThreads, SetAndRead) {
   EXPECT_EQ(cpu_threads(), 2);
   EXPECT_THROW(set_cpu_threads(0), InvalidArgument);
   EXPECT_EQ(cpu_threads(), 2);
+}
+
+}  // namespace
+}  // namespace tutti::kernels
+
+namespace tutti::kernels {
+namespace {
+
+TEST(CpuBlas, SaysWhichKernelsRunAndWhenTheyAreTooOld) {
+  const CpuBlasInfo info = cpu_blas_info();
+  EXPECT_FALSE(info.core.empty());
+  EXPECT_TRUE(info.cpu_isa == "avx512" || info.cpu_isa == "avx2" || info.cpu_isa == "avx" || info.cpu_isa == "sse" ||
+              info.cpu_isa == "other")
+      << info.cpu_isa;
+  if (info.suggested.empty()) {
+    EXPECT_EQ(info.warning(), "");
+  } else {
+    EXPECT_NE(info.warning().find("OPENBLAS_CORETYPE=" + info.suggested), std::string::npos) << info.warning();
+    EXPECT_NE(info.warning().find(info.core), std::string::npos) << info.warning();
+  }
+  // ctest runs this test a second and third time with OPENBLAS_CORETYPE forced (the variable
+  // OpenBLAS reads when it loads): its oldest x86-64 kernels, then AVX2 kernels.
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced == nullptr || (info.cpu_isa != "avx512" && info.cpu_isa != "avx2")) return;
+  EXPECT_EQ(info.core, forced);
+  if (std::string(forced) == "Prescott") {
+    EXPECT_EQ(info.suggested, info.cpu_isa == "avx512" ? "SkylakeX" : "Haswell");
+  } else if (std::string(forced) == "Haswell") {
+    EXPECT_EQ(info.suggested, "");
+  }
 }
 
 }  // namespace

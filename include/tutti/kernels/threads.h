@@ -1,14 +1,34 @@
-// CPU threads of the CPU kernels: the OpenBLAS GEMMs of Linear and Conv2d use this many
-// threads; the other CPU kernels run on the calling thread. Process-wide.
+// The CPU kernels' GEMM library (OpenBLAS): its threads, and which of its kernel sets it runs.
 //
-// tutti::Job sets it when the job starts (JobOptions::cpu_threads): with several ranks on one
-// host, each rank's GEMMs should use its share of the cores, not all of them.
+// Threads: the OpenBLAS GEMMs of Linear, Conv2d and attention use this many threads; the other
+// CPU kernels run on the calling thread. Process-wide. tutti::Job sets it when the job starts
+// (JobOptions::cpu_threads): with several ranks on one host, each rank's GEMMs should use its
+// share of the cores, not all of them.
+//
+// Kernel set: OpenBLAS picks its kernels once, when it is loaded, from the CPU's model number.
+// A CPU it does not know (a new model, or a virtual machine that hides the model) gets its
+// oldest x86-64 kernels (SSE3, "Prescott"): on a 2-core AVX-512 machine measured 3.5x slower
+// GEMMs than its "SkylakeX" kernels (docs/benchmarks.md). Nothing in the process can change the
+// choice afterwards; the environment variable OPENBLAS_CORETYPE, set before the program starts,
+// does. cpu_blas_info() says when the choice is that bad, and what to set.
 #pragma once
+
+#include <string>
 
 namespace tutti::kernels {
 
 // threads >= 1; throws InvalidArgument otherwise.
 void set_cpu_threads(int threads);
 int cpu_threads();
+
+struct CpuBlasInfo {
+  std::string core;       // OpenBLAS's kernel set in use: "SkylakeX", "Haswell", "Prescott", ...
+  std::string cpu_isa;    // the widest vector ISA of this CPU that the OS enables: "avx512", "avx2", "avx", "sse"
+  std::string suggested;  // OPENBLAS_CORETYPE to set: non-empty only when `core` has no AVX2
+                          // kernels but the CPU has AVX2 ("Haswell") or AVX-512 ("SkylakeX")
+  // One sentence for a log when `suggested` is set (what happened, the cost, the fix); else empty.
+  std::string warning() const;
+};
+CpuBlasInfo cpu_blas_info();
 
 }  // namespace tutti::kernels
