@@ -44,7 +44,8 @@
 #include <vector>
 
 #include "models.h"
-#include "progress.h"
+#include "../common/progress.h"
+#include "../common/run_support.h"
 
 namespace {
 
@@ -110,28 +111,6 @@ void busy_wait_ms(double ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
   while (std::chrono::steady_clock::now() < until) {
   }
-}
-
-tutti::DType dtype_flag(const std::string& name) {
-  return name == "fp32" ? tutti::DType::f32 : name == "bf16" ? tutti::DType::bf16 : tutti::DType::f16;
-}
-
-tutti::amp::Policy policy_of(const Flags& f) {
-  tutti::amp::Policy p = f.precision == "bf16"   ? tutti::amp::Policy::bf16()
-                         : f.precision == "fp16" ? tutti::amp::Policy::fp16()
-                                                 : tutti::amp::Policy::fp32();
-  if (!f.grad_comm.empty()) p.comm = dtype_flag(f.grad_comm);
-  return p;
-}
-
-// crc32 of every parameter's bytes, in name order: equal runs hold bit-identical models.
-std::uint32_t parameters_crc32(const tutti::StateDict& model_state) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& [name, t] : model_state) {
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
-    crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
-  }
-  return static_cast<std::uint32_t>(crc);
 }
 
 // A fingerprint of a data set, cheap to compute: crc32 of every label and of 256 rows spread
@@ -221,10 +200,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
-  if (job.rank() == 0 && job.device().is_cpu()) {
-    const std::string blas_warning = tutti::kernels::cpu_blas_info().warning();
-    if (!blas_warning.empty()) std::fprintf(stderr, "train_fashion_mnist: warning: %s\n", blas_warning.c_str());
-  }
+  example::warn_if_blas_kernels_are_old(job, "train_fashion_mnist");
   TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
                   f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
                   " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");
@@ -249,7 +225,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
   const example::ModelSpec spec = example::spec_of(f.model);
   auto model = example::make_model(f.model);
-  const tutti::amp::Policy policy = policy_of(f);
+  const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, *model);
   model->to(device, stream).init(f.seed);
 
@@ -608,7 +584,7 @@ int run(const Flags& f, int& argc, char**& argv) {
   if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
 
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = parameters_crc32(ddp.model_state_dict());
+  const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
   if (job.rank() == 0) {
     const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     if (!f.quiet) {

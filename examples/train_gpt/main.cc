@@ -33,7 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "../train_fashion_mnist/progress.h"
+#include "../common/progress.h"
+#include "../common/run_support.h"
 #include "data.h"
 #include "model.h"
 
@@ -81,27 +82,6 @@ struct Flags {
   std::string prompt = "\n";
   double peak_tflops = 0;  // 0: the table's
 };
-
-tutti::DType dtype_flag(const std::string& name) {
-  return name == "fp32" ? tutti::DType::f32 : name == "bf16" ? tutti::DType::bf16 : tutti::DType::f16;
-}
-
-tutti::amp::Policy policy_of(const Flags& f) {
-  tutti::amp::Policy p = f.precision == "bf16"   ? tutti::amp::Policy::bf16()
-                         : f.precision == "fp16" ? tutti::amp::Policy::fp16()
-                                                 : tutti::amp::Policy::fp32();
-  if (!f.grad_comm.empty()) p.comm = dtype_flag(f.grad_comm);
-  return p;
-}
-
-std::uint32_t parameters_crc32(const tutti::StateDict& state) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (const auto& [name, t] : state) {
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(name.data()), static_cast<uInt>(name.size()));
-    crc = crc32(crc, static_cast<const Bytef*>(t.data()), static_cast<uInt>(t.nbytes()));
-  }
-  return static_cast<std::uint32_t>(crc);
-}
 
 std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   const uLong crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(c.tokens.data()),
@@ -162,10 +142,7 @@ int run(Flags f, int& argc, char**& argv) {
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
-  if (job.rank() == 0 && job.device().is_cpu()) {
-    const std::string blas_warning = tutti::kernels::cpu_blas_info().warning();
-    if (!blas_warning.empty()) std::fprintf(stderr, "train_gpt: warning: %s\n", blas_warning.c_str());
-  }
+  example::warn_if_blas_kernels_are_old(job, "train_gpt");
 
   // The model's shape: the preset, then the overrides.
   example::GptConfig config = example::GptConfig::preset(f.model);
@@ -199,7 +176,7 @@ int run(Flags f, int& argc, char**& argv) {
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
   example::Gpt model(config);
-  const tutti::amp::Policy policy = policy_of(f);
+  const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
   model.to(device, stream).init(f.seed);
 
@@ -432,7 +409,7 @@ int run(Flags f, int& argc, char**& argv) {
   if (last_val < 0) last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
 
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = parameters_crc32(ddp.model_state_dict());
+  const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
   const double tokens_per_s =
       train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
   const std::int64_t steady_steps = step - first_step - warm_steps;
