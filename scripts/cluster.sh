@@ -15,7 +15,9 @@
 # shared memory and scratch files are per node as on real machines; its own /etc/hosts naming
 # the nodes; /sys showing its own network, and the host's cgroups). Everything else (the file
 # system, processes) is shared with the host, like a cluster's shared file system: write what
-# should outlive a node or be seen by another one under the working tree, not /tmp. The nodes'
+# should outlive a node or be seen by another one under the working tree, not /tmp (a checkout,
+# the working folder of `up`, and the folders in TUTTI_CLUSTER_KEEP=a:b that lie under /tmp are
+# carried into every node's /tmp at the same path). The nodes'
 # eth0 are veth pairs into a bridge that lives in a namespace of its own (the "switch"), so no
 # address or interface is ever made in the host's own network namespace. Each port is shaped
 # in both directions with tc (HTB: --bandwidth per direction, like a NIC port), and, where the
@@ -164,6 +166,16 @@ exec "$SELF" exec --name "$name" --node "\$host" -- /bin/sh -c "\$*"
 EOF
   chmod +x "$dir/agent"
 
+  # Folders under /tmp that every node must still see: this checkout, the caller's working
+  # folder, and TUTTI_CLUSTER_KEEP (colon-separated); a folder inside one already carried is not.
+  local carried=() p
+  for p in "$(dirname "$(dirname "$SELF")")" "$PWD" ${TUTTI_CLUSTER_KEEP:+${TUTTI_CLUSTER_KEEP//:/ }}; do
+    p=$(readlink -f "$p" 2>/dev/null || true)
+    case "$p" in /tmp/?*) ;; *) continue ;; esac
+    local inside=0 c
+    for c in "${carried[@]}"; do case "$p/" in "$c"/*) inside=1 ;; esac; done
+    [ "$inside" = 0 ] && carried+=("$p")
+  done
   local sw; sw=$(ns_switch)
   ip netns add "$sw"
   ip -n "$sw" link set lo up
@@ -182,14 +194,23 @@ EOF
     ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2="$tcp_retries2"
     shape "$ns" eth0
     shape "$sw" "p$i"
-    # The node's hostname, /dev/shm, /etc/hosts and /sys: new UTS and mount namespaces, kept
-    # alive by a holder process that every later command enters (through /proc/PID/ns, which
-    # every node sees). Detached, and with no terminal or pipe of the caller's held open.
+    # The node's hostname, /dev/shm, /tmp, /etc/hosts and /sys: new UTS and mount namespaces,
+    # kept alive by a holder process that every later command enters (through /proc/PID/ns,
+    # which every node sees). Detached, and with no terminal or pipe of the caller's held open.
+    # The node's own /tmp would hide a checkout or build there (a CI clone in /tmp): those
+    # folders are carried into it (bound aside first, then moved onto the same path).
+    local carry_out="" carry_in=""
+    for ((k = 0; k < ${#carried[@]}; k++)); do
+      carry_out+="mkdir -p '$dir/carry-node$i-$k'; mount --rbind '${carried[$k]}' '$dir/carry-node$i-$k';"
+      carry_in+="mkdir -p '${carried[$k]}'; mount --move '$dir/carry-node$i-$k' '${carried[$k]}';"
+    done
     setsid nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation slave /bin/sh -c "
         set -e
         hostname node$i
         mount -t tmpfs -o size=4g,mode=1777 tmpfs-node$i /dev/shm
+        $carry_out
         mount -t tmpfs -o size=4g,mode=1777 tmp-node$i /tmp
+        $carry_in
         mount --bind '$dir/hosts' /etc/hosts
         mkdir -p '$dir/cgroup-node$i'
         mount --rbind /sys/fs/cgroup '$dir/cgroup-node$i'
