@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 
+#include "ddp_test_util.h"
 #include "ddp_world.h"
 #include "tutti/amp/policy.h"
 #include "tutti/ddp/ddp.h"
@@ -21,7 +22,8 @@ namespace {
 
 using testing::world;
 
-constexpr std::int64_t kIn = 12, kClasses = 5;
+using testing::kClasses;  // the labels of testing::global_batch
+constexpr std::int64_t kIn = 12;
 constexpr std::uint64_t kSeed = 99;
 
 std::unique_ptr<nn::Sequential> make_mlp(float dropout = 0.0f) {
@@ -34,27 +36,11 @@ std::unique_ptr<nn::Sequential> make_mlp(float dropout = 0.0f) {
   return m;
 }
 
-struct Batch {
-  Tensor x, y;
-};
-// Global batch `seed`: [rows, kIn] inputs and [rows] labels, the same on every rank.
-Batch global_batch(std::int64_t rows, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(rows * kIn));
-  for (float& v : x) v = normal(rng);
-  std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
-  for (auto& v : y) v = static_cast<std::int64_t>(rng() % kClasses);
-  return {Tensor::from_floats(x, {rows, kIn}), Tensor::from_ints(y, {rows}, DType::i32)};
-}
-Batch rows(const Batch& b, std::int64_t begin, std::int64_t count) {
-  return {b.x.view(begin * kIn, {count, kIn}).clone(), b.y.view(begin, {count}).clone()};
-}
-// This rank's slice, as DistributedLoader cuts it: rows [r·n, (r+1)·n).
-Batch my_slice(const Batch& global) {
-  const std::int64_t n = global.x.dim(0) / world().world_size();
-  return rows(global, world().rank() * n, n);
-}
+using testing::Batch;
+using testing::my_slice;
+using testing::rows;
+// Global batch `seed`: [n, kIn] inputs and [n] labels, the same on every rank (ddp_test_util.h).
+Batch global_batch(std::int64_t n, std::uint32_t seed) { return testing::global_batch({kIn}, n, seed); }
 
 // The sequence number the next collective on the world communicator gets, found with a
 // barrier (which itself takes one).

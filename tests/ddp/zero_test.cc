@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 
+#include "ddp_test_util.h"
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/amp/policy.h"
 #include "tutti/comm/thread_group.h"
@@ -28,7 +29,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr std::int64_t kIn = 12, kClasses = 5;
+using testing::kClasses;  // the labels of testing::global_batch
+constexpr std::int64_t kIn = 12;
 constexpr std::uint64_t kSeed = 4321;
 
 // 12-16-9-5 with a LayerNorm: 443 parameters, which no world size from 2 to 4 divides.
@@ -39,21 +41,10 @@ std::unique_ptr<nn::Sequential> make_model() {
   return m;
 }
 
-struct Batch {
-  Tensor x, y;
-};
-Batch global_batch(std::int64_t rows, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(rows * kIn));
-  for (float& v : x) v = normal(rng);
-  std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
-  for (auto& v : y) v = static_cast<std::int64_t>(rng() % kClasses);
-  return {Tensor::from_floats(x, {rows, kIn}), Tensor::from_ints(y, {rows}, DType::i32)};
-}
-Batch rows(const Batch& b, std::int64_t begin, std::int64_t count) {
-  return {b.x.view(begin * kIn, {count, kIn}).clone(), b.y.view(begin, {count}).clone()};
-}
+using testing::Batch;
+using testing::rows;
+// Global batch `seed`: [n, kIn] inputs and [n] labels (ddp_test_util.h).
+Batch global_batch(std::int64_t n, std::uint32_t seed) { return testing::global_batch({kIn}, n, seed); }
 
 enum class Opt { sgd, adamw };
 std::unique_ptr<optim::Optimizer> make_optimizer(Opt kind, nn::Module& model) {
