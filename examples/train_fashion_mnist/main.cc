@@ -326,24 +326,14 @@ int run(const Flags& f, int& argc, char**& argv) {
   double saved_loss = last_loss;                   // and its loss
 
   auto save = [&] {
-    // Every rank takes part (under ZeRO the shards are gathered); rank 0 writes.
-    tutti::StateDict model_state = ddp.model_state_dict();
-    tutti::StateDict optim_state = ddp.optimizer_state_dict(*optimizer);
-    if (job.rank() != 0) return;
-    try {
-      std::filesystem::create_directories(f.checkpoint_dir);
-      tutti::StateDict state;
-      tutti::io::add_prefixed(state, "model.", std::move(model_state));
-      tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
-      tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
-      tutti::io::add_prefixed(state, "loader.", loader.state_dict());
-      state["train.step"] = tutti::int_scalar_tensor(step);
-      state["train.last_loss"] = tutti::scalar_tensor(last_loss);
-      tutti::io::save_checkpoint(ckpt_path, state, metadata);
-    } catch (const std::exception& e) {
-      // A tutti error (the other ranks are told its message) that says what was going on.
-      TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", ckpt_path, " failed: ", e.what());
-    }
+    example::save_checkpoint(job, ddp, *optimizer, [&] {
+      tutti::StateDict rest;
+      tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
+      tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
+      rest["train.step"] = tutti::int_scalar_tensor(step);
+      rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
+      return rest;
+    }, ckpt_path, metadata, step);
   };
 
   std::int64_t params = 0;

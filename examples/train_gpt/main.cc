@@ -261,24 +261,15 @@ int run(Flags f, int& argc, char**& argv) {
   }
   const std::int64_t first_step = step;
   auto save = [&] {
-    // Every rank takes part (under ZeRO the shards are gathered); rank 0 writes.
-    tutti::StateDict model_state = ddp.model_state_dict();
-    tutti::StateDict optim_state = ddp.optimizer_state_dict(optimizer);
-    if (job.rank() != 0) return;
-    try {
-      std::filesystem::create_directories(f.checkpoint_dir);
-      tutti::StateDict state;
-      tutti::io::add_prefixed(state, "model.", std::move(model_state));
-      tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
-      tutti::io::add_prefixed(state, "scaler.", scaler.state_dict());
-      tutti::io::add_prefixed(state, "loader.", loader.state_dict());
-      state["train.step"] = tutti::int_scalar_tensor(step);
-      state["train.last_loss"] = tutti::scalar_tensor(last_loss);
-      state["train.last_val_loss"] = tutti::scalar_tensor(last_val);
-      tutti::io::save_checkpoint(ckpt_path, state, metadata);
-    } catch (const std::exception& e) {
-      TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", ckpt_path, " failed: ", e.what());
-    }
+    example::save_checkpoint(job, ddp, optimizer, [&] {
+      tutti::StateDict rest;
+      tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
+      tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
+      rest["train.step"] = tutti::int_scalar_tensor(step);
+      rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
+      rest["train.last_val_loss"] = tutti::scalar_tensor(last_val);
+      return rest;
+    }, ckpt_path, metadata, step);
   };
 
   std::int64_t params = 0;
