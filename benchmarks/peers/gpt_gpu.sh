@@ -52,19 +52,7 @@ else
   device=cuda
   python=${PYTHON:-python3}
   if [ -d .gpu-deps ] && ! command -v mpiexec > /dev/null; then
-    root=/tmp/tutti-deps
-    mkdir -p $root
-    for f in .gpu-deps/*.deb; do dpkg -x "$f" $root; done
-    for p in mpicc mpicxx mpiexec mpirun; do ln -sf $p.openmpi $root/usr/bin/$p; done
-    arch=x86_64-linux-gnu
-    export PATH=$root/usr/bin:$PATH
-    export LD_LIBRARY_PATH=$root/usr/lib/$arch:$root/usr/lib/$arch/openblas-pthread:$root/usr/lib/$arch/openmpi/lib:${LD_LIBRARY_PATH:-}
-    export OPAL_PREFIX=$root/usr PMIX_MCA_pcompress_base_silence_warning=1
-    export OMPI_MCA_plm=isolated OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
-    export CMAKE_PREFIX_PATH=$root/usr:$root/usr/lib/$arch/cmake
-    extra=(-DMPI_C_COMPILER=$root/usr/bin/mpicc -DMPIEXEC_EXECUTABLE=$root/usr/bin/mpiexec
-           -DOpenBLAS_DIR=$root/usr/lib/$arch/openblas-pthread/cmake/openblas)
-    sed -i "s|/usr/|$root/usr/|g" $root/usr/lib/$arch/openblas-pthread/cmake/openblas/OpenBLASConfig.cmake
+    . scripts/gpu-deps-env.sh
   else
     extra=()
   fi
