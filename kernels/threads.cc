@@ -21,8 +21,8 @@ namespace {
 // OpenBLAS's x86-64 kernel sets that have AVX2 GEMM kernels (its names, as
 // openblas_get_corename() gives them, compared without case).
 bool has_avx2_kernels(std::string_view core) {
-  constexpr std::array<std::string_view, 7> avx2 = {"haswell", "skylakex", "cooperlake", "sapphirerapids",
-                                                    "zen",     "excavator", "skylake"};
+  constexpr std::array<std::string_view, 6> avx2 = {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen",
+                                                    "excavator"};
   std::string lower(core);
   for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   for (std::string_view name : avx2) {

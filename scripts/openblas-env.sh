@@ -17,7 +17,7 @@ with open("/proc/cpuinfo") as f:
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
-avx2_kernels = {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen", "excavator", "skylake"}
+avx2_kernels = {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen", "excavator"}
 if name not in avx2_kernels:
     if {"avx512f", "avx512bw", "avx512vl"} <= flags:
         print("SkylakeX")
