@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "hello"}).wait();
     const float got = x.to_floats()[0];
     const float want = static_cast<float>(n * (n + 1) / 2);
-    if (job.rank() == 0) std::printf("allreduce over %d rank(s): %g (expected %g) %s\n", n, got, want, got == want ? "ok" : "WRONG");
+    if (job.rank() == 0)
+      std::printf("allreduce over %d rank(s): %g (expected %g) %s\n", n, got, want, got == want ? "ok" : "WRONG");
     return got == want ? 0 : 1;
   } catch (const tutti::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  tutti::Job job(argc, argv);  // MPI world, local rank, device, NCCL (collective)
+  tutti::Job job(argc, argv);                 // MPI world, local rank, device, NCCL (collective)
   const std::string summary = job.summary();  // collective: every rank calls it
   if (job.rank() == 0) std::fputs(summary.c_str(), stdout);
 
@@ -29,10 +29,8 @@ int main(int argc, char** argv) {
   // Same order on any number of ranks; each rank reads its slice of each global batch. A
   // next() serves one micro-batch: the optimizer step's 128 samples come in 2 of 64.
   auto data = tutti::data::load_fashion_mnist();
-  tutti::data::DistributedLoader loader(data.train, {.global_micro_batch_size = 128 / 2,
-                                                     .rank = job.rank(),
-                                                     .world_size = job.world_size(),
-                                                     .seed = 1});
+  tutti::data::DistributedLoader loader(
+      data.train, {.global_micro_batch_size = 128 / 2, .rank = job.rank(), .world_size = job.world_size(), .seed = 1});
   for (int step = 0; step < 200; ++step) {
     for (int micro = 0; micro < 2; ++micro) {
       tutti::data::Batch b = loader.next();

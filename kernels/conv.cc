@@ -52,8 +52,8 @@ int conv2d_output_size(int in, int kernel, const Conv2dParams& params) {
   return (in + 2 * params.padding - kernel) / params.stride + 1;
 }
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
-                    const Conv2dParams& params, const Stream& stream) {
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params,
+                    const Stream& stream) {
   const char* op = "conv2d_forward";
   const Shape y_shape = check_conv_inputs(op, x, w, bias, params);
   detail::require_dtype(op, "y", y, x.dtype());

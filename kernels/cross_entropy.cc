@@ -12,8 +12,8 @@ void require_logits_and_labels(const char* op, const Tensor& logits, const Tenso
   detail::require_floating(op, "logits", logits);
   TUTTI_CHECK_ARG(logits.ndim() == 2, op, ": logits must be [N, C], got ", logits.str());
   detail::require_defined(op, "labels", labels);
-  TUTTI_CHECK_ARG(labels.dtype() == DType::i32 || labels.dtype() == DType::i64, op,
-                  ": labels must be i32 or i64, got ", labels.str());
+  TUTTI_CHECK_ARG(labels.dtype() == DType::i32 || labels.dtype() == DType::i64, op, ": labels must be i32 or i64, got ",
+                  labels.str());
   detail::require_shape(op, "labels", labels, {logits.dim(0)});
 }
 
@@ -32,7 +32,8 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
   const Device device = detail::require_same_device(op, {&logits, &labels, &loss, &dlogits}, stream);
   if (device.is_cuda())
     cuda::softmax_cross_entropy(logits, labels, loss, dlogits, options.ignore_index, options.grad_scale, stream);
-  else cpu::softmax_cross_entropy(logits, labels, loss, dlogits, options.ignore_index, options.grad_scale);
+  else
+    cpu::softmax_cross_entropy(logits, labels, loss, dlogits, options.ignore_index, options.grad_scale);
 }
 
 void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct, bool accumulate,
@@ -42,8 +43,10 @@ void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& cor
   detail::require_dtype(op, "correct", correct, DType::i64);
   detail::require_shape(op, "correct", correct, {1});
   const Device device = detail::require_same_device(op, {&logits, &labels, &correct}, stream);
-  if (device.is_cuda()) cuda::count_correct(logits, labels, correct, accumulate, ignore_index, stream);
-  else cpu::count_correct(logits, labels, correct, accumulate, ignore_index);
+  if (device.is_cuda())
+    cuda::count_correct(logits, labels, correct, accumulate, ignore_index, stream);
+  else
+    cpu::count_correct(logits, labels, correct, accumulate, ignore_index);
 }
 
 }  // namespace tutti::kernels

@@ -29,8 +29,10 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   detail::require_dtype(op, "out", out, wte.dtype());
   detail::require_shape(op, "out", out, {tokens.dim(0), T, C});
   const Device device = detail::require_same_device(op, {&tokens, &wte, &wpe, &out}, stream);
-  if (device.is_cuda()) cuda::embedding_forward(tokens, wte, wpe, out, stream);
-  else cpu::embedding_forward(tokens, wte, wpe, out);
+  if (device.is_cuda())
+    cuda::embedding_forward(tokens, wte, wpe, out, stream);
+  else
+    cpu::embedding_forward(tokens, wte, wpe, out);
 }
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dwte, const Tensor& dwpe,
@@ -51,8 +53,10 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
                     ": dwpe must be [T_max >= ", tokens.dim(1), ", ", C, "], got ", dwpe.str());
   }
   const Device device = detail::require_same_device(op, {&tokens, &dout, &dwte, &dwpe}, stream);
-  if (device.is_cuda()) cuda::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params, stream);
-  else cpu::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params);
+  if (device.is_cuda())
+    cuda::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params, stream);
+  else
+    cpu::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params);
 }
 
 }  // namespace tutti::kernels

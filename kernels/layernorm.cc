@@ -17,8 +17,8 @@ std::int64_t require_rows(const char* op, const Tensor& x) {
 
 void require_row_stat(const char* op, const char* name, const Tensor& t, std::int64_t rows, const Tensor& x) {
   detail::require_dtype(op, name, t, DType::f32);
-  TUTTI_CHECK_ARG(t.numel() == rows, op, ": ", name, " must hold one f32 per row of x ", x.str(), " (", rows,
-                  "), got ", t.str());
+  TUTTI_CHECK_ARG(t.numel() == rows, op, ": ", name, " must hold one f32 per row of x ", x.str(), " (", rows, "), got ",
+                  t.str());
 }
 
 void require_param_grad(const char* op, const char* name, const Tensor& g, const Tensor& x) {
@@ -43,13 +43,15 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   require_row_stat(op, "rstd", rstd, rows, x);
   TUTTI_CHECK_ARG(eps >= 0.0f, op, ": eps must be >= 0, got ", eps);
   const Device device = detail::require_same_device(op, {&x, &gamma, &beta, &y, &mean, &rstd}, stream);
-  if (device.is_cuda()) cuda::layernorm_forward(x, gamma, beta, eps, y, mean, rstd, stream);
-  else cpu::layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
+  if (device.is_cuda())
+    cuda::layernorm_forward(x, gamma, beta, eps, y, mean, rstd, stream);
+  else
+    cpu::layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
 }
 
-void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                        bool accumulate_params, const Stream& stream) {
+void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool accumulate_params,
+                        const Stream& stream) {
   constexpr const char* op = "layernorm_backward";
   const std::int64_t rows = require_rows(op, x);
   detail::require_dtype(op, "gamma", gamma, x.dtype());
@@ -62,11 +64,11 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
   detail::require_shape(op, "dx", dx, x.shape());
   require_param_grad(op, "dgamma", dgamma, x);
   require_param_grad(op, "dbeta", dbeta, x);
-  const Device device =
-      detail::require_same_device(op, {&x, &gamma, &mean, &rstd, &dy, &dx, &dgamma, &dbeta}, stream);
+  const Device device = detail::require_same_device(op, {&x, &gamma, &mean, &rstd, &dy, &dx, &dgamma, &dbeta}, stream);
   if (device.is_cuda())
     cuda::layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, accumulate_params, stream);
-  else cpu::layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, accumulate_params);
+  else
+    cpu::layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, accumulate_params);
 }
 
 }  // namespace tutti::kernels

@@ -23,16 +23,18 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   detail::require_dtype(op, "w", w, x.dtype());
   detail::require_dtype(op, "y", y, x.dtype());
   TUTTI_CHECK_ARG(w.ndim() == 2, op, ": w must be [out, in], got ", w.str());
-  TUTTI_CHECK_ARG(x.ndim() >= 2 && x.dim(-1) == w.dim(1), op, ": x must be [N, ", w.dim(1), "] for w ",
-                  w.str(), ", got ", x.str());
+  TUTTI_CHECK_ARG(x.ndim() >= 2 && x.dim(-1) == w.dim(1), op, ": x must be [N, ", w.dim(1), "] for w ", w.str(),
+                  ", got ", x.str());
   detail::require_shape(op, "y", y, with_last(x.shape(), w.dim(0)));
   if (bias.defined()) {
     detail::require_dtype(op, "bias", bias, x.dtype());
     detail::require_shape(op, "bias", bias, {w.dim(0)});
   }
   const Device device = detail::require_same_device(op, {&x, &w, &bias, &y}, stream);
-  if (device.is_cuda()) cuda::linear_forward(x, w, bias, y, stream);
-  else cpu::linear_forward(x, w, bias, y);
+  if (device.is_cuda())
+    cuda::linear_forward(x, w, bias, y, stream);
+  else
+    cpu::linear_forward(x, w, bias, y);
 }
 
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
@@ -42,8 +44,8 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   detail::require_dtype(op, "w", w, x.dtype());
   detail::require_dtype(op, "dy", dy, x.dtype());
   TUTTI_CHECK_ARG(w.ndim() == 2, op, ": w must be [out, in], got ", w.str());
-  TUTTI_CHECK_ARG(x.ndim() >= 2 && x.dim(-1) == w.dim(1), op, ": x must be [N, ", w.dim(1), "] for w ",
-                  w.str(), ", got ", x.str());
+  TUTTI_CHECK_ARG(x.ndim() >= 2 && x.dim(-1) == w.dim(1), op, ": x must be [N, ", w.dim(1), "] for w ", w.str(),
+                  ", got ", x.str());
   detail::require_shape(op, "dy", dy, with_last(x.shape(), w.dim(0)));
   if (dx.defined()) {
     detail::require_dtype(op, "dx", dx, x.dtype());
@@ -57,8 +59,10 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     detail::require_shape(op, "db", db, {w.dim(0)});
   }
   const Device device = detail::require_same_device(op, {&x, &w, &dy, &dx, &dw, &db}, stream);
-  if (device.is_cuda()) cuda::linear_backward(x, w, dy, dx, dw, db, accumulate_params, stream);
-  else cpu::linear_backward(x, w, dy, dx, dw, db, accumulate_params);
+  if (device.is_cuda())
+    cuda::linear_backward(x, w, dy, dx, dw, db, accumulate_params, stream);
+  else
+    cpu::linear_backward(x, w, dy, dx, dw, db, accumulate_params);
 }
 
 void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, const Tensor& c, float alpha,
@@ -67,8 +71,8 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
   detail::require_floating(op, "a", a);
   detail::require_dtype(op, "b", b, a.dtype());
   detail::require_dtype_or_f32(op, "c", c, a.dtype());
-  TUTTI_CHECK_ARG(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, op, ": a, b and c must be 2-D, got a ",
-                  a.str(), ", b ", b.str(), ", c ", c.str());
+  TUTTI_CHECK_ARG(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2, op, ": a, b and c must be 2-D, got a ", a.str(),
+                  ", b ", b.str(), ", c ", c.str());
   const std::int64_t M = transpose_a ? a.dim(1) : a.dim(0);
   const std::int64_t Ka = transpose_a ? a.dim(0) : a.dim(1);
   const std::int64_t Kb = transpose_b ? b.dim(1) : b.dim(0);
@@ -78,8 +82,10 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
                   transpose_b ? ", transposed" : "", ")");
   detail::require_shape(op, "c", c, {M, N});
   const Device device = detail::require_same_device(op, {&a, &b, &c}, stream);
-  if (device.is_cuda()) cuda::matmul(a, transpose_a, b, transpose_b, c, alpha, beta, stream);
-  else cpu::matmul(a, transpose_a, b, transpose_b, c, alpha, beta);
+  if (device.is_cuda())
+    cuda::matmul(a, transpose_a, b, transpose_b, c, alpha, beta, stream);
+  else
+    cpu::matmul(a, transpose_a, b, transpose_b, c, alpha, beta);
 }
 
 }  // namespace tutti::kernels

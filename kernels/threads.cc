@@ -21,8 +21,8 @@ namespace {
 // OpenBLAS's x86-64 kernel sets that have AVX2 GEMM kernels (its names, as
 // openblas_get_corename() gives them, compared without case).
 bool has_avx2_kernels(std::string_view core) {
-  constexpr std::array<std::string_view, 6> avx2 = {"haswell", "skylakex", "cooperlake", "sapphirerapids", "zen",
-                                                    "excavator"};
+  constexpr std::array<std::string_view, 6> avx2 = {"haswell",        "skylakex", "cooperlake",
+                                                    "sapphirerapids", "zen",      "excavator"};
   std::string lower(core);
   for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   for (std::string_view name : avx2) {
@@ -62,7 +62,9 @@ std::string CpuBlasInfo::warning() const {
   if (suggested.empty()) return "";
   return "OpenBLAS runs its " + core + " kernels on a CPU with " + (cpu_isa == "avx512" ? "AVX-512" : "AVX2") +
          " (it did not recognize the CPU's model): the CPU GEMMs run several times slower than they could. "
-         "Set OPENBLAS_CORETYPE=" + suggested + " in the environment before starting the job (mpirun passes it "
+         "Set OPENBLAS_CORETYPE=" +
+         suggested +
+         " in the environment before starting the job (mpirun passes it "
          "to local ranks; add -x OPENBLAS_CORETYPE for other nodes)";
 }
 

@@ -48,8 +48,7 @@ inline void require_same_numel(const char* op, const char* a_name, const Tensor&
 
 // Every defined tensor lives on the same device, and the stream (when it is a GPU stream)
 // is on that device too. Returns that device.
-inline Device require_same_device(const char* op, std::initializer_list<const Tensor*> tensors,
-                                  const Stream& stream) {
+inline Device require_same_device(const char* op, std::initializer_list<const Tensor*> tensors, const Stream& stream) {
   const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (!t->defined()) continue;
@@ -57,13 +56,13 @@ inline Device require_same_device(const char* op, std::initializer_list<const Te
       first = t;
       continue;
     }
-    TUTTI_CHECK_ARG(t->device() == first->device(), op, ": tensors on different devices: ", first->str(),
-                    " and ", t->str());
+    TUTTI_CHECK_ARG(t->device() == first->device(), op, ": tensors on different devices: ", first->str(), " and ",
+                    t->str());
   }
   TUTTI_CHECK_ARG(first != nullptr, op, ": no tensor given");
   const Device d = first->device();
-  TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == d, op, ": stream on ",
-                  stream.device().str(), " but tensors on ", d.str());
+  TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == d, op, ": stream on ", stream.device().str(),
+                  " but tensors on ", d.str());
   return d;
 }
 

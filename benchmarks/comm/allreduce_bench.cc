@@ -54,10 +54,14 @@ std::size_t parse_bytes(const std::string& s) {
   std::size_t pos = 0;
   double v = std::stod(s, &pos);
   const std::string unit = s.substr(pos);
-  if (unit == "K" || unit == "KB" || unit == "k") v *= 1024;
-  else if (unit == "M" || unit == "MB") v *= 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB") v *= 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") throw std::invalid_argument("bad size: " + s);
+  if (unit == "K" || unit == "KB" || unit == "k")
+    v *= 1024;
+  else if (unit == "M" || unit == "MB")
+    v *= 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB")
+    v *= 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    throw std::invalid_argument("bad size: " + s);
   return static_cast<std::size_t>(v);
 }
 
@@ -139,14 +143,15 @@ int run(int argc, char** argv) {
   const std::string summary = job.summary();
   if (rank == 0) {
     std::printf("%s", summary.c_str());
-    std::printf("# allreduce sum, %s, %s, %d rank(s), backend %s, device %s; times: median over iterations, slowest rank\n",
-                dtype_s.c_str(), in_place ? "in place" : "out of place", world, std::string(comm.backend()).c_str(),
-                dev.str().c_str());
+    std::printf(
+        "# allreduce sum, %s, %s, %d rank(s), backend %s, device %s; times: median over iterations, slowest rank\n",
+        dtype_s.c_str(), in_place ? "in place" : "out of place", world, std::string(comm.backend()).c_str(),
+        dev.str().c_str());
     std::printf("# %d node(s), %d rank(s) on this node; MPI allreduce algorithm: %s%s\n", nodes, job.local_size(),
                 job.mpi_allreduce().c_str(), no_raw ? "; raw call not timed (--no-raw)" : "");
-    std::printf("# %5s %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s | %8s %8s %6s\n", "nodes", "bytes", "count", "type",
-                "tutti(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong", "loop:tutti", "raw",
-                "ratio");
+    std::printf("# %5s %12s %11s %5s | %11s %9s %9s | %11s %9s %9s | %6s %6s | %8s %8s %6s\n", "nodes", "bytes",
+                "count", "type", "tutti(us)", "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong",
+                "loop:tutti", "raw", "ratio");
   }
 
 #if TUTTI_BENCH_WITH_NCCL
@@ -169,8 +174,10 @@ int run(int argc, char** argv) {
     const std::int64_t count = static_cast<std::int64_t>(bytes / es);
     std::vector<float> init(static_cast<std::size_t>(count));
     for (std::int64_t i = 0; i < count; ++i) init[static_cast<std::size_t>(i)] = input_value(rank, i);
-    tutti::Tensor host_in = is_floating(dtype) ? tutti::Tensor::from_floats(init, {count}, dtype)
-                                               : tutti::Tensor::from_ints(std::vector<std::int64_t>(init.begin(), init.end()), {count}, dtype);
+    tutti::Tensor host_in =
+        is_floating(dtype)
+            ? tutti::Tensor::from_floats(init, {count}, dtype)
+            : tutti::Tensor::from_ints(std::vector<std::int64_t>(init.begin(), init.end()), {count}, dtype);
     tutti::Tensor in = host_in.to(dev);
     const tutti::Tensor out = in_place ? in : tutti::Tensor::zeros({count}, dtype, dev);
     // The raw call: on the same memory (the host copy when tutti stages GPU tensors).
@@ -191,19 +198,24 @@ int run(int argc, char** argv) {
     } else {
 #if TUTTI_BENCH_WITH_NCCL
       raw.name = "ncclAllReduce";
-      const ncclDataType_t type = dtype == tutti::DType::f32 ? ncclFloat32
-                                  : dtype == tutti::DType::f16 ? ncclFloat16
+      const ncclDataType_t type = dtype == tutti::DType::f32    ? ncclFloat32
+                                  : dtype == tutti::DType::f16  ? ncclFloat16
                                   : dtype == tutti::DType::bf16 ? ncclBfloat16
-                                  : dtype == tutti::DType::i32 ? ncclInt32 : ncclInt64;
+                                  : dtype == tutti::DType::i32  ? ncclInt32
+                                                                : ncclInt64;
       raw.run = [&, type] {
-        ncclAllReduce(raw_in.data(), raw_out.data(), static_cast<std::size_t>(count), type, ncclSum, raw_nccl, raw_stream);
+        ncclAllReduce(raw_in.data(), raw_out.data(), static_cast<std::size_t>(count), type, ncclSum, raw_nccl,
+                      raw_stream);
         cudaStreamSynchronize(raw_stream);
       };
 #endif
     }
-    auto tutti_run = [&] { comm.allreduce(in, out, tutti::ReduceOp::sum, {.label = "bench", .stream = stream}).wait(); };
+    auto tutti_run = [&] {
+      comm.allreduce(in, out, tutti::ReduceOp::sum, {.label = "bench", .stream = stream}).wait();
+    };
 
-    const int n_iters = std::max(10, std::min(iters, static_cast<int>((std::size_t{1} << 30) / std::max<std::size_t>(bytes, 1))));
+    const int n_iters =
+        std::max(10, std::min(iters, static_cast<int>((std::size_t{1} << 30) / std::max<std::size_t>(bytes, 1))));
     std::vector<double> t_tutti, t_raw;
     auto timed = [](const std::function<void()>& f, std::vector<double>& into) {
       const auto t0 = Clock::now();
@@ -289,11 +301,12 @@ int run(int argc, char** argv) {
                       loop_slowest[1] / loop_slowest[0]);
         if (no_raw) std::snprintf(loop_text, sizeof loop_text, " | %8.2f %8s %6s", loop_slowest[0], "-", "-");
       }
-      std::snprintf(raw_text, sizeof raw_text, "%11.1f %9.3f %9.3f | %6.3f", slowest[1], alg_r, alg_r * bus, alg_t / alg_r);
+      std::snprintf(raw_text, sizeof raw_text, "%11.1f %9.3f %9.3f | %6.3f", slowest[1], alg_r, alg_r * bus,
+                    alg_t / alg_r);
       if (no_raw) std::snprintf(raw_text, sizeof raw_text, "%11s %9s %9s | %6s", "-", "-", "-", "-");
-      std::printf("  %5d %12zu %11lld %5s | %11.1f %9.3f %9.3f | %s %6lld%s\n", nodes, static_cast<std::size_t>(count) * es,
-                  static_cast<long long>(count), dtype_s.c_str(), slowest[0], alg_t, alg_t * bus, raw_text,
-                  wrong_all[0] + wrong_all[1], loop_text);
+      std::printf("  %5d %12zu %11lld %5s | %11.1f %9.3f %9.3f | %s %6lld%s\n", nodes,
+                  static_cast<std::size_t>(count) * es, static_cast<long long>(count), dtype_s.c_str(), slowest[0],
+                  alg_t, alg_t * bus, raw_text, wrong_all[0] + wrong_all[1], loop_text);
       std::fflush(stdout);
       table.push_back({{"bytes", static_cast<std::size_t>(count) * es},
                        {"count", count},

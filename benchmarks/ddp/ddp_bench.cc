@@ -2,7 +2,8 @@
 // what each ZeRO stage saves in memory and costs in time.
 //
 //   mpirun -np 2 build/benchmarks/ddp/ddp_bench --hidden 1024 --layers 4 --batch 64
-//   mpirun -np 4 build/benchmarks/ddp/ddp_bench --optimizer adamw --precision bf16 --modes zero0,zero1,zero2 --memory-only
+//   mpirun -np 4 build/benchmarks/ddp/ddp_bench --optimizer adamw --precision bf16 --modes zero0,zero1,zero2
+//   --memory-only
 //
 // Trains an MLP (in -> hidden x layers -> 10, or in -> widths... -> 10) on synthetic data, in
 // several modes side by side in one run, with the same per-rank batch:
@@ -64,7 +65,7 @@ struct Config {
   std::int64_t in = 784;
   std::int64_t hidden = 1024;
   int layers = 4;
-  std::string widths;  // "512,256": overrides hidden x layers
+  std::string widths;       // "512,256": overrides hidden x layers
   std::int64_t batch = 64;  // per rank
   int steps = 20;
   int warmup = 3;
@@ -163,10 +164,9 @@ int main(int argc, char** argv) {
     const int n = job.world_size();
     const tutti::Device device = job.device();
     const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
-    const tutti::amp::Policy policy = c.precision == "bf16"
-                                          ? tutti::amp::Policy{tutti::DType::bf16, tutti::DType::f32,
-                                                               tutti::DType::bf16, tutti::DType::bf16}
-                                          : tutti::amp::Policy::fp32();
+    const tutti::amp::Policy policy = c.precision == "bf16" ? tutti::amp::Policy{tutti::DType::bf16, tutti::DType::f32,
+                                                                                 tutti::DType::bf16, tutti::DType::bf16}
+                                                            : tutti::amp::Policy::fp32();
 
     std::mt19937 rng(static_cast<unsigned>(job.rank()) + 1u);
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -198,10 +198,14 @@ int main(int argc, char** argv) {
     for (const std::string& mode : split(c.modes)) {
       auto m = std::make_unique<Instance>();
       m->mode = mode;
-      if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced") m->zero = 0;
-      else if (mode == "zero1") m->zero = 1;
-      else if (mode == "zero2") m->zero = 2;
-      else if (mode != "local") throw std::runtime_error("unknown mode '" + mode + "'");
+      if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced")
+        m->zero = 0;
+      else if (mode == "zero1")
+        m->zero = 1;
+      else if (mode == "zero2")
+        m->zero = 2;
+      else if (mode != "local")
+        throw std::runtime_error("unknown mode '" + mode + "'");
       const std::int64_t before = tutti::Storage::live_bytes(device);
       m->model = make_model(c);
       tutti::amp::apply(policy, *m->model);
@@ -235,8 +239,11 @@ int main(int argc, char** argv) {
       if (m->ddp) {
         m->memory = m->ddp->memory();
       } else {
-        auto bytes = [](const tutti::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0; };
-        m->memory.parameters = bytes(m->model->flat_compute().defined() ? m->model->flat_compute() : m->model->flat_values());
+        auto bytes = [](const tutti::Tensor& t) {
+          return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0;
+        };
+        m->memory.parameters =
+            bytes(m->model->flat_compute().defined() ? m->model->flat_compute() : m->model->flat_values());
         m->memory.master_weights = m->model->flat_compute().defined() ? bytes(m->model->flat_values()) : 0;
         m->memory.gradients = bytes(m->model->flat_grads());
         m->memory.optimizer_state = m->opt->state_bytes();
@@ -326,10 +333,11 @@ int main(int argc, char** argv) {
 
     if (job.rank() == 0) {
       std::printf("# %d node(s), %d rank(s) per node\n", job.node_count(), job.local_size());
-      std::printf("# ddp_bench: %d rank(s), backend %s, device %s, %s (%.3f M parameters), %s, %s, batch %lld per rank, "
-                  "bucket %.0f MiB, %d steps (median)\n",
-                  n, std::string(job.backend()).c_str(), device.str().c_str(), model_name(c).c_str(), params / 1e6,
-                  c.optimizer.c_str(), c.precision.c_str(), static_cast<long long>(c.batch), c.bucket_mb, c.steps);
+      std::printf(
+          "# ddp_bench: %d rank(s), backend %s, device %s, %s (%.3f M parameters), %s, %s, batch %lld per rank, "
+          "bucket %.0f MiB, %d steps (median)\n",
+          n, std::string(job.backend()).c_str(), device.str().c_str(), model_name(c).c_str(), params / 1e6,
+          c.optimizer.c_str(), c.precision.c_str(), static_cast<long long>(c.batch), c.bucket_mb, c.steps);
       if (!c.memory_only) {
         std::printf("# allreduce of all gradients alone: %.2f ms\n", allreduce_ms);
         std::printf("%-8s %10s %11s %11s %9s %12s %10s %9s %9s\n", "mode", "step_ms", "compute_ms", "exposed_ms",
@@ -343,8 +351,9 @@ int main(int argc, char** argv) {
           if (r.mode == "traced") traced = r.step_ms;
         }
         if (traced > 0 && zero0 > 0) {
-          std::printf("# tracing overhead: traced / overlap step time = %.4f (%+.2f%%); timeline in %s\n", traced / zero0,
-                      100.0 * (traced / zero0 - 1.0), trace_files.empty() ? "?" : trace_files.back().c_str());
+          std::printf("# tracing overhead: traced / overlap step time = %.4f (%+.2f%%); timeline in %s\n",
+                      traced / zero0, 100.0 * (traced / zero0 - 1.0),
+                      trace_files.empty() ? "?" : trace_files.back().c_str());
         }
         for (const Result& r : results) {
           std::printf("%-8s %10.2f %11.2f %11.2f %8.1f%% %12.0f %10.3f %9.2f %9.3f\n", r.mode.c_str(), r.step_ms,
@@ -352,10 +361,12 @@ int main(int argc, char** argv) {
                       r.efficiency, r.busbw_gbs, zero0 > 0 ? r.step_ms / zero0 : 0.0);
         }
       }
-      std::printf("# memory of rank 0, bytes per parameter (formula: parameters, fp32 masters, gradients, optimizer "
-                  "state, sharded over %d rank(s) as the stage says)\n", n);
-      std::printf("%-8s %10s %8s %8s %8s %8s %8s %8s %8s %12s\n", "mode", "params", "masters", "grads", "optim",
-                  "comm", "total", "formula", "ratio", "all_tensors");
+      std::printf(
+          "# memory of rank 0, bytes per parameter (formula: parameters, fp32 masters, gradients, optimizer "
+          "state, sharded over %d rank(s) as the stage says)\n",
+          n);
+      std::printf("%-8s %10s %8s %8s %8s %8s %8s %8s %8s %12s\n", "mode", "params", "masters", "grads", "optim", "comm",
+                  "total", "formula", "ratio", "all_tensors");
       const double P = static_cast<double>(params);
       for (const Result& r : results) {
         const int stage = std::max(r.zero, 0);
@@ -368,17 +379,33 @@ int main(int argc, char** argv) {
       if (!c.json.empty()) {
         nlohmann::json out = nlohmann::json::array();
         for (const Result& r : results) {
-          out.push_back({{"mode", r.mode}, {"zero", r.zero}, {"ranks", n}, {"nodes", job.node_count()}, {"parameters", params},
-                         {"model", model_name(c)}, {"optimizer", c.optimizer}, {"precision", c.precision},
-                         {"batch_per_rank", c.batch}, {"step_ms", r.step_ms}, {"compute_ms", r.compute_ms},
-                         {"exposed_comm_ms", r.exposed_ms}, {"samples_per_s", r.samples_per_s},
-                         {"scaling_efficiency", r.efficiency}, {"busbw_gbs", r.busbw_gbs},
-                         {"allreduce_alone_ms", allreduce_ms}, {"bucket_mb", c.bucket_mb}, {"device", device.str()},
-                         {"memory", {{"parameters", r.memory.parameters}, {"master_weights", r.memory.master_weights},
-                                     {"gradients", r.memory.gradients}, {"optimizer_state", r.memory.optimizer_state},
-                                     {"communication", r.memory.communication}, {"total", r.memory.total()},
-                                     {"all_tensors", r.live_bytes},
-                                     {"formula_bytes_per_parameter", formula_bytes_per_param(c, std::max(r.zero, 0), n)}}}});
+          out.push_back({{"mode", r.mode},
+                         {"zero", r.zero},
+                         {"ranks", n},
+                         {"nodes", job.node_count()},
+                         {"parameters", params},
+                         {"model", model_name(c)},
+                         {"optimizer", c.optimizer},
+                         {"precision", c.precision},
+                         {"batch_per_rank", c.batch},
+                         {"step_ms", r.step_ms},
+                         {"compute_ms", r.compute_ms},
+                         {"exposed_comm_ms", r.exposed_ms},
+                         {"samples_per_s", r.samples_per_s},
+                         {"scaling_efficiency", r.efficiency},
+                         {"busbw_gbs", r.busbw_gbs},
+                         {"allreduce_alone_ms", allreduce_ms},
+                         {"bucket_mb", c.bucket_mb},
+                         {"device", device.str()},
+                         {"memory",
+                          {{"parameters", r.memory.parameters},
+                           {"master_weights", r.memory.master_weights},
+                           {"gradients", r.memory.gradients},
+                           {"optimizer_state", r.memory.optimizer_state},
+                           {"communication", r.memory.communication},
+                           {"total", r.memory.total()},
+                           {"all_tensors", r.live_bytes},
+                           {"formula_bytes_per_parameter", formula_bytes_per_param(c, std::max(r.zero, 0), n)}}}});
         }
         std::ofstream(c.json) << out.dump(2) << "\n";
       }

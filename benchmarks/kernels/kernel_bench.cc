@@ -153,7 +153,9 @@ TUTTI_BENCH_COPY_LOOP TUTTI_BENCH_WIDE void copy_loop_wide(const float* __restri
 class CopyProbe {
  public:
   CopyProbe(Bench& b, std::size_t bytes)
-      : bench_(b), n_(static_cast<int64_t>(bytes / 4)), src_(make({n_}, DType::f32, b.device())),
+      : bench_(b),
+        n_(static_cast<int64_t>(bytes / 4)),
+        src_(make({n_}, DType::f32, b.device())),
         dst_(Tensor::empty({n_}, DType::f32, b.device())) {}
 
   double full(double* ms) {
@@ -207,8 +209,8 @@ double gemm_tflops(Bench& b, DType dtype, int m, int n, int k, double* ms_out) {
   const float one = 1.f, zero = 0.f;
   // Column-major cuBLAS on row-major data: C^T = B^T · A^T.
   const double ms = b.time_ms([&] {
-    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, B.data(), t, n, A.data(), t, k, &zero, C.data(), t,
-                 n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, B.data(), t, n, A.data(), t, k, &zero, C.data(), t, n,
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   });
   cublasDestroy(handle);
   *ms_out = ms;
@@ -297,7 +299,8 @@ void bench_memory_ops(Ctx& c, DType dt, int64_t n) {
   guarded("maxpool", [&] {
     const int64_t hw = 32, planes = std::max<int64_t>(1, n / (hw * hw));
     const Shape xs{planes, 1, hw, hw}, ys{planes, 1, hw / 2, hw / 2};
-    Tensor px = x.view(0, xs), py = Tensor::empty(ys, dt, dev), pdy = make(ys, dt, dev), pdx = Tensor::empty(xs, dt, dev);
+    Tensor px = x.view(0, xs), py = Tensor::empty(ys, dt, dev), pdy = make(ys, dt, dev),
+           pdx = Tensor::empty(xs, dt, dev);
     const double xb = static_cast<double>(px.numel()) * es;
     memory_op(c, "maxpool2x2_forward", dt, xb * 1.25, [&] { maxpool2x2_forward(px, py, s); });
     memory_op(c, "maxpool2x2_backward", dt, xb * 2.25, [&] { maxpool2x2_backward(px, pdy, pdx, s); });
@@ -327,7 +330,8 @@ void bench_memory_ops(Ctx& c, DType dt, int64_t n) {
     Tensor dgamma = Tensor::zeros({d}, DType::f32, dev), dbeta = Tensor::zeros({d}, DType::f32, dev);
     Tensor ldx = Tensor::empty({rows, d}, dt, dev);
     const double xb = static_cast<double>(rows * d) * es;
-    memory_op(c, "layernorm_forward", dt, 2 * xb, [&] { layernorm_forward(lx, gamma, beta, 1e-5f, ly, mean, rstd, s); });
+    memory_op(c, "layernorm_forward", dt, 2 * xb,
+              [&] { layernorm_forward(lx, gamma, beta, 1e-5f, ly, mean, rstd, s); });
     memory_op(c, "layernorm_backward", dt, 3 * xb,
               [&] { layernorm_backward(lx, gamma, mean, rstd, ldy, ldx, dgamma, dbeta, false, s); });
   });
@@ -485,8 +489,8 @@ int main(int argc, char** argv) {
     results.insert(results.begin(), gemm_results.begin(), gemm_results.end());
     results.insert(results.begin(), copy_result);
 
-    std::printf("kernel_bench on %s (%s), %.0f MiB per memory-bound op, median of %d\n",
-                device.str().c_str(), device_description(device).c_str(), size_mb, samples);
+    std::printf("kernel_bench on %s (%s), %.0f MiB per memory-bound op, median of %d\n", device.str().c_str(),
+                device_description(device).c_str(), size_mb, samples);
     // ceiling / fraction: against the adjacent copy (memory-bound ops) or the GEMM; of_best:
     // against the best copy of the whole run (memory-bound ops; the stricter of the two).
     std::printf("%-24s %-5s %11s %10s %15s %15s %9s %8s\n", "op", "dtype", "size", "median_ms", "rate", "ceiling",
@@ -505,9 +509,14 @@ int main(int argc, char** argv) {
       std::printf("%-24s %-5s %11s %10.3f %9.3f %-5s %9.3f %-5s %8.1f%% %7.1f%%\n", r.op.c_str(),
                   dtype_str(r.dtype).c_str(), size, r.median_ms, r.rate, comp ? "TF/s" : "GB/s", r.ceiling,
                   comp ? "TF/s" : "GB/s", 100 * r.fraction(), 100 * of_best);
-      nlohmann::json j = {{"op", r.op}, {"dtype", dtype_str(r.dtype)}, {"device", device.str()},
-                          {"median_ms", r.median_ms}, {"ceiling", r.ceiling}, {"ceiling_kind", r.ceiling_name},
-                          {"fraction", r.fraction()}, {"fraction_of_run_best", of_best}};
+      nlohmann::json j = {{"op", r.op},
+                          {"dtype", dtype_str(r.dtype)},
+                          {"device", device.str()},
+                          {"median_ms", r.median_ms},
+                          {"ceiling", r.ceiling},
+                          {"ceiling_kind", r.ceiling_name},
+                          {"fraction", r.fraction()},
+                          {"fraction_of_run_best", of_best}};
       if (comp) {
         j["flops"] = r.flops;
         j["tflops"] = r.rate;

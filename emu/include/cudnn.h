@@ -76,17 +76,17 @@ cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream);
 
 cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc);
 cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc);
-cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format,
-                                         cudnnDataType_t type, int n, int c, int h, int w);
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format, cudnnDataType_t type,
+                                         int n, int c, int h, int w);
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc);
 cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc);
-cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, cudnnDataType_t type,
-                                         cudnnTensorFormat_t format, int k, int c, int h, int w);
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, cudnnDataType_t type, cudnnTensorFormat_t format,
+                                         int k, int c, int h, int w);
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* desc);
 cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t desc);
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t desc, int pad_h, int pad_w, int stride_h,
-                                              int stride_w, int dilation_h, int dilation_w,
-                                              cudnnConvolutionMode_t mode, cudnnDataType_t compute_type);
+                                              int stride_w, int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
+                                              cudnnDataType_t compute_type);
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc, cudnnMathType_t math);
 
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t handle, cudnnTensorDescriptor_t x,

@@ -54,7 +54,8 @@ std::vector<float> widen(const Matrix& m) {
   std::vector<float> out(static_cast<std::size_t>(m.rows * m.cols));
   for (std::int64_t j = 0; j < m.cols; ++j)
     for (std::int64_t i = 0; i < m.rows; ++i) {
-      out[static_cast<std::size_t>(j * m.rows + i)] = load(m.data, element(m.type), static_cast<std::size_t>(j * m.ld + i));
+      out[static_cast<std::size_t>(j * m.rows + i)] =
+          load(m.data, element(m.type), static_cast<std::size_t>(j * m.ld + i));
     }
   return out;
 }

@@ -35,9 +35,7 @@ Element element(cudnnDataType_t t) {
   return t == CUDNN_DATA_HALF ? Element::f16 : t == CUDNN_DATA_BFLOAT16 ? Element::bf16 : Element::f32;
 }
 
-bool supported(cudnnDataType_t t) {
-  return t == CUDNN_DATA_FLOAT || t == CUDNN_DATA_HALF || t == CUDNN_DATA_BFLOAT16;
-}
+bool supported(cudnnDataType_t t) { return t == CUDNN_DATA_FLOAT || t == CUDNN_DATA_HALF || t == CUDNN_DATA_BFLOAT16; }
 
 // out = alpha · acc + beta · out, one rounding; out is not read when beta == 0.
 void blend(void* out, Element t, const std::vector<float>& acc, float alpha, float beta) {
@@ -160,8 +158,8 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t desc) {
   delete desc;
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format,
-                                         cudnnDataType_t type, int n, int c, int h, int w) {
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format, cudnnDataType_t type,
+                                         int n, int c, int h, int w) {
   if (desc == nullptr || format != CUDNN_TENSOR_NCHW || !supported(type) || n <= 0 || c <= 0 || h <= 0 || w <= 0) {
     return CUDNN_STATUS_BAD_PARAM;
   }
@@ -176,8 +174,8 @@ cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t desc) {
   delete desc;
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, cudnnDataType_t type,
-                                         cudnnTensorFormat_t format, int k, int c, int h, int w) {
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, cudnnDataType_t type, cudnnTensorFormat_t format,
+                                         int k, int c, int h, int w) {
   if (desc == nullptr || format != CUDNN_TENSOR_NCHW || !supported(type) || k <= 0 || c <= 0 || h <= 0 || w <= 0) {
     return CUDNN_STATUS_BAD_PARAM;
   }
@@ -193,8 +191,8 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t des
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t desc, int pad_h, int pad_w, int stride_h,
-                                              int stride_w, int dilation_h, int dilation_w,
-                                              cudnnConvolutionMode_t mode, cudnnDataType_t compute_type) {
+                                              int stride_w, int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
+                                              cudnnDataType_t compute_type) {
   if (desc == nullptr || pad_h < 0 || pad_w < 0 || stride_h < 1 || stride_w < 1) return CUDNN_STATUS_BAD_PARAM;
   // What the emulation computes: unit dilation, cross-correlation, fp32 accumulation.
   if (dilation_h != 1 || dilation_w != 1 || mode != CUDNN_CROSS_CORRELATION || compute_type != CUDNN_DATA_FLOAT) {
@@ -262,9 +260,8 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
     std::vector<float> acc(static_cast<std::size_t>(g.n) * g.k * g.p * g.q, 0.0f);
-    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) {
-      acc[yi] += load(x, g.type, xi) * load(w, g.type, wi);
-    });
+    g.for_each_term(
+        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[yi] += load(x, g.type, xi) * load(w, g.type, wi); });
     blend(y, g.type, acc, a, b);
   });
 }
@@ -278,26 +275,23 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
     std::vector<float> acc(static_cast<std::size_t>(g.n) * g.c * g.h * g.w, 0.0f);
-    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) {
-      acc[xi] += load(dy, g.type, yi) * load(w, g.type, wi);
-    });
+    g.for_each_term(
+        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[xi] += load(dy, g.type, yi) * load(w, g.type, wi); });
     blend(dx, g.type, acc, a, b);
   });
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha, cudnnTensorDescriptor_t x_desc,
                                              const void* x, cudnnTensorDescriptor_t dy_desc, const void* dy,
-                                             cudnnConvolutionDescriptor_t conv, cudnnConvolutionBwdFilterAlgo_t,
-                                             void*, std::size_t, const void* beta, cudnnFilterDescriptor_t dw_desc,
-                                             void* dw) {
+                                             cudnnConvolutionDescriptor_t conv, cudnnConvolutionBwdFilterAlgo_t, void*,
+                                             std::size_t, const void* beta, cudnnFilterDescriptor_t dw_desc, void* dw) {
   Conv g;
   if (!make_conv(x_desc, dw_desc, conv, dy_desc, g)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
     std::vector<float> acc(static_cast<std::size_t>(g.k) * g.c * g.r * g.s, 0.0f);
-    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) {
-      acc[wi] += load(x, g.type, xi) * load(dy, g.type, yi);
-    });
+    g.for_each_term(
+        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[wi] += load(x, g.type, xi) * load(dy, g.type, yi); });
     blend(dw, g.type, acc, a, b);
   });
 }
@@ -321,8 +315,11 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void* alpha, cudnnTenso
       for (int ch = 0; ch < cd[1]; ++ch)
         for (int h = 0; h < cd[2]; ++h)
           for (int w = 0; w < cd[3]; ++w, ++i) {
-            const std::size_t ai = ((static_cast<std::size_t>(ad[0] == 1 ? 0 : n) * ad[1] + (ad[1] == 1 ? 0 : ch)) * ad[2] +
-                                    (ad[2] == 1 ? 0 : h)) * ad[3] + (ad[3] == 1 ? 0 : w);
+            const std::size_t ai =
+                ((static_cast<std::size_t>(ad[0] == 1 ? 0 : n) * ad[1] + (ad[1] == 1 ? 0 : ch)) * ad[2] +
+                 (ad[2] == 1 ? 0 : h)) *
+                    ad[3] +
+                (ad[3] == 1 ? 0 : w);
             const float v = al * load(a, t, ai);
             store(c, t, i, be == 0.0f ? v : v + be * load(c, t, i));
           }

@@ -162,8 +162,7 @@ void complete(CommState& c, MPI_Request& request, int mpi_result, const char* wh
   }
 }
 
-ncclResult_t check_call(ncclComm_t comm, ncclDataType_t type, cudaStream_t stream,
-                        std::shared_ptr<Stream>& s) {
+ncclResult_t check_call(ncclComm_t comm, ncclDataType_t type, cudaStream_t stream, std::shared_ptr<Stream>& s) {
   if (comm == nullptr || !comm->state) return ncclInvalidArgument;
   if (size_of(type) == 0) return ncclInvalidArgument;
   if (comm->state->aborted.load()) return ncclInvalidUsage;
@@ -300,8 +299,8 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, std::size_t cou
     Wire in(datatype, in_place ? 0 : count, sendbuff, !in_place);
     const void* send = in_place ? MPI_IN_PLACE : in.data();
     MPI_Request request;
-    const int rc = MPI_Iallreduce(send, out.data(), static_cast<int>(count), mpi_type(datatype), mpi_op(op), c->mpi,
-                                  &request);
+    const int rc =
+        MPI_Iallreduce(send, out.data(), static_cast<int>(count), mpi_type(datatype), mpi_op(op), c->mpi, &request);
     complete(*c, request, rc, "ncclAllReduce");
     out.finish(op == ncclAvg ? c->size : 1);
   });

@@ -84,9 +84,8 @@ void run_stream(Stream* s) {
     if (s->queue.empty()) return;  // stopping, and drained
     auto [work, waits] = std::move(s->queue.front());
     s->queue.pop_front();
-    completed_cv().wait(l, [&] {
-      return std::all_of(waits.begin(), waits.end(), [](const Mark& m) { return reached(m); });
-    });
+    completed_cv().wait(
+        l, [&] { return std::all_of(waits.begin(), waits.end(), [](const Mark& m) { return reached(m); }); });
     const bool skip = s->device->fault != cudaSuccess;
     l.unlock();
     if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % (static_cast<unsigned>(delay) + 1)));
@@ -178,7 +177,6 @@ void synchronize_device(Device& d) {
   for (const auto& m : marks) wait_for(m);
 }
 
-
 // The error a call returns when the device already faulted.
 cudaError_t faulted() {
   const cudaError_t e = sticky_error();
@@ -263,7 +261,8 @@ void record_fault(Device& d, const std::string& report) {
   {
     std::lock_guard l(lock());
     if (d.fault != cudaSuccess) return;
-    d.fault_report = "unspecified launch failure on the emulated device cuda:" + std::to_string(d.index) + ": " + report;
+    d.fault_report =
+        "unspecified launch failure on the emulated device cuda:" + std::to_string(d.index) + ": " + report;
     d.fault = cudaErrorLaunchFailure;
   }
   std::fprintf(stderr, "========= tutti CUDA emulation: kernel fault\n========= %s\n", d.fault_report.c_str());
@@ -573,8 +572,7 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
   return faulted();
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, cudaMemcpyKind kind,
-                            cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (faulted() != cudaSuccess) return sticky_error();
   if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
@@ -649,10 +647,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   s->worker.join();
   std::lock_guard l(lock());
   auto& list = s->device->streams;
-  list.erase(std::remove_if(list.begin(), list.end(), [&](const std::weak_ptr<Stream>& w) {
-               auto o = w.lock();
-               return !o || o == s;
-             }),
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [&](const std::weak_ptr<Stream>& w) {
+                              auto o = w.lock();
+                              return !o || o == s;
+                            }),
              list.end());
   return cudaSuccess;
 }
@@ -762,7 +761,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   auto a = event_of(start), b = event_of(end);
   if (!a || !b) return set_last_error(cudaErrorInvalidResourceHandle);
   std::lock_guard l(lock());
-  if (!a->timing || !b->timing || !a->mark.stream || !b->mark.stream) return set_last_error(cudaErrorInvalidResourceHandle);
+  if (!a->timing || !b->timing || !a->mark.stream || !b->mark.stream)
+    return set_last_error(cudaErrorInvalidResourceHandle);
   if (!reached(a->mark) || !reached(b->mark)) return cudaErrorNotReady;
   *ms = static_cast<float>(b->time_ms - a->time_ms);
   return cudaSuccess;

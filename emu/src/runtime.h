@@ -39,8 +39,8 @@ struct Mark {
 
 struct Device {
   int index = 0;
-  std::shared_ptr<Stream> legacy;                  // the legacy default stream (null handle)
-  std::vector<std::weak_ptr<Stream>> streams;      // every live stream, the legacy one included
+  std::shared_ptr<Stream> legacy;              // the legacy default stream (null handle)
+  std::vector<std::weak_ptr<Stream>> streams;  // every live stream, the legacy one included
   // The sticky error of a kernel fault, and what happened; every later call returns it.
   cudaError_t fault = cudaSuccess;
   std::string fault_report;
@@ -48,10 +48,10 @@ struct Device {
 
 struct Stream {
   Device* device = nullptr;
-  bool blocking = true;   // synchronizes with the legacy default stream
+  bool blocking = true;  // synchronizes with the legacy default stream
   bool legacy = false;
   int priority = 0;
-  unsigned id = 0;        // creation order, seeds the random delays
+  unsigned id = 0;  // creation order, seeds the random delays
   std::deque<std::pair<std::function<void()>, std::vector<Mark>>> queue;
   std::uint64_t enqueued = 0, completed = 0;
   bool stopping = false;
@@ -61,8 +61,8 @@ struct Stream {
 struct Event {
   Device* device = nullptr;
   bool timing = true;
-  Mark mark;                       // the last record; none yet when mark.stream is null
-  double time_ms = 0;              // host clock when the stream reached the record
+  Mark mark;           // the last record; none yet when mark.stream is null
+  double time_ms = 0;  // host clock when the stream reached the record
 };
 
 // The one lock of the stream machinery (queues, counters, events, faults) and the condition

@@ -41,7 +41,7 @@ namespace bctx = boost::context;
 
 constexpr int kWarp = 32;
 constexpr std::size_t kStaticSharedLimit = 48 * 1024;  // without cudaFuncSetAttribute opt-in
-constexpr std::size_t kSharedArena = 228 * 1024;        // sm_90's most, static + dynamic
+constexpr std::size_t kSharedArena = 228 * 1024;       // sm_90's most, static + dynamic
 constexpr std::size_t kRedzone = 32;                   // between shared variables (ASan)
 
 // ---- fiber stacks: mmap'ed with a guard page, kept per host thread for reuse ----
@@ -64,8 +64,8 @@ class StackPool {
       free_.pop_back();
     } else {
       const std::size_t size = stack_bytes();
-      void* base = mmap(nullptr, size + page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                        -1, 0);
+      void* base =
+          mmap(nullptr, size + page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (base == MAP_FAILED) throw std::bad_alloc();
       mprotect(base, page(), PROT_NONE);  // a thread that overflows its stack faults at once
       s.size = size;
@@ -156,8 +156,8 @@ struct Block {
   std::vector<std::byte> arena = std::vector<std::byte>(kSharedArena + 64);
   std::byte* base = nullptr;  // arena, 64-byte aligned
   std::vector<std::pair<const void*, std::size_t>> shared_sites;
-  std::size_t shared_used = 0;    // arena offset past the last static variable (and redzone)
-  std::size_t static_bytes = 0;   // what the static variables take, as CUDA counts it
+  std::size_t shared_used = 0;   // arena offset past the last static variable (and redzone)
+  std::size_t static_bytes = 0;  // what the static variables take, as CUDA counts it
   std::size_t dynamic_bytes = 0;
   // The scheduler's stack, for ASan's annotations.
   const void* scheduler_bottom = nullptr;
@@ -248,7 +248,7 @@ void suspend(Thread& t) {
   Block& b = *tls_block;
   if (b.fault.empty()) b.fault = who(t) + ": " + what;
   set_state(b, t, State::at_warp);  // not runnable: the scheduler sees the fault first
-  for (;;) suspend(t);       // throws Cancelled when the kernel is abandoned
+  for (;;) suspend(t);              // throws Cancelled when the kernel is abandoned
 }
 
 bctx::fiber thread_main(Thread& t, bctx::fiber&& scheduler) {
@@ -441,9 +441,8 @@ void run_block(const KernelLaunch& k, uint3 block_idx) {
     t.warp = i / kWarp;
     t.lane = i % kWarp;
     t.state = State::runnable;  // the warps' masks start as every lane runnable
-    t.fiber = bctx::fiber(std::allocator_arg, PooledStack(), [&t](bctx::fiber&& scheduler) {
-      return thread_main(t, std::move(scheduler));
-    });
+    t.fiber = bctx::fiber(std::allocator_arg, PooledStack(),
+                          [&t](bctx::fiber&& scheduler) { return thread_main(t, std::move(scheduler)); });
     t.stack = last_stack;
   }
 
@@ -538,7 +537,8 @@ std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int
   }
   if (const unsigned waiting = mask & w.at_warp) {
     const Thread& o = lanes[lowest_lane(waiting)];
-    if (o.op != op || o.mask != mask) fault(t, call() + ": " + lane(waiting) + " of the mask waits in " + waiting_in(o));
+    if (o.op != op || o.mask != mask)
+      fault(t, call() + ": " + lane(waiting) + " of the mask waits in " + waiting_in(o));
   }
   t.op = op;
   t.mask = mask;

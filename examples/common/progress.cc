@@ -26,8 +26,8 @@ Progress::Progress(bool enabled, double interval_s, std::int64_t total_steps, st
       start_(std::chrono::steady_clock::now()),
       last_(start_) {}
 
-void Progress::update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s,
-                      std::int64_t skipped, double mfu, bool force) {
+void Progress::update(std::int64_t step, int epoch, int epochs, double loss, double samples_per_s, std::int64_t skipped,
+                      double mfu, bool force) {
   if (!enabled_) return;
   const auto now = std::chrono::steady_clock::now();
   if (!force && std::chrono::duration<double>(now - last_).count() < interval_s_) return;

@@ -25,16 +25,16 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <tutti/tutti.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <tutti/tutti.h>
 
 #include <cerrno>
-#include <csignal>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,9 +43,9 @@
 #include <string>
 #include <vector>
 
-#include "models.h"
 #include "../common/progress.h"
 #include "../common/run_support.h"
+#include "models.h"
 
 namespace {
 
@@ -83,14 +83,14 @@ struct Flags {
   double progress_interval = 2.0;
   std::string progress = "auto";
   // Watching the job (docs/observability.md).
-  std::string trace;            // TUTTI_TRACE when empty
-  std::string metrics_file;     // Prometheus textfile; "%r" is the rank
+  std::string trace;         // TUTTI_TRACE when empty
+  std::string metrics_file;  // Prometheus textfile; "%r" is the rank
   double metrics_interval = 10;
-  int metrics_port = 0;         // /metrics on port + local rank
-  int straggler_every = 50;     // 0: off
+  int metrics_port = 0;      // /metrics on port + local rank
+  int straggler_every = 50;  // 0: off
   double straggler_threshold = 0.2;
-  double peak_tflops = 0;       // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
-  std::string debug_slow;       // "R:MS": rank R busy-waits MS ms in every step's compute (tests)
+  double peak_tflops = 0;  // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
+  std::string debug_slow;  // "R:MS": rank R busy-waits MS ms in every step's compute (tests)
 };
 
 // The textfile of this rank: "%r" replaced by the rank, else "-rank<R>" before the extension when
@@ -138,8 +138,8 @@ std::string shaping_flags(const Flags& f) {
   s << "--model " << f.model << " --epochs " << f.epochs << " --batch-size " << f.batch_size << " --accum-steps "
     << f.accum_steps << " --lr " << f.lr << " --optimizer " << f.optimizer << " --lr-schedule " << f.lr_schedule
     << " --warmup-steps " << f.warmup_steps << " --momentum " << f.momentum << " --weight-decay " << f.weight_decay
-    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero
-    << " --seed " << f.seed << " --max-steps " << f.max_steps << " --train-subset " << f.train_subset
+    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb << " --zero "
+    << f.zero << " --seed " << f.seed << " --max-steps " << f.max_steps << " --train-subset " << f.train_subset
     << " --test-subset " << f.test_subset << " --checkpoint-every " << f.checkpoint_every << " --resume " << f.resume
     << (f.overwrite ? " --overwrite" : "");
   return s.str();
@@ -167,7 +167,8 @@ const char* signal_name(int sig) {
 
 // Test accuracy over the whole test set, data-parallel: each rank counts its share, the
 // counts are summed over ranks. COLLECTIVE.
-double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test, const tutti::Stream& stream) {
+double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test,
+                const tutti::Stream& stream) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const tutti::Device device = job.device();
@@ -201,8 +202,8 @@ int run(const Flags& f, int& argc, char**& argv) {
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
   example::warn_if_blas_kernels_are_old(job, "train_fashion_mnist");
-  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
-                  f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
+  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
+                  " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
                   " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   // A summary that could not be written at the end would lose the run's result: fail now.
@@ -305,7 +306,8 @@ int run(const Flags& f, int& argc, char**& argv) {
     // Whole tensors by name, whatever the number of ranks and the ZeRO stage that wrote them.
     const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
     tutti::StateDict expected = model->extra_state();
-    for (const tutti::nn::Parameter* p : model->parameters()) expected[p->name] = tutti::Tensor::empty(p->shape(), tutti::DType::f32);
+    for (const tutti::nn::Parameter* p : model->parameters())
+      expected[p->name] = tutti::Tensor::empty(p->shape(), tutti::DType::f32);
     tutti::io::check_state_matches(model_state, expected, ckpt_path);
     ddp.load_model_state_dict(model_state);
     ddp.load_optimizer_state_dict(*optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
@@ -326,28 +328,32 @@ int run(const Flags& f, int& argc, char**& argv) {
   double saved_loss = last_loss;                   // and its loss
 
   auto save = [&] {
-    example::save_checkpoint(job, ddp, *optimizer, [&] {
-      tutti::StateDict rest;
-      tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
-      tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
-      rest["train.step"] = tutti::int_scalar_tensor(step);
-      rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
-      return rest;
-    }, ckpt_path, metadata, step);
+    example::save_checkpoint(
+        job, ddp, *optimizer,
+        [&] {
+          tutti::StateDict rest;
+          tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
+          tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
+          rest["train.step"] = tutti::int_scalar_tensor(step);
+          rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
+          return rest;
+        },
+        ckpt_path, metadata, step);
   };
 
   std::int64_t params = 0;
   for (auto* p : model->parameters()) params += p->numel();
   if (chatty) {
-    std::printf("train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
-                "grad comm %s, loss scaler %s, zero %d | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
-                "%s schedule | %lld steps (%lld per epoch)%s%s\n",
-                world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
-                static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
-                scaler.enabled() ? "dynamic" : "off", f.zero, static_cast<long long>(f.batch_size),
-                static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
-                f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
-                resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
+    std::printf(
+        "train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
+        "grad comm %s, loss scaler %s, zero %d | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
+        "%s schedule | %lld steps (%lld per epoch)%s%s\n",
+        world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
+        static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
+        scaler.enabled() ? "dynamic" : "off", f.zero, static_cast<long long>(f.batch_size),
+        static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
+        f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
+        resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
     std::fflush(stdout);
   }
 
@@ -503,15 +509,21 @@ int run(const Flags& f, int& argc, char**& argv) {
       if (job.rank() == 0) {
         char where[1024];
         if (saved_step >= 0) {
-          std::snprintf(where, sizeof where, "The last good checkpoint (written before the loss stopped being "
+          std::snprintf(where, sizeof where,
+                        "The last good checkpoint (written before the loss stopped being "
                         "finite) is %s, at step %lld with train loss %g: resume from it with a smaller --lr (now %g), "
-                        "or from an earlier one.", ckpt_path.c_str(), static_cast<long long>(saved_step), saved_loss, lr);
+                        "or from an earlier one.",
+                        ckpt_path.c_str(), static_cast<long long>(saved_step), saved_loss, lr);
         } else {
-          std::snprintf(where, sizeof where, "No checkpoint was written (--checkpoint-dir with --checkpoint-every N "
-                        "keeps one); start again with a smaller --lr (now %g).", lr);
+          std::snprintf(where, sizeof where,
+                        "No checkpoint was written (--checkpoint-dir with --checkpoint-every N "
+                        "keeps one); start again with a smaller --lr (now %g).",
+                        lr);
         }
-        std::fprintf(stderr, "train_fashion_mnist: error: the training loss is %g at step %lld (%s): the run "
-                     "diverged. %s\n", last_loss, static_cast<long long>(step), f.precision.c_str(), where);
+        std::fprintf(stderr,
+                     "train_fashion_mnist: error: the training loss is %g at step %lld (%s): the run "
+                     "diverged. %s\n",
+                     last_loss, static_cast<long long>(step), f.precision.c_str(), where);
       }
       return job.rank() == 0 ? kExitDiverged : 0;
     }
@@ -565,8 +577,8 @@ int run(const Flags& f, int& argc, char**& argv) {
                                   "(--resume auto also starts afresh when there is no checkpoint).";
       std::fprintf(stderr, "train_fashion_mnist: stopped at step %lld of %lld by %s%s. %s\n",
                    static_cast<long long>(step), static_cast<long long>(total_steps),
-                   sig != 0 ? signal_name(sig) : "a signal to another rank",
-                   sig != 0 ? " (on rank 0)" : "", how.c_str());
+                   sig != 0 ? signal_name(sig) : "a signal to another rank", sig != 0 ? " (on rank 0)" : "",
+                   how.c_str());
     }
     return job.rank() == 0 ? kExitStopped : 0;
   }
@@ -576,7 +588,8 @@ int run(const Flags& f, int& argc, char**& argv) {
   const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
   const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
   if (job.rank() == 0) {
-    const double samples_per_s = train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
+    const double samples_per_s =
+        train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     if (!f.quiet) {
       if (peak.flops > 0 && train_seconds > 0) {
         std::printf("MFU %.2f%%: %.3g FLOPs per sample (training), %.3f TFLOP/s per rank of a peak of %.3f (%s)\n",
@@ -584,52 +597,55 @@ int run(const Flags& f, int& argc, char**& argv) {
                     flops_per_sample * samples_per_s / world / 1e12, peak.flops / 1e12, peak.source.c_str());
       }
       if (nothing_to_do) {
-        std::printf("done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
-                    "test accuracy %.4f\n",
-                    static_cast<long long>(step), static_cast<long long>(total_steps),
-                    last_loss >= 0 ? std::to_string(last_loss).c_str() : "unknown (not in this checkpoint)", accuracy);
+        std::printf(
+            "done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
+            "test accuracy %.4f\n",
+            static_cast<long long>(step), static_cast<long long>(total_steps),
+            last_loss >= 0 ? std::to_string(last_loss).c_str() : "unknown (not in this checkpoint)", accuracy);
       } else {
-        std::printf("done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped "
-                    "step(s), %.1f s\n",
-                    static_cast<long long>(step), last_loss, accuracy, samples_per_s,
-                    static_cast<long long>(scaler.skipped_steps()), wall);
+        std::printf(
+            "done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped "
+            "step(s), %.1f s\n",
+            static_cast<long long>(step), last_loss, accuracy, samples_per_s,
+            static_cast<long long>(scaler.skipped_steps()), wall);
       }
     }
     if (!f.json.empty()) {
-      nlohmann::json out = {{"steps", step},
-                            {"final_train_loss", last_loss >= 0 ? nlohmann::json(last_loss) : nlohmann::json()},
-                            {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
-                            {"test_accuracy", accuracy},
-                            {"wall_s", wall},
-                            {"train_s", train_seconds},
-                            {"samples_per_s", samples_per_s},
-                            {"ranks", world},
-                            {"nodes", job.node_count()},
-                            {"skipped_steps", scaler.skipped_steps()},
-                            {"precision", f.precision},
-                            {"grad_comm", std::string(tutti::name_of(policy.comm))},
-                            {"zero", f.zero},
-                            {"model", f.model},
-                            {"optimizer", f.optimizer},
-                            {"lr", lr},
-                            {"lr_schedule", f.lr_schedule},
-                            {"global_batch_size", f.batch_size},
-                            {"accum_steps", f.accum_steps},
-                            {"epochs", f.epochs},
-                            {"resumed_from_step", resuming ? first_step : 0},
-                            {"loss_scale", scaler.scale()},
-                            {"device", device.str()},
-                            {"backend", std::string(job.backend())},
-                            {"params_crc32", crc},
-                            {"flops_per_sample", flops_per_sample},
-                            {"tflops_per_rank", train_seconds > 0 ? flops_per_sample * samples_per_s / world / 1e12 : 0.0},
-                            {"peak_tflops", peak.flops > 0 ? nlohmann::json(peak.flops / 1e12) : nlohmann::json()},
-                            {"peak_source", peak.source},
-                            {"mfu", peak.flops > 0 && train_seconds > 0
-                                        ? nlohmann::json(tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops))
-                                        : nlohmann::json()},
-                            {"straggler_reports", straggler_reports},
-                            {"last_straggler", last_straggler.empty() ? nlohmann::json() : nlohmann::json(last_straggler)}};
+      nlohmann::json out = {
+          {"steps", step},
+          {"final_train_loss", last_loss >= 0 ? nlohmann::json(last_loss) : nlohmann::json()},
+          {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
+          {"test_accuracy", accuracy},
+          {"wall_s", wall},
+          {"train_s", train_seconds},
+          {"samples_per_s", samples_per_s},
+          {"ranks", world},
+          {"nodes", job.node_count()},
+          {"skipped_steps", scaler.skipped_steps()},
+          {"precision", f.precision},
+          {"grad_comm", std::string(tutti::name_of(policy.comm))},
+          {"zero", f.zero},
+          {"model", f.model},
+          {"optimizer", f.optimizer},
+          {"lr", lr},
+          {"lr_schedule", f.lr_schedule},
+          {"global_batch_size", f.batch_size},
+          {"accum_steps", f.accum_steps},
+          {"epochs", f.epochs},
+          {"resumed_from_step", resuming ? first_step : 0},
+          {"loss_scale", scaler.scale()},
+          {"device", device.str()},
+          {"backend", std::string(job.backend())},
+          {"params_crc32", crc},
+          {"flops_per_sample", flops_per_sample},
+          {"tflops_per_rank", train_seconds > 0 ? flops_per_sample * samples_per_s / world / 1e12 : 0.0},
+          {"peak_tflops", peak.flops > 0 ? nlohmann::json(peak.flops / 1e12) : nlohmann::json()},
+          {"peak_source", peak.source},
+          {"mfu", peak.flops > 0 && train_seconds > 0
+                      ? nlohmann::json(tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops))
+                      : nlohmann::json()},
+          {"straggler_reports", straggler_reports},
+          {"last_straggler", last_straggler.empty() ? nlohmann::json() : nlohmann::json(last_straggler)}};
       std::ofstream(f.json) << out.dump(2) << "\n";
     }
   }
@@ -640,39 +656,54 @@ int run(const Flags& f, int& argc, char**& argv) {
 
 int main(int argc, char** argv) {
   Flags f;
-  CLI::App app{"Data-parallel training of Fashion-MNIST with tutti. Run it under mpirun, e.g.\n"
-               "  mpirun -np 2 train_fashion_mnist --model mlp --epochs 5"};
+  CLI::App app{
+      "Data-parallel training of Fashion-MNIST with tutti. Run it under mpirun, e.g.\n"
+      "  mpirun -np 2 train_fashion_mnist --model mlp --epochs 5"};
   app.add_option("--model", f.model, "mlp (784-512-256-10) or cnn (two conv blocks)")
-      ->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->capture_default_str();
+  app.add_option("--epochs", f.epochs, "passes over the training set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--batch-size", f.batch_size, "GLOBAL batch per optimizer step, split evenly across ranks")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lr", f.lr, "learning rate (default 0.05 for sgd, 1e-3 for adamw)")->check(CLI::PositiveNumber);
-  app.add_option("--optimizer", f.optimizer, "sgd (momentum) or adamw")->check(CLI::IsMember({"sgd", "adamw"}))
+  app.add_option("--optimizer", f.optimizer, "sgd (momentum) or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
       ->capture_default_str();
   app.add_option("--lr-schedule", f.lr_schedule, "constant, or cosine decay to 0 over the epochs")
-      ->check(CLI::IsMember({"constant", "cosine"}))->capture_default_str();
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
   app.add_option("--warmup-steps", f.warmup_steps, "linear learning-rate warm-up steps")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "weight decay (default 0 for sgd, 0.01 for adamw)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--precision", f.precision, "compute precision: fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
-  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm,
+                 "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--zero", f.zero,
                  "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
                  "the gradients); checkpoints resume at any stage and number of ranks")
-      ->check(CLI::Range(0, 2))->capture_default_str();
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization and the data order")->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--resume", f.resume,
                  "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
                  "continue if there is one, else start afresh (for a scheduler that reruns the same command)")
@@ -681,7 +712,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"yes", "auto"}));
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--max-steps", f.max_steps, "stop after this many steps in total (0: all epochs)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
   app.add_option("--data", f.data,
@@ -693,9 +725,11 @@ int main(int argc, char** argv) {
   app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
-      ->check(CLI::IsMember({"auto", "bar", "lines"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))
+      ->capture_default_str();
   app.add_option("--trace", f.trace,
                  "write a timeline of every rank (Chrome trace JSON: DIR/trace.json and DIR/trace-rank<R>.json); "
                  "default: $TUTTI_TRACE; $TUTTI_TRACE_STEPS=FROM:TO limits it to those steps");
@@ -703,20 +737,25 @@ int main(int argc, char** argv) {
                  "Prometheus textfile (node_exporter's textfile collector), rewritten atomically; %r is the rank, "
                  "else -rank<R> is added with several ranks");
   app.add_option("--metrics-interval", f.metrics_interval, "seconds between rewrites of --metrics-file")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--metrics-port", f.metrics_port, "serve Prometheus metrics at http://HOST:PORT+local_rank/metrics")
       ->check(CLI::Range(1, 65535));
   app.add_option("--straggler-every", f.straggler_every,
                  "compare the ranks' compute and data-loading times every N steps (0: never); rank 0 reports a rank "
                  "slower than the others' median by more than --straggler-threshold")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--straggler-threshold", f.straggler_threshold, "fraction slower than the median that makes a straggler")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--straggler-threshold", f.straggler_threshold,
+                 "fraction slower than the median that makes a straggler")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--peak-tflops", f.peak_tflops,
                  "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
                  "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--debug-slow", f.debug_slow, "RANK:MS: that rank busy-waits MS ms in every step (to see a straggler)");
+  app.add_option("--debug-slow", f.debug_slow,
+                 "RANK:MS: that rank busy-waits MS ms in every step (to see a straggler)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

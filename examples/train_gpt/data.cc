@@ -42,16 +42,16 @@ GptData load_gpt_data(const std::vector<std::string>& paths, const std::vector<s
   const std::vector<std::string> files = paths.empty() ? default_corpus_files() : paths;
   const bool shards = is_shard(files.front());
   for (const auto& f : files) {
-    TUTTI_CHECK_ARG(is_shard(f) == shards, "--data: mix of .bin token shards and text files (", files.front(),
-                    ", ", f, "): give one kind");
+    TUTTI_CHECK_ARG(is_shard(f) == shards, "--data: mix of .bin token shards and text files (", files.front(), ", ", f,
+                    "): give one kind");
   }
   d.bytes = !shards;
   auto read = [&](const std::vector<std::string>& p) {
     return shards ? tutti::data::read_token_shards(p) : tutti::data::read_text_bytes(p);
   };
   tutti::data::TokenCorpus all = read(files);
-  const std::string what = paths.empty() ? "Debian's fortunes (" + fortunes_dir() + ", " + all.description + ")"
-                                         : all.description;
+  const std::string what =
+      paths.empty() ? "Debian's fortunes (" + fortunes_dir() + ", " + all.description + ")" : all.description;
   if (!val_paths.empty()) {
     d.train = std::move(all);
     d.val = read(val_paths);
@@ -60,8 +60,8 @@ GptData load_gpt_data(const std::vector<std::string>& paths, const std::vector<s
     auto [train, val] = tutti::data::split_tail(all, val_fraction);
     d.train = std::move(train);
     d.val = std::move(val);
-    d.description = what + "; the last " + std::to_string(static_cast<int>(val_fraction * 100 + 0.5)) +
-                    "% for validation";
+    d.description =
+        what + "; the last " + std::to_string(static_cast<int>(val_fraction * 100 + 0.5)) + "% for validation";
   }
   return d;
 }
@@ -87,9 +87,12 @@ Detokenizer::Detokenizer(bool bytes, const std::string& tokenizer_path) : bytes_
 std::string Detokenizer::decode(const std::vector<std::int32_t>& tokens) const {
   std::string out;
   for (std::int32_t t : tokens) {
-    if (bytes_) out.push_back(static_cast<char>(t));
-    else if (t >= 0 && static_cast<std::size_t>(t) < pieces_.size()) out += pieces_[static_cast<std::size_t>(t)];
-    else out += "<" + std::to_string(t) + ">";
+    if (bytes_)
+      out.push_back(static_cast<char>(t));
+    else if (t >= 0 && static_cast<std::size_t>(t) < pieces_.size())
+      out += pieces_[static_cast<std::size_t>(t)];
+    else
+      out += "<" + std::to_string(t) + ">";
   }
   return out;
 }

@@ -16,9 +16,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <tutti/tutti.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <tutti/tutti.h>
 
 #include <chrono>
 #include <cmath>
@@ -96,9 +96,10 @@ std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
   s << c.fingerprint() << " --seq-len " << f.seq_len << " --batch-size " << f.batch_size << " --accum-steps "
     << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
     << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 " << f.beta2 << " --grad-clip "
-    << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb "
-    << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens " << f.val_tokens
-    << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume " << f.resume;
+    << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb
+    << " --zero " << f.zero << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens "
+    << f.val_tokens << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume "
+    << f.resume;
   return s.str();
 }
 
@@ -153,8 +154,8 @@ int run(Flags f, int& argc, char**& argv) {
   if (f.seq_len == 0) f.seq_len = config.context;
   if (f.min_lr < 0) f.min_lr = f.lr / 10;
   TUTTI_CHECK_ARG(f.seq_len <= config.context, "--seq-len ", f.seq_len, " is longer than the context ", config.context);
-  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ",
-                  f.batch_size, " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world);
+  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
+                  " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world);
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   if (job.rank() == 0 && !f.json.empty()) {
     std::ofstream probe(f.json, std::ios::app);
@@ -238,9 +239,8 @@ int run(Flags f, int& argc, char**& argv) {
   TUTTI_CHECK_ARG(f.resume != "no" || !ckpt_exists || f.overwrite, "a checkpoint exists at ", ckpt_path,
                   ": pass --resume (or --resume auto) to continue it, or --overwrite to start afresh");
   const bool resuming = f.resume != "no" && ckpt_exists;
-  const tutti::io::Metadata metadata{{"model", config.fingerprint()},
-                                     {"precision", f.precision},
-                                     {"program", "train_gpt"}};
+  const tutti::io::Metadata metadata{
+      {"model", config.fingerprint()}, {"precision", f.precision}, {"program", "train_gpt"}};
   std::int64_t step = 0;
   double last_loss = -1, last_val = -1;
   if (resuming) {
@@ -261,15 +261,18 @@ int run(Flags f, int& argc, char**& argv) {
   }
   const std::int64_t first_step = step;
   auto save = [&] {
-    example::save_checkpoint(job, ddp, optimizer, [&] {
-      tutti::StateDict rest;
-      tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
-      tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
-      rest["train.step"] = tutti::int_scalar_tensor(step);
-      rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
-      rest["train.last_val_loss"] = tutti::scalar_tensor(last_val);
-      return rest;
-    }, ckpt_path, metadata, step);
+    example::save_checkpoint(
+        job, ddp, optimizer,
+        [&] {
+          tutti::StateDict rest;
+          tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
+          tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
+          rest["train.step"] = tutti::int_scalar_tensor(step);
+          rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
+          rest["train.last_val_loss"] = tutti::scalar_tensor(last_val);
+          return rest;
+        },
+        ckpt_path, metadata, step);
   };
 
   std::int64_t params = 0;
@@ -280,18 +283,20 @@ int run(Flags f, int& argc, char**& argv) {
   const std::string device_name = tutti::device_description(device);
   const tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
   const double peak = peak_info.flops / 1e12;  // TFLOP/s per rank; 0: not known
-  std::unique_ptr<tutti::obs::TraceSession> trace = tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
+  std::unique_ptr<tutti::obs::TraceSession> trace =
+      tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
   if (chatty) {
-    std::printf("train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
-                "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
-                "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | %lld steps%s\n",
-                world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(),
-                config.fingerprint().c_str(), static_cast<long long>(params), data.description.c_str(),
-                f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(), f.zero,
-                static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
-                static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
-                static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip, static_cast<long long>(f.steps),
-                resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
+    std::printf(
+        "train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
+        "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
+        "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
+        "%lld steps%s\n",
+        world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), config.fingerprint().c_str(),
+        static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
+        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, static_cast<long long>(f.batch_size),
+        static_cast<long long>(f.seq_len), static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr,
+        f.min_lr, static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
+        static_cast<long long>(f.steps), resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
     std::fflush(stdout);
   }
 
@@ -321,8 +326,8 @@ int run(Flags f, int& argc, char**& argv) {
       const tutti::data::TokenBatch b = loader.next();
       const std::int64_t rows = b.inputs.numel();
       if (step == first_step && micro == 0) {
-        first_batch_crc = static_cast<std::uint32_t>(
-            crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
+        first_batch_crc = static_cast<std::uint32_t>(crc32(
+            crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
       }
       const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
       const tutti::Tensor logits = ddp.forward(x);
@@ -348,9 +353,11 @@ int run(Flags f, int& argc, char**& argv) {
     if (step > first_step + warm_steps) steady_seconds += step_seconds;
     if (!std::isfinite(last_loss) && f.precision != "fp16") {
       if (job.rank() == 0)
-        std::fprintf(stderr, "train_gpt: error: the training loss is %g at step %lld (%s): the run diverged; start "
-                     "again with a smaller --lr (now %g)%s\n", last_loss, static_cast<long long>(step),
-                     f.precision.c_str(), f.lr, ckpt_path.empty() ? "" : ", or resume an earlier checkpoint");
+        std::fprintf(stderr,
+                     "train_gpt: error: the training loss is %g at step %lld (%s): the run diverged; start "
+                     "again with a smaller --lr (now %g)%s\n",
+                     last_loss, static_cast<long long>(step), f.precision.c_str(), f.lr,
+                     ckpt_path.empty() ? "" : ", or resume an earlier checkpoint");
       return job.rank() == 0 ? kExitDiverged : 0;
     }
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
@@ -391,8 +398,10 @@ int run(Flags f, int& argc, char**& argv) {
       std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by a signal. %s\n", static_cast<long long>(step),
                    static_cast<long long>(f.steps),
                    ckpt_path.empty() ? "No checkpoint was written (no --checkpoint-dir)."
-                                     : ("Checkpoint written to " + ckpt_path + ": resume with the same command and "
-                                        "--resume.").c_str());
+                                     : ("Checkpoint written to " + ckpt_path +
+                                        ": resume with the same command and "
+                                        "--resume.")
+                                           .c_str());
     }
     return job.rank() == 0 ? kExitStopped : 0;
   }
@@ -404,9 +413,9 @@ int run(Flags f, int& argc, char**& argv) {
   const double tokens_per_s =
       train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
   const std::int64_t steady_steps = step - first_step - warm_steps;
-  const double steady_tokens_per_s =
-      steady_seconds > 0 && steady_steps > 0 ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
-                                             : tokens_per_s;
+  const double steady_tokens_per_s = steady_seconds > 0 && steady_steps > 0
+                                         ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
+                                         : tokens_per_s;
   const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
   const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
   if (job.rank() == 0) {
@@ -419,20 +428,23 @@ int run(Flags f, int& argc, char**& argv) {
       so.top_k = f.top_k;
       so.seed = f.seed;
       const example::Detokenizer detok(data.bytes, f.tokenizer);
-      std::vector<std::int32_t> prompt =
-          data.bytes ? example::Detokenizer::bytes_of(f.prompt) : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
+      std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
+                                                    : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
       if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
       sample = detok.decode(example::generate(model, prompt, so));
     }
     if (!f.quiet) {
-      std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s", static_cast<long long>(step),
-                  static_cast<long long>(step * tokens_per_step), last_loss, last_val, tokens_per_s);
-      if (mfu >= 0) std::printf(", MFU %.1f%% of %.3g TFLOP/s per rank (%s)", 100 * mfu, peak, peak_info.source.c_str());
-      else std::printf(", MFU not known (%s: --peak-tflops sets one)", peak_info.source.c_str());
+      std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s",
+                  static_cast<long long>(step), static_cast<long long>(step * tokens_per_step), last_loss, last_val,
+                  tokens_per_s);
+      if (mfu >= 0)
+        std::printf(", MFU %.1f%% of %.3g TFLOP/s per rank (%s)", 100 * mfu, peak, peak_info.source.c_str());
+      else
+        std::printf(", MFU not known (%s: --peak-tflops sets one)", peak_info.source.c_str());
       std::printf(", %.1f s\n", wall);
-      if (!sample.empty()) std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n",
-                                       f.temperature, static_cast<long long>(f.top_k),
-                                       static_cast<unsigned long long>(f.seed), sample.c_str());
+      if (!sample.empty())
+        std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n", f.temperature,
+                    static_cast<long long>(f.top_k), static_cast<unsigned long long>(f.seed), sample.c_str());
       std::fflush(stdout);
     }
     if (!f.json.empty()) {
@@ -479,10 +491,12 @@ int run(Flags f, int& argc, char**& argv) {
 
 int main(int argc, char** argv) {
   Flags f;
-  CLI::App app{"Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
-               "  mpirun -np 2 train_gpt --model gpt-tiny"};
+  CLI::App app{
+      "Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
+      "  mpirun -np 2 train_gpt --model gpt-tiny"};
   app.add_option("--model", f.model, "gpt-tiny (4 layers, 4 heads, 128 wide, context 128) or gpt2-124m")
-      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))->capture_default_str();
+      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))
+      ->capture_default_str();
   app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
   app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
   app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
@@ -491,61 +505,87 @@ int main(int argc, char** argv) {
                  "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
   app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
   app.add_option("--val-fraction", f.val_fraction, "share of the data held out for validation")
-      ->check(CLI::Range(0.001, 0.5))->capture_default_str();
+      ->check(CLI::Range(0.001, 0.5))
+      ->capture_default_str();
   app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
   app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context)")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max-steps", f.max_steps, "stop after this many steps in all (0: --steps); the schedule spans --steps")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-steps", f.max_steps,
+                 "stop after this many steps in all (0: --steps); the schedule spans --steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)
+  app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay, "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay,
+                 "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")->check(CLI::NonNegativeNumber)
+  app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire (default: the precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber)
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--zero", f.zero, "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
-                 "sharded), 2 (gradients too)")->check(CLI::Range(0, 2))->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
+                 "sharded), 2 (gradients too)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
   app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--resume", f.resume, "continue from --checkpoint-dir; --resume auto: if there is a checkpoint")
-      ->expected(0, 1)->default_str("yes")->check(CLI::IsMember({"yes", "auto"}));
+      ->expected(0, 1)
+      ->default_str("yes")
+      ->check(CLI::IsMember({"yes", "auto"}));
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
   app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--temperature", f.temperature, "sampling temperature")->check(CLI::PositiveNumber)
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")->check(CLI::NonNegativeNumber)
+  app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--temperature", f.temperature, "sampling temperature")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
-  app.add_option("--peak-tflops", f.peak_tflops, "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
-                 "ceiling; $TUTTI_PEAK_TFLOPS)")
+  app.add_option(
+         "--peak-tflops", f.peak_tflops,
+         "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
+         "ceiling; $TUTTI_PEAK_TFLOPS)")
       ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);

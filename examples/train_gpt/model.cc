@@ -79,8 +79,9 @@ std::int64_t Gpt::flop_parameters() {
 tutti::nn::Flops Gpt::flops(const tutti::Shape& sample, tutti::Shape& out) const {
   tutti::nn::Flops sum;
   tutti::Shape shape = sample;
-  for (const tutti::nn::Module* m : {static_cast<const tutti::nn::Module*>(&embed_), static_cast<const tutti::nn::Module*>(&blocks_),
-                                     static_cast<const tutti::nn::Module*>(&ln_f_), static_cast<const tutti::nn::Module*>(&head_)}) {
+  for (const tutti::nn::Module* m :
+       {static_cast<const tutti::nn::Module*>(&embed_), static_cast<const tutti::nn::Module*>(&blocks_),
+        static_cast<const tutti::nn::Module*>(&ln_f_), static_cast<const tutti::nn::Module*>(&head_)}) {
     tutti::Shape next;
     const tutti::nn::Flops f = m->flops(shape, next);
     sum.forward += f.forward;
@@ -91,9 +92,7 @@ tutti::nn::Flops Gpt::flops(const tutti::Shape& sample, tutti::Shape& out) const
   return sum;
 }
 
-double Gpt::flops_per_token(std::int64_t T) const {
-  return training_flops_per_sample({T}) / static_cast<double>(T);
-}
+double Gpt::flops_per_token(std::int64_t T) const { return training_flops_per_sample({T}) / static_cast<double>(T); }
 
 tutti::Tensor Gpt::forward_impl(const tutti::Tensor& tokens) {
   hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));

@@ -12,14 +12,14 @@
 namespace example {
 
 struct GptConfig {
-  std::int64_t vocab = 256;        // tokens the data can hold
-  std::int64_t padded_vocab = 256; // rows of the embedding and columns of the logits (>= vocab;
-                                   // GPT-2's 50257 is padded to 50304, a multiple of 128, as
-                                   // llm.c and nanoGPT do: the GEMMs run faster)
-  std::int64_t context = 128;      // the longest sequence (rows of the position embedding)
+  std::int64_t vocab = 256;         // tokens the data can hold
+  std::int64_t padded_vocab = 256;  // rows of the embedding and columns of the logits (>= vocab;
+                                    // GPT-2's 50257 is padded to 50304, a multiple of 128, as
+                                    // llm.c and nanoGPT do: the GEMMs run faster)
+  std::int64_t context = 128;       // the longest sequence (rows of the position embedding)
   std::int64_t layers = 4;
   std::int64_t heads = 4;
-  std::int64_t width = 128;        // C; heads must divide it
+  std::int64_t width = 128;  // C; heads must divide it
 
   // "gpt-tiny" (4 layers, 4 heads, 128 wide, context 128, byte vocabulary: for a 2-core CPU)
   // or "gpt2-124m" (12 layers, 12 heads, 768 wide, context 1024, vocabulary 50257 padded to

@@ -16,8 +16,8 @@ using std::int64_t;
 // Row-major C[M, N] = alpha · op(A) · op(B) on fp32 memory with explicit leading dimensions
 // (the heads are column blocks of the packed qkv rows: ld 3C, no copy). beta = 0: OpenBLAS
 // does not read C then (the tests poison every output with nan to hold it to that).
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float* C, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float* C, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
               static_cast<blasint>(N), static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
               static_cast<blasint>(ldb), 0.0f, C, static_cast<blasint>(ldc));
@@ -82,8 +82,7 @@ void attention_forward(const Tensor& qkv, int64_t heads, const Tensor& out, cons
   P.store();
 }
 
-void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& dout, int64_t heads,
-                        const Tensor& dqkv) {
+void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& dout, int64_t heads, const Tensor& dqkv) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, hs = C / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const F32Buffer QKV(qkv, true), P(probs, true), DO(dout, true), DQKV(dqkv, false);
@@ -101,14 +100,15 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& do
       float* dv = dq + 2 * C;
       for (int64_t r0 = 0; r0 < T; r0 += kBlock) {  // by rows: dP, dS, dq
         const int64_t r1 = std::min(T, r0 + kBlock), rows = r1 - r0;
-        gemm(false, true, rows, r1, hs, 1.0f, dy + r0 * C, C, v, 3 * C, ds + r0 * T, T);  // dP = dy v^T
-        causal_softmax_backward(p + r0 * T, ds + r0 * T, r0, rows, T, scale);            // dS
+        gemm(false, true, rows, r1, hs, 1.0f, dy + r0 * C, C, v, 3 * C, ds + r0 * T, T);           // dP = dy v^T
+        causal_softmax_backward(p + r0 * T, ds + r0 * T, r0, rows, T, scale);                      // dS
         gemm(false, false, rows, hs, r1, 1.0f, ds + r0 * T, T, k, 3 * C, dq + r0 * 3 * C, 3 * C);  // dq = dS k
       }
       for (int64_t c0 = 0; c0 < T; c0 += kBlock) {  // by columns: dv, dk (rows before c0 are 0 there)
         const int64_t c1 = std::min(T, c0 + kBlock), cols = c1 - c0, rows = T - c0;
         gemm(true, false, cols, hs, rows, 1.0f, p + c0 * T + c0, T, dy + c0 * C, C, dv + c0 * 3 * C, 3 * C);  // P^T dy
-        gemm(true, false, cols, hs, rows, 1.0f, ds + c0 * T + c0, T, q + c0 * 3 * C, 3 * C, dk + c0 * 3 * C, 3 * C);  // dS^T q
+        gemm(true, false, cols, hs, rows, 1.0f, ds + c0 * T + c0, T, q + c0 * 3 * C, 3 * C, dk + c0 * 3 * C,
+             3 * C);  // dS^T q
       }
     }
   DQKV.store();

@@ -70,11 +70,17 @@ inline float load_f32(Half x) { return float_from_half(x.bits); }
 template <typename T>
 inline T store_as(float v);
 template <>
-inline float store_as<float>(float v) { return v; }
+inline float store_as<float>(float v) {
+  return v;
+}
 template <>
-inline BFloat16 store_as<BFloat16>(float v) { return BFloat16::from_bits(bf16_bits_from(v)); }
+inline BFloat16 store_as<BFloat16>(float v) {
+  return BFloat16::from_bits(bf16_bits_from(v));
+}
 template <>
-inline Half store_as<Half>(float v) { return Half::from_bits(half_bits_from(v)); }
+inline Half store_as<Half>(float v) {
+  return Half::from_bits(half_bits_from(v));
+}
 
 // Converts n elements to and from fp32 (the type every CPU kernel computes in).
 template <typename T>
@@ -225,15 +231,19 @@ class F32Buffer {
     scratch_.resize(static_cast<std::size_t>(t.numel()));
     data_ = scratch_.data();
     if (!load) return;
-    if (t.dtype() == DType::f16) to_f32(static_cast<const Half*>(t.data()), data_, t.numel());
-    else to_f32(static_cast<const BFloat16*>(t.data()), data_, t.numel());
+    if (t.dtype() == DType::f16)
+      to_f32(static_cast<const Half*>(t.data()), data_, t.numel());
+    else
+      to_f32(static_cast<const BFloat16*>(t.data()), data_, t.numel());
   }
   float* data() const { return data_; }
   // Writes the fp32 values back into the tensor (rounding to nearest even); no-op for f32.
   void store() const {
     if (!tensor_.defined()) return;
-    if (tensor_.dtype() == DType::f16) from_f32(data_, static_cast<Half*>(tensor_.data()), tensor_.numel());
-    else if (tensor_.dtype() == DType::bf16) from_f32(data_, static_cast<BFloat16*>(tensor_.data()), tensor_.numel());
+    if (tensor_.dtype() == DType::f16)
+      from_f32(data_, static_cast<Half*>(tensor_.data()), tensor_.numel());
+    else if (tensor_.dtype() == DType::bf16)
+      from_f32(data_, static_cast<BFloat16*>(tensor_.data()), tensor_.numel());
   }
 
  private:

@@ -143,14 +143,14 @@ int blas_int(int64_t v) {
 // peak for 32 images), and even a cache-sized batch must copy y / dy between the GEMM's
 // [K, nb·PQ] layout and the tensors' [N, K, PQ] (the first layer, 1 -> 32 channels, ran at
 // 37% / 21% of peak forward / backward in batches of 8 against ~50% / ~55% one image at a time).
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
-                    const Conv2dParams& params) {
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params) {
   const Geometry g = geometry(x, w, params);
   std::vector<float> xs, ws, bs, ys, col;
   const float* xf = f32_view(x, xs);
   const float* wf = f32_view(w, ws);
   const float* bf = bias.defined() ? f32_view(bias, bs) : nullptr;
-  float* yf = y.dtype() == DType::f32 ? y.data_as<float>() : (ys.resize(static_cast<std::size_t>(y.numel())), ys.data());
+  float* yf =
+      y.dtype() == DType::f32 ? y.data_as<float>() : (ys.resize(static_cast<std::size_t>(y.numel())), ys.data());
   const bool trivial = g.trivial_col();
   if (!trivial) col.resize(static_cast<std::size_t>(g.crs() * g.pq()));
   const int M = blas_int(g.k), PQ = blas_int(g.pq()), CRS = blas_int(g.crs());
@@ -200,7 +200,8 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   }
   float* dxf = nullptr;
   if (dx.defined()) {
-    dxf = dx.dtype() == DType::f32 ? dx.data_as<float>() : (dxs.resize(static_cast<std::size_t>(dx.numel())), dxs.data());
+    dxf =
+        dx.dtype() == DType::f32 ? dx.data_as<float>() : (dxs.resize(static_cast<std::size_t>(dx.numel())), dxs.data());
     std::memset(dxf, 0, static_cast<std::size_t>(dx.numel()) * sizeof(float));
   }
   const bool trivial = g.trivial_col();
@@ -264,7 +265,7 @@ inline bool has_nan(const float* p, int64_t n) {
 
 // f32 rows without nan: the same first-max rule as argmax4, as selects that vectorize.
 inline void maxpool_forward_rows_f32(const float* __restrict r0, const float* __restrict r1, float* __restrict out,
-                              int64_t wo) {
+                                     int64_t wo) {
   for (int64_t j = 0; j < wo; ++j) {
     float m = r0[2 * j];
     m = r0[2 * j + 1] > m ? r0[2 * j + 1] : m;
@@ -273,8 +274,9 @@ inline void maxpool_forward_rows_f32(const float* __restrict r0, const float* __
     out[j] = m;
   }
 }
-inline void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restrict r1, const float* __restrict dy,
-                               float* __restrict d0, float* __restrict d1, int64_t wo) {
+inline void maxpool_backward_rows_f32(const float* __restrict r0, const float* __restrict r1,
+                                      const float* __restrict dy, float* __restrict d0, float* __restrict d1,
+                                      int64_t wo) {
   for (int64_t j = 0; j < wo; ++j) {
     const float a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], d = r1[2 * j + 1];
     float m = a;
@@ -313,7 +315,8 @@ TUTTI_CPU_SIMD_CLONES bool maxpool_backward_plane_f32(const float* x, const floa
   const int64_t ho = h / 2, wo = w / 2;
   if (has_nan(x, 2 * ho * w)) return false;
   for (int64_t i = 0; i < ho; ++i)
-    maxpool_backward_rows_f32(x + 2 * i * w, x + (2 * i + 1) * w, dy + i * wo, dx + 2 * i * w, dx + (2 * i + 1) * w, wo);
+    maxpool_backward_rows_f32(x + 2 * i * w, x + (2 * i + 1) * w, dy + i * wo, dx + 2 * i * w, dx + (2 * i + 1) * w,
+                              wo);
   return true;
 }
 
@@ -376,15 +379,13 @@ void maxpool_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& dx) 
 }  // namespace
 
 void maxpool2x2_forward(const Tensor& x, const Tensor& y) {
-  detail::dispatch_floating("maxpool2x2_forward", x.dtype(), [&](auto tag) {
-    maxpool_forward_impl<decltype(tag)>(x, y);
-  });
+  detail::dispatch_floating("maxpool2x2_forward", x.dtype(),
+                            [&](auto tag) { maxpool_forward_impl<decltype(tag)>(x, y); });
 }
 
 void maxpool2x2_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  detail::dispatch_floating("maxpool2x2_backward", x.dtype(), [&](auto tag) {
-    maxpool_backward_impl<decltype(tag)>(x, dy, dx);
-  });
+  detail::dispatch_floating("maxpool2x2_backward", x.dtype(),
+                            [&](auto tag) { maxpool_backward_impl<decltype(tag)>(x, dy, dx); });
 }
 
 }  // namespace tutti::kernels::cpu

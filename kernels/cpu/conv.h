@@ -7,8 +7,7 @@
 
 namespace tutti::kernels::cpu {
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
-                    const Conv2dParams& params);
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params);
 void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                      const Tensor& db, bool accumulate_params, const Conv2dParams& params);
 void maxpool2x2_forward(const Tensor& x, const Tensor& y);

@@ -106,8 +106,7 @@ void fill(const Tensor& out, float value) {
   map1(out, out, [value](float) { return value; });
 }
 
-void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channels, int64_t inner,
-              const Tensor& out) {
+void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channels, int64_t inner, const Tensor& out) {
   detail::dispatch_floating("bias_add", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x.data());
@@ -172,8 +171,8 @@ namespace {
 // (rng::uniform), which only AVX-512 has as a vector instruction, so the f32 case is also
 // compiled for it (common.h); forced inline so that the clone gets its own copy.
 template <typename T>
-[[gnu::always_inline]] inline void dropout_loop(const T* in, T* out, int64_t n, float p, float scale,
-                                                std::uint64_t key, std::uint64_t offset) {
+[[gnu::always_inline]] inline void dropout_loop(const T* in, T* out, int64_t n, float p, float scale, std::uint64_t key,
+                                                std::uint64_t offset) {
   TUTTI_IVDEP
   for (int64_t i = 0; i < n; ++i) {
     const bool keep = rng::uniform(key, offset + static_cast<std::uint64_t>(i)) >= p;

@@ -19,8 +19,8 @@ void fill(const Tensor& out, float value);
 // x viewed as [outer, channels, inner].
 void bias_add(const Tensor& x, const Tensor& bias, std::int64_t outer, std::int64_t channels, std::int64_t inner,
               const Tensor& out);
-void bias_backward(const Tensor& dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                   const Tensor& dbias, bool accumulate);
+void bias_backward(const Tensor& dy, std::int64_t outer, std::int64_t channels, std::int64_t inner, const Tensor& dbias,
+                   bool accumulate);
 // scale = 1 / (1 - p), computed once by the caller in fp32 (the GPU uses the same value).
 void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uint64_t offset, const Tensor& y);
 

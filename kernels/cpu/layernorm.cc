@@ -74,9 +74,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   Y.store();
 }
 
-void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                        bool accumulate_params) {
+void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool accumulate_params) {
   const int64_t D = x.dim(-1);
   const F32Buffer X(x, true), G(gamma, true), DY(dy, true), DX(dx, false);
   const F32Buffer DG(dgamma, accumulate_params), DB(dbeta, accumulate_params);
@@ -85,8 +84,10 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
                 DY.data(), DX.data(), dg.data(), db.data(), leading_rows(x), D);
   DX.store();
   for (int64_t i = 0; i < D; ++i) {
-    if (DG.data() != nullptr) DG.data()[i] = (accumulate_params ? DG.data()[i] : 0.0f) + dg[static_cast<std::size_t>(i)];
-    if (DB.data() != nullptr) DB.data()[i] = (accumulate_params ? DB.data()[i] : 0.0f) + db[static_cast<std::size_t>(i)];
+    if (DG.data() != nullptr)
+      DG.data()[i] = (accumulate_params ? DG.data()[i] : 0.0f) + dg[static_cast<std::size_t>(i)];
+    if (DB.data() != nullptr)
+      DB.data()[i] = (accumulate_params ? DB.data()[i] : 0.0f) + db[static_cast<std::size_t>(i)];
   }
   DG.store();
   DB.store();

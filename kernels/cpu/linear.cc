@@ -15,8 +15,8 @@ using std::int64_t;
 
 // Row-major C[M, N] = alpha · op(A) · op(B) + beta · C on fp32 memory. op(A) is [M, K]:
 // A is stored [M, K], or [K, M] when transposed; likewise B is [K, N] or [N, K].
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
-           float beta, float* C) {
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B, float beta,
+           float* C) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     // Nothing to multiply: C = beta · C (BLAS implementations differ on K = 0).
@@ -26,10 +26,10 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
   if (beta == 0.0f) std::fill(C, C + M * N, 0.0f);  // beta = 0 must not read C (it may hold nan)
   const int64_t lda = ta ? M : K;
   const int64_t ldb = tb ? K : N;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(std::max<int64_t>(1, lda)), B, static_cast<blasint>(std::max<int64_t>(1, ldb)),
-              beta, C, static_cast<blasint>(std::max<int64_t>(1, N)));
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
+              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(std::max<int64_t>(1, lda)), B, static_cast<blasint>(std::max<int64_t>(1, ldb)), beta,
+              C, static_cast<blasint>(std::max<int64_t>(1, N)));
 }
 
 // Adds column sums of dy[rows, O] to out (fp32).

@@ -35,8 +35,8 @@ template <bool kMomentum, bool kNesterov, bool kFirstStep, typename G, typename 
 }
 
 template <typename G, typename H>
-[[gnu::always_inline]] inline void sgd_impl(float* w, const G* grad, float* buf, H* half, int64_t n,
-                                            const SgdParams& p, bool first_step) {
+[[gnu::always_inline]] inline void sgd_impl(float* w, const G* grad, float* buf, H* half, int64_t n, const SgdParams& p,
+                                            bool first_step) {
   if (p.momentum == 0.0f) return sgd_loop<false, false, false>(w, grad, buf, half, n, p);
   if (p.nesterov) {
     if (first_step) return sgd_loop<true, true, true>(w, grad, buf, half, n, p);
@@ -77,8 +77,7 @@ TUTTI_CPU_SIMD_CLONES void sgd_f32(float* w, const float* grad, float* buf, int6
                                    bool first_step) {
   sgd_impl<float, void>(w, grad, buf, nullptr, n, p, first_step);
 }
-TUTTI_CPU_SIMD_CLONES void adamw_f32(float* w, const float* grad, float* m, float* v, int64_t n,
-                                     const AdamWParams& p) {
+TUTTI_CPU_SIMD_CLONES void adamw_f32(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p) {
   adamw_impl<float, void>(w, grad, m, v, nullptr, n, p);
 }
 
@@ -107,7 +106,7 @@ void sgd_update(const Tensor& w, const Tensor& grad, const Tensor& momentum_buf,
   dispatch_grad_and_half("sgd_update", grad, weights_half, [&](auto* g, auto* h) {
     using H = std::remove_pointer_t<decltype(h)>;
     sgd_impl<std::remove_const_t<std::remove_pointer_t<decltype(g)>>, H>(w.data_as<float>(), g, buf, h, w.numel(),
-                                                                          params, first_step);
+                                                                         params, first_step);
   });
 }
 
@@ -118,8 +117,8 @@ void adamw_update(const Tensor& w, const Tensor& grad, const Tensor& m, const Te
                      params);
   dispatch_grad_and_half("adamw_update", grad, weights_half, [&](auto* g, auto* h) {
     using H = std::remove_pointer_t<decltype(h)>;
-    adamw_impl<std::remove_const_t<std::remove_pointer_t<decltype(g)>>, H>(
-        w.data_as<float>(), g, m.data_as<float>(), v.data_as<float>(), h, w.numel(), params);
+    adamw_impl<std::remove_const_t<std::remove_pointer_t<decltype(g)>>, H>(w.data_as<float>(), g, m.data_as<float>(),
+                                                                           v.data_as<float>(), h, w.numel(), params);
   });
 }
 

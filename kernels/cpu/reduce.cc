@@ -72,10 +72,20 @@ struct BF16Bits {
   static constexpr U kExp = 0x7f80u, kExpLsb = 0x0080u, kSign = 0x8000u;
   static U exp(BFloat16 v) { return static_cast<U>(v.bits & kExp); }
 };
-template <typename T> struct BitsOf;
-template <> struct BitsOf<float> { using type = F32Bits; };
-template <> struct BitsOf<Half> { using type = F16Bits; };
-template <> struct BitsOf<BFloat16> { using type = BF16Bits; };
+template <typename T>
+struct BitsOf;
+template <>
+struct BitsOf<float> {
+  using type = F32Bits;
+};
+template <>
+struct BitsOf<Half> {
+  using type = F16Bits;
+};
+template <>
+struct BitsOf<BFloat16> {
+  using type = BF16Bits;
+};
 
 template <typename T>
 bool any_nonfinite(const T* x, int64_t n) {

@@ -107,8 +107,8 @@ void batched_gemm(cublasHandle_t h, DType dtype, bool ta, bool tb, int64_t M, in
   const cudaDataType_t t = cuda_type(dtype);
   const int lda = to_int(ta ? M : K, "lda"), ldb = to_int(tb ? K : N, "ldb"), ldc = to_int(N, "ldc");
   TUTTI_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                to_int(N, "N"), to_int(M, "M"), to_int(K, "K"), &alpha, B, t, ldb, sb, A,
-                                                t, lda, sa, &beta, C, t, ldc, sc, to_int(batch, "batch"),
+                                                to_int(N, "N"), to_int(M, "M"), to_int(K, "K"), &alpha, B, t, ldb, sb,
+                                                A, t, lda, sa, &beta, C, t, ldc, sc, to_int(batch, "batch"),
                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -131,14 +131,14 @@ unsigned permute_blocks(const Dims& d) {
 template <typename H>
 void to_heads(const H* src, int64_t row_stride, const Dims& d, H* dst, cudaStream_t s) {
   attention_to_heads_kernel<<<permute_blocks(d), kBlock, 0, s>>>(src, row_stride, d.B * d.T, static_cast<int>(d.T),
-                                                                static_cast<int>(d.C), static_cast<int>(d.hs), dst);
+                                                                 static_cast<int>(d.C), static_cast<int>(d.hs), dst);
   TUTTI_CUDA_CHECK_LAUNCH("attention_to_heads_kernel");
 }
 
 template <typename H>
 void from_heads(const H* src, int64_t row_stride, const Dims& d, H* dst, cudaStream_t s) {
   attention_from_heads_kernel<<<permute_blocks(d), kBlock, 0, s>>>(src, row_stride, d.B * d.T, static_cast<int>(d.T),
-                                                                  static_cast<int>(d.C), static_cast<int>(d.hs), dst);
+                                                                   static_cast<int>(d.C), static_cast<int>(d.hs), dst);
   TUTTI_CUDA_CHECK_LAUNCH("attention_from_heads_kernel");
 }
 

@@ -17,20 +17,41 @@
 namespace tutti::kernels::cuda {
 
 // The device element type of a host element type: float, __half, __nv_bfloat16.
-template <typename T> struct DeviceType;
-template <> struct DeviceType<float> { using type = float; };
-template <> struct DeviceType<Half> { using type = __half; };
-template <> struct DeviceType<BFloat16> { using type = __nv_bfloat16; };
-template <typename T> using device_t = typename DeviceType<T>::type;
+template <typename T>
+struct DeviceType;
+template <>
+struct DeviceType<float> {
+  using type = float;
+};
+template <>
+struct DeviceType<Half> {
+  using type = __half;
+};
+template <>
+struct DeviceType<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <typename T>
+using device_t = typename DeviceType<T>::type;
 
 // Loads and stores through fp32, the type all arithmetic accumulates in.
 __device__ __forceinline__ float load_f32(float x) { return x; }
 __device__ __forceinline__ float load_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float load_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T store_as(float v);
-template <> __device__ __forceinline__ float store_as<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half store_as<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ T store_as(float v);
+template <>
+__device__ __forceinline__ float store_as<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half store_as<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // The cudaStream_t of a tutti Stream (the default stream for a CPU Stream object).
 inline cudaStream_t native(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
@@ -81,9 +102,7 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-inline bool is_aligned(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
+inline bool is_aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 // Sum over the block of every thread's v; the result is valid in thread 0. blockDim.x must be
 // a multiple of 32 (at most 1024). Contains __syncthreads: every thread of the block calls it.

@@ -173,11 +173,10 @@ struct ConvDescriptors {
     TUTTI_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias, CUDNN_TENSOR_NCHW, dt, 1, k, 1, 1));
     TUTTI_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, dt, CUDNN_TENSOR_NCHW, k, c, r, s));
     TUTTI_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, params.padding, params.padding, params.stride,
-                                                      params.stride, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                      CUDNN_DATA_FLOAT));
+                                                      params.stride, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     // f32 stays f32 (no TF32): the CPU twin and the tests expect fp32 accuracy.
-    TUTTI_CUDNN_CHECK(cudnnSetConvolutionMathType(
-        conv, xt.dtype() == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+    TUTTI_CUDNN_CHECK(
+        cudnnSetConvolutionMathType(conv, xt.dtype() == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
   }
   void destroy() noexcept {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
@@ -192,8 +191,12 @@ struct ConvDescriptors {
 // A shape, dtype and device: the key of the algorithm cache.
 using ConvKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>;
 ConvKey key_of(const Tensor& x, const Tensor& w, const Conv2dParams& p) {
-  return {x.device().index, static_cast<int>(x.dtype()), x.dim(0), x.dim(1), x.dim(2), x.dim(3), w.dim(0), w.dim(2),
-          w.dim(3), p.stride, p.padding};
+  return {x.device().index, static_cast<int>(x.dtype()),
+          x.dim(0),         x.dim(1),
+          x.dim(2),         x.dim(3),
+          w.dim(0),         w.dim(2),
+          w.dim(3),         p.stride,
+          p.padding};
 }
 
 struct Algos {
@@ -234,8 +237,8 @@ const Algos& algos_for(cudnnHandle_t handle, const ConvDescriptors& d, const Con
   cudnnConvolutionBwdFilterAlgoPerf_t bf[kMax];
   TUTTI_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x, d.y, d.conv, d.w, kMax, &count, bf));
   a.bwd_filter = first_usable(bf, count, "backward-filter").algo;
-  TUTTI_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x, d.y, d.conv, d.w, a.bwd_filter,
-                                                                   &a.bwd_filter_ws));
+  TUTTI_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x, d.y, d.conv, d.w, a.bwd_filter, &a.bwd_filter_ws));
   return cache.emplace(key, a).first->second;
 }
 
@@ -280,8 +283,8 @@ class AlignedOutput {
 
 #if TUTTI_WITH_CUDNN
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
-                    const Conv2dParams& params, const Stream& stream) {
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params,
+                    const Stream& stream) {
   ErrorContext context("conv2d_forward on " + x.str() + " with " + w.str());
   DeviceGuard guard(x.device());
   const cudaStream_t s = native(stream);
@@ -336,8 +339,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
       const float beta = accumulate_params ? 1.0f : 0.0f;
       AlignedOutput dwp(dw, /*keep_old=*/accumulate_params, s);
       TUTTI_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &one, d.x, xp, d.y, dyp, d.conv, a.bwd_filter,
-                                                       workspace.as<void>(), a.bwd_filter_ws, &beta, d.w,
-                                                       dwp.get()));
+                                                       workspace.as<void>(), a.bwd_filter_ws, &beta, d.w, dwp.get()));
       dwp.finish();
     } else {
       // f32 gradient buffers for half inputs: cuDNN writes dw in the input dtype (fp32
@@ -362,8 +364,7 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
       const T* dy_typed = ptr<Host>(dy);
       const auto grid = static_cast<unsigned>(k);
       if (db.dtype() == DType::f32) {
-        bias_grad_kernel<T, float>
-            <<<grid, kBlock, 0, s>>>(dy_typed, db.data_as<float>(), n, k, pq, accumulate_params);
+        bias_grad_kernel<T, float><<<grid, kBlock, 0, s>>>(dy_typed, db.data_as<float>(), n, k, pq, accumulate_params);
       } else {
         bias_grad_kernel<T, T><<<grid, kBlock, 0, s>>>(dy_typed, ptr<Host>(db), n, k, pq, accumulate_params);
       }
@@ -393,8 +394,7 @@ void maxpool2x2_forward(const Tensor& x, const Tensor& y, const Stream& stream) 
   const int64_t outputs = y.numel(), w = x.dim(3), wo = y.dim(3), ho = y.dim(2);
   detail::dispatch_floating("maxpool2x2_forward", x.dtype(), [&](auto tag) {
     using Host = decltype(tag);
-    maxpool_forward_kernel<<<grid_for(outputs, kBlock), kBlock, 0, s>>>(ptr<Host>(x), ptr<Host>(y), outputs, w, wo,
-                                                                          ho);
+    maxpool_forward_kernel<<<grid_for(outputs, kBlock), kBlock, 0, s>>>(ptr<Host>(x), ptr<Host>(y), outputs, w, wo, ho);
     TUTTI_CUDA_CHECK_LAUNCH("maxpool_forward_kernel");
   });
 }
@@ -406,7 +406,7 @@ void maxpool2x2_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, co
   detail::dispatch_floating("maxpool2x2_backward", x.dtype(), [&](auto tag) {
     using Host = decltype(tag);
     maxpool_backward_kernel<<<grid_for(outputs, kBlock), kBlock, 0, s>>>(ptr<Host>(x), ptr<Host>(dy), ptr<Host>(dx),
-                                                                           outputs, w, wo, ho);
+                                                                         outputs, w, wo, ho);
     TUTTI_CUDA_CHECK_LAUNCH("maxpool_backward_kernel");
   });
 }

@@ -30,9 +30,8 @@ __global__ void count_rows_kernel(const L* labels, int64_t n, int64_t ignore_ind
 
 // One block per row (grid-stride over rows).
 template <typename T, typename L>
-__global__ void softmax_xent_row_kernel(const T* logits, const L* labels, int64_t rows, int64_t C,
-                                        int64_t ignore_index, float grad_scale, const int* count, float* row_loss,
-                                        T* dlogits) {
+__global__ void softmax_xent_row_kernel(const T* logits, const L* labels, int64_t rows, int64_t C, int64_t ignore_index,
+                                        float grad_scale, const int* count, float* row_loss, T* dlogits) {
   const int counted = *count;
   // The same rounding steps as the CPU: grad_scale · (1 / count).
   const float g_scale = counted > 0 ? grad_scale * (1.0f / static_cast<float>(counted)) : 0.0f;
@@ -78,8 +77,8 @@ __global__ void finish_loss_kernel(const float* row_loss, int64_t rows, const in
 // One warp per row: argmax with the first maximum winning ties; hits are added per block
 // then once per block to the global count.
 template <typename T, typename L>
-__global__ void count_correct_kernel(const T* logits, const L* labels, int64_t rows, int64_t C,
-                                     int64_t ignore_index, unsigned long long* correct) {
+__global__ void count_correct_kernel(const T* logits, const L* labels, int64_t rows, int64_t C, int64_t ignore_index,
+                                     unsigned long long* correct) {
   __shared__ unsigned int block_hits;
   if (threadIdx.x == 0) block_hits = 0;
   __syncthreads();
@@ -110,8 +109,10 @@ __global__ void count_correct_kernel(const T* logits, const L* labels, int64_t r
 // Calls f(L{}) with L the label type.
 template <typename F>
 void dispatch_labels(const Tensor& labels, F&& f) {
-  if (labels.dtype() == DType::i32) f(std::int32_t{});
-  else f(std::int64_t{});
+  if (labels.dtype() == DType::i32)
+    f(std::int32_t{});
+  else
+    f(std::int64_t{});
 }
 
 int row_block_size(int64_t C) { return C >= 4096 ? 1024 : C >= 512 ? 256 : 128; }
@@ -141,8 +142,8 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
       TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
       const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
       T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
-      softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index,
-                                                                 grad_scale, count, row_loss, dx);
+      softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
+                                                                 count, row_loss, dx);
       TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
       finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
       TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");

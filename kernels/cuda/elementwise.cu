@@ -215,7 +215,7 @@ void bias_add(const Tensor& x, const Tensor& bias, int64_t outer, int64_t channe
   detail::dispatch_floating("bias_add", x.dtype(), [&](auto tag) {
     using H = decltype(tag);
     bias_add_kernel<<<grid_for(total, kBlock), kBlock, 0, native(stream)>>>(ptr<H>(x), ptr<H>(bias), total, channels,
-                                                                           inner, ptr<H>(out));
+                                                                            inner, ptr<H>(out));
     TUTTI_CUDA_CHECK_LAUNCH("bias_add_kernel");
   });
 }
@@ -255,8 +255,10 @@ void bias_backward(const Tensor& dy, int64_t outer, int64_t channels, int64_t in
         TUTTI_CUDA_CHECK_LAUNCH("channel_sum_kernel");
       }
     };
-    if (dbias.dtype() == DType::f32) run(ptr<float>(dbias));
-    else run(ptr<H>(dbias));
+    if (dbias.dtype() == DType::f32)
+      run(ptr<float>(dbias));
+    else
+      run(ptr<H>(dbias));
   });
 }
 

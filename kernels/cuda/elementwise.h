@@ -20,9 +20,10 @@ void fill(const Tensor& out, float value, const Stream& stream);
 // x viewed as [outer, channels, inner].
 void bias_add(const Tensor& x, const Tensor& bias, std::int64_t outer, std::int64_t channels, std::int64_t inner,
               const Tensor& out, const Stream& stream);
-void bias_backward(const Tensor& dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-                   const Tensor& dbias, bool accumulate, const Stream& stream);
+void bias_backward(const Tensor& dy, std::int64_t outer, std::int64_t channels, std::int64_t inner, const Tensor& dbias,
+                   bool accumulate, const Stream& stream);
 // scale = 1 / (1 - p), computed once by the caller in fp32 (the GPU uses the same value).
-void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uint64_t offset, const Tensor& y, const Stream& stream);
+void dropout(const Tensor& x, float p, float scale, std::uint64_t seed, std::uint64_t offset, const Tensor& y,
+             const Stream& stream);
 
 }  // namespace tutti::kernels::cuda

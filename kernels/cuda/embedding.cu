@@ -30,8 +30,8 @@ constexpr int kTile = 512;  // keys a block sorts in shared memory (kTile / 2 th
 constexpr uint64_t kPad = ~uint64_t{0};
 
 template <typename T>
-__global__ void embedding_forward_kernel(const std::int32_t* tokens, const T* wte, const T* wpe, int64_t V,
-                                         int64_t T_, int64_t C, int64_t n, float nan, T* out) {
+__global__ void embedding_forward_kernel(const std::int32_t* tokens, const T* wte, const T* wpe, int64_t V, int64_t T_,
+                                         int64_t C, int64_t n, float nan, T* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += stride) {
     const int64_t pos = idx / C, c = idx % C;
@@ -158,7 +158,8 @@ int64_t padded_size(int64_t n) {
 // Sorts the keys of `tokens` (see above) into `keys` (padded_size(n) of them).
 void sort_token_keys(const Tensor& tokens, int64_t V, uint64_t* keys, cudaStream_t s) {
   const int64_t n = tokens.numel(), padded = padded_size(n);
-  embedding_sort_keys_kernel<<<grid_for(padded, kBlock), kBlock, 0, s>>>(static_cast<const std::int32_t*>(tokens.data()), n, V, padded, keys);
+  embedding_sort_keys_kernel<<<grid_for(padded, kBlock), kBlock, 0, s>>>(
+      static_cast<const std::int32_t*>(tokens.data()), n, V, padded, keys);
   TUTTI_CUDA_CHECK_LAUNCH("embedding_sort_keys_kernel");
   const unsigned tiles = static_cast<unsigned>(padded / kTile);
   bitonic_sort_tile_kernel<<<tiles, kTile / 2, 0, s>>>(keys);
@@ -183,8 +184,8 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   detail::dispatch_floating("embedding_forward", wte.dtype(), [&](auto tag) {
     using H = decltype(tag);
     embedding_forward_kernel<<<grid_for(n, kBlock), kBlock, 0, native(stream)>>>(
-        static_cast<const std::int32_t*>(tokens.data()), ptr<H>(wte), ptr<H>(wpe), wte.dim(0), tokens.dim(1), wte.dim(1), n,
-        std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
+        static_cast<const std::int32_t*>(tokens.data()), ptr<H>(wte), ptr<H>(wpe), wte.dim(0), tokens.dim(1),
+        wte.dim(1), n, std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
     TUTTI_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   });
 }
@@ -198,8 +199,10 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
     using H = decltype(tag);
     // Each gradient is f32 or dout's dtype: run `f` with its device element type.
     auto with_grad_type = [&](const Tensor& g, auto f) {
-      if (g.dtype() == DType::f32) f(static_cast<float*>(g.data()));
-      else f(reinterpret_cast<device_t<H>*>(g.data()));
+      if (g.dtype() == DType::f32)
+        f(static_cast<float*>(g.data()));
+      else
+        f(reinterpret_cast<device_t<H>*>(g.data()));
     };
     if (dwpe.defined() && dwpe.numel() > 0) {
       with_grad_type(dwpe, [&](auto* g) {

@@ -21,8 +21,8 @@ constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / 32;
 
 template <typename T>
-__global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, float eps, int64_t rows,
-                                         int64_t D, T* y, float* mean, float* rstd) {
+__global__ void layernorm_forward_kernel(const T* x, const T* gamma, const T* beta, float eps, int64_t rows, int64_t D,
+                                         T* y, float* mean, float* rstd) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave together: only warp shuffles follow
@@ -104,8 +104,8 @@ __global__ void layernorm_param_partial_kernel(const T* x, const float* mean, co
 
 // out[c] = (accumulate ? out[c] : 0) + the chunks' sums in order; a null out is skipped.
 template <typename G>
-__global__ void layernorm_param_finish_kernel(const float* partial_g, const float* partial_b, int64_t chunks,
-                                              int64_t D, G* dgamma, G* dbeta, bool accumulate) {
+__global__ void layernorm_param_finish_kernel(const float* partial_g, const float* partial_b, int64_t chunks, int64_t D,
+                                              G* dgamma, G* dbeta, bool accumulate) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < D; c += stride) {
     float sg = 0.0f, sb = 0.0f;
@@ -132,9 +132,9 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   });
 }
 
-void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                        bool accumulate_params, const Stream& stream) {
+void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool accumulate_params,
+                        const Stream& stream) {
   const int64_t D = x.dim(-1), rows = x.numel() / D;
   DeviceGuard guard(x.device());
   const cudaStream_t s = native(stream);
@@ -160,9 +160,8 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
     float* partial_g = partial.as<float>();
     float* partial_b = partial_g + chunks * D;
     layernorm_param_partial_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(chunks)),
-                                     dim3(kTileCols, kTileRows), 0, s>>>(ptr<H>(x), ptr<float>(mean), ptr<float>(rstd),
-                                                                          ptr<H>(dy), rows, D, rows_per_chunk,
-                                                                          partial_g, partial_b);
+                                     dim3(kTileCols, kTileRows), 0, s>>>(
+        ptr<H>(x), ptr<float>(mean), ptr<float>(rstd), ptr<H>(dy), rows, D, rows_per_chunk, partial_g, partial_b);
     TUTTI_CUDA_CHECK_LAUNCH("layernorm_param_partial_kernel");
     // dgamma and dbeta share a dtype here when both are given; each is f32 or x's dtype.
     const DType gd = dgamma.defined() ? dgamma.dtype() : dbeta.dtype();
@@ -171,7 +170,7 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
       G* g = dgamma.defined() ? reinterpret_cast<G*>(dgamma.data()) : nullptr;
       G* b = dbeta.defined() ? reinterpret_cast<G*>(dbeta.data()) : nullptr;
       layernorm_param_finish_kernel<<<grid_for(D, kBlock), kBlock, 0, s>>>(partial_g, partial_b, chunks, D, g, b,
-                                                                          accumulate_params);
+                                                                           accumulate_params);
       TUTTI_CUDA_CHECK_LAUNCH("layernorm_param_finish_kernel");
     };
     if (dgamma.defined() && dbeta.defined() && dgamma.dtype() != dbeta.dtype()) {
@@ -184,8 +183,10 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
               partial_g, partial_b, chunks, D, is_gamma ? p : nullptr, is_gamma ? nullptr : p, accumulate_params);
           TUTTI_CUDA_CHECK_LAUNCH("layernorm_param_finish_kernel");
         };
-        if (t.dtype() == DType::f32) run(float{});
-        else run(device_t<H>{});
+        if (t.dtype() == DType::f32)
+          run(float{});
+        else
+          run(device_t<H>{});
       };
       finish_one(dgamma, true);
       finish_one(dbeta, false);

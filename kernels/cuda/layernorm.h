@@ -10,8 +10,8 @@ namespace tutti::kernels::cuda {
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, const Stream& stream);
 // dgamma and dbeta may be undefined (not wanted).
-void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                        bool accumulate_params, const Stream& stream);
+void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool accumulate_params,
+                        const Stream& stream);
 
 }  // namespace tutti::kernels::cuda

@@ -81,21 +81,22 @@ int to_int(int64_t v, const char* what) {
 
 // Row-major C[M, N] = alpha · op(A) · op(B) + beta · C. A is stored [M, K] (or [K, M] when
 // transposed), B [K, N] (or [N, K]); their rows are contiguous (ld = stored row length).
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
-          DType ab_dtype, float beta, void* C, DType c_dtype, const Tensor& c_tensor, int device,
-          const Stream& stream) {
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B, DType ab_dtype,
+          float beta, void* C, DType c_dtype, const Tensor& c_tensor, int device, const Stream& stream) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: C = beta · C
-    if (beta == 0.0f) fill(c_tensor, 0.0f, stream);
-    else if (beta != 1.0f) scale(c_tensor, beta, c_tensor, stream);
+    if (beta == 0.0f)
+      fill(c_tensor, 0.0f, stream);
+    else if (beta != 1.0f)
+      scale(c_tensor, beta, c_tensor, stream);
     return;
   }
   const cublasHandle_t h = cublas_handle(device);
   TUTTI_CUBLAS_CHECK(cublasSetStream(h, native(stream)));
   const int lda = to_int(ta ? M : K, "lda"), ldb = to_int(tb ? K : N, "ldb"), ldc = to_int(N, "ldc");
-  TUTTI_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  to_int(N, "N"), to_int(M, "M"), to_int(K, "K"), &alpha, B, cuda_type(ab_dtype), ldb,
-                                  A, cuda_type(ab_dtype), lda, &beta, C, cuda_type(c_dtype), ldc, CUBLAS_COMPUTE_32F,
+  TUTTI_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, to_int(N, "N"),
+                                  to_int(M, "M"), to_int(K, "K"), &alpha, B, cuda_type(ab_dtype), ldb, A,
+                                  cuda_type(ab_dtype), lda, &beta, C, cuda_type(c_dtype), ldc, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT));
 }
 
@@ -135,11 +136,15 @@ bool linear_forward_lt(const Tensor& x, const Tensor& w, const Tensor& bias, con
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   TUTTI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
   const void* bias_ptr = bias.data();
-  TUTTI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+  TUTTI_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
   TUTTI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
-  TUTTI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, t, static_cast<std::uint64_t>(I), static_cast<std::uint64_t>(O), I));
-  TUTTI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, t, static_cast<std::uint64_t>(I), static_cast<std::uint64_t>(rows), I));
-  TUTTI_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, t, static_cast<std::uint64_t>(O), static_cast<std::uint64_t>(rows), O));
+  TUTTI_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.a, t, static_cast<std::uint64_t>(I), static_cast<std::uint64_t>(O), I));
+  TUTTI_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.b, t, static_cast<std::uint64_t>(I), static_cast<std::uint64_t>(rows), I));
+  TUTTI_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.c, t, static_cast<std::uint64_t>(O), static_cast<std::uint64_t>(rows), O));
   TUTTI_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
   const std::size_t ws_bytes = kLtWorkspaceBytes;
   TUTTI_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
@@ -160,8 +165,7 @@ bool linear_forward_lt(const Tensor& x, const Tensor& w, const Tensor& bias, con
   const cublasLtHandle_t lt = cublaslt_handle(device);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const float alpha = 1.0f, beta = 0.0f;
   const cudaStream_t s = native(stream);
@@ -209,7 +213,8 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     return;
   }
   // dx[rows, I] = dy[rows, O] · w[O, I]
-  if (dx.defined()) gemm(false, false, rows, I, O, 1.0f, dy.data(), w.data(), t, 0.0f, dx.data(), t, dx, device, stream);
+  if (dx.defined())
+    gemm(false, false, rows, I, O, 1.0f, dy.data(), w.data(), t, 0.0f, dx.data(), t, dx, device, stream);
   // dw[O, I] (+)= dy^T · x
   gemm(true, false, O, I, rows, 1.0f, dy.data(), x.data(), t, accumulate_params ? 1.0f : 0.0f, dw.data(), dw.dtype(),
        dw, device, stream);

@@ -151,7 +151,7 @@ void sgd_update(const Tensor& w, const Tensor& grad, const Tensor& momentum_buf,
   const cudaStream_t s = native(stream);
   const int64_t n = w.numel();
   const bool use_momentum = params.momentum != 0.0f;
-  const SgdArgs args{params.lr, params.momentum, params.weight_decay, params.grad_scale,
+  const SgdArgs args{params.lr,    params.momentum, params.weight_decay, params.grad_scale,
                      use_momentum, params.nesterov, first_step};
   float* buf = use_momentum ? momentum_buf.data_as<float>() : nullptr;
   void* half = weights_half.defined() ? weights_half.data() : nullptr;

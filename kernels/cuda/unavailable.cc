@@ -49,8 +49,8 @@ void softmax_cross_entropy(const Tensor&, const Tensor&, const Tensor&, const Te
 void count_correct(const Tensor&, const Tensor&, const Tensor&, bool, std::int64_t, const Stream&) {
   no_cuda_ka("count_correct");
 }
-void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, const Tensor&,
-                       const Tensor&, const Stream&) {
+void layernorm_forward(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, const Tensor&,
+                       const Stream&) {
   no_cuda_ka("layernorm_forward");
 }
 void layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

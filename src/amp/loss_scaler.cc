@@ -15,10 +15,9 @@ LossScaler::LossScaler(LossScalerOptions options)
                   "LossScaler: backoff_factor must be in (0, 1], got ", options.backoff_factor);
   TUTTI_CHECK_ARG(options.growth_interval >= 1, "LossScaler: growth_interval must be >= 1, got ",
                   options.growth_interval);
-  TUTTI_CHECK_ARG(options.min_scale > 0 &&
-                      (options.mode != ScalerMode::dynamic || options.min_scale <= options.init_scale),
-                  "LossScaler: min_scale must be in (0, init_scale = ", options.init_scale, "], got ",
-                  options.min_scale);
+  TUTTI_CHECK_ARG(
+      options.min_scale > 0 && (options.mode != ScalerMode::dynamic || options.min_scale <= options.init_scale),
+      "LossScaler: min_scale must be in (0, init_scale = ", options.init_scale, "], got ", options.min_scale);
 }
 
 const Tensor& LossScaler::unscale_and_check(const std::vector<Tensor>& grads, const Stream& stream, float divisor) {
@@ -61,8 +60,10 @@ bool LossScaler::update(bool found_inf) {
       TUTTI_THROW(Error, "LossScaler: the run diverged: ", streak_ + 1,
                   " step(s) in a row had inf/nan gradients, the last (step ", steps_ + 1,
                   ", counting every update) at loss scale ", scale_, " after the scale fell from ", start,
-                  " while the others were skipped (", skipped_, " skipped in all before it); backing off again would "
-                  "take the scale to ", next, ", below its floor min_scale = ", options_.min_scale,
+                  " while the others were skipped (", skipped_,
+                  " skipped in all before it); backing off again would "
+                  "take the scale to ",
+                  next, ", below its floor min_scale = ", options_.min_scale,
                   ". Gradients that overflow at that scale come from the model, the data or the learning rate, not "
                   "from fp16's range: lower the learning rate, check the inputs and labels, or resume from an "
                   "earlier checkpoint");

@@ -11,8 +11,7 @@ LossScalerOptions Policy::default_scaler() const {
 }
 
 void apply(const Policy& policy, nn::Module& model) {
-  TUTTI_CHECK_ARG(policy.master == DType::f32, "amp::apply: master weights must be f32, got ",
-                  name_of(policy.master));
+  TUTTI_CHECK_ARG(policy.master == DType::f32, "amp::apply: master weights must be f32, got ", name_of(policy.master));
   model.set_precision(policy.compute, policy.grad);
   model.set_grad_comm_dtype(policy.comm);
 }

@@ -43,10 +43,14 @@ namespace {
 
 std::string bytes_str(double bytes) {
   char buf[32];
-  if (bytes < 1024) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  else if (bytes < 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
-  else if (bytes < 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  if (bytes < 1024)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else if (bytes < 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
+  else if (bytes < 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
   return buf;
 }
 
@@ -69,8 +73,8 @@ std::optional<double> env_double(const char* name) {
   errno = 0;
   char* end = nullptr;
   const double x = std::strtod(v, &end);
-  TUTTI_CHECK_ARG(errno == 0 && end != v && *end == '\0' && x > 0,
-                  "environment variable ", name, "='", v, "' is not a positive number of seconds");
+  TUTTI_CHECK_ARG(errno == 0 && end != v && *end == '\0' && x > 0, "environment variable ", name, "='", v,
+                  "' is not a positive number of seconds");
   return x;
 }
 
@@ -139,12 +143,14 @@ std::string collective_name(const CollectiveInfo& info) {
 }
 }  // namespace
 
-void trace_collective(const CollectiveInfo& info, std::string_view backend, std::int64_t start_ns, std::int64_t end_ns) {
+void trace_collective(const CollectiveInfo& info, std::string_view backend, std::int64_t start_ns,
+                      std::int64_t end_ns) {
   std::string args = collective_args(info, backend);
   if (start_ns > 0 && info.issued_ns > 0) {
     args += ",\"issued_to_start_us\":" + std::to_string((start_ns - info.issued_ns) / 1000);
   }
-  trace::record(collective_name(info), "comm", trace::Lane::comm, start_ns > 0 ? start_ns : info.issued_ns, end_ns, std::move(args),
+  trace::record(collective_name(info), "comm", trace::Lane::comm, start_ns > 0 ? start_ns : info.issued_ns, end_ns,
+                std::move(args),
                 /*force=*/true);
 }
 
@@ -248,8 +254,12 @@ struct Fingerprint {
 };
 
 Fingerprint fingerprint_of(const CollectiveInfo& info) {
-  return Fingerprint{info.seq, info.count, static_cast<std::int32_t>(info.kind), static_cast<std::int32_t>(info.op),
-                     static_cast<std::int32_t>(info.dtype), info.root};
+  return Fingerprint{info.seq,
+                     info.count,
+                     static_cast<std::int32_t>(info.kind),
+                     static_cast<std::int32_t>(info.op),
+                     static_cast<std::int32_t>(info.dtype),
+                     info.root};
 }
 
 bool same(const Fingerprint& a, const Fingerprint& b) {
@@ -304,11 +314,12 @@ bool all_same(const Values& reduced) {
 [[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all) {
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (!same(all[r], all[0])) {
-      TUTTI_THROW(InvalidArgument, "collective mismatch: rank 0 issued ", describe(all[0]), " but rank ", r,
-                  " issued ", describe(all[r]), "; every rank must issue the same collectives in the same order");
+      TUTTI_THROW(InvalidArgument, "collective mismatch: rank 0 issued ", describe(all[0]), " but rank ", r, " issued ",
+                  describe(all[r]), "; every rank must issue the same collectives in the same order");
     }
   }
-  TUTTI_THROW(InvalidArgument, "collective mismatch: the ranks' fingerprints differ, but no two of them do (a rank "
+  TUTTI_THROW(InvalidArgument,
+              "collective mismatch: the ranks' fingerprints differ, but no two of them do (a rank "
               "changed its mind?)");
 }
 }  // namespace
@@ -357,14 +368,15 @@ bool agree_polled(MPI_Comm comm, const CollectiveInfo& info, double timeout_s) {
   ex->reduced.resize(ex->sent.size());
   ex->all.resize(static_cast<std::size_t>(size));
   MPI_Request request = MPI_REQUEST_NULL;
-  TUTTI_MPI_CHECK(MPI_Iallreduce(ex->sent.data(), ex->reduced.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
+  TUTTI_MPI_CHECK(
+      MPI_Iallreduce(ex->sent.data(), ex->reduced.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
   if (!poll_request(request, timeout_s, start)) {
     (void)ex.release();
     return false;
   }
   if (all_same(ex->reduced)) return true;
-  TUTTI_MPI_CHECK(MPI_Iallgather(&ex->mine, sizeof(Fingerprint), MPI_BYTE, ex->all.data(), sizeof(Fingerprint), MPI_BYTE,
-                                 comm, &request));
+  TUTTI_MPI_CHECK(MPI_Iallgather(&ex->mine, sizeof(Fingerprint), MPI_BYTE, ex->all.data(), sizeof(Fingerprint),
+                                 MPI_BYTE, comm, &request));
   if (!poll_request(request, timeout_s, start)) {
     (void)ex.release();
     return false;
@@ -423,8 +435,8 @@ Communicator::Collective Communicator::make_collective(CollectiveInfo info, Tens
     if (input.defined()) {
       TUTTI_CHECK_ARG(input.dtype() == output.dtype(), name_of(info.kind), ": input is ", input.str(),
                       " but output is ", output.str(), " (dtypes must match)");
-      TUTTI_CHECK_ARG(input.device() == output.device(), name_of(info.kind), ": input is on ",
-                      input.device().str(), " but output on ", output.device().str());
+      TUTTI_CHECK_ARG(input.device() == output.device(), name_of(info.kind), ": input is on ", input.device().str(),
+                      " but output on ", output.device().str());
     }
     if (info.kind == CollectiveKind::allreduce || info.kind == CollectiveKind::reduce_scatter) {
       TUTTI_CHECK_ARG(info.op != ReduceOp::avg || is_floating(any.dtype()), name_of(info.kind),

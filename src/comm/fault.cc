@@ -33,8 +33,8 @@ std::vector<Fault> parse(const char* spec) {
     if (one.empty()) continue;
     const auto colon = one.find(':');
     const auto at = one.find('@');
-    TUTTI_CHECK_ARG(colon != std::string::npos && at != std::string::npos && colon < at,
-                    "TUTTI_FAULT='", one, "' is not <rank>:<throw|stall|exit>@<start|ready|collective=N>");
+    TUTTI_CHECK_ARG(colon != std::string::npos && at != std::string::npos && colon < at, "TUTTI_FAULT='", one,
+                    "' is not <rank>:<throw|stall|exit>@<start|ready|collective=N>");
     Fault f;
     f.text = one;
     f.rank = std::atoi(one.substr(0, colon).c_str());

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -119,17 +119,22 @@ std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
     const char* env = std::getenv("TUTTI_MPI_ALLREDUCE");
     wanted = env != nullptr && *env != '\0' ? env : "default";
   }
-  static const std::pair<const char*, const char*> tuned[] = {
-      {"reduce_bcast", "2"}, {"recursive_doubling", "3"}, {"ring", "4"}, {"segmented_ring", "5"}, {"rabenseifner", "6"}};
+  static const std::pair<const char*, const char*> tuned[] = {{"reduce_bcast", "2"},
+                                                              {"recursive_doubling", "3"},
+                                                              {"ring", "4"},
+                                                              {"segmented_ring", "5"},
+                                                              {"rabenseifner", "6"}};
   const char* number = nullptr;
   for (const auto& [name, n] : tuned) {
     if (wanted == name) number = n;
   }
   TUTTI_CHECK_ARG(number != nullptr || wanted == "default" || wanted == "han",
                   "JobOptions::mpi_allreduce (or TUTTI_MPI_ALLREDUCE) must be default, ring, segmented_ring, "
-                  "recursive_doubling, rabenseifner, reduce_bcast or han, got '", wanted, "'");
+                  "recursive_doubling, rabenseifner, reduce_bcast or han, got '",
+                  wanted, "'");
   if (wanted == "default") return wanted;
-  TUTTI_CHECK_ARG(will_init_mpi, "JobOptions::mpi_allreduce = '", wanted, "' needs the Job to initialize MPI (the "
+  TUTTI_CHECK_ARG(will_init_mpi, "JobOptions::mpi_allreduce = '", wanted,
+                  "' needs the Job to initialize MPI (the "
                   "program did: set Open MPI's coll_tuned/coll_han MCA variables before MPI_Init instead)");
   if (number != nullptr) {
     setenv("OMPI_MCA_coll_tuned_use_dynamic_rules", "1", /*overwrite=*/0);
@@ -146,8 +151,8 @@ std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
 
 struct Job::Impl {
   bool initialized_mpi = false;
-  int uncaught_at_start = 0;       // std::uncaught_exceptions() when the Job was made
-  double timeout_s = 300;          // the deadline of start-up, check_same, summary, finalize
+  int uncaught_at_start = 0;  // std::uncaught_exceptions() when the Job was made
+  double timeout_s = 300;     // the deadline of start-up, check_same, summary, finalize
   std::unique_ptr<detail::Watchdog> watchdog;
   std::shared_ptr<detail::ProgressBoard> board;
   int next_board_comm = 0;
@@ -223,13 +228,14 @@ struct Job::Impl {
         // after the deadline instead of hanging it. After a stop signal the launcher may be
         // taking the job down (mpirun and Slurm answer SIGTERM so) and then never completes
         // MPI_Finalize: the program has stopped cleanly, so leave after a few seconds.
-        auto region = stop_signal_received.load() == 0
-                          ? watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
-                                             detail::Phase::finalizing)
-                          : watchdog->quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
-                                                   "MPI_Finalize did not return within 3 s of a clean stop (the "
-                                                   "launcher that sent the signal is ending the job); leaving without it.",
-                                                   0);
+        auto region =
+            stop_signal_received.load() == 0
+                ? watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
+                                   detail::Phase::finalizing)
+                : watchdog->quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
+                                         "MPI_Finalize did not return within 3 s of a clean stop (the "
+                                         "launcher that sent the signal is ending the job); leaving without it.",
+                                         0);
         MPI_Finalize();
         if (board) board->set_phase(detail::Phase::finished);
       }
@@ -296,9 +302,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   j.watchdog->mpi_ready();
   if (j.board) j.board->set_phase(detail::Phase::bootstrap);
   startup.set_what("the job's start-up (making its communicators)");
-  TUTTI_CHECK(provided >= MPI_THREAD_MULTIPLE, "tutti needs MPI_THREAD_MULTIPLE (its communication threads call MPI "
-              "while other threads may), but MPI provides thread level ", provided,
-              j.initialized_mpi ? " (this MPI library lacks it)" : " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
+  TUTTI_CHECK(provided >= MPI_THREAD_MULTIPLE,
+              "tutti needs MPI_THREAD_MULTIPLE (its communication threads call MPI "
+              "while other threads may), but MPI provides thread level ",
+              provided,
+              j.initialized_mpi ? " (this MPI library lacks it)"
+                                : " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
 
   TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &j.world));
   TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(j.world, MPI_ERRORS_RETURN));
@@ -341,15 +350,17 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   // NCCL wants one GPU per rank: two ranks of a node on one GPU use mpi instead.
   std::vector<std::string> devices = j.local_boot->allgather(j.device.str());
-  const bool gpu_to_itself = j.device.is_cuda() &&
-                             std::set<std::string>(devices.begin(), devices.end()).size() == devices.size();
+  const bool gpu_to_itself =
+      j.device.is_cuda() && std::set<std::string>(devices.begin(), devices.end()).size() == devices.size();
   const bool nccl_everywhere = all_ranks(*j.boot, gpu_to_itself && detail::built_with_nccl());
   bool use_nccl = false;
   agreed(*j.boot, "choosing the backend", [&] {
     if (options.backend == "nccl") {
       TUTTI_CHECK_ARG(detail::built_with_nccl(), "JobOptions::backend is 'nccl' but tutti was built without NCCL");
-      TUTTI_CHECK_ARG(nccl_everywhere, "JobOptions::backend is 'nccl' but not every rank has a GPU of its own (this "
-                      "rank: ", j.device.str(), ", ", j.local_size, " rank(s) on host ", j.hostname, ")");
+      TUTTI_CHECK_ARG(nccl_everywhere,
+                      "JobOptions::backend is 'nccl' but not every rank has a GPU of its own (this "
+                      "rank: ",
+                      j.device.str(), ", ", j.local_size, " rank(s) on host ", j.hostname, ")");
     }
     use_nccl = options.backend == "nccl" || (options.backend == "auto" && nccl_everywhere);
   });
@@ -433,8 +444,8 @@ std::string Job::summary() const {
                     std::to_string(j.node_count) + " host(s), backend " + std::string(j.comm->backend()) +
                     (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
   const kernels::CpuBlasInfo blas = kernels::cpu_blas_info();
-  out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() +
-         ", driver " + cuda_driver_version() + "; OpenBLAS " + blas.core + " kernels on " + blas.cpu_isa + "\n";
+  out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() + ", driver " +
+         cuda_driver_version() + "; OpenBLAS " + blas.core + " kernels on " + blas.cpu_isa + "\n";
   if (!blas.suggested.empty()) out += "  warning: " + blas.warning() + "\n";
   for (const auto& l : lines) out += l;
   return out;
@@ -444,14 +455,15 @@ void Job::check_same(std::string_view what, std::string_view value) {
   Impl& j = *impl_;
   std::vector<std::string> all;
   {
-    auto region = j.watchdog->region("Job::check_same(\"" + std::string(what) + "\") (every rank waits there for all the others)",
-                                     j.timeout_s);
+    auto region = j.watchdog->region(
+        "Job::check_same(\"" + std::string(what) + "\") (every rank waits there for all the others)", j.timeout_s);
     all = j.boot->allgather(value);
   }
   // Distinct values in the order of the first rank that has each.
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[static_cast<std::size_t>(r)]; });
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == all[static_cast<std::size_t>(r)]; });
     if (it == groups.end()) {
       groups.push_back({all[static_cast<std::size_t>(r)], {r}});
     } else {

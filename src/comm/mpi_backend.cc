@@ -27,9 +27,9 @@
 //   stream has produced the input, the CPU path, host -> device), on the thread's own stream.
 #include <algorithm>
 #include <climits>
-#include <ctime>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <limits>
 #include <thread>
@@ -124,8 +124,7 @@ bool overlap(const Tensor& a, const Tensor& b) {
 // A queued collective is its own Work state (one allocation per collective).
 struct Op final : HostWork {
   // The info moves to the Work state (the label with it; c.info keeps the rest).
-  explicit Op(Communicator::Collective&& collective)
-      : HostWork(std::move(collective.info)), c(std::move(collective)) {}
+  explicit Op(Communicator::Collective&& collective) : HostWork(std::move(collective.info)), c(std::move(collective)) {}
   Communicator::Collective c;
   std::shared_ptr<Event> input_ready;  // GPU tensors: recorded on the caller's stream
   HostWork* work = this;
@@ -149,7 +148,7 @@ struct Engine final : WorkRunner, Watched {
   std::condition_variable queue_cv;
   std::deque<std::shared_ptr<Op>> queue;
   std::atomic<std::size_t> queued{0};
-  std::uint64_t issued_total = 0;  // under queue_mutex
+  std::uint64_t issued_total = 0;     // under queue_mutex
   std::atomic<bool> sleeping{false};  // in an untimed wait: an issuer must wake it
   bool stopping = false;
   bool abandoned = false;  // the Job left by an exception: run nothing more

@@ -16,8 +16,8 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <optional>
@@ -266,7 +266,8 @@ class NcclBackend final : public Backend {
     gpu::set_device(device.index);
     ncclUniqueId id{};
     if (rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
-    const std::string id_bytes = bootstrap.broadcast(std::string_view(reinterpret_cast<const char*>(&id), sizeof id), 0);
+    const std::string id_bytes =
+        bootstrap.broadcast(std::string_view(reinterpret_cast<const char*>(&id), sizeof id), 0);
     TUTTI_CHECK(id_bytes.size() == sizeof id, "the NCCL unique id arrived with ", id_bytes.size(), " bytes");
     std::memcpy(&id, id_bytes.data(), sizeof id);
     {

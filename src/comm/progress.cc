@@ -60,7 +60,7 @@ const char* env(const char* name) {
 }
 
 bool is_dir(const char* path) {
-  struct stat st{};
+  struct stat st {};
   return path != nullptr && ::stat(path, &st) == 0 && S_ISDIR(st.st_mode) && ::access(path, W_OK | X_OK) == 0;
 }
 
@@ -178,8 +178,9 @@ std::unique_ptr<ProgressBoard> ProgressBoard::open_file(const std::string& path,
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return nullptr;
   // Every rank of the host sets the same size; a file of another size is of another job.
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || (static_cast<std::size_t>(st.st_size) != bytes && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 ||
+      (static_cast<std::size_t>(st.st_size) != bytes && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
     ::close(fd);
     return nullptr;
   }
@@ -196,7 +197,8 @@ std::unique_ptr<ProgressBoard> ProgressBoard::open_file(const std::string& path,
 std::unique_ptr<ProgressBoard> ProgressBoard::open_from_launcher() {
   int rank = -1, size = 0;
   std::string path;
-  if (const char* r = env("OMPI_COMM_WORLD_RANK"), *n = env("OMPI_COMM_WORLD_SIZE"), *job = env("OMPI_MCA_ess_base_jobid");
+  if (const char* r = env("OMPI_COMM_WORLD_RANK"), *n = env("OMPI_COMM_WORLD_SIZE"),
+      *job = env("OMPI_MCA_ess_base_jobid");
       r && n && job) {
     // Open MPI's mpirun: the job family's session directory, which mpirun removes at the end.
     const char* session = env("OMPI_MCA_orte_jobfam_session_dir");
@@ -252,7 +254,8 @@ void ProgressBoard::unlink_file() {
 
 ProgressBoard::Slot* ProgressBoard::slot(int rank) const {
   if (rank < 0 || rank >= size_) return nullptr;
-  return reinterpret_cast<Slot*>(static_cast<char*>(map_) + sizeof(Header) + static_cast<std::size_t>(rank) * sizeof(Slot));
+  return reinterpret_cast<Slot*>(static_cast<char*>(map_) + sizeof(Header) +
+                                 static_cast<std::size_t>(rank) * sizeof(Slot));
 }
 
 void ProgressBoard::set_phase(Phase phase) {

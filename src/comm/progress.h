@@ -33,19 +33,19 @@ namespace tutti::detail {
 
 // Where a rank is in the life of its Job.
 enum class Phase : std::uint32_t {
-  absent = 0,   // no sign of the rank (its slot was never written)
-  starting,     // in the Job's constructor, before MPI_Init
-  mpi_init,     // inside MPI_Init
-  bootstrap,    // MPI is up; making the communicators
-  running,      // the Job is made
-  leaving,      // an exception is unwinding through its Job, or it is ending the job
-  finalizing,   // in MPI_Finalize (the Job is being destroyed normally)
-  finished,     // past MPI_Finalize
+  absent = 0,  // no sign of the rank (its slot was never written)
+  starting,    // in the Job's constructor, before MPI_Init
+  mpi_init,    // inside MPI_Init
+  bootstrap,   // MPI is up; making the communicators
+  running,     // the Job is made
+  leaving,     // an exception is unwinding through its Job, or it is ending the job
+  finalizing,  // in MPI_Finalize (the Job is being destroyed normally)
+  finished,    // past MPI_Finalize
 };
 const char* name_of(Phase phase);
 
-inline constexpr int kBoardComms = 8;      // communicators tracked per rank (the rest go unrecorded)
-inline constexpr int kBoardLabel = 40;     // bytes of a collective's label kept
+inline constexpr int kBoardComms = 8;   // communicators tracked per rank (the rest go unrecorded)
+inline constexpr int kBoardLabel = 40;  // bytes of a collective's label kept
 
 // One communicator's progress on one rank (plain copy for readers and messages).
 struct CommSnapshot {
@@ -64,12 +64,12 @@ struct RankSnapshot {
   std::int32_t rank = -1;
   std::uint32_t pid = 0;
   Phase phase = Phase::absent;
-  std::int64_t phase_ns = 0;    // CLOCK_MONOTONIC of the phase's start (host-local)
-  double phase_age_s = 0;       // filled by whoever took the snapshot (ages travel between hosts)
+  std::int64_t phase_ns = 0;  // CLOCK_MONOTONIC of the phase's start (host-local)
+  double phase_age_s = 0;     // filled by whoever took the snapshot (ages travel between hosts)
   double started_age_s[kBoardComms] = {};
-  bool stopped = false;         // the process is stopped (SIGSTOP/SIGTSTP), seen in /proc
-  bool gone = false;            // the slot names a process that no longer exists
-  bool remote = false;          // came from another host through the control channel
+  bool stopped = false;  // the process is stopped (SIGSTOP/SIGTSTP), seen in /proc
+  bool gone = false;     // the slot names a process that no longer exists
+  bool remote = false;   // came from another host through the control channel
   CommSnapshot comm[kBoardComms];
 };
 

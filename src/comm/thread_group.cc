@@ -40,13 +40,12 @@ class ThreadWork final : public Work::State {
   void wait() override {
     if (on_wait) on_wait();
     std::unique_lock lock(mutex_);
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(timeout_s_));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
     if (!cv_.wait_until(lock, deadline, [&] { return done_ || error_ != nullptr; })) {
       error_ = std::make_exception_ptr(TimeoutError(
-          "TIMEOUT: collective " + info().str() + " did not complete within " + std::to_string(timeout_s_) +
-              " s (" + (missing_.empty() ? std::string("every rank issued it") : "not issued by rank(s) " + missing_) +
-              ")",
+          "TIMEOUT: collective " + info().str() + " did not complete within " + std::to_string(timeout_s_) + " s (" +
+              (missing_.empty() ? std::string("every rank issued it") : "not issued by rank(s) " + missing_) + ")",
           "thread_group.cc", error_rank()));
     }
     if (error_) std::rethrow_exception(error_);
@@ -164,8 +163,8 @@ struct ThreadGroup::Impl {
     std::uint64_t seq;
     std::shared_ptr<ThreadWork> work;
     Tensor output;
-    std::vector<char> result;  // what the output receives (empty: nothing)
-    std::exception_ptr error;  // fails instead
+    std::vector<char> result;     // what the output receives (empty: nothing)
+    std::exception_ptr error;     // fails instead
     std::uint64_t waits_for = 0;  // reorder: completes after this rank's Work of that seq
   };
 
@@ -177,8 +176,8 @@ struct ThreadGroup::Impl {
   std::map<std::uint64_t, Pending> pending;
   std::vector<CollectiveFault> faults;
   std::deque<Completion> scheduled;
-  std::set<std::pair<int, std::uint64_t>> waited;  // (rank, seq) a thread waits for before it was scheduled
-  std::vector<std::uint64_t> completed_up_to;  // per rank: every Work with seq <= this is complete
+  std::set<std::pair<int, std::uint64_t>> waited;           // (rank, seq) a thread waits for before it was scheduled
+  std::vector<std::uint64_t> completed_up_to;               // per rank: every Work with seq <= this is complete
   std::vector<std::vector<std::uint64_t>> completed_above;  // per rank: completed seqs beyond that
   bool stopping = false;
   std::thread helper;
@@ -372,11 +371,13 @@ struct ThreadGroup::Impl {
     e.values[static_cast<std::size_t>(rank)] = std::string(mine);
     ++e.deposited;
     cv.notify_all();
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(timeout_s));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     if (!cv.wait_until(lock, deadline, [&] { return exchanges[k].deposited == size; })) {
-      TUTTI_THROW(TimeoutError, "TIMEOUT: bootstrap exchange #", k + 1, " of the thread group: not every rank came "
-                  "within ", timeout_s, " s");
+      TUTTI_THROW(TimeoutError, "TIMEOUT: bootstrap exchange #", k + 1,
+                  " of the thread group: not every rank came "
+                  "within ",
+                  timeout_s, " s");
     }
     Exchange& done = exchanges[k];
     std::vector<std::string> out = done.values;

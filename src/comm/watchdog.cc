@@ -18,12 +18,12 @@ using Clock = std::chrono::steady_clock;
 std::atomic<Watchdog*> the_watchdog{nullptr};
 
 // Tags on the control channel (a communicator of its own: no clash with anything else).
-constexpr int kTagNotice = 1;        // i32 kind, then the text
-constexpr int kTagAck = 2;           // i32: 1 leaving too, 0 not
-constexpr int kTagStatusRequest = 3; // i32 0
-constexpr int kTagStatusReply = 4;   // RankSnapshot[k]
-constexpr int kNoticeEnding = 1;     // the sender is ending the job (MPI_Abort follows)
-constexpr int kNoticeLeaving = 2;    // an exception is unwinding through the sender's Job
+constexpr int kTagNotice = 1;         // i32 kind, then the text
+constexpr int kTagAck = 2;            // i32: 1 leaving too, 0 not
+constexpr int kTagStatusRequest = 3;  // i32 0
+constexpr int kTagStatusReply = 4;    // RankSnapshot[k]
+constexpr int kNoticeEnding = 1;      // the sender is ending the job (MPI_Abort follows)
+constexpr int kNoticeLeaving = 2;     // an exception is unwinding through the sender's Job
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -86,7 +86,8 @@ void Watchdog::set_board(std::shared_ptr<ProgressBoard> board) {
 void Watchdog::set_hosts(std::vector<std::string> hosts) {
   std::lock_guard lock(mutex_);
   // On one host the names add nothing to a report: keep none.
-  const bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts.front(); });
+  const bool one_host =
+      std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts.front(); });
   hosts_ = one_host ? std::vector<std::string>{} : std::move(hosts);
 }
 
@@ -284,7 +285,8 @@ void Watchdog::drain() {
       case kTagNotice: {
         Notice n{from, head, std::string(buf.begin() + static_cast<long>(std::min(buf.size(), sizeof head)), buf.end()),
                  Clock::now()};
-        if (static_cast<std::size_t>(from) < answered_.size()) answered_[static_cast<std::size_t>(from)] = head == kNoticeLeaving ? 1 : 0;
+        if (static_cast<std::size_t>(from) < answered_.size())
+          answered_[static_cast<std::size_t>(from)] = head == kNoticeLeaving ? 1 : 0;
         notices_.push_back(std::move(n));
         break;
       }
@@ -306,8 +308,7 @@ void Watchdog::drain() {
         status_replies_.push_back(std::move(theirs));
         break;
       }
-      default:
-        break;
+      default: break;
     }
   }
   for (auto it = outgoing_.begin(); it != outgoing_.end();) {
@@ -460,7 +461,8 @@ std::vector<RankSnapshot> Watchdog::gather_progress() {
     answer_notices();
     for (const auto& reply : status_replies_) {
       for (const auto& s : reply) {
-        if (s.rank >= 0 && s.rank < n && all[static_cast<std::size_t>(s.rank)].rank < 0) all[static_cast<std::size_t>(s.rank)] = s;
+        if (s.rank >= 0 && s.rank < n && all[static_cast<std::size_t>(s.rank)].rank < 0)
+          all[static_cast<std::size_t>(s.rank)] = s;
       }
     }
     status_replies_.clear();
@@ -500,7 +502,8 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
           line += "not there: no collective started on this communicator yet";
         } else {
           line += "not there: last in " + c.describe();
-          line += c.completed >= c.started ? " (completed)" : " (still in it, for " + seconds(s.started_age_s[board_comm]) + ")";
+          line += c.completed >= c.started ? " (completed)"
+                                           : " (still in it, for " + seconds(s.started_age_s[board_comm]) + ")";
         }
         if (c.issued > c.started) line += "; issued up to #" + std::to_string(c.issued);
       }
@@ -535,7 +538,8 @@ std::string Watchdog::silent_hosts(const std::vector<RankSnapshot>& all) {
   for (std::size_t h = 0; h < hosts.size(); ++h) {
     if (answered[h]) continue;
     out += " Host " + hosts[h].first + " (rank" + (hosts[h].second.size() > 1 ? "s" : "");
-    for (std::size_t k = 0; k < hosts[h].second.size(); ++k) out += (k ? ", " : " ") + std::to_string(hosts[h].second[k]);
+    for (std::size_t k = 0; k < hosts[h].second.size(); ++k)
+      out += (k ? ", " : " ") + std::to_string(hosts[h].second[k]);
     out += ") did not answer within " + seconds(kStatusWait) +
            ": it is unreachable (down, or its network is), or every rank there is stuck.";
   }
@@ -546,8 +550,8 @@ std::string timeout_headline(std::string_view backend, const CollectiveInfo& inf
                              std::size_t queued_behind, bool debug, const std::vector<int>& not_there) {
   char times[96];
   std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
-  std::string s = "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) +
-                  " did not complete " + times;
+  std::string s =
+      "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) + " did not complete " + times;
   if (queued_behind > 0) s += "; " + std::to_string(queued_behind) + " more collective(s) queued behind it";
   s += ".";
   if (!not_there.empty()) {

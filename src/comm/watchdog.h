@@ -76,11 +76,11 @@ class Watched {
 class Watchdog {
  public:
   static constexpr auto kTick = std::chrono::milliseconds(20);
-  static constexpr double kAckWait = 1.0;        // s an ending rank waits for the others' "printed"
-  static constexpr double kLeaveGrace = 0.2;     // s a told rank waits to see whether it is leaving too
-  static constexpr double kPeerKillWait = 3.0;   // s a told rank waits to be ended before it ends the job
-  static constexpr double kDeferReport = 1.0;    // s a rank lets a lower waiting rank report a timeout
-  static constexpr double kStatusWait = 1.0;     // s a report waits for other hosts' progress
+  static constexpr double kAckWait = 1.0;       // s an ending rank waits for the others' "printed"
+  static constexpr double kLeaveGrace = 0.2;    // s a told rank waits to see whether it is leaving too
+  static constexpr double kPeerKillWait = 3.0;  // s a told rank waits to be ended before it ends the job
+  static constexpr double kDeferReport = 1.0;   // s a rank lets a lower waiting rank report a timeout
+  static constexpr double kStatusWait = 1.0;    // s a report waits for other hosts' progress
 
   Watchdog();
   ~Watchdog();
@@ -144,8 +144,8 @@ class Watchdog {
   // expected to report: then returns nullopt, to be called again on a later tick). Otherwise
   // returns the report, for the backend to fail its Works with.
   std::optional<std::string> collective_missed(std::string_view backend, const CollectiveInfo& info, int board_comm,
-                                               double timeout_s, double waited_s, std::size_t queued_behind,
-                                               bool debug, bool abort_job);
+                                               double timeout_s, double waited_s, std::size_t queued_behind, bool debug,
+                                               bool abort_job);
   // Ends the whole job now (see the top of this file). Any thread; a second caller waits for
   // the first to finish.
   [[noreturn]] void end_job(const std::string& message, int exit_code);

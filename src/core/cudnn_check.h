@@ -6,12 +6,12 @@
 
 #include "tutti/core/error.h"
 
-#define TUTTI_CUDNN_CHECK(call)                                                         \
-  do {                                                                                  \
-    const cudnnStatus_t tutti_st_ = (call);                                             \
-    if (tutti_st_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                 \
-      ::tutti::detail::throw_error<::tutti::BackendError>(                              \
-          __FILE__, __LINE__,                                                           \
-          ::tutti::detail::str(#call, " failed: ", cudnnGetErrorString(tutti_st_),      \
-                               " (status ", static_cast<int>(tutti_st_), ")"));         \
+#define TUTTI_CUDNN_CHECK(call)                                                                 \
+  do {                                                                                          \
+    const cudnnStatus_t tutti_st_ = (call);                                                     \
+    if (tutti_st_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                         \
+      ::tutti::detail::throw_error<::tutti::BackendError>(                                      \
+          __FILE__, __LINE__,                                                                   \
+          ::tutti::detail::str(#call, " failed: ", cudnnGetErrorString(tutti_st_), " (status ", \
+                               static_cast<int>(tutti_st_), ")"));                              \
   } while (0)

@@ -21,16 +21,15 @@ Device Device::parse(std::string_view text) {
               "' is not a device (expected cpu, cuda or cuda:N)");
 }
 
-std::string Device::str() const {
-  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
-}
+std::string Device::str() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
 
 void Device::require_available() const {
   if (is_cpu()) return;
   TUTTI_CHECK_ARG(gpu::built_with_cuda(), "device ", str(),
                   " requested, but libtutti was built without CUDA (TUTTI_WITH_CUDA=OFF)");
   const int n = gpu::device_count();
-  TUTTI_CHECK_ARG(n > 0, "device ", str(), " requested, but no GPU is visible to this process "
+  TUTTI_CHECK_ARG(n > 0, "device ", str(),
+                  " requested, but no GPU is visible to this process "
                   "(no GPU or no driver; CUDA_VISIBLE_DEVICES may hide them)");
   TUTTI_CHECK_ARG(index >= 0 && index < n, "device ", str(), " requested, but only ", n,
                   " GPU(s) are visible (cuda:0..cuda:", n - 1, ")");

@@ -39,9 +39,7 @@ DType parse_dtype(std::string_view name) {
               "' (expected f32, f16, bf16, i32 or i64)");
 }
 
-bool is_floating(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
-}
+bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
 
 static std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
 static float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
@@ -90,9 +88,7 @@ std::uint16_t float_to_bf16_bits(float value) {
   return static_cast<std::uint16_t>((x + 0x7fffu + odd) >> 16);
 }
 
-float bf16_bits_to_float(std::uint16_t bits) {
-  return float_of(static_cast<std::uint32_t>(bits) << 16);
-}
+float bf16_bits_to_float(std::uint16_t bits) { return float_of(static_cast<std::uint32_t>(bits) << 16); }
 
 Half::Half(float value) : bits(float_to_half_bits(value)) {}
 Half::operator float() const { return half_bits_to_float(bits); }

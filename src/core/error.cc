@@ -81,7 +81,8 @@ std::optional<std::string> recent_error(double max_age_s) {
   LastError& last = last_error();
   std::lock_guard lock(last.mutex);
   if (last.what.empty()) return std::nullopt;
-  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last.when).count() > max_age_s) return std::nullopt;
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last.when).count() > max_age_s)
+    return std::nullopt;
   return last.what;
 }
 

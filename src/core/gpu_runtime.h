@@ -14,8 +14,8 @@ int device_count();
 bool built_with_cuda();
 std::string runtime_version();
 std::string driver_version();
-std::string device_name(int device);   // "NVIDIA H200"
-int compute_capability(int device);    // 90 for sm_90
+std::string device_name(int device);  // "NVIDIA H200"
+int compute_capability(int device);   // 90 for sm_90
 int multiprocessor_count(int device);
 
 // Sets the calling thread's current device.

@@ -79,9 +79,9 @@ void* malloc_device(std::size_t nbytes, int device) {
   const cudaError_t err = cudaMalloc(&p, nbytes == 0 ? 1 : nbytes);
   if (previous != device) set_device(previous);
   if (err != cudaSuccess) {
-    detail::throw_cuda_error(err, ("cudaMalloc of " + std::to_string(nbytes) + " bytes on cuda:" +
-                                   std::to_string(device)).c_str(),
-                             __FILE__, __LINE__);
+    detail::throw_cuda_error(
+        err, ("cudaMalloc of " + std::to_string(nbytes) + " bytes on cuda:" + std::to_string(device)).c_str(), __FILE__,
+        __LINE__);
   }
   return p;
 }
@@ -112,8 +112,7 @@ void* stream_create(int device, bool high_priority) {
   int least = 0, greatest = 0;
   TUTTI_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t s = nullptr;
-  TUTTI_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
-                                                high_priority ? greatest : least));
+  TUTTI_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
   if (previous != device) set_device(previous);
   return s;
 }
@@ -139,9 +138,7 @@ void event_destroy(void* event) noexcept {
   if (event != nullptr) (void)cudaEventDestroy(as_event(event));
 }
 
-void event_record(void* event, void* stream) {
-  TUTTI_CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream)));
-}
+void event_record(void* event, void* stream) { TUTTI_CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream))); }
 
 void stream_wait_event(void* stream, void* event) {
   TUTTI_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));

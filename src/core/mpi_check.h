@@ -12,9 +12,9 @@ namespace tutti::detail {
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
 }  // namespace tutti::detail
 
-#define TUTTI_MPI_CHECK(call)                                                \
-  do {                                                                       \
-    const int tutti_rc_ = (call);                                            \
-    if (tutti_rc_ != MPI_SUCCESS) [[unlikely]]                               \
+#define TUTTI_MPI_CHECK(call)                                                 \
+  do {                                                                        \
+    const int tutti_rc_ = (call);                                             \
+    if (tutti_rc_ != MPI_SUCCESS) [[unlikely]]                                \
       ::tutti::detail::throw_mpi_error(tutti_rc_, #call, __FILE__, __LINE__); \
   } while (0)

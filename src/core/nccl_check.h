@@ -23,12 +23,12 @@ inline const char* nccl_result_name(ncclResult_t r) {
 }
 }  // namespace tutti::detail
 
-#define TUTTI_NCCL_CHECK(call)                                                              \
-  do {                                                                                      \
-    const ncclResult_t tutti_nr_ = (call);                                                  \
-    if (tutti_nr_ != ncclSuccess && tutti_nr_ != ncclInProgress) [[unlikely]]               \
-      ::tutti::detail::throw_error<::tutti::BackendError>(                                  \
-          __FILE__, __LINE__,                                                               \
-          ::tutti::detail::str(#call, " failed: ", ::tutti::detail::nccl_result_name(tutti_nr_), \
-                               ": ", ncclGetErrorString(tutti_nr_)));                       \
+#define TUTTI_NCCL_CHECK(call)                                                                         \
+  do {                                                                                                 \
+    const ncclResult_t tutti_nr_ = (call);                                                             \
+    if (tutti_nr_ != ncclSuccess && tutti_nr_ != ncclInProgress) [[unlikely]]                          \
+      ::tutti::detail::throw_error<::tutti::BackendError>(                                             \
+          __FILE__, __LINE__,                                                                          \
+          ::tutti::detail::str(#call, " failed: ", ::tutti::detail::nccl_result_name(tutti_nr_), ": ", \
+                               ncclGetErrorString(tutti_nr_)));                                        \
   } while (0)

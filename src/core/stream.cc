@@ -7,9 +7,7 @@
 
 namespace tutti {
 namespace {
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 Stream Stream::default_for(Device device) {
@@ -41,8 +39,8 @@ Event::Event(Device device, bool enable_timing) : device_(device) {
 }
 
 void Event::record(const Stream& stream) {
-  TUTTI_CHECK_ARG(stream.device() == device_, "Event::record: event on ", device_.str(),
-                  ", stream on ", stream.device().str());
+  TUTTI_CHECK_ARG(stream.device() == device_, "Event::record: event on ", device_.str(), ", stream on ",
+                  stream.device().str());
   if (device_.is_cuda()) {
     gpu::event_record(native(), stream.native());
   } else {

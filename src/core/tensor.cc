@@ -116,8 +116,8 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
 
 Tensor Tensor::from_floats(const std::vector<float>& values, Shape shape, DType dtype) {
   TUTTI_CHECK_ARG(is_floating(dtype), "Tensor::from_floats: dtype ", name_of(dtype), " is not floating");
-  TUTTI_ENFORCE_EQ(static_cast<std::int64_t>(values.size()), numel_of(shape),
-                   "Tensor::from_floats: values for shape ", shape_str(shape));
+  TUTTI_ENFORCE_EQ(static_cast<std::int64_t>(values.size()), numel_of(shape), "Tensor::from_floats: values for shape ",
+                   shape_str(shape));
   Tensor t = empty(std::move(shape), dtype);
   for (std::size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
@@ -131,10 +131,10 @@ Tensor Tensor::from_floats(const std::vector<float>& values, Shape shape, DType 
 }
 
 Tensor Tensor::from_ints(const std::vector<std::int64_t>& values, Shape shape, DType dtype) {
-  TUTTI_CHECK_ARG(dtype == DType::i32 || dtype == DType::i64, "Tensor::from_ints: dtype ",
-                  name_of(dtype), " is not an integer type");
-  TUTTI_ENFORCE_EQ(static_cast<std::int64_t>(values.size()), numel_of(shape),
-                   "Tensor::from_ints: values for shape ", shape_str(shape));
+  TUTTI_CHECK_ARG(dtype == DType::i32 || dtype == DType::i64, "Tensor::from_ints: dtype ", name_of(dtype),
+                  " is not an integer type");
+  TUTTI_ENFORCE_EQ(static_cast<std::int64_t>(values.size()), numel_of(shape), "Tensor::from_ints: values for shape ",
+                   shape_str(shape));
   Tensor t = empty(std::move(shape), dtype);
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (dtype == DType::i32) {
@@ -166,11 +166,10 @@ void* Tensor::data() const {
 Tensor Tensor::view(std::int64_t offset_elements, Shape shape) const {
   TUTTI_CHECK_ARG(defined(), "view: undefined tensor");
   const std::int64_t n = numel_of(shape);
-  TUTTI_CHECK_ARG(offset_elements >= 0 && offset_elements + n <= numel_,
-                  "view: elements [", offset_elements, ", ", offset_elements + n,
-                  ") reach past the end of ", str());
-  return Tensor(storage_, offset_bytes_ + static_cast<std::size_t>(offset_elements) * size_of(dtype_),
-                std::move(shape), dtype_);
+  TUTTI_CHECK_ARG(offset_elements >= 0 && offset_elements + n <= numel_, "view: elements [", offset_elements, ", ",
+                  offset_elements + n, ") reach past the end of ", str());
+  return Tensor(storage_, offset_bytes_ + static_cast<std::size_t>(offset_elements) * size_of(dtype_), std::move(shape),
+                dtype_);
 }
 
 Tensor Tensor::reshape(Shape shape) const {

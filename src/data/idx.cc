@@ -44,8 +44,7 @@ using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
 // Reads up to n bytes; returns how many it got (fewer only at the end of the data). Throws on
 // corrupt gzip data or an I/O error.
-std::size_t gz_read_fully(gzFile file, void* out, std::size_t n, const std::string& path,
-                          const std::string& hint) {
+std::size_t gz_read_fully(gzFile file, void* out, std::size_t n, const std::string& path, const std::string& hint) {
   std::size_t got = 0;
   auto* dst = static_cast<unsigned char*>(out);
   while (got < n) {
@@ -99,8 +98,8 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
   TUTTI_CHECK_ARG(!std::filesystem::is_directory(status), "IDX file '", path, "' is a directory", hint);
   GzFile file(gzopen(path.c_str(), "rb"));
   if (!file) {
-    TUTTI_THROW(InvalidArgument, "cannot open IDX file '", path, "': ",
-                errno ? std::strerror(errno) : "out of memory", hint);
+    TUTTI_THROW(InvalidArgument, "cannot open IDX file '", path, "': ", errno ? std::strerror(errno) : "out of memory",
+                hint);
   }
   gzbuffer(file.get(), 256 * 1024);
 
@@ -108,10 +107,11 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
   const std::size_t got_magic = gz_read_fully(file.get(), magic, 4, path, hint);
   TUTTI_CHECK_ARG(got_magic == 4, "IDX file '", path, "' is truncated: ", got_magic,
                   " bytes, shorter than the 4-byte magic number", hint);
-  TUTTI_CHECK_ARG(magic[0] == 0 && magic[1] == 0 && known_type(magic[2]) && magic[3] >= 1 && magic[3] <= 8,
-                  "'", path, "' is not an IDX file: magic number ",
+  TUTTI_CHECK_ARG(magic[0] == 0 && magic[1] == 0 && known_type(magic[2]) && magic[3] >= 1 && magic[3] <= 8, "'", path,
+                  "' is not an IDX file: magic number ",
                   hex(std::uint32_t{magic[0]} << 24 | std::uint32_t{magic[1]} << 16 | std::uint32_t{magic[2]} << 8 |
-                      std::uint32_t{magic[3]}, 8),
+                          std::uint32_t{magic[3]},
+                      8),
                   " (expected 0x0000TTKK: type TT in 08,09,0B,0C,0D,0E and 1..8 dimensions KK)", hint);
   IdxArray out;
   out.type = static_cast<IdxType>(magic[2]);
@@ -119,8 +119,8 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
 
   std::vector<unsigned char> raw_dims(4 * static_cast<std::size_t>(ndim));
   const std::size_t got_dims = gz_read_fully(file.get(), raw_dims.data(), raw_dims.size(), path, hint);
-  TUTTI_CHECK_ARG(got_dims == raw_dims.size(), "IDX file '", path, "' is truncated in its header: ",
-                  4 + got_dims, " of ", 4 + raw_dims.size(), " header bytes", hint);
+  TUTTI_CHECK_ARG(got_dims == raw_dims.size(), "IDX file '", path, "' is truncated in its header: ", 4 + got_dims,
+                  " of ", 4 + raw_dims.size(), " header bytes", hint);
   std::int64_t count = 1;
   constexpr std::int64_t kMaxBytes = std::int64_t{1} << 40;  // a corrupt header, not a data set
   for (int i = 0; i < ndim; ++i) {
@@ -129,13 +129,13 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
     out.dims.push_back(d);
     // Checked before multiplying, so that a damaged header cannot overflow the count.
     const std::int64_t max_count = kMaxBytes / static_cast<std::int64_t>(element_size(out.type));
-    TUTTI_CHECK_ARG(d == 0 || count <= max_count / d, "IDX file '", path,
-                    "' has an implausible header: dimensions ", dims_str(out.dims), "... exceed 1 TiB", hint);
+    TUTTI_CHECK_ARG(d == 0 || count <= max_count / d, "IDX file '", path, "' has an implausible header: dimensions ",
+                    dims_str(out.dims), "... exceed 1 TiB", hint);
     count *= d;
   }
   for (int i = 1; i < ndim; ++i) {
-    TUTTI_CHECK_ARG(out.dims[i] > 0, "IDX file '", path, "' has a zero-sized dimension ", i, " in ",
-                    dims_str(out.dims), hint);
+    TUTTI_CHECK_ARG(out.dims[i] > 0, "IDX file '", path, "' has a zero-sized dimension ", i, " in ", dims_str(out.dims),
+                    hint);
   }
 
   const std::size_t header_bytes = 4 + raw_dims.size();
@@ -180,9 +180,8 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
     TUTTI_THROW(BackendError, "out of host memory reading IDX file '", path, "': its header ", dims_str(out.dims),
                 " claims ", data_bytes, " bytes of data (", got, " read so far)", hint);
   }
-  TUTTI_CHECK_ARG(got == data_bytes, "IDX file '", path, "' is truncated: its header ", dims_str(out.dims),
-                  " needs ", header_bytes + data_bytes, " bytes (uncompressed), it has ", header_bytes + got,
-                  hint);
+  TUTTI_CHECK_ARG(got == data_bytes, "IDX file '", path, "' is truncated: its header ", dims_str(out.dims), " needs ",
+                  header_bytes + data_bytes, " bytes (uncompressed), it has ", header_bytes + got, hint);
   unsigned char extra = 0;
   const std::size_t more = gz_read_fully(file.get(), &extra, 1, path, hint);
   TUTTI_CHECK_ARG(more == 0, "IDX file '", path, "' has trailing bytes after the ", header_bytes + data_bytes,
@@ -240,10 +239,9 @@ Dataset load_split(const std::string& dir, const std::string& prefix, const Fash
   d.images = images_from(read_idx_impl(image_path, kFashionMnistHint), image_path, kFashionMnistHint);
   d.labels = labels_from(read_idx_impl(label_path, kFashionMnistHint), label_path, kFashionMnistHint);
   TUTTI_CHECK_ARG(d.images.ndim() == 3 && d.images.dim(1) == 28 && d.images.dim(2) == 28, "'", image_path,
-                  "' holds images of shape ", shape_str(d.images.shape()), ", not [N, 28, 28]",
-                  kFashionMnistHint);
-  TUTTI_CHECK_ARG(d.images.dim(0) == d.labels.dim(0), "'", image_path, "' has ", d.images.dim(0),
-                  " images but '", label_path, "' has ", d.labels.dim(0), " labels", kFashionMnistHint);
+                  "' holds images of shape ", shape_str(d.images.shape()), ", not [N, 28, 28]", kFashionMnistHint);
+  TUTTI_CHECK_ARG(d.images.dim(0) == d.labels.dim(0), "'", image_path, "' has ", d.images.dim(0), " images but '",
+                  label_path, "' has ", d.labels.dim(0), " labels", kFashionMnistHint);
   const std::int32_t* labels = d.labels.data_as<std::int32_t>();
   for (std::int64_t i = 0; i < d.labels.numel(); ++i) {
     TUTTI_CHECK_ARG(labels[i] >= 0 && labels[i] < 10, "'", label_path, "': label ", i, " is ", labels[i],

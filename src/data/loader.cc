@@ -37,8 +37,7 @@ Tensor gather_rows(const Tensor& src, const std::vector<std::int64_t>& indices) 
 }  // namespace
 
 std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  TUTTI_CHECK_ARG(n >= 0 && epoch >= 0, "epoch_permutation: n = ", n, ", epoch = ", epoch,
-                  " (both must be >= 0)");
+  TUTTI_CHECK_ARG(n >= 0 && epoch >= 0, "epoch_permutation: n = ", n, ", epoch = ", epoch, " (both must be >= 0)");
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
   std::mt19937_64 engine(splitmix64_mix(seed + kGolden * (static_cast<std::uint64_t>(epoch) + 1)));
@@ -56,8 +55,8 @@ DistributedLoader::DistributedLoader(Dataset dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
   dataset_.validate("DistributedLoader: dataset");
   const auto& o = options_;
-  TUTTI_CHECK_ARG(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "DistributedLoader: rank ",
-                  o.rank, " is not in [0, world size ", o.world_size, ")");
+  TUTTI_CHECK_ARG(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "DistributedLoader: rank ", o.rank,
+                  " is not in [0, world size ", o.world_size, ")");
   TUTTI_CHECK_ARG(o.global_micro_batch_size > 0, "DistributedLoader: global micro-batch size must be positive, got ",
                   o.global_micro_batch_size);
   TUTTI_CHECK_ARG(o.global_micro_batch_size % o.world_size == 0, "DistributedLoader: global micro-batch size ",
@@ -84,8 +83,8 @@ const std::vector<std::int64_t>& DistributedLoader::order(std::int64_t epoch) {
 }
 
 std::vector<std::int64_t> DistributedLoader::batch_indices(std::int64_t epoch, std::int64_t step) {
-  TUTTI_CHECK_ARG(epoch >= 0 && step >= 0 && step < steps_per_epoch_, "DistributedLoader: step ", step,
-                  " of epoch ", epoch, " does not exist (an epoch has ", steps_per_epoch_, " steps)");
+  TUTTI_CHECK_ARG(epoch >= 0 && step >= 0 && step < steps_per_epoch_, "DistributedLoader: step ", step, " of epoch ",
+                  epoch, " does not exist (an epoch has ", steps_per_epoch_, " steps)");
   const auto& ord = order(epoch);
   const std::int64_t begin = step * options_.global_micro_batch_size + options_.rank * local_batch_;
   return std::vector<std::int64_t>(ord.begin() + begin, ord.begin() + begin + local_batch_);
@@ -107,8 +106,8 @@ Batch DistributedLoader::next() {
 
 void DistributedLoader::set_position(LoaderPosition position) {
   TUTTI_CHECK_ARG(position.epoch >= 0 && position.step >= 0 && position.step <= steps_per_epoch_,
-                  "DistributedLoader::set_position: epoch ", position.epoch, " step ", position.step,
-                  " (an epoch has ", steps_per_epoch_, " steps)");
+                  "DistributedLoader::set_position: epoch ", position.epoch, " step ", position.step, " (an epoch has ",
+                  steps_per_epoch_, " steps)");
   position_ = position;
 }
 

@@ -26,9 +26,7 @@ std::vector<char> read_file(const std::string& path, const char* what) {
   return bytes;
 }
 
-std::string megabytes(std::int64_t bytes) {
-  return detail::str(static_cast<double>(bytes / 10000) / 100.0, " MB");
-}
+std::string megabytes(std::int64_t bytes) { return detail::str(static_cast<double>(bytes / 10000) / 100.0, " MB"); }
 
 }  // namespace
 
@@ -98,8 +96,10 @@ std::pair<TokenCorpus, TokenCorpus> split_tail(const TokenCorpus& corpus, double
   train.segment_starts.clear();
   val.segment_starts = {0};
   for (std::int64_t s : corpus.segment_starts) {
-    if (s < cut) train.segment_starts.push_back(s);
-    else if (s > cut) val.segment_starts.push_back(s - cut);
+    if (s < cut)
+      train.segment_starts.push_back(s);
+    else if (s > cut)
+      val.segment_starts.push_back(s - cut);
   }
   train.description = corpus.description + ", first " + std::to_string(train.size()) + " tokens";
   val.description = corpus.description + ", last " + std::to_string(val.size()) + " tokens";
@@ -157,7 +157,8 @@ TokenBatch TokenLoader::batch(std::int64_t epoch, std::int64_t step) {
   const std::int64_t begin = step * options_.global_micro_batch_size + options_.rank * local_batch_;
   std::vector<std::int64_t> w(static_cast<std::size_t>(local_batch_));
   for (std::int64_t i = 0; i < local_batch_; ++i) {
-    w[static_cast<std::size_t>(i)] = starts_[static_cast<std::size_t>(cached_order_[static_cast<std::size_t>(begin + i)])];
+    w[static_cast<std::size_t>(i)] =
+        starts_[static_cast<std::size_t>(cached_order_[static_cast<std::size_t>(begin + i)])];
   }
   return gather(w, epoch, step);
 }

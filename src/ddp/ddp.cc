@@ -29,7 +29,8 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
                   options_.accumulation_steps);
   TUTTI_CHECK_ARG(options_.zero_stage >= 0 && options_.zero_stage <= 2,
                   "DistributedDataParallel: zero_stage must be 0, 1 or 2, got ", options_.zero_stage);
-  TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none, "DistributedDataParallel: set zero_stage, not "
+  TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none,
+                  "DistributedDataParallel: set zero_stage, not "
                   "reducer.sharding (zero_stage decides how gradients are sharded)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
@@ -45,9 +46,12 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   po.world_size = zero > 0 ? comm_.size() : 1;
   ReducerOptions& ro = options_.reducer;
   if (!ro.grad_comm_dtype) ro.grad_comm_dtype = model_.grad_comm_dtype();
-  ro.sharding = zero == 0 ? GradientSharding::none : zero == 1 ? GradientSharding::scatter : GradientSharding::shard_only;
+  ro.sharding = zero == 0   ? GradientSharding::none
+                : zero == 1 ? GradientSharding::scatter
+                            : GradientSharding::shard_only;
   // THE plan: the reducer's buckets and shards, the model's values and gradients, the optimizer's state.
-  reducer_ = std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
+  reducer_ =
+      std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
   const nn::FlatPlan& plan = reducer_->plan();
   model_.drop_grads();
   model_.flatten_parameters(plan);
@@ -135,7 +139,8 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
     }
     std::weak_ptr<int> alive = alive_;
     target.after_step = [this, alive] {
-      TUTTI_CHECK(!alive.expired(), "Optimizer::step: the DistributedDataParallel this optimizer was attached to is "
+      TUTTI_CHECK(!alive.expired(),
+                  "Optimizer::step: the DistributedDataParallel this optimizer was attached to is "
                   "gone (its step would update one shard and gather nothing)");
       launch_gathers();
     };
@@ -219,7 +224,8 @@ void DistributedDataParallel::verify_same_model() {
   const std::vector<std::int64_t> hashes = all.to_ints();
   std::string differing;
   for (int r = 1; r < n; ++r) {
-    if (hashes[static_cast<std::size_t>(r)] != hashes[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    if (hashes[static_cast<std::size_t>(r)] != hashes[0])
+      differing += (differing.empty() ? "" : ", ") + std::to_string(r);
   }
   if (differing.empty()) return;
 
@@ -304,13 +310,17 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
 
 bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   TUTTI_CHECK_ARG(loss_scale > 0, "DistributedDataParallel::backward: loss_scale must be positive, got ", loss_scale);
-  TUTTI_CHECK_ARG(model_.awaiting_backward(), "DistributedDataParallel::backward: no forward since the last "
-                  "backward. Each backward needs its own forward: a second backward of one forward would add the "
-                  "same gradients again and ", next_backward_syncs() ? "reduce them across ranks a second time" :
-                  "count them twice in the accumulation", " (nothing was communicated)");
+  TUTTI_CHECK_ARG(
+      model_.awaiting_backward(),
+      "DistributedDataParallel::backward: no forward since the last "
+      "backward. Each backward needs its own forward: a second backward of one forward would add the "
+      "same gradients again and ",
+      next_backward_syncs() ? "reduce them across ranks a second time" : "count them twice in the accumulation",
+      " (nothing was communicated)");
   const bool sync = next_backward_syncs();
   TUTTI_CHECK_ARG(options_.zero_stage == 0 || attached_ != nullptr || !sync, "DistributedDataParallel: zero_stage ",
-                  options_.zero_stage, " needs the optimizer attached before the first step (ddp.attach(optimizer)): "
+                  options_.zero_stage,
+                  " needs the optimizer attached before the first step (ddp.attach(optimizer)): "
                   "each rank updates only its shard of the parameters, and only an attached optimizer knows which");
   // The all-gathers of the last step read the buffers this step's update will write.
   synchronize_parameters();
@@ -328,7 +338,8 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   StepStats& stats = reducer_->mutable_stats();
   if (step_clock_running_) {
     const auto t_first = reducer_->first_launch().value_or(std::chrono::steady_clock::now());
-    stats.compute_before_comm_ms = std::max(0.0, std::chrono::duration<double, std::milli>(t_first - t_step_start_).count());
+    stats.compute_before_comm_ms =
+        std::max(0.0, std::chrono::duration<double, std::milli>(t_first - t_step_start_).count());
     step_clock_running_ = false;
   }
   stats.gather_ms = gather_ms_;
@@ -353,7 +364,8 @@ void DistributedDataParallel::zero_grad() {
 
 optim::GradNorm DistributedDataParallel::grad_norm(double max_norm) {
   TUTTI_CHECK_ARG(max_norm > 0, "DistributedDataParallel::grad_norm: max_norm must be positive, got ", max_norm);
-  TUTTI_CHECK(reducer_->phase() == Reducer::Phase::reduced, "DistributedDataParallel::grad_norm: call it after a "
+  TUTTI_CHECK(reducer_->phase() == Reducer::Phase::reduced,
+              "DistributedDataParallel::grad_norm: call it after a "
               "backward that completed a step (the gradients are not reduced yet)");
   const Stream& stream = model_.stream();
   Tensor sq = Tensor::zeros({1}, DType::f32, model_.device());
@@ -386,7 +398,8 @@ StateDict DistributedDataParallel::model_state_dict() {
   StateDict out = model_.extra_state();
   const Tensor full = gather_full(master_shard_);
   const nn::FlatPlan& plan = reducer_->plan();
-  for (const nn::PlanEntry& e : plan.entries) out[e.name] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+  for (const nn::PlanEntry& e : plan.entries)
+    out[e.name] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
   model_.stream().synchronize();
   return out;
 }
@@ -417,7 +430,8 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
   const Stream& stream = model_.stream();
   for (const nn::PlanBucket& pb : plan.buckets) {
     if (pb.chunk == 0) continue;
-    master_shard_.view(pb.shard_offset, {pb.chunk}).copy_from(host.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
+    master_shard_.view(pb.shard_offset, {pb.chunk})
+        .copy_from(host.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
   }
   // Every rank holds the whole state: the compute copies need no gather.
   const Tensor values = host.to(model_.device(), stream);
@@ -427,7 +441,8 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
 }
 
 StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimizer) {
-  TUTTI_CHECK_ARG(&optimizer == attached_ || options_.zero_stage == 0, "optimizer_state_dict: the optimizer is not "
+  TUTTI_CHECK_ARG(&optimizer == attached_ || options_.zero_stage == 0,
+                  "optimizer_state_dict: the optimizer is not "
                   "the one attached to this DistributedDataParallel");
   if (options_.zero_stage == 0 || comm_.size() == 1) return optimizer.state_dict();
   StateDict out;

@@ -101,7 +101,8 @@ Tensor Reducer::grad(std::size_t i) {
   require_usable("grad");
   TUTTI_CHECK(phase_ == Phase::accumulating || phase_ == Phase::reducing, "Reducer::grad('", e.name,
               "'): with sharding shard_only a gradient is placed only within a backward pass (prepare first); the "
-              "reducer is ", phase_name(phase_));
+              "reducer is ",
+              phase_name(phase_));
   Bucket& b = buckets_[static_cast<std::size_t>(e.bucket)];
   TUTTI_CHECK(!b.launched, "Reducer::grad: gradient '", e.name, "' is written after its bucket ", e.bucket,
               " was launched (mark a gradient ready after its last kernel, once per pass)");
@@ -131,7 +132,8 @@ int Reducer::acquire_slot(int bucket) {
     int oldest = -1;
     for (std::size_t s = 0; s < slots_.size(); ++s) {
       const int b = slots_[s].bucket;
-      if (buckets_[static_cast<std::size_t>(b)].launched && (oldest < 0 || b < slots_[static_cast<std::size_t>(oldest)].bucket)) {
+      if (buckets_[static_cast<std::size_t>(b)].launched &&
+          (oldest < 0 || b < slots_[static_cast<std::size_t>(oldest)].bucket)) {
         oldest = static_cast<int>(s);
       }
     }
@@ -146,7 +148,8 @@ int Reducer::acquire_slot(int bucket) {
     for (const nn::PlanBucket& pb : plan_->buckets) largest = std::max(largest, pb.numel());
     Slot slot;
     slot.grads = Tensor::empty({largest}, grad_dtype_, device_);
-    if (*options_.grad_comm_dtype != grad_dtype_) slot.staging = Tensor::empty({largest}, *options_.grad_comm_dtype, device_);
+    if (*options_.grad_comm_dtype != grad_dtype_)
+      slot.staging = Tensor::empty({largest}, *options_.grad_comm_dtype, device_);
     slots_.push_back(std::move(slot));
     chosen = static_cast<int>(slots_.size()) - 1;
   }
@@ -176,9 +179,11 @@ void Reducer::retire(int b) {
 
 void Reducer::prepare(bool sync, const Stream& stream) {
   require_usable("prepare");
-  TUTTI_CHECK(phase_ != Phase::reducing, "Reducer::prepare: the previous synchronized pass was never finished: call "
+  TUTTI_CHECK(phase_ != Phase::reducing,
+              "Reducer::prepare: the previous synchronized pass was never finished: call "
               "finish() after the last mark_ready() of a pass prepared with sync = true");
-  TUTTI_CHECK(phase_ != Phase::reduced, "Reducer::prepare: the last step's reduced gradients are still in the buffer "
+  TUTTI_CHECK(phase_ != Phase::reduced,
+              "Reducer::prepare: the last step's reduced gradients are still in the buffer "
               "and would be added to: call zero() after the optimizer has used them");
   if (phase_ == Phase::accumulating) guarded("closing an accumulating pass", [&] { close_accumulating_pass(); });
   begin_pass(sync, stream);
@@ -302,8 +307,10 @@ void Reducer::throw_unready() const {
 
 const Tensor& Reducer::finish(double divisor) {
   require_usable("finish");
-  TUTTI_CHECK(phase_ == Phase::reducing, "Reducer::finish: no synchronized backward pass to finish (prepare(true) "
-              "first; the reducer is ", phase_name(phase_), ")");
+  TUTTI_CHECK(phase_ == Phase::reducing,
+              "Reducer::finish: no synchronized backward pass to finish (prepare(true) "
+              "first; the reducer is ",
+              phase_name(phase_), ")");
   TUTTI_CHECK_ARG(divisor > 0, "Reducer::finish: divisor must be positive, got ", divisor);
   ErrorContext context("finishing the gradient reduction of " + std::to_string(bucket_count()) + " bucket(s)");
   return guarded("finishing a reduction", [&]() -> const Tensor& {
@@ -322,8 +329,9 @@ const Tensor& Reducer::finish(double divisor) {
     }
     const Clock::time_point t_done = Clock::now();
     if (trace::on()) {
-      trace::record("wait for gradients", "wait", trace::Lane::host, ns_of(t_finish), ns_of(t_done),
-                    "\"buckets\":" + std::to_string(bucket_count()) + ",\"bytes\":" + std::to_string(stats_.bytes_reduced));
+      trace::record(
+          "wait for gradients", "wait", trace::Lane::host, ns_of(t_finish), ns_of(t_done),
+          "\"buckets\":" + std::to_string(bucket_count()) + ",\"bytes\":" + std::to_string(stats_.bytes_reduced));
     }
 
     // One fused pass per bucket (or per chunk): divide and check. Scaling by 1/(N · divisor)
@@ -388,7 +396,8 @@ std::int64_t Reducer::communication_bytes() const {
 
 void Reducer::zero() {
   require_usable("zero");
-  TUTTI_CHECK(phase_ != Phase::reducing, "Reducer::zero: a synchronized pass is in progress (finish() it first: its "
+  TUTTI_CHECK(phase_ != Phase::reducing,
+              "Reducer::zero: a synchronized pass is in progress (finish() it first: its "
               "collectives are in flight on every rank)");
   if (phase_ == Phase::accumulating) guarded("closing an accumulating pass", [&] { close_accumulating_pass(); });
   (options_.sharding == GradientSharding::shard_only ? shard_ : buffer_).zero(stream_);

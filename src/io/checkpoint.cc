@@ -97,7 +97,9 @@ std::uint32_t header_crc(const unsigned char* header, std::size_t header_size) {
 class Fd {
  public:
   explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { if (fd_ >= 0) ::close(fd_); }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
@@ -154,15 +156,28 @@ class HeaderCursor {
     TUTTI_CHECK_ARG(n <= b_.size() - pos_, "checkpoint '", path_, "' is corrupt: ", what,
                     " runs past the end of the header (", b_.size(), " bytes)");
   }
-  std::uint8_t u8(const char* what) { need(1, what); return b_[pos_++]; }
+  std::uint8_t u8(const char* what) {
+    need(1, what);
+    return b_[pos_++];
+  }
   std::uint16_t u16(const char* what) {
     need(2, what);
     const std::uint16_t v = static_cast<std::uint16_t>(b_[pos_] | (b_[pos_ + 1] << 8));
     pos_ += 2;
     return v;
   }
-  std::uint32_t u32(const char* what) { need(4, what); const auto v = get_u64_le(4); pos_ += 4; return static_cast<std::uint32_t>(v); }
-  std::uint64_t u64(const char* what) { need(8, what); const auto v = get_u64_le(8); pos_ += 8; return v; }
+  std::uint32_t u32(const char* what) {
+    need(4, what);
+    const auto v = get_u64_le(4);
+    pos_ += 4;
+    return static_cast<std::uint32_t>(v);
+  }
+  std::uint64_t u64(const char* what) {
+    need(8, what);
+    const auto v = get_u64_le(8);
+    pos_ += 8;
+    return v;
+  }
   std::string str(const char* what) {
     const std::uint32_t n = u32(what);
     need(n, what);
@@ -233,8 +248,8 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
   for (const auto& [name, t] : state) {
     TUTTI_CHECK_ARG(!name.empty(), "save_checkpoint: a state dict entry has an empty name");
     TUTTI_CHECK_ARG(t.defined(), "save_checkpoint: state dict entry '", name, "' is an undefined tensor");
-    TUTTI_CHECK_ARG(t.ndim() <= static_cast<int>(kMaxNdim), "save_checkpoint: entry '", name, "' has ",
-                    t.ndim(), " dimensions, at most ", kMaxNdim, " are supported");
+    TUTTI_CHECK_ARG(t.ndim() <= static_cast<int>(kMaxNdim), "save_checkpoint: entry '", name, "' has ", t.ndim(),
+                    " dimensions, at most ", kMaxNdim, " are supported");
     if (t.device().is_cpu()) {
       tensors.emplace_back(name, t);
     } else {
@@ -348,8 +363,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   const std::size_t magic_available = std::min<std::size_t>(fixed_available, 8);
   TUTTI_CHECK_ARG(std::memcmp(header.data(), kMagic, magic_available) == 0, "'", path,
                   "' is not a tutti checkpoint (it does not start with \"TUTTICKP\")");
-  TUTTI_CHECK_ARG(fixed_available == kFixedHeaderBytes, "checkpoint '", path, "' is truncated at byte ",
-                  actual_size, " of at least ", kFixedHeaderBytes, " (the fixed header)");
+  TUTTI_CHECK_ARG(fixed_available == kFixedHeaderBytes, "checkpoint '", path, "' is truncated at byte ", actual_size,
+                  " of at least ", kFixedHeaderBytes, " (the fixed header)");
   const std::uint32_t version = get_u32_le(header.data() + 8);
   TUTTI_CHECK_ARG(version == kCheckpointFormatVersion, "checkpoint '", path, "' has unsupported format version ",
                   version, " (this build of tutti reads version ", kCheckpointFormatVersion, ")");
@@ -360,14 +375,14 @@ Checkpoint load_checkpoint(const std::string& path) {
   const std::uint32_t stored_header_crc = get_u32_le(header.data() + 40);
   if (header_size > actual_size || header_size < kFixedHeaderBytes) {
     // The header cannot be verified: either the file was cut short or the size is damaged.
-    TUTTI_CHECK_ARG(file_size <= actual_size, "checkpoint '", path, "' is truncated at byte ", actual_size,
-                    " of ", file_size);
+    TUTTI_CHECK_ARG(file_size <= actual_size, "checkpoint '", path, "' is truncated at byte ", actual_size, " of ",
+                    file_size);
     TUTTI_THROW(InvalidArgument, "checkpoint '", path, "' is corrupt: header size ", header_size,
                 " does not fit in the file's ", actual_size, " bytes");
   }
   header.resize(static_cast<std::size_t>(header_size));
-  read_all(fd.get(), header.data() + kFixedHeaderBytes, header_size - kFixedHeaderBytes, path,
-           kFixedHeaderBytes, actual_size);
+  read_all(fd.get(), header.data() + kFixedHeaderBytes, header_size - kFixedHeaderBytes, path, kFixedHeaderBytes,
+           actual_size);
   const std::uint32_t computed_header_crc = header_crc(header.data(), header.size());
   TUTTI_CHECK_ARG(stored_header_crc == computed_header_crc, "checkpoint '", path,
                   "' is corrupt: header checksum mismatch: stored ", hex32(stored_header_crc), " != computed ",
@@ -409,8 +424,8 @@ Checkpoint load_checkpoint(const std::string& path) {
     TUTTI_CHECK_ARG(e.nbytes == elements * size_of(e.dtype) && e.offset >= data_end && e.offset <= data_limit &&
                         e.nbytes <= data_limit - e.offset,
                     "checkpoint '", path, "' is corrupt: entry '", e.name, "' (", name_of(e.dtype), " ",
-                    shape_str(e.shape), ") claims bytes [", e.offset, ", ", e.offset + e.nbytes,
-                    ") of a data region [", data_end, ", ", data_limit, ")");
+                    shape_str(e.shape), ") claims bytes [", e.offset, ", ", e.offset + e.nbytes, ") of a data region [",
+                    data_end, ", ", data_limit, ")");
     data_end = e.offset + e.nbytes;
     entries.push_back(std::move(e));
   }
@@ -441,8 +456,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   const std::uint32_t stored_crc = get_u32_le(trailer);
   TUTTI_CHECK_ARG(stored_crc == crc, "checkpoint '", path, "' is corrupt: checksum mismatch: stored ",
                   hex32(stored_crc), " != computed ", hex32(crc));
-  TUTTI_CHECK_ARG(out.state.size() == entries.size(), "checkpoint '", path,
-                  "' is corrupt: it names an entry twice");
+  TUTTI_CHECK_ARG(out.state.size() == entries.size(), "checkpoint '", path, "' is corrupt: it names an entry twice");
   return out;
 }
 
@@ -454,8 +468,8 @@ void check_state_matches(const StateDict& loaded, const StateDict& expected, con
   for (const auto& [name, want] : expected) {
     if (!in_scope(name)) continue;
     const auto it = loaded.find(name);
-    TUTTI_CHECK_ARG(it != loaded.end(), "checkpoint '", source, "' is for another model: it has no entry '",
-                    name, "' (", name_of(want.dtype()), " ", shape_str(want.shape()), ")");
+    TUTTI_CHECK_ARG(it != loaded.end(), "checkpoint '", source, "' is for another model: it has no entry '", name,
+                    "' (", name_of(want.dtype()), " ", shape_str(want.shape()), ")");
     const Tensor& got = it->second;
     TUTTI_CHECK_ARG(got.shape() == want.shape(), "checkpoint '", source, "' is for another model: entry '", name,
                     "' has shape ", shape_str(got.shape()), " in the checkpoint but ", shape_str(want.shape()),
@@ -489,10 +503,10 @@ StateDict strip_prefix(const StateDict& state, const std::string& prefix) {
 void check_metadata(const Checkpoint& checkpoint, const std::string& key, const std::string& expected,
                     const std::string& source) {
   const auto it = checkpoint.metadata.find(key);
-  TUTTI_CHECK_ARG(it != checkpoint.metadata.end(), "checkpoint '", source, "' has no '", key,
-                  "' (expected '", expected, "')");
-  TUTTI_CHECK_ARG(it->second == expected, "checkpoint '", source, "' is for another model: ", key, " is '",
-                  it->second, "' in the checkpoint but '", expected, "' here");
+  TUTTI_CHECK_ARG(it != checkpoint.metadata.end(), "checkpoint '", source, "' has no '", key, "' (expected '", expected,
+                  "')");
+  TUTTI_CHECK_ARG(it->second == expected, "checkpoint '", source, "' is for another model: ", key, " is '", it->second,
+                  "' in the checkpoint but '", expected, "' here");
 }
 
 }  // namespace tutti::io

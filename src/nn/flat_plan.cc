@@ -51,8 +51,8 @@ FlatPlan make_flat_plan(const std::vector<PlanParam>& params, const FlatPlanOpti
     e.numel = numel_of(p.shape);
     e.requires_grad = p.requires_grad;
     std::int64_t start = round_up(end, align);
-    const bool full = !current.entries.empty() &&
-                      static_cast<double>(start + e.numel - current.begin) * elem > cap_bytes;
+    const bool full =
+        !current.entries.empty() && static_cast<double>(start + e.numel - current.begin) * elem > cap_bytes;
     if (full) {
       close_bucket();
       start = end;
@@ -86,8 +86,8 @@ std::vector<ElementRange> FlatPlan::shard_ranges(int rank) const {
 
 std::string FlatPlan::describe() const {
   std::ostringstream s;
-  s << "plan of " << entries.size() << " parameter(s), " << total << " elements, " << buckets.size()
-    << " bucket(s), " << world_size() << " shard(s) of " << shard_numel << "\n";
+  s << "plan of " << entries.size() << " parameter(s), " << total << " elements, " << buckets.size() << " bucket(s), "
+    << world_size() << " shard(s) of " << shard_numel << "\n";
   for (const PlanEntry& e : entries) {
     s << "  " << e.name << " " << shape_str(e.shape) << " at " << e.offset << " in bucket " << e.bucket
       << (e.requires_grad ? "" : " (frozen)") << "\n";
@@ -121,10 +121,9 @@ void FlatPlan::check_matches(const std::vector<Parameter*>& params, const char* 
   TUTTI_CHECK_ARG(params.size() == entries.size(), what, ": the plan has ", entries.size(),
                   " parameter(s) but the model ", params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
-    TUTTI_CHECK_ARG(params[i]->name == entries[i].name && params[i]->shape() == entries[i].shape, what,
-                    ": parameter #", i, " is '", params[i]->name, "' ", shape_str(params[i]->shape()),
-                    " but the plan has '", entries[i].name, "' ", shape_str(entries[i].shape),
-                    " (a plan made for another model?)");
+    TUTTI_CHECK_ARG(params[i]->name == entries[i].name && params[i]->shape() == entries[i].shape, what, ": parameter #",
+                    i, " is '", params[i]->name, "' ", shape_str(params[i]->shape()), " but the plan has '",
+                    entries[i].name, "' ", shape_str(entries[i].shape), " (a plan made for another model?)");
   }
 }
 

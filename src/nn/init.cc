@@ -19,8 +19,7 @@ std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t index) {
 }
 
 void fill_init(const Tensor& t, const InitSpec& spec, InitRng& rng) {
-  TUTTI_CHECK_ARG(t.device().is_cpu() && t.dtype() == DType::f32, "fill_init: needs a CPU f32 tensor, got ",
-                  t.str());
+  TUTTI_CHECK_ARG(t.device().is_cpu() && t.dtype() == DType::f32, "fill_init: needs a CPU f32 tensor, got ", t.str());
   float* p = t.data_as<float>();
   const std::int64_t n = t.numel();
   double bound = 0;

@@ -101,9 +101,7 @@ Tensor GELU::backward_impl(const Tensor& dy) {
 
 // ---- Dropout ---------------------------------------------------------------------------
 
-Dropout::Dropout(float p) : p_(p) {
-  TUTTI_CHECK_ARG(p >= 0.0f && p < 1.0f, "Dropout: p must be in [0, 1), got ", p);
-}
+Dropout::Dropout(float p) : p_(p) { TUTTI_CHECK_ARG(p >= 0.0f && p < 1.0f, "Dropout: p must be in [0, 1), got ", p); }
 
 std::string Dropout::describe() const { return detail::str("Dropout(", p_, ")"); }
 
@@ -191,8 +189,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_s
       kernel_(kernel_size),
       params_{options.stride, options.padding},
       has_bias_(options.bias) {
-  TUTTI_CHECK_ARG(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.stride > 0 &&
-                      options.padding >= 0,
+  TUTTI_CHECK_ARG(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.stride > 0 && options.padding >= 0,
                   "Conv2d(", in_channels, ", ", out_channels, ", ", kernel_size, ", stride ", options.stride,
                   ", padding ", options.padding, "): sizes must be positive");
   register_parameter("weight", weight);
@@ -211,8 +208,7 @@ Tensor Conv2d::forward_impl(const Tensor& x) {
   TUTTI_CHECK_ARG(p > 0 && q > 0, describe(), ": input ", x.str(), " is smaller than the kernel");
   x_ = x;
   Tensor y = buffer(0, {x.dim(0), out_, p, q}, x.dtype());
-  kernels::conv2d_forward(x, weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(), y, params_,
-                          stream());
+  kernels::conv2d_forward(x, weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(), y, params_, stream());
   return y;
 }
 
@@ -221,8 +217,7 @@ Tensor Conv2d::backward_impl(const Tensor& dy) {
   Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
   Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
   Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
-  kernels::conv2d_backward(x_, weight.compute_value(), dy, dx, dw, db, /*accumulate_params=*/true, params_,
-                           stream());
+  kernels::conv2d_backward(x_, weight.compute_value(), dy, dx, dw, db, /*accumulate_params=*/true, params_, stream());
   if (db.defined()) grad_ready(bias);
   if (weight.requires_grad) grad_ready(weight);
   return dx;

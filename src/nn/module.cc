@@ -55,7 +55,8 @@ Tensor Module::backward(const Tensor& dy) {
   std::optional<trace::Span> span;
   if (trace::on()) span.emplace("backward" + trace_label(), "backward", stream());
   if (parent_ == nullptr) {
-    TUTTI_CHECK_ARG(awaiting_backward_, describe(), ": backward without a forward since the last backward: each "
+    TUTTI_CHECK_ARG(awaiting_backward_, describe(),
+                    ": backward without a forward since the last backward: each "
                     "backward needs a forward of its own (a second backward of one forward would add the same "
                     "gradients again, and under DistributedDataParallel communicate again)");
     awaiting_backward_ = false;
@@ -65,8 +66,8 @@ Tensor Module::backward(const Tensor& dy) {
       for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
     }
     if (missing) {
-      if (grads_owned_ || std::none_of(all_params_.begin(), all_params_.end(),
-                                                [](Parameter* p) { return p->grad.defined(); })) {
+      if (grads_owned_ ||
+          std::none_of(all_params_.begin(), all_params_.end(), [](Parameter* p) { return p->grad.defined(); })) {
         allocate_flat_grads();
       } else {
         // Some grads were placed from outside and some not: give the rest their own.
@@ -222,7 +223,8 @@ void Module::require_root(const char* what) const {
 }
 
 void Module::require_masters(const char* what) const {
-  TUTTI_CHECK_ARG(!masters_released_, what, ": this model's fp32 master weights were released "
+  TUTTI_CHECK_ARG(!masters_released_, what,
+                  ": this model's fp32 master weights were released "
                   "(release_master_values: under DistributedDataParallel's ZeRO stages with a half compute dtype "
                   "each rank keeps only its shard of them); save, load and change them through "
                   "DistributedDataParallel (model_state_dict, load_model_state_dict)");
@@ -280,8 +282,8 @@ Module& Module::set_precision(DType compute, DType grad) {
   settings_->grad_dtype = grad;
   clear_buffers_recursive();
   // Compute copies: none for f32; else one per parameter, flat when the values are.
-  const bool have_copies = !params.empty() && params.front()->compute.defined() &&
-                           params.front()->compute.dtype() == compute;
+  const bool have_copies =
+      !params.empty() && params.front()->compute.defined() && params.front()->compute.dtype() == compute;
   if (!is_half(compute)) {
     for (Parameter* p : params) p->compute = Tensor();
     flat_compute_ = Tensor();
@@ -479,8 +481,10 @@ void Module::set_grad_buffer(const Tensor& buffer, const FlatPlan& plan) {
   require_root("set_grad_buffer");
   const std::vector<Parameter*> params = parameters();
   plan.check_matches(params, "set_grad_buffer");
-  TUTTI_CHECK_ARG(value_plan_ == nullptr || *value_plan_ == plan, "set_grad_buffer: the values are flat in another "
-                  "plan; values and gradients must share one (", value_plan_ ? value_plan_->describe() : "", ")");
+  TUTTI_CHECK_ARG(value_plan_ == nullptr || *value_plan_ == plan,
+                  "set_grad_buffer: the values are flat in another "
+                  "plan; values and gradients must share one (",
+                  value_plan_ ? value_plan_->describe() : "", ")");
   TUTTI_CHECK_ARG(buffer.defined() && buffer.numel() >= plan.total, "set_grad_buffer: buffer ", buffer.str(),
                   " is smaller than the plan's ", plan.total, " elements");
   TUTTI_CHECK_ARG(buffer.device() == device(), "set_grad_buffer: buffer on ", buffer.device().str(),
@@ -569,8 +573,8 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
       TUTTI_CHECK_ARG(!strict, "load_state_dict: no entry for parameter '", p->name, "'");
       continue;
     }
-    TUTTI_CHECK_ARG(it->second.shape() == p->shape() && it->second.dtype() == DType::f32, "load_state_dict: '",
-                    p->name, "' is ", it->second.str(), " but the parameter is ", p->value.str());
+    TUTTI_CHECK_ARG(it->second.shape() == p->shape() && it->second.dtype() == DType::f32, "load_state_dict: '", p->name,
+                    "' is ", it->second.str(), " but the parameter is ", p->value.str());
     p->value.copy_from(it->second, stream());
     p->initialized = true;
     used.insert(p->name);

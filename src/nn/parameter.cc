@@ -32,8 +32,10 @@ std::vector<Tensor> coalesce_views(const std::vector<Tensor>& tensors) {
     char* b = static_cast<char*>(t.data());
     char* e = b + t.nbytes();
     if (count > 0 && t.storage().get() == storage && t.dtype() == dtype && (b == end || e == begin)) {
-      if (b == end) end = e;
-      else begin = b;
+      if (b == end)
+        end = e;
+      else
+        begin = b;
       ++count;
       continue;
     }

@@ -31,8 +31,10 @@ HttpExporter::HttpExporter(const MetricRegistry& registry, int port, std::string
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<void*>(&yes), sizeof(yes));
   });
-  port_ = port == 0 ? impl_->server.bind_to_any_port(address.c_str()) : (impl_->server.bind_to_port(address.c_str(), port) ? port : -1);
-  TUTTI_CHECK(port_ > 0, "HttpExporter: cannot listen on ", address, ":", port, " (in use? another rank of this host "
+  port_ = port == 0 ? impl_->server.bind_to_any_port(address.c_str())
+                    : (impl_->server.bind_to_port(address.c_str(), port) ? port : -1);
+  TUTTI_CHECK(port_ > 0, "HttpExporter: cannot listen on ", address, ":", port,
+              " (in use? another rank of this host "
               "on the same port?)");
   Impl* impl = impl_.get();
   impl_->thread = std::thread([impl] { impl->server.listen_after_bind(); });

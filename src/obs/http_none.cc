@@ -9,7 +9,8 @@ struct HttpExporter::Impl {};
 bool HttpExporter::available() { return false; }
 
 HttpExporter::HttpExporter(const MetricRegistry&, int, std::string) {
-  TUTTI_THROW(BackendError, "HttpExporter: this tutti was built without cpp-httplib (Debian's libcpp-httplib-dev, "
+  TUTTI_THROW(BackendError,
+              "HttpExporter: this tutti was built without cpp-httplib (Debian's libcpp-httplib-dev, "
               "which scripts/setup.sh installs): no /metrics endpoint; use TextfileExporter");
 }
 

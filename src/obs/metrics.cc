@@ -19,8 +19,8 @@ bool valid_name(std::string_view name) {
   if (name.empty()) return false;
   for (std::size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
-                    (i > 0 && c >= '0' && c <= '9');
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' || (i > 0 && c >= '0' && c <= '9');
     if (!ok) return false;
   }
   return true;
@@ -30,10 +30,14 @@ bool valid_name(std::string_view name) {
 std::string label_value(std::string_view v) {
   std::string out;
   for (const char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -52,8 +56,8 @@ std::string number(double v) {
 // ---- the registry ----------------------------------------------------------------------------
 
 MetricRegistry::MetricRegistry(MetricLabels labels) : labels_(std::move(labels)) {
-  label_text_ = "job=\"" + label_value(labels_.job) + "\",rank=\"" + std::to_string(labels_.rank) +
-                "\",local_rank=\"" + std::to_string(labels_.local_rank) + "\",host=\"" + label_value(labels_.host) + "\"";
+  label_text_ = "job=\"" + label_value(labels_.job) + "\",rank=\"" + std::to_string(labels_.rank) + "\",local_rank=\"" +
+                std::to_string(labels_.local_rank) + "\",host=\"" + label_value(labels_.host) + "\"";
 }
 
 void MetricRegistry::define(std::string_view name, MetricType type, std::string_view help) {
@@ -127,33 +131,41 @@ TrainingMetrics::TrainingMetrics(MetricLabels labels, TrainingMetricsOptions opt
   r.define("tutti_throughput_samples_per_second", T::gauge, "Samples per second of this rank in the last step.");
   r.define("tutti_throughput_tokens_per_second", T::gauge, "Tokens per second of this rank in the last step.");
   r.define("tutti_tflops", T::gauge, "Model TFLOP/s this rank achieved in the last step (training FLOPs).");
-  r.define("tutti_mfu", T::gauge, "Model FLOPs utilization of the last step: achieved FLOP/s over the device's peak (0..1).");
+  r.define("tutti_mfu", T::gauge,
+           "Model FLOPs utilization of the last step: achieved FLOP/s over the device's peak (0..1).");
   r.define("tutti_peak_flops", T::gauge, "The peak FLOP/s MFU is measured against.");
   r.define("tutti_loss", T::gauge, "Training loss of the last step.");
   r.define("tutti_loss_scale", T::gauge, "The dynamic loss scale (1 without one).");
   r.define("tutti_skipped_steps_total", T::counter, "Steps the loss scaler skipped (non-finite gradients).");
   r.define("tutti_reduced_bytes_total", T::counter, "Gradient bytes this rank sent into collectives.");
   r.define("tutti_step_reduced_bytes", T::gauge, "Gradient bytes reduced in the last step.");
-  r.define("tutti_bus_bandwidth_bytes_per_second", T::gauge, "Bus bandwidth of the last step's gradient collectives (nccl-tests' busbw).");
-  r.define("tutti_bus_bandwidth_gbs", T::gauge, "The same in GB/s, as NCCL's inspector names it (nccl_bus_bandwidth_gbs).");
+  r.define("tutti_bus_bandwidth_bytes_per_second", T::gauge,
+           "Bus bandwidth of the last step's gradient collectives (nccl-tests' busbw).");
+  r.define("tutti_bus_bandwidth_gbs", T::gauge,
+           "The same in GB/s, as NCCL's inspector names it (nccl_bus_bandwidth_gbs).");
   r.define("tutti_comm_seconds", T::gauge, "Time the last step's gradient collectives were in flight.");
-  r.define("tutti_exposed_comm_seconds", T::gauge, "Time the last step waited for communication after backward (not hidden).");
+  r.define("tutti_exposed_comm_seconds", T::gauge,
+           "Time the last step waited for communication after backward (not hidden).");
   r.define("tutti_exposed_comm_seconds_total", T::counter, "Time waited for communication after backward, all steps.");
-  r.define("tutti_compute_before_comm_seconds", T::gauge, "Time from the step's start to its first collective (a straggler shows here).");
+  r.define("tutti_compute_before_comm_seconds", T::gauge,
+           "Time from the step's start to its first collective (a straggler shows here).");
   r.define("tutti_checkpoint_save_seconds", T::gauge, "Time of the last checkpoint save.");
   r.define("tutti_checkpoint_saves_total", T::counter, "Checkpoint saves.");
   r.define("tutti_memory_device_bytes", T::gauge, "Device memory in use by this rank.");
   r.define("tutti_memory_host_bytes", T::gauge, "Resident set size of this rank's process.");
-  r.define("tutti_straggler_rank", T::gauge, "The rank found slower than the median by more than the threshold (-1: none).");
-  r.define("tutti_straggler_slowdown_ratio", T::gauge, "How much slower the straggler is than the median (0.5: 50% slower).");
+  r.define("tutti_straggler_rank", T::gauge,
+           "The rank found slower than the median by more than the threshold (-1: none).");
+  r.define("tutti_straggler_slowdown_ratio", T::gauge,
+           "How much slower the straggler is than the median (0.5: 50% slower).");
   r.define("tutti_is_straggler", T::gauge, "1 when this rank is the straggler.");
   r.define("tutti_straggler_reports_total", T::counter, "Checks that found a straggler.");
-  r.set("tutti_info", 1, "version=\"" + std::string(tutti::version()) + "\",backend=\"" + label_value(options_.backend) +
-                             "\",device=\"" + label_value(options_.device) + "\"");
+  r.set("tutti_info", 1,
+        "version=\"" + std::string(tutti::version()) + "\",backend=\"" + label_value(options_.backend) +
+            "\",device=\"" + label_value(options_.device) + "\"");
   // Counters start at 0, so that rate() has a first point.
-  for (const char* c : {"tutti_steps_total", "tutti_samples_total", "tutti_train_seconds_total", "tutti_skipped_steps_total",
-                        "tutti_reduced_bytes_total", "tutti_exposed_comm_seconds_total", "tutti_checkpoint_saves_total",
-                        "tutti_straggler_reports_total"}) {
+  for (const char* c : {"tutti_steps_total", "tutti_samples_total", "tutti_train_seconds_total",
+                        "tutti_skipped_steps_total", "tutti_reduced_bytes_total", "tutti_exposed_comm_seconds_total",
+                        "tutti_checkpoint_saves_total", "tutti_straggler_reports_total"}) {
     r.add(c, 0);
   }
   r.set("tutti_straggler_rank", -1);

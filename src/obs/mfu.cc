@@ -19,7 +19,7 @@ double gpu_peak_flops(std::string_view device_name, DType compute) {
   // "H100 PCIe" must come first.
   static const Row kTable[] = {
       {"H200", 989.4, 66.9}, {"H100 PCIe", 756.5, 51.2}, {"H100", 989.4, 66.9}, {"A100", 312.0, 19.5},
-      {"L40S", 362.1, 91.6}, {"A10", 125.0, 31.2},      {"V100", 125.0, 15.7}, {"RTX 4090", 165.2, 82.6},
+      {"L40S", 362.1, 91.6}, {"A10", 125.0, 31.2},       {"V100", 125.0, 15.7}, {"RTX 4090", 165.2, 82.6},
   };
   for (const Row& r : kTable) {
     if (device_name.find(r.name) != std::string_view::npos) {
@@ -32,7 +32,8 @@ double gpu_peak_flops(std::string_view device_name, DType compute) {
 double measure_cpu_gemm_flops(int n, double min_seconds) {
   TUTTI_CHECK_ARG(n > 0 && min_seconds > 0, "measure_cpu_gemm_flops: n and min_seconds must be positive");
   using Clock = std::chrono::steady_clock;
-  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32), c = Tensor::empty({n, n}, DType::f32);
+  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32),
+         c = Tensor::empty({n, n}, DType::f32);
   float* pa = a.data_as<float>();
   float* pb = b.data_as<float>();
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(n) * n; ++i) {

@@ -31,7 +31,8 @@ std::string StragglerReport::message() const {
 
 StragglerDetector::StragglerDetector(int rank, int world_size, std::vector<std::string> hosts, StragglerOptions options)
     : rank_(rank), world_(world_size), hosts_(std::move(hosts)), options_(options) {
-  TUTTI_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "StragglerDetector: rank ", rank, " of ", world_size);
+  TUTTI_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size, "StragglerDetector: rank ", rank, " of ",
+                  world_size);
   TUTTI_CHECK_ARG(options_.every >= 1, "StragglerDetector: every must be >= 1, got ", options_.every);
   TUTTI_CHECK_ARG(options_.threshold >= 0, "StragglerDetector: threshold must be >= 0");
   TUTTI_CHECK_ARG(hosts_.empty() || static_cast<int>(hosts_.size()) == world_size,
@@ -71,7 +72,9 @@ StragglerReport StragglerDetector::analyze(const float* reduced, double scale) {
   double best_excess = 0;
   for (int what = 0; what < 2; ++what) {
     int slowest = 0;
-    auto get = [&](int i) { return what == 0 ? r.per_rank[static_cast<std::size_t>(i)].first : r.per_rank[static_cast<std::size_t>(i)].second; };
+    auto get = [&](int i) {
+      return what == 0 ? r.per_rank[static_cast<std::size_t>(i)].first : r.per_rank[static_cast<std::size_t>(i)].second;
+    };
     for (int i = 1; i < world_; ++i) {
       if (get(i) > get(slowest)) slowest = i;
     }

@@ -20,7 +20,8 @@ std::int64_t parse_step(const std::string& text, const std::string& whole) {
     if (used == text.size() && v >= 0) return v;
   } catch (...) {
   }
-  TUTTI_THROW(InvalidArgument, "TUTTI_TRACE_STEPS='", whole, "': expected FROM:TO (steps, either may be empty), e.g. "
+  TUTTI_THROW(InvalidArgument, "TUTTI_TRACE_STEPS='", whole,
+              "': expected FROM:TO (steps, either may be empty), e.g. "
               "10:20");
 }
 
@@ -58,7 +59,8 @@ std::vector<std::string> gather_text(Communicator& comm, const std::string& mine
     if (comm.rank() == r) std::memcpy(buf.data(), mine.data(), mine.size());
     call.label = "trace gather (rank " + std::to_string(r) + ")";
     comm.broadcast(buf, r, call).wait();
-    if (comm.rank() == 0) out[static_cast<std::size_t>(r)].assign(static_cast<const char*>(buf.data()), static_cast<std::size_t>(bytes));
+    if (comm.rank() == 0)
+      out[static_cast<std::size_t>(r)].assign(static_cast<const char*>(buf.data()), static_cast<std::size_t>(bytes));
   }
   return out;
 }
@@ -174,10 +176,11 @@ std::vector<std::string> TraceSession::write() {
   const std::vector<trace::Event> events = trace::collect();
   const int rank = comm_.rank();
   const std::string body = trace_events_json(events, rank, options_.host, offset_ns_, origin_ns_);
-  const std::string other = "\"tutti_rank\":" + std::to_string(rank) + ",\"tutti_world_size\":" +
-                            std::to_string(comm_.size()) + ",\"tutti_clock_offset_ns\":" + std::to_string(offset_ns_) +
-                            ",\"tutti_dropped_spans\":" + std::to_string(dropped) + ",\"tutti_max_spans\":" +
-                            std::to_string(options_.window.max_events);
+  const std::string other = "\"tutti_rank\":" + std::to_string(rank) +
+                            ",\"tutti_world_size\":" + std::to_string(comm_.size()) +
+                            ",\"tutti_clock_offset_ns\":" + std::to_string(offset_ns_) +
+                            ",\"tutti_dropped_spans\":" + std::to_string(dropped) +
+                            ",\"tutti_max_spans\":" + std::to_string(options_.window.max_events);
   std::vector<std::string> written;
   const std::string path = options_.dir + "/trace-rank" + std::to_string(rank) + ".json";
   write_file(path, wrap(body, other));

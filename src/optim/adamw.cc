@@ -8,10 +8,10 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, AdamWOptions options)
     : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params), std::nullopt}}, options) {}
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options) : Optimizer(std::move(groups)), options_(options) {
-  TUTTI_CHECK_ARG(options.lr >= 0 && options.eps >= 0 && options.weight_decay >= 0, "AdamW: lr ", options.lr,
-                  ", eps ", options.eps, ", weight_decay ", options.weight_decay, " must be >= 0");
-  TUTTI_CHECK_ARG(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-                  "AdamW: betas (", options.beta1, ", ", options.beta2, ") must be in [0, 1)");
+  TUTTI_CHECK_ARG(options.lr >= 0 && options.eps >= 0 && options.weight_decay >= 0, "AdamW: lr ", options.lr, ", eps ",
+                  options.eps, ", weight_decay ", options.weight_decay, " must be >= 0");
+  TUTTI_CHECK_ARG(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1, "AdamW: betas (",
+                  options.beta1, ", ", options.beta2, ") must be in [0, 1)");
   base_lr_ = options.lr;
 }
 

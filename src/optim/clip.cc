@@ -19,8 +19,8 @@ std::vector<Tensor> grads_of(const std::vector<nn::Parameter*>& params) {
 
 Tensor grad_norm_squared(const std::vector<nn::Parameter*>& params, const Stream& stream) {
   const std::vector<Tensor> grads = grads_of(params);
-  const Device device = grads.empty() ? (params.empty() ? Device::cpu() : params.front()->device())
-                                      : grads.front().device();
+  const Device device =
+      grads.empty() ? (params.empty() ? Device::cpu() : params.front()->device()) : grads.front().device();
   Tensor out = Tensor::empty({1}, DType::f32, device);
   if (grads.empty()) {
     kernels::fill(out, 0.0f, stream);

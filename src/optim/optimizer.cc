@@ -57,8 +57,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)
       TUTTI_CHECK_ARG(p != nullptr, "Optimizer: parameter ", params_.size(), " is null");
       params_.push_back(p);
       group_of_.push_back(static_cast<int>(g));
-      TUTTI_CHECK_ARG(seen.insert(p).second, "Optimizer: parameter ", key_of(params_.size() - 1),
-                      " is listed twice");
+      TUTTI_CHECK_ARG(seen.insert(p).second, "Optimizer: parameter ", key_of(params_.size() - 1), " is listed twice");
     }
   }
   state_.resize(params_.size());
@@ -158,12 +157,12 @@ void Optimizer::bind(FlatTarget target) {
                         span.grad.device() == span.value.device(),
                     "Optimizer::bind: span ", s, " needs gradients of ", n, " elements beside its values, got ",
                     span.grad.defined() ? span.grad.str() : "none");
-    TUTTI_CHECK_ARG(!span.compute.defined() ||
-                        (span.compute.numel() == n && (span.compute.dtype() == DType::f16 ||
-                                                       span.compute.dtype() == DType::bf16) &&
-                         span.compute.device() == span.value.device()),
-                    "Optimizer::bind: span ", s, " has compute copies ", span.compute.str(), " (need f16/bf16 of ", n,
-                    " elements)");
+    TUTTI_CHECK_ARG(
+        !span.compute.defined() ||
+            (span.compute.numel() == n && (span.compute.dtype() == DType::f16 || span.compute.dtype() == DType::bf16) &&
+             span.compute.device() == span.value.device()),
+        "Optimizer::bind: span ", s, " has compute copies ", span.compute.str(), " (need f16/bf16 of ", n,
+        " elements)");
     if (s == 0) device = span.value.device();
     TUTTI_CHECK_ARG(span.value.device() == device, "Optimizer::bind: spans on different devices");
     last_end = span.end;
@@ -219,8 +218,9 @@ void Optimizer::bind(FlatTarget target) {
           const FlatSpan& span = target_->spans[s];
           const std::int64_t b = std::max(span.begin, oe.offset), end = std::min(span.end, oe.offset + oe.numel);
           if (b >= end) continue;
-          w.flatten().view(b - oe.offset, {end - b}).copy_from(
-              flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
+          w.flatten()
+              .view(b - oe.offset, {end - b})
+              .copy_from(flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
         }
       }
       wholes[i].push_back(w);
@@ -261,8 +261,9 @@ void Optimizer::unbind() {
         const FlatSpan& span = target_->spans[s];
         const std::int64_t b = std::max(span.begin, pe.offset), end = std::min(span.end, pe.offset + pe.numel);
         if (b >= end) continue;
-        w.flatten().view(b - pe.offset, {end - b}).copy_from(
-            flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
+        w.flatten()
+            .view(b - pe.offset, {end - b})
+            .copy_from(flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
       }
       per[i].push_back(w);
     }
@@ -299,7 +300,8 @@ void Optimizer::step_per_parameter(float lr_now, float grad_scale, std::int64_t 
   for (std::size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter* p = params_[i];
     if (!p->requires_grad || !p->grad.defined()) continue;
-    TUTTI_CHECK_ARG(p->value.defined(), "Optimizer: parameter ", key_of(i), " has no master value here (its masters "
+    TUTTI_CHECK_ARG(p->value.defined(), "Optimizer: parameter ", key_of(i),
+                    " has no master value here (its masters "
                     "are sharded by DistributedDataParallel's ZeRO stages: attach this optimizer with "
                     "ddp.attach(optimizer))");
     TUTTI_CHECK_ARG(p->value.dtype() == DType::f32, "Optimizer: parameter ", key_of(i), " has master value ",
@@ -390,7 +392,8 @@ StateDict Optimizer::state_dict() {
       covered += std::max<std::int64_t>(0, std::min(span.end, pe.offset + pe.numel) - std::max(span.begin, pe.offset));
     }
     TUTTI_CHECK(covered == pe.numel, "Optimizer::state_dict: this optimizer holds ", covered, " of the ", pe.numel,
-                " elements of the state of '", key_of(i), "' (one rank's shard under ZeRO): save it with "
+                " elements of the state of '", key_of(i),
+                "' (one rank's shard under ZeRO): save it with "
                 "DistributedDataParallel::optimizer_state_dict, which gathers the shards");
     for (std::size_t k = 0; k < names.size(); ++k) {
       Tensor whole = Tensor::empty(pe.shape, DType::f32);
@@ -398,8 +401,9 @@ StateDict Optimizer::state_dict() {
         const FlatSpan& span = target_->spans[s];
         const std::int64_t b = std::max(span.begin, pe.offset), end = std::min(span.end, pe.offset + pe.numel);
         if (b >= end) continue;
-        whole.flatten().view(b - pe.offset, {end - b}).copy_from(
-            flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
+        whole.flatten()
+            .view(b - pe.offset, {end - b})
+            .copy_from(flat_state_[k].view(span_state_offset_[s] + (b - span.begin), {end - b}), stream_);
       }
       out[key_of(i) + "." + names[k]] = whole;
     }
@@ -418,8 +422,8 @@ void Optimizer::load_state_dict(const StateDict& state) {
     for (std::size_t k = 0; k < names.size(); ++k) {
       const std::string key = key_of(i) + "." + names[k];
       const Tensor& t = get_tensor(state, key);
-      TUTTI_CHECK_ARG(t.shape() == params_[i]->shape() && t.dtype() == DType::f32, "Optimizer::load_state_dict: '",
-                      key, "' is ", t.str(), " but the parameter is ", shape_str(params_[i]->shape()), " f32");
+      TUTTI_CHECK_ARG(t.shape() == params_[i]->shape() && t.dtype() == DType::f32, "Optimizer::load_state_dict: '", key,
+                      "' is ", t.str(), " but the parameter is ", shape_str(params_[i]->shape()), " f32");
       found[i].push_back(&t);
     }
   }

@@ -26,8 +26,8 @@ void SGD::update(const Segment& segment, float lr, float grad_scale, std::int64_
   p.weight_decay = segment.weight_decay;
   p.nesterov = options_.nesterov;
   p.grad_scale = grad_scale;
-  kernels::sgd_update(segment.value, segment.grad, segment.state.empty() ? Tensor() : segment.state[0],
-                      segment.compute, p, /*first_step=*/step_index == 1, stream());
+  kernels::sgd_update(segment.value, segment.grad, segment.state.empty() ? Tensor() : segment.state[0], segment.compute,
+                      p, /*first_step=*/step_index == 1, stream());
 }
 
 }  // namespace tutti::optim

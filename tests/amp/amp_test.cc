@@ -58,7 +58,7 @@ TEST(LossScaler, BackingOffBelowTheFloorSaysTheRunDiverged) {
   amp::LossScaler scaler;  // 2^16, halves on inf/nan, floor 1
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(scaler.update(false));
   ASSERT_FALSE(scaler.update(true));
-  ASSERT_TRUE(scaler.update(false));  // a good step ends a streak
+  ASSERT_TRUE(scaler.update(false));                                    // a good step ends a streak
   for (int i = 0; i < 15; ++i) ASSERT_FALSE(scaler.update(true)) << i;  // 32768 -> 1: allowed
   EXPECT_EQ(scaler.scale(), 1.0f);
   EXPECT_EQ(scaler.nonfinite_streak(), 15);
@@ -222,7 +222,7 @@ TEST(LossScaler, StaticAndOffModes) {
   EXPECT_FALSE(off.enabled());
   Tensor g = Tensor::from_floats({1.0f, std::numeric_limits<float>::quiet_NaN()}, {2});
   EXPECT_TRUE(off.update(off.unscale_and_check({g})));  // off never skips
-  EXPECT_EQ(g.to_floats()[0], 1.0f);                     // and does not scale
+  EXPECT_EQ(g.to_floats()[0], 1.0f);                    // and does not scale
   // A fixed scaler still finds the nan.
   Tensor g2 = Tensor::from_floats({1.0f, std::numeric_limits<float>::quiet_NaN()}, {2});
   EXPECT_FALSE(fixed.update(fixed.unscale_and_check({g2})));
@@ -293,8 +293,8 @@ Accuracy train_blobs(DType compute, DType grad, Device device) {
   nn::CrossEntropyLoss loss;
   const Tensor xs = train.x.to(device), ys = train.labels.to(device);
   auto accuracy = [&] {
-    return static_cast<double>(nn::count_correct(model.forward(test.x.to(device)), test.labels.to(device),
-                                                 model.stream())) /
+    return static_cast<double>(
+               nn::count_correct(model.forward(test.x.to(device)), test.labels.to(device), model.stream())) /
            256.0;
   };
   const double before = accuracy();

@@ -32,8 +32,8 @@ Layout expected_layout() {
   return {std::atoi(n), std::atoi(k)};
 }
 
-#define REQUIRE_CLUSTER(layout)                                                                   \
-  const Layout layout = expected_layout();                                                        \
+#define REQUIRE_CLUSTER(layout)            \
+  const Layout layout = expected_layout(); \
   if (layout.nodes == 0) GTEST_SKIP() << "not on the emulated cluster (run by multinode_test.py)"
 
 // Every rank's host name, gathered over MPI (independently of the Job's own bookkeeping).

@@ -73,7 +73,8 @@ class Collectives : public ::testing::TestWithParam<std::string> {
     std::vector<double> expected(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) expected[static_cast<std::size_t>(i)] = reduced(op, dtype, w, i, seed);
     expect_values(values_of(out), expected, dtype, exact(op, dtype), what);
-    if (!in_place) expect_values(values_of(in), values_of(make_input(dtype, r, n, seed)), dtype, true, what + " (input kept)");
+    if (!in_place)
+      expect_values(values_of(in), values_of(make_input(dtype, r, n, seed)), dtype, true, what + " (input kept)");
   }
 
   void check_reduce_scatter(DType dtype, ReduceOp op, std::int64_t n, bool in_place, std::uint32_t seed) {
@@ -270,7 +271,8 @@ TEST_P(Collectives, ProgressesWithoutWaiting) {
   EXPECT_TRUE(work.test());
   work.wait();
   std::vector<double> expected;
-  for (std::int64_t i = 0; i < x.numel(); ++i) expected.push_back(reduced(ReduceOp::max, DType::f32, comm_->size(), i, 700));
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    expected.push_back(reduced(ReduceOp::max, DType::f32, comm_->size(), i, 700));
   expect_values(values_of(x), expected, DType::f32, true, "progress");
 }
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <optional>
 
-#include "comm/watchdog.h"
 #include "comm/comm_test_util.h"
+#include "comm/watchdog.h"
 #include "tutti/comm/communicator.h"
 
 namespace tutti::testing {
@@ -38,9 +38,9 @@ TEST(CommJob, RanksMatchMpi) {
 TEST(CommJob, SummaryNamesEveryRank) {
   const std::string s = job().summary();
   for (int r = 0; r < job().world_size(); ++r) {
-    EXPECT_NE(s.find("rank " + std::to_string(r) + "/" + std::to_string(job().world_size()) + "  host " +
-                     job().hostname()),
-              std::string::npos)
+    EXPECT_NE(
+        s.find("rank " + std::to_string(r) + "/" + std::to_string(job().world_size()) + "  host " + job().hostname()),
+        std::string::npos)
         << s;
   }
   EXPECT_NE(s.find("backend " + std::string(job().backend())), std::string::npos) << s;
@@ -68,9 +68,11 @@ TEST(CommJob, CheckSameNamesTheRanksThatDisagree) {
       others += " 0";
     }
     const std::string what = e.what();
-    EXPECT_NE(what.find("ranks disagree on the data set's size: " + others + "; '59000' on rank 1 (every rank must "
+    EXPECT_NE(what.find("ranks disagree on the data set's size: " + others +
+                        "; '59000' on rank 1 (every rank must "
                         "have the same value)"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("[rank " + std::to_string(rank) + "]"), std::string::npos) << what;
   }
   // The job goes on.
@@ -111,12 +113,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1);
-    else unsetenv(name_);
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
   }
 
  private:
@@ -184,8 +190,13 @@ TEST(CommTimeout, ReportSuggestsDebugModeOnlyWhenItIsOff) {
 }
 
 TEST(CommInfo, DescribesTheCollective) {
-  CollectiveInfo info{.seq = 17, .kind = CollectiveKind::allreduce, .op = ReduceOp::avg, .dtype = DType::bf16,
-                      .count = 1 << 20, .root = -1, .label = "ddp bucket 3"};
+  CollectiveInfo info{.seq = 17,
+                      .kind = CollectiveKind::allreduce,
+                      .op = ReduceOp::avg,
+                      .dtype = DType::bf16,
+                      .count = 1 << 20,
+                      .root = -1,
+                      .label = "ddp bucket 3"};
   EXPECT_EQ(info.str(), "#17 allreduce(avg) 1048576 x bf16 (2.0 MiB) issued by 'ddp bucket 3'");
   EXPECT_EQ(Work().info().seq, 0u);
   EXPECT_TRUE(Work().test());
@@ -250,7 +261,8 @@ TEST(CommErrors, NcclRefusesCpuTensors) {
     job().communicator().allreduce(Tensor::zeros({4}, DType::f32));
     ADD_FAILURE() << "no error";
   } catch (const BackendError& e) {
-    EXPECT_NE(std::string(e.what()).find("Backend nccl does not support tensors on cpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Backend nccl does not support tensors on cpu"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -314,7 +326,8 @@ class CommDebug : public ::testing::Test {
     } catch (const InvalidArgument& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("collective mismatch"), std::string::npos) << what;
-      for (const auto& piece : expected) EXPECT_NE(what.find(piece), std::string::npos) << "'" << piece << "' in " << what;
+      for (const auto& piece : expected)
+        EXPECT_NE(what.find(piece), std::string::npos) << "'" << piece << "' in " << what;
     }
   }
   void expect_still_works() {
@@ -336,7 +349,8 @@ TEST_F(CommDebug, MismatchedCounts) {
   const Tensor x = Tensor::zeros({first ? 10 : 11}, DType::f32);
   const Work work = comm_->allreduce(x, ReduceOp::sum, {.label = "counts"});
   const std::string seq = "#" + std::to_string(work.info().seq);
-  expect_mismatch(work, {"rank 0 issued " + seq + " allreduce(sum) 10 x f32", "rank 1 issued " + seq + " allreduce(sum) 11 x f32"});
+  expect_mismatch(
+      work, {"rank 0 issued " + seq + " allreduce(sum) 10 x f32", "rank 1 issued " + seq + " allreduce(sum) 11 x f32"});
   expect_still_works();
 }
 

@@ -40,7 +40,8 @@ inline double input_value(DType dtype, int rank, std::int64_t i, std::uint32_t s
   h *= 0xc4ceb9fe1a85ec53ULL;
   h ^= h >> 33;
   if (dtype == DType::i32) return static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000);
-  if (dtype == DType::i64) return static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000 + (std::int64_t{1} << 40));
+  if (dtype == DType::i64)
+    return static_cast<double>(static_cast<std::int64_t>(h % 2001) - 1000 + (std::int64_t{1} << 40));
   const float u = static_cast<float>(static_cast<double>(h >> 11) / static_cast<double>(1ULL << 53) * 2.0 - 1.0);
   return round_to(dtype, u);
 }
@@ -94,7 +95,7 @@ inline void expect_values(const std::vector<double>& actual, const std::vector<d
 }  // namespace tutti::testing
 
 // Skips a test (on every rank alike) where the process sees no GPU.
-#define TUTTI_COMM_REQUIRE_GPU()                                                                  \
-  do {                                                                                            \
+#define TUTTI_COMM_REQUIRE_GPU()                                                                        \
+  do {                                                                                                  \
     if (!::tutti::cuda_available()) GTEST_SKIP() << "no GPU visible to this process: GPU path not run"; \
   } while (0)

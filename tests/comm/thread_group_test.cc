@@ -143,7 +143,8 @@ TEST(ThreadGroup, MismatchAndMissingRanksAreClearErrors) {
       errors[static_cast<std::size_t>(r)] = e.what();
     }
   });
-  for (const std::string& e : errors) EXPECT_NE(e.find("collective mismatch: rank 0 issued #1 allreduce(sum) 4"), std::string::npos) << e;
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("collective mismatch: rank 0 issued #1 allreduce(sum) 4"), std::string::npos) << e;
   std::string timeout;
   group.run([&](int r) {
     if (r == 1) return;

@@ -27,7 +27,10 @@ std::uint16_t reference_round(float v, Decode decode, std::uint16_t max_finite_b
   std::uint32_t lo = 0, hi = max_finite_bits;
   while (lo < hi) {
     const std::uint32_t mid = (lo + hi + 1) / 2;
-    if (decode(static_cast<std::uint16_t>(mid)) <= a) lo = mid; else hi = mid - 1;
+    if (decode(static_cast<std::uint16_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   std::uint32_t pick = lo;
   const double below = decode(static_cast<std::uint16_t>(lo));
@@ -118,10 +121,10 @@ TEST(BFloat16, EveryPatternRoundTrips) {
 }
 
 TEST(BFloat16, RoundsToNearestEven) {
-  EXPECT_EQ(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)), 0x3f80u);      // tie -> even (1)
-  EXPECT_EQ(float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82u);  // tie -> even (up)
-  EXPECT_EQ(float_to_bf16_bits(f_of(0x3f808001u)), 0x3f81u);                 // above tie -> up
-  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80u); // rounds to inf
+  EXPECT_EQ(float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)), 0x3f80u);        // tie -> even (1)
+  EXPECT_EQ(float_to_bf16_bits(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82u);    // tie -> even (up)
+  EXPECT_EQ(float_to_bf16_bits(f_of(0x3f808001u)), 0x3f81u);                  // above tie -> up
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80u);  // rounds to inf
   EXPECT_EQ(float_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xff80u);
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(std::nanf("")))));
   // A nan whose payload sits in the low bits only must not become inf.

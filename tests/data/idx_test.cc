@@ -29,8 +29,8 @@ using Bytes = std::vector<std::uint8_t>;
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tutti_idx_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    path_ =
+        fs::temp_directory_path() / ("tutti_idx_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -95,7 +95,9 @@ std::string invalid_argument_message(F&& f) {
   return "";
 }
 
-struct Shape3 { std::uint32_t n, rows, cols; };
+struct Shape3 {
+  std::uint32_t n, rows, cols;
+};
 
 class IdxImages : public ::testing::TestWithParam<std::tuple<bool, Shape3>> {};
 
@@ -104,8 +106,10 @@ TEST_P(IdxImages, ReadsBytesAsFloatsOverTwoFiftyFive) {
   TempDir dir;
   const Bytes data = random_bytes(std::size_t{s.n} * s.rows * s.cols, s.n * 31 + s.rows);
   const std::string path = dir.file(gz ? "images.gz" : "images");
-  if (gz) write_gz(path, idx_bytes(0x08, {s.n, s.rows, s.cols}, data));
-  else write_raw(path, idx_bytes(0x08, {s.n, s.rows, s.cols}, data));
+  if (gz)
+    write_gz(path, idx_bytes(0x08, {s.n, s.rows, s.cols}, data));
+  else
+    write_raw(path, idx_bytes(0x08, {s.n, s.rows, s.cols}, data));
 
   const IdxArray raw = read_idx(path);
   EXPECT_EQ(raw.type, IdxType::u8);
@@ -123,9 +127,8 @@ TEST_P(IdxImages, ReadsBytesAsFloatsOverTwoFiftyFive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PlainAndGzip, IdxImages,
-                         ::testing::Combine(::testing::Bool(),
-                                            ::testing::Values(Shape3{1, 1, 1}, Shape3{5, 3, 4},
-                                                              Shape3{17, 28, 28}, Shape3{3, 7, 1})));
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(Shape3{1, 1, 1}, Shape3{5, 3, 4},
+                                                                                 Shape3{17, 28, 28}, Shape3{3, 7, 1})));
 
 TEST(Idx, ReadsLabelsAsInt32PlainAndGzip) {
   TempDir dir;
@@ -133,8 +136,10 @@ TEST(Idx, ReadsLabelsAsInt32PlainAndGzip) {
     for (std::uint32_t n : {1u, 9u, 1001u}) {
       const Bytes data = random_bytes(n, n + (gz ? 7 : 0));
       const std::string path = dir.file("labels" + std::to_string(n) + (gz ? ".gz" : ""));
-      if (gz) write_gz(path, idx_bytes(0x08, {n}, data));
-      else write_raw(path, idx_bytes(0x08, {n}, data));
+      if (gz)
+        write_gz(path, idx_bytes(0x08, {n}, data));
+      else
+        write_raw(path, idx_bytes(0x08, {n}, data));
       const Tensor t = read_idx_labels(path);
       EXPECT_EQ(t.dtype(), DType::i32);
       EXPECT_EQ(t.shape(), (Shape{n}));
@@ -187,13 +192,15 @@ TEST(Idx, TruncatedDataIsRefusedPlainAndGzip) {
   TempDir dir;
   const Bytes full = idx_bytes(0x08, {10, 6, 5}, random_bytes(300, 3));
   // Cut in the magic, in the dimensions, just after the header, and in the data.
-  for (std::size_t keep : {std::size_t{2}, std::size_t{9}, std::size_t{16}, std::size_t{17}, std::size_t{200},
-                           full.size() - 1}) {
+  for (std::size_t keep :
+       {std::size_t{2}, std::size_t{9}, std::size_t{16}, std::size_t{17}, std::size_t{200}, full.size() - 1}) {
     for (bool gz : {false, true}) {
       const std::string path = dir.file("cut" + std::to_string(keep) + (gz ? ".gz" : ""));
       const Bytes cut(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(keep));
-      if (gz) write_gz(path, cut);
-      else write_raw(path, cut);
+      if (gz)
+        write_gz(path, cut);
+      else
+        write_raw(path, cut);
       const std::string msg = invalid_argument_message([&] { read_idx_images(path); });
       EXPECT_NE(msg.find(path), std::string::npos) << msg;
       EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
@@ -223,21 +230,20 @@ TEST(Idx, TrailingBytesAreRefused) {
   write_raw(dir.file("long"), b);
   EXPECT_NE(invalid_argument_message([&] { read_idx(dir.file("long")); }).find("trailing bytes"), std::string::npos);
   write_gz(dir.file("long.gz"), b);
-  EXPECT_NE(invalid_argument_message([&] { read_idx(dir.file("long.gz")); }).find("trailing bytes"),
-            std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { read_idx(dir.file("long.gz")); }).find("trailing bytes"), std::string::npos);
 }
 
 TEST(Idx, BadMagicNumbersAreRefused) {
   TempDir dir;
   const Bytes data = random_bytes(12, 9);
-  struct Case { Bytes header; const char* why; };
+  struct Case {
+    Bytes header;
+    const char* why;
+  };
   const std::vector<Case> cases = {
-      {{1, 0, 8, 1}, "first byte not zero"},
-      {{0, 7, 8, 1}, "second byte not zero"},
-      {{0, 0, 0x0A, 1}, "unknown type code"},
-      {{0, 0, 8, 0}, "zero dimensions"},
-      {{0, 0, 8, 9}, "nine dimensions"},
-      {{0x1F, 0x8B, 8, 0}, "a gzip magic inside a plain file"},
+      {{1, 0, 8, 1}, "first byte not zero"},  {{0, 7, 8, 1}, "second byte not zero"},
+      {{0, 0, 0x0A, 1}, "unknown type code"}, {{0, 0, 8, 0}, "zero dimensions"},
+      {{0, 0, 8, 9}, "nine dimensions"},      {{0x1F, 0x8B, 8, 0}, "a gzip magic inside a plain file"},
   };
   for (const Case& c : cases) {
     Bytes b = c.header;
@@ -285,7 +291,8 @@ TEST(Idx, AClaimBeyondWhatTheFileCanHoldIsRefusedBeforeAllocating) {
   TempDir dir;
   const HugeClaims c = write_huge_claims(dir);
   std::string msg = invalid_argument_message([&] { read_idx(c.plain_10g); });
-  EXPECT_NE(msg.find("'" + c.plain_10g + "' is truncated: its header [10000, 1000, 1000] needs 10000000016 bytes "
+  EXPECT_NE(msg.find("'" + c.plain_10g +
+                     "' is truncated: its header [10000, 1000, 1000] needs 10000000016 bytes "
                      "(uncompressed), it has 116"),
             std::string::npos)
       << msg;
@@ -294,8 +301,10 @@ TEST(Idx, AClaimBeyondWhatTheFileCanHoldIsRefusedBeforeAllocating) {
   EXPECT_NE(msg.find("needs 10000000016 bytes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1032-fold"), std::string::npos) << msg;
   msg = invalid_argument_message([&] { read_idx(c.gz_1g_short); });
-  EXPECT_NE(msg.find("'" + c.gz_1g_short + "' is truncated: its header [1000, 1000, 1000] needs 1000000016 bytes "
-                     "(uncompressed), it has " + std::to_string(16 + (2 << 20))),
+  EXPECT_NE(msg.find("'" + c.gz_1g_short +
+                     "' is truncated: its header [1000, 1000, 1000] needs 1000000016 bytes "
+                     "(uncompressed), it has " +
+                     std::to_string(16 + (2 << 20))),
             std::string::npos)
       << msg;
 }
@@ -489,8 +498,10 @@ TEST(FashionMnistDir, EnvironmentMovesTheDefault) {
   // The loader's default follows it: the error names the moved directory.
   const std::string msg = invalid_argument_message([] { load_fashion_mnist(); });
   EXPECT_NE(msg.find("/data/fmnist"), std::string::npos) << msg;
-  if (before != nullptr) ::setenv(kFashionMnistDirEnv, saved.c_str(), 1);
-  else ::unsetenv(kFashionMnistDirEnv);
+  if (before != nullptr)
+    ::setenv(kFashionMnistDirEnv, saved.c_str(), 1);
+  else
+    ::unsetenv(kFashionMnistDirEnv);
 }
 
 // ---- the real files, when Debian's dataset-fashion-mnist package is installed ---------------

@@ -41,7 +41,8 @@ std::vector<std::int64_t> spec_permutation(std::int64_t n, std::uint64_t seed, s
     const std::uint64_t bound = static_cast<std::uint64_t>(i + 1);
     const std::uint64_t threshold = static_cast<std::uint64_t>(two64 % bound);
     std::uint64_t x;
-    do x = engine(); while (x < threshold);
+    do x = engine();
+    while (x < threshold);
     std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(x % bound)]);
   }
   return p;
@@ -49,7 +50,7 @@ std::vector<std::int64_t> spec_permutation(std::int64_t n, std::uint64_t seed, s
 
 // Rows `indices` of a dataset, gathered naively through to_floats / to_ints.
 std::pair<std::vector<float>, std::vector<std::int64_t>> naive_rows(const Dataset& d,
-                                                                   const std::vector<std::int64_t>& indices) {
+                                                                    const std::vector<std::int64_t>& indices) {
   const auto x = d.images.to_floats();
   const auto y = d.labels.to_ints();
   const std::size_t row = x.size() / static_cast<std::size_t>(d.size());
@@ -254,7 +255,7 @@ TEST(DistributedLoader, RefusesAStateFromAnotherOrder) {
   expect_refused(DistributedLoader(data.slice(0, 39), {.global_micro_batch_size = 6, .seed = 77}), "dataset");
   expect_refused(DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 77, .shuffle = false}), "shuffling");
   DistributedLoader l(data, {.global_micro_batch_size = 6, .seed = 77});
-  EXPECT_THROW(l.load_state_dict({}), InvalidArgument);  // entries missing
+  EXPECT_THROW(l.load_state_dict({}), InvalidArgument);   // entries missing
   EXPECT_THROW(l.set_position({0, 7}), InvalidArgument);  // past the epoch's end
   EXPECT_THROW(l.set_position({-1, 0}), InvalidArgument);
 }

@@ -145,7 +145,8 @@ TEST(TokenLoader, EpochVisitsEveryWindowOnceInThePermutationsOrder) {
   for (int s = 0; s < 10; ++s) {
     const auto x = l.next().inputs.to_ints();
     for (int i = 0; i < 10; ++i) {
-      EXPECT_EQ(x[static_cast<std::size_t>(i * 8)], c.tokens[static_cast<std::size_t>(order[static_cast<std::size_t>(s * 10 + i)] * 8)]);
+      EXPECT_EQ(x[static_cast<std::size_t>(i * 8)],
+                c.tokens[static_cast<std::size_t>(order[static_cast<std::size_t>(s * 10 + i)] * 8)]);
     }
   }
   EXPECT_EQ(l.next().epoch, 1);
@@ -176,8 +177,7 @@ TEST(TokenLoader, BadOptionsAreRefused) {
   TokenCorpus c;
   c.tokens = ramp(100, 0);
   EXPECT_THROW(TokenLoader(c, {.sequence_length = 0, .global_micro_batch_size = 2}), InvalidArgument);
-  EXPECT_THROW(TokenLoader(c, {.sequence_length = 10, .global_micro_batch_size = 3, .world_size = 2}),
-               InvalidArgument);
+  EXPECT_THROW(TokenLoader(c, {.sequence_length = 10, .global_micro_batch_size = 3, .world_size = 2}), InvalidArgument);
   EXPECT_THROW(TokenLoader(c, {.sequence_length = 10, .global_micro_batch_size = 10}), InvalidArgument);  // 9 windows
 }
 

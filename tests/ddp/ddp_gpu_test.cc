@@ -31,8 +31,7 @@ using namespace tutti::testing;
 // one that stages GPU tensors through the host.
 Communicator& communicator_for(const std::string& backend) {
   if (backend == "job") return world().communicator();
-  static std::shared_ptr<Communicator> staging =
-      world().new_communicator({.timeout = std::chrono::seconds(60)}, "mpi");
+  static std::shared_ptr<Communicator> staging = world().new_communicator({.timeout = std::chrono::seconds(60)}, "mpi");
   return *staging;
 }
 

@@ -253,8 +253,7 @@ TEST(DdpPolicy, Bf16GradientsAreSentAsBf16ByDefault) {
   };
   const std::vector<Case> cases = {
       {amp::Policy::bf16(), std::nullopt, DType::bf16},  // what the user guide's program does
-      {amp::Policy::fp16(), std::nullopt, DType::f32},
-      {amp::Policy::fp32(), std::nullopt, DType::f32},
+      {amp::Policy::fp16(), std::nullopt, DType::f32},  {amp::Policy::fp32(), std::nullopt, DType::f32},
       {amp::Policy::bf16(), DType::f32, DType::f32},  // an explicit option wins
       {amp::Policy::fp32(), DType::bf16, DType::bf16},
   };

@@ -27,7 +27,11 @@ std::unique_ptr<nn::Sequential> make_cnn() {
   auto m = std::make_unique<nn::Sequential>();
   nn::Conv2dOptions pad1;
   pad1.padding = 1;
-  m->add<nn::Conv2d>(1, 3, 3, pad1).add<nn::ReLU>().add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(3 * 4 * 4, kClasses);
+  m->add<nn::Conv2d>(1, 3, 3, pad1)
+      .add<nn::ReLU>()
+      .add<nn::MaxPool2d>()
+      .add<nn::Flatten>()
+      .add<nn::Linear>(3 * 4 * 4, kClasses);
   return m;
 }
 
@@ -86,7 +90,9 @@ void expect_equivalent(const std::function<std::unique_ptr<nn::Sequential>()>& m
   EXPECT_GT(relative_difference(*untouched, *reference), 1e-3);
 }
 
-TEST(Ddp, MlpWithSgdMatchesOneRank) { expect_equivalent([] { return make_mlp(); }, {12}, {.optimizer = Opt::sgd}); }
+TEST(Ddp, MlpWithSgdMatchesOneRank) {
+  expect_equivalent([] { return make_mlp(); }, {12}, {.optimizer = Opt::sgd});
+}
 
 TEST(Ddp, MlpWithAdamWMatchesOneRank) {
   expect_equivalent([] { return make_mlp(); }, {12}, {.optimizer = Opt::adamw});

@@ -22,7 +22,11 @@ inline constexpr std::uint64_t kSeed = 1234;
 
 inline std::unique_ptr<nn::Sequential> make_mlp(std::int64_t hidden = 16) {
   auto m = std::make_unique<nn::Sequential>();
-  m->add<nn::Linear>(12, hidden).add<nn::ReLU>().add<nn::Linear>(hidden, 9).add<nn::GELU>().add<nn::Linear>(9, kClasses);
+  m->add<nn::Linear>(12, hidden)
+      .add<nn::ReLU>()
+      .add<nn::Linear>(hidden, 9)
+      .add<nn::GELU>()
+      .add<nn::Linear>(9, kClasses);
   return m;
 }
 

@@ -18,9 +18,7 @@ namespace {
 
 using testing::world;
 
-std::vector<nn::PlanParam> specs() {
-  return {{"a", {3, 5}}, {"b", {7}}, {"c", {1}}, {"d", {4, 4, 2}}, {"e", {33}}};
-}
+std::vector<nn::PlanParam> specs() { return {{"a", {3, 5}}, {"b", {7}}, {"c", {1}}, {"d", {4, 4, 2}}, {"e", {33}}}; }
 
 // The plan of specs(): tiny buckets (one gradient each) when asked, sharded over `world`.
 nn::FlatPlan plan(bool tiny_buckets = false, int world = 1, double first_bucket_mb = 1.0) {
@@ -32,7 +30,9 @@ nn::FlatPlan plan(bool tiny_buckets = false, int world = 1, double first_bucket_
 }
 
 // Gradient i, element j on rank r: small integers, exact in every dtype and every sum.
-float value(std::size_t i, std::int64_t j, int r) { return static_cast<float>((static_cast<int>(i) * 7 + j) % 13 - 6 + r); }
+float value(std::size_t i, std::int64_t j, int r) {
+  return static_cast<float>((static_cast<int>(i) * 7 + j) % 13 - 6 + r);
+}
 
 void fill(Reducer& red, int rank) {
   for (std::size_t i = 0; i < red.size(); ++i) {

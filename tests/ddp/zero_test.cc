@@ -62,12 +62,12 @@ struct TrainRun {
   int accumulation = 1;
   std::int64_t micro_batch = 12;  // global rows per micro-step: divisible by 1..4
   amp::Policy policy = amp::Policy::fp32();
-  double clip = 0;                // max global norm (0: no clipping)
-  int poison_step = -1;           // this step's last rank multiplies its loss gradient by inf
-  double bucket_mb = 3e-4;        // several buckets
+  double clip = 0;          // max global norm (0: no clipping)
+  int poison_step = -1;     // this step's last rank multiplies its loss gradient by inf
+  double bucket_mb = 3e-4;  // several buckets
   bool gather_during_forward = true;
   std::vector<CollectiveFault> faults;
-  int first_step = 0;             // the data of steps [first_step, first_step + steps)
+  int first_step = 0;                 // the data of steps [first_step, first_step + steps)
   const StateDict* resume = nullptr;  // model + optimizer + scaler state to start from
   StateDict* save = nullptr;          // where to put the state at the end (from rank 0)
 };
@@ -192,8 +192,10 @@ TEST(Zero, StagesMatchStageZeroAndOneRankAtOneToFourRanks) {
         expect_ranks_agree(got);
         EXPECT_LE(relative_difference(got[0], reference), 1e-5);
         // The same sums and the same fused update on each element: bit for bit stage 0's.
-        if (zero == 0) stage0 = got[0];
-        else EXPECT_EQ(got[0], stage0);
+        if (zero == 0)
+          stage0 = got[0];
+        else
+          EXPECT_EQ(got[0], stage0);
       }
     }
   }
@@ -226,8 +228,8 @@ TEST(Zero, HalfPrecisionAndASkippedStep) {
     int poison_step;
     double tolerance;  // against the one-rank reference in the same policy
   };
-  for (const Case& c : {Case{amp::Policy::bf16(), -1, 2e-2}, Case{bf16_grads, -1, 3e-2},
-                        Case{amp::Policy::fp16(), 1, 3e-3}}) {
+  for (const Case& c :
+       {Case{amp::Policy::bf16(), -1, 2e-2}, Case{bf16_grads, -1, 3e-2}, Case{amp::Policy::fp16(), 1, 3e-3}}) {
     TrainRun run;
     run.policy = c.policy;
     run.poison_step = c.poison_step;
@@ -241,8 +243,10 @@ TEST(Zero, HalfPrecisionAndASkippedStep) {
       const std::vector<Values> got = train(run);
       expect_ranks_agree(got);
       EXPECT_LE(relative_difference(got[0], reference), c.tolerance);
-      if (zero == 0) stage0 = got[0];
-      else EXPECT_LE(relative_difference(got[0], stage0), 1e-6);
+      if (zero == 0)
+        stage0 = got[0];
+      else
+        EXPECT_LE(relative_difference(got[0], stage0), 1e-6);
     }
   }
 }
@@ -255,7 +259,8 @@ TEST(Zero, HalfPrecisionAndASkippedStep) {
 TEST(Zero, LateAndReorderedCollectivesChangeNothing) {
   for (int zero : {0, 1, 2}) {
     for (const bool gather_in_forward : {true, false}) {
-      SCOPED_TRACE("zero " + std::to_string(zero) + (gather_in_forward ? ", gathers in forward" : ", gathers after step"));
+      SCOPED_TRACE("zero " + std::to_string(zero) +
+                   (gather_in_forward ? ", gathers in forward" : ", gathers after step"));
       TrainRun run;
       run.ranks = 3;
       run.zero = zero;
@@ -267,7 +272,9 @@ TEST(Zero, LateAndReorderedCollectivesChangeNothing) {
       for (std::uint64_t seq = 1; seq <= 40; ++seq) {
         const int rank = static_cast<int>(rng() % 4) - 1;  // -1: all ranks
         if (rng() % 2) {
-          run.faults.push_back({.seq = seq, .rank = rank, .action = CollectiveFault::Action::delay,
+          run.faults.push_back({.seq = seq,
+                                .rank = rank,
+                                .action = CollectiveFault::Action::delay,
                                 .delay = std::chrono::milliseconds(rng() % 4)});
         } else {
           run.faults.push_back({.seq = seq, .rank = rank, .action = CollectiveFault::Action::reorder, .after = 1});
@@ -289,8 +296,8 @@ TEST(Zero, ACollectiveThatFailsMidStepFailsTheStep) {
   group.run([&](int rank) {
     auto model = make_model();
     model->init(kSeed);
-    DistributedDataParallel ddp(group.communicator(rank), *model, {.bucket_cap_mb = 3e-4, .first_bucket_cap_mb = 3e-4,
-                                                                   .zero_stage = 1});
+    DistributedDataParallel ddp(group.communicator(rank), *model,
+                                {.bucket_cap_mb = 3e-4, .first_bucket_cap_mb = 3e-4, .zero_stage = 1});
     auto opt = make_optimizer(Opt::adamw, *model);
     ddp.attach(*opt);
     nn::CrossEntropyLoss loss;
@@ -355,25 +362,67 @@ TEST(Zero, ReducerMisuseIsADeterministicError) {
   };
   const std::vector<Misuse> misuses = {
       {"mark before prepare", GradientSharding::none, [](Reducer& r) { r.mark_ready(0); }, "outside a backward pass"},
-      {"finish without prepare", GradientSharding::scatter, [](Reducer& r) { r.finish(); }, "no synchronized backward pass"},
+      {"finish without prepare", GradientSharding::scatter, [](Reducer& r) { r.finish(); },
+       "no synchronized backward pass"},
       {"finish an accumulating pass", GradientSharding::none,
-       [&](Reducer& r) { r.prepare(false); all(r); r.finish(); }, "no synchronized backward pass"},
-      {"prepare twice", GradientSharding::scatter, [&](Reducer& r) { r.prepare(true); all(r); r.prepare(true); },
+       [&](Reducer& r) {
+         r.prepare(false);
+         all(r);
+         r.finish();
+       },
+       "no synchronized backward pass"},
+      {"prepare twice", GradientSharding::scatter,
+       [&](Reducer& r) {
+         r.prepare(true);
+         all(r);
+         r.prepare(true);
+       },
        "never finished"},
-      {"prepare twice before any gradient", GradientSharding::none, [&](Reducer& r) { r.prepare(true); r.prepare(true); },
+      {"prepare twice before any gradient", GradientSharding::none,
+       [&](Reducer& r) {
+         r.prepare(true);
+         r.prepare(true);
+       },
        "never finished"},
       {"prepare after finish without zero", GradientSharding::shard_only,
-       [&](Reducer& r) { r.prepare(true); all(r); r.finish(); r.prepare(false); }, "call zero()"},
-      {"zero while reducing", GradientSharding::none, [&](Reducer& r) { r.prepare(true); all(r); r.zero(); },
+       [&](Reducer& r) {
+         r.prepare(true);
+         all(r);
+         r.finish();
+         r.prepare(false);
+       },
+       "call zero()"},
+      {"zero while reducing", GradientSharding::none,
+       [&](Reducer& r) {
+         r.prepare(true);
+         all(r);
+         r.zero();
+       },
        "finish() it first"},
-      {"mark twice", GradientSharding::scatter, [&](Reducer& r) { r.prepare(true); r.mark_ready(1); r.mark_ready(1); },
+      {"mark twice", GradientSharding::scatter,
+       [&](Reducer& r) {
+         r.prepare(true);
+         r.mark_ready(1);
+         r.mark_ready(1);
+       },
        "marked ready twice"},
       {"gradient outside a pass", GradientSharding::shard_only, [](Reducer& r) { (void)r.grad(0); },
        "only within a backward pass"},
       {"gradient written after its bucket left", GradientSharding::shard_only,
-       [&](Reducer& r) { r.prepare(true); all(r); (void)r.grad(2); }, "after its bucket"},
+       [&](Reducer& r) {
+         r.prepare(true);
+         all(r);
+         (void)r.grad(2);
+       },
+       "after its bucket"},
       {"a gradient never marked", GradientSharding::shard_only,
-       [&](Reducer& r) { r.prepare(true); r.mark_ready(0); r.mark_ready(2); r.finish(); }, "'b'"},
+       [&](Reducer& r) {
+         r.prepare(true);
+         r.mark_ready(0);
+         r.mark_ready(2);
+         r.finish();
+       },
+       "'b'"},
   };
   for (const bool stormy : {false, true}) {
     for (const Misuse& m : misuses) {
@@ -451,9 +500,9 @@ TEST(Zero, MemoryIsTheShardsPlusWholeParameters) {
     });
     SCOPED_TRACE("zero " + std::to_string(zero));
     const DdpMemory& m = mem[0];
-    EXPECT_EQ(m.parameters, 2 * total);                            // bf16, whole
+    EXPECT_EQ(m.parameters, 2 * total);  // bf16, whole
     EXPECT_EQ(m.master_weights, zero == 0 ? 4 * total : 4 * shard);
-    EXPECT_EQ(m.gradients, zero == 2 ? 2 * shard : 2 * total);     // bf16
+    EXPECT_EQ(m.gradients, zero == 2 ? 2 * shard : 2 * total);  // bf16
     EXPECT_EQ(m.optimizer_state, zero == 0 ? 8 * total : 8 * shard);
     if (zero > 0) EXPECT_LT(shard * 4, total + 4 * 8 * 4) << "a shard is a quarter, give or take padding";
     if (zero == 2) EXPECT_GT(m.communication, 0) << "the pool";

@@ -102,8 +102,8 @@ TEST(CudaSemantics, ShufflesFollowTheProgrammingGuide) {
       const int start = lane / width * width;  // the lane's segment of `width` lanes
       EXPECT_EQ(a[lane], 100 + start + (lane + 3) % width) << "shfl width " << width << " lane " << lane;
       EXPECT_EQ(b[lane], 100 + (lane - 3 >= start ? lane - 3 : lane)) << "shfl_up width " << width << " lane " << lane;
-      EXPECT_EQ(c[lane], 100 + (lane + 3 < start + width ? lane + 3 : lane)) << "shfl_down width " << width
-                                                                            << " lane " << lane;
+      EXPECT_EQ(c[lane], 100 + (lane + 3 < start + width ? lane + 3 : lane))
+          << "shfl_down width " << width << " lane " << lane;
       const int x = lane ^ 5;  // a later segment returns the caller's own value
       EXPECT_EQ(d[lane], 100 + (x < start + width ? x : lane)) << "shfl_xor width " << width << " lane " << lane;
     }
@@ -346,9 +346,25 @@ TEST(CudaSemantics, HalfConversionsRoundToNearestEven) {
     ASSERT_TRUE(same_value(bv[i], tutti::bf16_bits_to_float(static_cast<std::uint16_t>(i)))) << "bf16 bits " << i;
   }
   // Floats to half and bfloat16: ties, subnormals, overflow, infinities, and random bit patterns.
-  std::vector<float> in = {0.0f, -0.0f, 1.0f, 1.00048828125f, 1.00146484375f, 65504.0f, 65519.0f, 65520.0f,
-                           1e9f, -1e9f, 5.96046448e-8f, 2.98023224e-8f, 2.98023225e-8f, 6.1035156e-5f,
-                           1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 3.4e38f, INFINITY, -INFINITY};
+  std::vector<float> in = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           1.00048828125f,
+                           1.00146484375f,
+                           65504.0f,
+                           65519.0f,
+                           65520.0f,
+                           1e9f,
+                           -1e9f,
+                           5.96046448e-8f,
+                           2.98023224e-8f,
+                           2.98023225e-8f,
+                           6.1035156e-5f,
+                           1.0f + 1.0f / 256,
+                           1.0f + 3.0f / 256,
+                           3.4e38f,
+                           INFINITY,
+                           -INFINITY};
   std::mt19937 rng(7);
   while (in.size() < 200000) {
     const std::uint32_t bits = static_cast<std::uint32_t>(rng());
@@ -455,7 +471,8 @@ TEST(CudaSemantics, LegacyDefaultStreamWaitsForBlockingStreamsOnly) {
     CHECK_CUDA(cudaLaunchHostFunc(held, wait_for_gate, &gate));
     fill_kernel<<<1, 16, 0, 0>>>(data.ptr, 16, 3);  // the legacy default stream
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    EXPECT_EQ(cudaStreamQuery(0), blocking ? cudaErrorNotReady : cudaSuccess) << (blocking ? "blocking" : "non-blocking");
+    EXPECT_EQ(cudaStreamQuery(0), blocking ? cudaErrorNotReady : cudaSuccess)
+        << (blocking ? "blocking" : "non-blocking");
     gate = true;
     CHECK_CUDA(cudaDeviceSynchronize());
     EXPECT_EQ(data.to_host()[15], 3);

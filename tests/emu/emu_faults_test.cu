@@ -40,8 +40,7 @@ __global__ void shuffle_after_exit_kernel(int* out) {
 
 TEST(EmuFaults, FullMaskShuffleWithExitedLanes) {
   expect_fault([](int* out) { shuffle_after_exit_kernel<<<1, 32>>>(out); },
-               {"shuffle_after_exit_kernel", "__shfl_xor_sync(mask 0xffffffff)", "emu_faults_test.cu:",
-                "has exited"});
+               {"shuffle_after_exit_kernel", "__shfl_xor_sync(mask 0xffffffff)", "emu_faults_test.cu:", "has exited"});
 }
 
 __global__ void divergent_barrier_kernel(int* out) {
@@ -54,7 +53,8 @@ __global__ void divergent_barrier_kernel(int* out) {
 }
 
 TEST(EmuFaults, SyncthreadsAtDifferentPlaces) {
-  expect_fault([](int* out) { divergent_barrier_kernel<<<2, 128>>>(out); }, {"divergent __syncthreads", "block (0,0,0)"});
+  expect_fault([](int* out) { divergent_barrier_kernel<<<2, 128>>>(out); },
+               {"divergent __syncthreads", "block (0,0,0)"});
 }
 
 __global__ void partial_warp_kernel(int* out) {

@@ -14,8 +14,8 @@
 namespace example {
 namespace {
 
-using tutti::DType;
 using tutti::Device;
+using tutti::DType;
 using tutti::Tensor;
 
 GptConfig tiny() {

@@ -193,8 +193,10 @@ TEST(Checkpoint, EveryFlippedByteIsRefused) {
     write_file(dir.file("bad"), bad);
     const std::string msg = error_message([&] { load_checkpoint(dir.file("bad")); });
     ASSERT_FALSE(msg.empty()) << "a flip at byte " << pos << " was accepted";
-    if (msg.find("header checksum mismatch") != std::string::npos) ++header_checksum;
-    else if (msg.find("checksum mismatch: stored 0x") != std::string::npos) ++data_checksum;
+    if (msg.find("header checksum mismatch") != std::string::npos)
+      ++header_checksum;
+    else if (msg.find("checksum mismatch: stored 0x") != std::string::npos)
+      ++data_checksum;
   }
   const std::uint64_t header_size = le64(good, 24);
   // Flips in the data, padding and trailer (and in the fixed header's last reserved word) are

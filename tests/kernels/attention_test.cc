@@ -40,7 +40,9 @@ Naive naive_forward(const std::vector<float>& qkv, const Case& c) {
   Naive n;
   n.out.assign(static_cast<std::size_t>(c.B * c.T * c.C), 0.0);
   n.probs.assign(static_cast<std::size_t>(c.B * c.heads * c.T * c.T), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t col) { return double(qkv[static_cast<std::size_t>((b * c.T + t) * C3 + col)]); };
+  auto at = [&](int64_t b, int64_t t, int64_t col) {
+    return double(qkv[static_cast<std::size_t>((b * c.T + t) * C3 + col)]);
+  };
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.heads; ++h)
       for (int64_t t = 0; t < c.T; ++t) {
@@ -70,9 +72,15 @@ std::vector<double> naive_backward(const std::vector<float>& qkv, const std::vec
   const int64_t hs = c.C / c.heads, C3 = 3 * c.C;
   const double scale = 1.0 / std::sqrt(double(hs));
   std::vector<double> g(qkv.size(), 0.0);
-  auto at = [&](int64_t b, int64_t t, int64_t col) { return double(qkv[static_cast<std::size_t>((b * c.T + t) * C3 + col)]); };
-  auto dy = [&](int64_t b, int64_t t, int64_t col) { return double(dout[static_cast<std::size_t>((b * c.T + t) * c.C + col)]); };
-  auto grad = [&](int64_t b, int64_t t, int64_t col) -> double& { return g[static_cast<std::size_t>((b * c.T + t) * C3 + col)]; };
+  auto at = [&](int64_t b, int64_t t, int64_t col) {
+    return double(qkv[static_cast<std::size_t>((b * c.T + t) * C3 + col)]);
+  };
+  auto dy = [&](int64_t b, int64_t t, int64_t col) {
+    return double(dout[static_cast<std::size_t>((b * c.T + t) * c.C + col)]);
+  };
+  auto grad = [&](int64_t b, int64_t t, int64_t col) -> double& {
+    return g[static_cast<std::size_t>((b * c.T + t) * C3 + col)];
+  };
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.heads; ++h)
       for (int64_t t = 0; t < c.T; ++t) {
@@ -91,8 +99,8 @@ std::vector<double> naive_backward(const std::vector<float>& qkv, const std::vec
         for (int64_t j = 0; j <= t; ++j) {
           const double ds = p[j] * (dp[static_cast<std::size_t>(j)] - dot) * scale;
           for (int64_t i = 0; i < hs; ++i) {
-            grad(b, t, h * hs + i) += ds * at(b, j, c.C + h * hs + i);      // dq
-            grad(b, j, c.C + h * hs + i) += ds * at(b, t, h * hs + i);      // dk
+            grad(b, t, h * hs + i) += ds * at(b, j, c.C + h * hs + i);  // dq
+            grad(b, j, c.C + h * hs + i) += ds * at(b, t, h * hs + i);  // dk
           }
         }
       }
@@ -132,7 +140,8 @@ TEST(AttentionCpu, BackwardMatchesNaive) {
       const Tensor dqkv = testing::poisoned(qkv.shape(), d);
       attention_backward(qkv, probs, dout, c.heads, dqkv);
       const std::vector<float> want = to_f(naive_backward(qkv.to_floats(), dout.to_floats(), c));
-      expect_close(dqkv.to_floats(), want, rtol_of(d), rtol_of(d) * std::max(1.0, max_abs(want)), "dqkv " + name_of(c, d));
+      expect_close(dqkv.to_floats(), want, rtol_of(d), rtol_of(d) * std::max(1.0, max_abs(want)),
+                   "dqkv " + name_of(c, d));
     }
 }
 
@@ -148,7 +157,8 @@ TEST(AttentionCpu, BackwardMatchesFiniteDifferences) {
     for (std::size_t i = 0; i < f.out.size(); ++i) s += f.out[i] * rv[i];
     return s;
   };
-  const Tensor out = Tensor::empty({c.B, c.T, c.C}, DType::f32), probs = Tensor::empty({c.B, c.heads, c.T, c.T}, DType::f32);
+  const Tensor out = Tensor::empty({c.B, c.T, c.C}, DType::f32),
+               probs = Tensor::empty({c.B, c.heads, c.T, c.T}, DType::f32);
   attention_forward(qkv, c.heads, out, probs);
   const Tensor dqkv = testing::poisoned(qkv.shape(), DType::f32);
   attention_backward(qkv, probs, r, c.heads, dqkv);
@@ -166,9 +176,11 @@ TEST(AttentionCpu, EachQueryIgnoresLaterPositions) {
   for (int64_t i = 0; i < 3 * c.C; ++i) x[(c.T - 1) * 3 * c.C + i] += 5.0f;
   attention_forward(qkv, c.heads, out2, probs);
   const std::vector<float> a = out1.to_floats(), b = out2.to_floats();
-  for (int64_t i = 0; i < (c.T - 1) * c.C; ++i) EXPECT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]) << i;
+  for (int64_t i = 0; i < (c.T - 1) * c.C; ++i)
+    EXPECT_EQ(a[static_cast<std::size_t>(i)], b[static_cast<std::size_t>(i)]) << i;
   bool last_changed = false;
-  for (int64_t i = (c.T - 1) * c.C; i < c.T * c.C; ++i) last_changed |= a[static_cast<std::size_t>(i)] != b[static_cast<std::size_t>(i)];
+  for (int64_t i = (c.T - 1) * c.C; i < c.T * c.C; ++i)
+    last_changed |= a[static_cast<std::size_t>(i)] != b[static_cast<std::size_t>(i)];
   EXPECT_TRUE(last_changed);
 }
 

@@ -30,7 +30,8 @@ const float kNan = std::numeric_limits<float>::quiet_NaN();
 double decode_half(std::uint16_t h) {
   const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
   const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exp == 0x1f) return mant ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+  if (exp == 0x1f)
+    return mant ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
   if (exp == 0) return sign * std::ldexp(mant, -24);
   return sign * std::ldexp(1024 + mant, exp - 25);
 }
@@ -44,8 +45,8 @@ double decode_bf16(std::uint16_t b) {
 // Rounds v to nearest even among the finite non-negative codes 0..max_code of a 16-bit
 // format (magnitudes increase with the code), overflowing to inf_code past the midpoint
 // between the largest value and the next power step.
-std::uint16_t round_by_search(double v, double (*decode)(std::uint16_t), std::uint16_t max_code,
-                              std::uint16_t inf_code, std::uint16_t nan_code) {
+std::uint16_t round_by_search(double v, double (*decode)(std::uint16_t), std::uint16_t max_code, std::uint16_t inf_code,
+                              std::uint16_t nan_code) {
   if (std::isnan(v)) return nan_code;
   const std::uint16_t sign = std::signbit(v) ? 0x8000 : 0;
   const double a = std::fabs(v);
@@ -53,16 +54,22 @@ std::uint16_t round_by_search(double v, double (*decode)(std::uint16_t), std::ui
   std::uint32_t lo = 0, hi = max_code;
   while (lo < hi) {
     const std::uint32_t mid = (lo + hi + 1) / 2;
-    if (decode(static_cast<std::uint16_t>(mid)) <= a) lo = mid; else hi = mid - 1;
+    if (decode(static_cast<std::uint16_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const double below = decode(static_cast<std::uint16_t>(lo));
   // Above the largest finite value, the next step would be one ulp more (same exponent).
   const double above = lo < max_code ? decode(static_cast<std::uint16_t>(lo + 1))
                                      : below + (below - decode(static_cast<std::uint16_t>(lo - 1)));
   std::uint32_t code;
-  if (a - below < above - a) code = lo;
-  else if (a - below > above - a) code = lo + 1;
-  else code = (lo % 2 == 0) ? lo : lo + 1;  // tie: the even code
+  if (a - below < above - a)
+    code = lo;
+  else if (a - below > above - a)
+    code = lo + 1;
+  else
+    code = (lo % 2 == 0) ? lo : lo + 1;  // tie: the even code
   if (code > max_code) return sign | inf_code;
   return static_cast<std::uint16_t>(sign | code);
 }
@@ -81,11 +88,34 @@ float ref_round(double v, DType dt) {
 // Values that stress rounding: ties in each format, subnormals, the edges of overflow,
 // inf and nan of both signs, and random values across many binades.
 std::vector<float> tricky_values() {
-  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, 1.f + std::ldexp(1.f, -11), 1.f + 3 * std::ldexp(1.f, -11),
-                          1.f + std::ldexp(1.f, -8), 1.f + 3 * std::ldexp(1.f, -8), 65504.f, 65519.f, 65520.f,
-                          -65520.f, 1e6f, std::ldexp(1.f, -24), std::ldexp(1.f, -25), std::ldexp(3.f, -26),
-                          std::ldexp(1.f, -14), std::ldexp(1.f, -15) * 1.5f, 3e38f, -3.4e38f, 1e-40f,
-                          kInf, -kInf, kNan, -kNan, 0.1f, -2.7182818f, 3.14159265f};
+  std::vector<float> v = {0.f,
+                          -0.f,
+                          1.f,
+                          -1.f,
+                          1.f + std::ldexp(1.f, -11),
+                          1.f + 3 * std::ldexp(1.f, -11),
+                          1.f + std::ldexp(1.f, -8),
+                          1.f + 3 * std::ldexp(1.f, -8),
+                          65504.f,
+                          65519.f,
+                          65520.f,
+                          -65520.f,
+                          1e6f,
+                          std::ldexp(1.f, -24),
+                          std::ldexp(1.f, -25),
+                          std::ldexp(3.f, -26),
+                          std::ldexp(1.f, -14),
+                          std::ldexp(1.f, -15) * 1.5f,
+                          3e38f,
+                          -3.4e38f,
+                          1e-40f,
+                          kInf,
+                          -kInf,
+                          kNan,
+                          -kNan,
+                          0.1f,
+                          -2.7182818f,
+                          3.14159265f};
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> mant(1.f, 2.f);
   std::uniform_int_distribution<int> expo(-30, 20);
@@ -173,8 +203,9 @@ TEST_P(UnscaleTest, ScalesInPlaceAndFlagsNonFinite) {
       Tensor f = Tensor::from_ints({0}, {1});
       unscale_and_check(dirty, 0.5f, f);
       EXPECT_EQ(f.to_ints()[0], 1) << bad << " not flagged, n=" << n << " " << name_of(dt);
-      EXPECT_EQ(dirty.to_floats()[static_cast<std::size_t>(n / 2)] == dirty.to_floats()[static_cast<std::size_t>(n / 2)],
-                !std::isnan(bad));
+      EXPECT_EQ(
+          dirty.to_floats()[static_cast<std::size_t>(n / 2)] == dirty.to_floats()[static_cast<std::size_t>(n / 2)],
+          !std::isnan(bad));
     }
     // The flag is never cleared.
     Tensor set = Tensor::from_ints({1}, {1});
@@ -202,7 +233,11 @@ TEST(Cast, BadInputThrowsBeforeWriting) {
   Tensor found_f32 = Tensor::from_floats({0.f}, {1});
   testing::expect_invalid_argument([&] { unscale_and_check(x, 0.5f, found_f32); }, "unscale_and_check");
   const auto before = x.to_floats();
-  testing::expect_invalid_argument([&] { unscale_and_check(x, 0.5f, Tensor::from_ints({0, 0}, {2})); }, "unscale_and_check");
+  testing::expect_invalid_argument(
+      [&] {
+        unscale_and_check(x, 0.5f, Tensor::from_ints({0, 0}, {2}));
+      },
+      "unscale_and_check");
   EXPECT_EQ(x.to_floats(), before) << "grad was scaled before the check";
 }
 
@@ -229,8 +264,8 @@ TEST(Cast, CudaMatchesCpu) {
         cast(xs.to(gpu), out_gpu, stream);
         stream.synchronize();
         expect_same_values(out_gpu.to_floats(), out.to_floats(),
-                           "cuda cast " + std::string(name_of(from)) + " -> " + std::string(name_of(to)) +
-                               " offset " + std::to_string(offset));
+                           "cuda cast " + std::string(name_of(from)) + " -> " + std::string(name_of(to)) + " offset " +
+                               std::to_string(offset));
       }
     }
   }

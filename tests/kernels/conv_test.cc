@@ -40,13 +40,13 @@ struct ConvCase {
 };
 
 const std::vector<ConvCase> kCases = {
-    {2, 3, 7, 5, 4, 3, 3, 1, 1},   // odd sizes, padding 1
-    {3, 2, 9, 8, 5, 3, 2, 2, 0},   // stride 2, no padding, non-square kernel
-    {1, 3, 5, 7, 2, 3, 3, 2, 1},   // stride 2 and padding 1
-    {2, 4, 6, 6, 3, 1, 1, 1, 0},   // 1x1 (im2col is the identity)
-    {1, 1, 12, 12, 8, 3, 3, 1, 1}, // first layer of a small CNN
-    {2, 5, 4, 6, 3, 4, 4, 1, 0},   // kernel nearly as large as the input
-    {2, 2, 8, 7, 3, 3, 3, 2, 0},   // stride 2 leaves the last row and column unread
+    {2, 3, 7, 5, 4, 3, 3, 1, 1},      // odd sizes, padding 1
+    {3, 2, 9, 8, 5, 3, 2, 2, 0},      // stride 2, no padding, non-square kernel
+    {1, 3, 5, 7, 2, 3, 3, 2, 1},      // stride 2 and padding 1
+    {2, 4, 6, 6, 3, 1, 1, 1, 0},      // 1x1 (im2col is the identity)
+    {1, 1, 12, 12, 8, 3, 3, 1, 1},    // first layer of a small CNN
+    {2, 5, 4, 6, 3, 4, 4, 1, 0},      // kernel nearly as large as the input
+    {2, 2, 8, 7, 3, 3, 3, 2, 0},      // stride 2 leaves the last row and column unread
     {1, 32, 28, 28, 64, 3, 3, 1, 1},  // second layer of a small CNN on 28x28 images
 };
 
@@ -213,8 +213,16 @@ TEST(Conv2d, BadInputThrowsBeforeWriting) {
   testing::expect_invalid_argument([&] { conv2d_forward(x, w_half, Tensor(), y, {1, 1}); }, "conv2d_forward");
   Tensor dy = random_tensor({2, 4, 6, 6}, DType::f32, 4);
   Tensor dw_bad = Tensor::zeros({4, 3, 3, 2}, DType::f32);
-  testing::expect_invalid_argument([&] { conv2d_backward(x, w_ok, dy, Tensor(), dw_bad, Tensor(), false, {1, 1}); }, "conv2d_backward");
-  testing::expect_invalid_argument([&] { conv2d_backward(x, w_ok, dy, Tensor(), Tensor(), Tensor(), false, {1, 1}); }, "conv2d_backward");
+  testing::expect_invalid_argument(
+      [&] {
+        conv2d_backward(x, w_ok, dy, Tensor(), dw_bad, Tensor(), false, {1, 1});
+      },
+      "conv2d_backward");
+  testing::expect_invalid_argument(
+      [&] {
+        conv2d_backward(x, w_ok, dy, Tensor(), Tensor(), Tensor(), false, {1, 1});
+      },
+      "conv2d_backward");
   Tensor odd = random_tensor({1, 2, 5, 4}, DType::f32, 5);
   Tensor pooled = poisoned({1, 2, 2, 2}, DType::f32);
   testing::expect_invalid_argument([&] { maxpool2x2_forward(odd, pooled); }, "maxpool2x2_forward");

@@ -86,7 +86,8 @@ TEST(SumLanes, MatchesADoubleSumAtEverySize) {
     }
     EXPECT_NEAR(sum_f32(v.data(), n), truth, 1e-6 * magnitude + 1e-6) << "n = " << n;
     // With a computed term: every index is visited exactly once.
-    const float weighted = sum_lanes(n, [&](std::int64_t i) { return v[static_cast<std::size_t>(i)] * static_cast<float>(i); });
+    const float weighted =
+        sum_lanes(n, [&](std::int64_t i) { return v[static_cast<std::size_t>(i)] * static_cast<float>(i); });
     double weighted_truth = 0.0, weighted_magnitude = 0.0;
     for (std::int64_t i = 0; i < n; ++i) {
       weighted_truth += static_cast<double>(v[static_cast<std::size_t>(i)]) * static_cast<double>(i);

@@ -14,11 +14,11 @@
 namespace tutti::kernels {
 namespace {
 
+using std::int64_t;
 using testing::default_rtol;
 using testing::expect_close;
 using testing::kFloatDtypes;
 using testing::random_tensor;
-using std::int64_t;
 
 const std::pair<int64_t, int64_t> kShapes[] = {{1, 1}, {7, 5}, {33, 129}, {129, 33}, {4, 1000}, {2, 2}};
 
@@ -100,11 +100,13 @@ TEST(CrossEntropyCpu, MatchesNaive) {
           const Tensor loss = testing::poisoned({1}, DType::f32), dlogits = testing::poisoned({N, C}, d);
           softmax_cross_entropy(logits, labels, loss, dlogits, {.ignore_index = used_ignore, .grad_scale = grad_scale});
           const Naive want = naive_ce(logits.to_floats(), labels.to_ints(), C, used_ignore, grad_scale);
-          const std::string what = std::string(name_of(d)) + " labels " + std::string(name_of(ld)) + " N=" +
-                                   std::to_string(N) + " C=" + std::to_string(C) + " scale=" + std::to_string(grad_scale);
+          const std::string what = std::string(name_of(d)) + " labels " + std::string(name_of(ld)) +
+                                   " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                                   " scale=" + std::to_string(grad_scale);
           expect_close(loss.to_floats(), {static_cast<float>(want.loss)}, 1e-5, 1e-6, "loss " + what);
           const double rtol = d == DType::f32 ? 1e-5 : default_rtol(d);
-          expect_close(dlogits.to_floats(), to_f(want.dlogits), rtol, dlogits_atol(d, max_abs(want.dlogits)), "dlogits " + what);
+          expect_close(dlogits.to_floats(), to_f(want.dlogits), rtol, dlogits_atol(d, max_abs(want.dlogits)),
+                       "dlogits " + what);
           // Without dlogits: the same loss.
           const Tensor loss_only = testing::poisoned({1}, DType::f32);
           softmax_cross_entropy(logits, labels, loss_only, Tensor(), {.ignore_index = used_ignore});
@@ -216,12 +218,15 @@ TEST(CrossEntropyCpu, BadInputsThrowNamingTheOp) {
   expect_invalid_argument([&] { softmax_cross_entropy(logits, labels, Tensor::zeros({1}, DType::f16), dlogits); }, op);
   expect_invalid_argument([&] { softmax_cross_entropy(logits, labels, loss, Tensor::zeros({3, 4}, DType::f16)); }, op);
   expect_invalid_argument([&] { softmax_cross_entropy(logits, labels, loss, Tensor::zeros({4, 3}, DType::f32)); }, op);
-  expect_invalid_argument([&] { softmax_cross_entropy(random_tensor({12}, DType::f32, 2), labels, loss, Tensor()); }, op);
+  expect_invalid_argument([&] { softmax_cross_entropy(random_tensor({12}, DType::f32, 2), labels, loss, Tensor()); },
+                          op);
   expect_invalid_argument([&] { softmax_cross_entropy(logits, labels, Tensor(), dlogits); }, op);
   expect_invalid_argument([&] { softmax_cross_entropy(logits, testing::fake_gpu_tensor(labels), loss, dlogits); }, op);
-  expect_invalid_argument([&] { count_correct(logits, labels, Tensor::zeros({1}, DType::i32), false); }, "count_correct");
-  expect_invalid_argument([&] { count_correct(logits, Tensor::from_ints({0}, {1}), Tensor::zeros({1}, DType::i64), false); },
+  expect_invalid_argument([&] { count_correct(logits, labels, Tensor::zeros({1}, DType::i32), false); },
                           "count_correct");
+  expect_invalid_argument(
+      [&] { count_correct(logits, Tensor::from_ints({0}, {1}), Tensor::zeros({1}, DType::i64), false); },
+      "count_correct");
   EXPECT_EQ(loss.to_floats()[0], 0.0f);
   for (float v : dlogits.to_floats()) EXPECT_EQ(v, 0.0f);
 }
@@ -234,7 +239,8 @@ Tensor gpu_poisoned(const Shape& s, DType d) { return testing::poisoned(s, d, De
 TEST(CrossEntropyCuda, MatchesCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 1000;
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {7, 5}, {33, 129}, {129, 33}, {4, 1000}, {64, 50257}, {3000, 10}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},    {7, 5},      {33, 129}, {129, 33},
+                                                {4, 1000}, {64, 50257}, {3000, 10}};
   for (DType d : kFloatDtypes)
     for (DType ld : {DType::i32, DType::i64})
       for (auto [N, C] : shapes) {
@@ -247,13 +253,14 @@ TEST(CrossEntropyCuda, MatchesCpu) {
         const Tensor loss_g = gpu_poisoned({1}, DType::f32), dl_g = gpu_poisoned({N, C}, d);
         softmax_cross_entropy(gpu(logits), gpu(labels), loss_g, dl_g, opt, s);
         s.synchronize();
-        const std::string what = std::string(name_of(d)) + " labels " + std::string(name_of(ld)) + " N=" +
-                                 std::to_string(N) + " C=" + std::to_string(C);
+        const std::string what = std::string(name_of(d)) + " labels " + std::string(name_of(ld)) +
+                                 " N=" + std::to_string(N) + " C=" + std::to_string(C);
         expect_close(loss_g.to_floats(), loss_c.to_floats(), 1e-5, 1e-6, "cuda loss " + what);
         const std::vector<float> dc = dl_c.to_floats();
         double m = 0;
         for (float v : dc) m = std::max(m, double(std::fabs(v)));
-        expect_close(dl_g.to_floats(), dc, d == DType::f32 ? 1e-5 : default_rtol(d), dlogits_atol(d, m), "cuda dlogits " + what);
+        expect_close(dl_g.to_floats(), dc, d == DType::f32 ? 1e-5 : default_rtol(d), dlogits_atol(d, m),
+                     "cuda dlogits " + what);
         // Loss alone.
         const Tensor loss_only = gpu_poisoned({1}, DType::f32);
         softmax_cross_entropy(gpu(logits), gpu(labels), loss_only, Tensor(), opt, Stream::default_for(Device::cuda(0)));

@@ -14,11 +14,11 @@
 namespace tutti::kernels {
 namespace {
 
+using std::int64_t;
 using testing::default_rtol;
 using testing::expect_close;
 using testing::kFloatDtypes;
 using testing::random_tensor;
-using std::int64_t;
 
 const Shape kShapes[] = {{1}, {7}, {33}, {129}, {3, 5, 7}, {1000}};
 
@@ -67,8 +67,8 @@ TEST(ElementwiseCpu, ActivationsMatchNaive) {
       gelu_forward(x, y);
       expect_close(y.to_floats(), map_ref(xv, gelu_ref), rtol_of(d), atol_of(d), label("gelu_forward", d, s));
       gelu_backward(x, dy, y);
-      expect_close(y.to_floats(), map_ref(xv, dyv, [](double v, double g) { return g * gelu_grad_ref(v); }),
-                   rtol_of(d), atol_of(d), label("gelu_backward", d, s));
+      expect_close(y.to_floats(), map_ref(xv, dyv, [](double v, double g) { return g * gelu_grad_ref(v); }), rtol_of(d),
+                   atol_of(d), label("gelu_backward", d, s));
     }
 }
 
@@ -123,12 +123,15 @@ TEST(ElementwiseCpu, ActivationBackwardMatchesFiniteDifferences) {
   for (bool is_gelu : {false, true}) {
     auto loss = [&] {
       double s = 0;
-      for (int i = 0; i < 20; ++i) s += (is_gelu ? gelu_ref(xp[i]) : std::max(0.0, double(xp[i]))) * rv[static_cast<std::size_t>(i)];
+      for (int i = 0; i < 20; ++i)
+        s += (is_gelu ? gelu_ref(xp[i]) : std::max(0.0, double(xp[i]))) * rv[static_cast<std::size_t>(i)];
       return s;
     };
     const Tensor dx = testing::poisoned({4, 5}, DType::f32);
-    if (is_gelu) gelu_backward(x, r, dx);
-    else relu_backward(x, r, dx);
+    if (is_gelu)
+      gelu_backward(x, r, dx);
+    else
+      relu_backward(x, r, dx);
     const std::vector<double> num = testing::numeric_gradient(x, loss);
     expect_close(dx.to_floats(), std::vector<float>(num.begin(), num.end()), 1e-3, 1e-3,
                  is_gelu ? "gelu_backward vs finite differences" : "relu_backward vs finite differences");
@@ -140,8 +143,10 @@ struct BiasCase {
   int channel_dim;
   int64_t outer, channels, inner;
 };
-const BiasCase kBiasCases[] = {{{7, 5}, 1, 7, 5, 1},         {{1, 33}, 1, 1, 33, 1},
-                               {{3, 4, 5, 6}, 1, 3, 4, 30},  {{2, 3, 129}, -1, 6, 129, 1},
+const BiasCase kBiasCases[] = {{{7, 5}, 1, 7, 5, 1},
+                               {{1, 33}, 1, 1, 33, 1},
+                               {{3, 4, 5, 6}, 1, 3, 4, 30},
+                               {{2, 3, 129}, -1, 6, 129, 1},
                                {{5, 3, 2}, 0, 1, 5, 6}};
 
 TEST(ElementwiseCpu, BiasAddAndBackwardMatchNaive) {
@@ -159,7 +164,8 @@ TEST(ElementwiseCpu, BiasAddAndBackwardMatchNaive) {
             want[k] = static_cast<float>(double(xv[k]) + bv[static_cast<std::size_t>(ch)]);
             sums[static_cast<std::size_t>(ch)] += xv[k];
           }
-      const std::string what = std::string(name_of(d)) + " " + shape_str(c.shape) + " dim " + std::to_string(c.channel_dim);
+      const std::string what =
+          std::string(name_of(d)) + " " + shape_str(c.shape) + " dim " + std::to_string(c.channel_dim);
       const Tensor y = testing::poisoned(c.shape, d);
       bias_add(x, bias, c.channel_dim, y);
       expect_close(y.to_floats(), want, rtol_of(d), atol_of(d), "bias_add " + what);
@@ -199,7 +205,8 @@ TEST(ElementwiseCpu, BiasBackwardMatchesFiniteDifferences) {
   const Tensor db = testing::poisoned({4}, DType::f32);
   bias_backward(r, 1, db, false);
   const std::vector<double> num = testing::numeric_gradient(bias, loss);
-  expect_close(db.to_floats(), std::vector<float>(num.begin(), num.end()), 1e-3, 1e-3, "bias_backward vs finite differences");
+  expect_close(db.to_floats(), std::vector<float>(num.begin(), num.end()), 1e-3, 1e-3,
+               "bias_backward vs finite differences");
 }
 
 TEST(DropoutCpu, UniformIsUniformAndSeeded) {
@@ -257,13 +264,15 @@ TEST(DropoutCpu, DropsAboutPAndOffsetsContinueTheStream) {
   // The second half with offset n/2 is the second half of the whole.
   const Tensor half_y = Tensor::empty({n / 2}, DType::f32);
   dropout_forward(x.view(n / 2, {n / 2}), 0.3f, 99, n / 2, half_y);
-  expect_close(half_y.to_floats(), std::vector<float>(yv.begin() + n / 2, yv.end()), 0, 0, "offset continues the stream");
+  expect_close(half_y.to_floats(), std::vector<float>(yv.begin() + n / 2, yv.end()), 0, 0,
+               "offset continues the stream");
   // Another seed, another mask.
   const Tensor y2 = Tensor::empty({n}, DType::f32);
   dropout_forward(x, 0.3f, 100, 0, y2);
   const std::vector<float> y2v = y2.to_floats();
   int64_t differ = 0;
-  for (int64_t i = 0; i < n; ++i) differ += (yv[static_cast<std::size_t>(i)] == 0.0f) != (y2v[static_cast<std::size_t>(i)] == 0.0f);
+  for (int64_t i = 0; i < n; ++i)
+    differ += (yv[static_cast<std::size_t>(i)] == 0.0f) != (y2v[static_cast<std::size_t>(i)] == 0.0f);
   EXPECT_GT(differ, n / 10);
 }
 
@@ -281,7 +290,8 @@ TEST(DropoutCpu, BackwardMatchesFiniteDifferences) {
   const Tensor dx = testing::poisoned({6, 5}, DType::f32);
   dropout_backward(r, 0.4f, 5, 3, dx);
   const std::vector<double> num = testing::numeric_gradient(x, loss);
-  expect_close(dx.to_floats(), std::vector<float>(num.begin(), num.end()), 1e-3, 1e-3, "dropout_backward vs finite differences");
+  expect_close(dx.to_floats(), std::vector<float>(num.begin(), num.end()), 1e-3, 1e-3,
+               "dropout_backward vs finite differences");
 }
 
 TEST(ElementwiseCpu, BadInputsThrowNamingTheOp) {
@@ -322,8 +332,8 @@ const Shape kGpuShapes[] = {{1}, {7}, {33}, {129}, {3, 5, 7}, {4096}, {100003}};
 // Runs op on the CPU tensors and on GPU copies of them (outputs poisoned on both), and
 // compares. `misaligned` makes every GPU tensor a view at element offset 1.
 void twin(const std::string& what, DType d, const Shape& s, bool misaligned, int n_in,
-          const std::function<void(const std::vector<Tensor>&, const Tensor&, const Stream&)>& op,
-          double rtol, double atol, std::uint32_t seed) {
+          const std::function<void(const std::vector<Tensor>&, const Tensor&, const Stream&)>& op, double rtol,
+          double atol, std::uint32_t seed) {
   std::vector<Tensor> in_cpu, in_gpu;
   auto place = [&](const Tensor& cpu_t) {
     if (!misaligned) return gpu(cpu_t);
@@ -354,37 +364,61 @@ TEST(ElementwiseCuda, EveryOpMatchesCpu) {
     for (const Shape& s : kGpuShapes)
       for (bool mis : {false, true}) {
         // One ulp of the dtype: the GPU's tanhf/expf may differ from the host's in the last bit.
-        const double rt = d == DType::f32 ? 2e-6 : default_rtol(d), at = d == DType::f32 ? 1e-6 : default_rtol(d) * 1e-2;
-        twin("relu_forward", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) { relu_forward(in[0], o, st); }, 0, 0, seed++);
-        twin("relu_backward", d, s, mis, 2, [](const Ins& in, const Tensor& o, const Stream& st) { relu_backward(in[0], in[1], o, st); }, 0, 0, seed++);
-        twin("gelu_forward", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) { gelu_forward(in[0], o, st); }, rt, at, seed++);
-        twin("gelu_backward", d, s, mis, 2, [](const Ins& in, const Tensor& o, const Stream& st) { gelu_backward(in[0], in[1], o, st); }, rt, at, seed++);
-        twin("add", d, s, mis, 2, [](const Ins& in, const Tensor& o, const Stream& st) { add(in[0], in[1], o, st); }, 0, 0, seed++);
-        twin("scale", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) { scale(in[0], 0.3f, o, st); }, 0, 0, seed++);
-        twin("add_scaled", d, s, mis, 2, [](const Ins& in, const Tensor& o, const Stream& st) {
-          Tensor(o).copy_from(in[1], st);
-          add_scaled(in[0], -1.5f, o, st);
-        }, rt, at, seed++);
-        twin("fill", d, s, mis, 0, [](const Ins&, const Tensor& o, const Stream& st) { fill(o, -0.625f, st); }, 0, 0, seed++);
+        const double rt = d == DType::f32 ? 2e-6 : default_rtol(d),
+                     at = d == DType::f32 ? 1e-6 : default_rtol(d) * 1e-2;
+        twin(
+            "relu_forward", d, s, mis, 1,
+            [](const Ins& in, const Tensor& o, const Stream& st) { relu_forward(in[0], o, st); }, 0, 0, seed++);
+        twin(
+            "relu_backward", d, s, mis, 2,
+            [](const Ins& in, const Tensor& o, const Stream& st) { relu_backward(in[0], in[1], o, st); }, 0, 0, seed++);
+        twin(
+            "gelu_forward", d, s, mis, 1,
+            [](const Ins& in, const Tensor& o, const Stream& st) { gelu_forward(in[0], o, st); }, rt, at, seed++);
+        twin(
+            "gelu_backward", d, s, mis, 2,
+            [](const Ins& in, const Tensor& o, const Stream& st) { gelu_backward(in[0], in[1], o, st); }, rt, at,
+            seed++);
+        twin(
+            "add", d, s, mis, 2, [](const Ins& in, const Tensor& o, const Stream& st) { add(in[0], in[1], o, st); }, 0,
+            0, seed++);
+        twin(
+            "scale", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) { scale(in[0], 0.3f, o, st); },
+            0, 0, seed++);
+        twin(
+            "add_scaled", d, s, mis, 2,
+            [](const Ins& in, const Tensor& o, const Stream& st) {
+              Tensor(o).copy_from(in[1], st);
+              add_scaled(in[0], -1.5f, o, st);
+            },
+            rt, at, seed++);
+        twin(
+            "fill", d, s, mis, 0, [](const Ins&, const Tensor& o, const Stream& st) { fill(o, -0.625f, st); }, 0, 0,
+            seed++);
         // Dropout: the same mask on both sides, hence (up to fp32 rounding) the same values.
-        twin("dropout_forward", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) {
-          dropout_forward(in[0], 0.25f, 2024, 17, o, st);
-        }, 0, 0, seed++);
-        twin("dropout_backward", d, s, mis, 1, [](const Ins& in, const Tensor& o, const Stream& st) {
-          dropout_backward(in[0], 0.6f, 7, 1ULL << 40, o, st);
-        }, 0, 0, seed++);
+        twin(
+            "dropout_forward", d, s, mis, 1,
+            [](const Ins& in, const Tensor& o, const Stream& st) { dropout_forward(in[0], 0.25f, 2024, 17, o, st); }, 0,
+            0, seed++);
+        twin(
+            "dropout_backward", d, s, mis, 1,
+            [](const Ins& in, const Tensor& o, const Stream& st) {
+              dropout_backward(in[0], 0.6f, 7, 1ULL << 40, o, st);
+            },
+            0, 0, seed++);
       }
 }
 
 TEST(ElementwiseCuda, BiasAddAndBackwardMatchCpu) {
   TUTTI_REQUIRE_GPU();
   std::uint32_t seed = 2000;
-  const BiasCase cases[] = {{{7, 5}, 1, 7, 5, 1},           {{64, 1024}, 1, 64, 1024, 1},
-                            {{3, 4, 5, 6}, 1, 3, 4, 30},    {{2, 3, 129}, -1, 6, 129, 1},
-                            {{8, 16, 32, 32}, 1, 8, 16, 1024}, {{4097, 3}, 1, 4097, 3, 1}};
+  const BiasCase cases[] = {
+      {{7, 5}, 1, 7, 5, 1},         {{64, 1024}, 1, 64, 1024, 1},      {{3, 4, 5, 6}, 1, 3, 4, 30},
+      {{2, 3, 129}, -1, 6, 129, 1}, {{8, 16, 32, 32}, 1, 8, 16, 1024}, {{4097, 3}, 1, 4097, 3, 1}};
   for (DType d : kFloatDtypes)
     for (const BiasCase& c : cases) {
-      const std::string what = std::string(name_of(d)) + " " + shape_str(c.shape) + " dim " + std::to_string(c.channel_dim);
+      const std::string what =
+          std::string(name_of(d)) + " " + shape_str(c.shape) + " dim " + std::to_string(c.channel_dim);
       const Tensor x = random_tensor(c.shape, d, seed++), bias = random_tensor({c.channels}, d, seed++);
       const Tensor y_cpu = testing::poisoned(c.shape, d), y_gpu = gpu_poisoned(c.shape, d);
       bias_add(x, bias, c.channel_dim, y_cpu);
@@ -399,8 +433,9 @@ TEST(ElementwiseCuda, BiasAddAndBackwardMatchCpu) {
           bias_backward(gpu(x), c.channel_dim, db_gpu, accumulate, Stream::default_for(Device::cuda(0)));
           // Sums in another order: fp32 rounding, relative to sqrt(count) terms.
           const double tol = gd == DType::f32 ? 1e-5 * std::sqrt(double(c.outer * c.inner)) : default_rtol(gd);
-          expect_close(db_gpu.to_floats(), db_cpu.to_floats(), tol, tol,
-                       "cuda bias_backward " + what + " into " + std::string(name_of(gd)) + (accumulate ? " accumulate" : ""));
+          expect_close(
+              db_gpu.to_floats(), db_cpu.to_floats(), tol, tol,
+              "cuda bias_backward " + what + " into " + std::string(name_of(gd)) + (accumulate ? " accumulate" : ""));
         }
     }
 }

@@ -53,8 +53,9 @@ TEST(EmbeddingCpu, ForwardMatchesNaive) {
       std::vector<float> want;
       for (int64_t n = 0; n < c.B * c.T; ++n)
         for (int64_t k = 0; k < c.C; ++k)
-          want.push_back(static_cast<float>(double(e[static_cast<std::size_t>(t[static_cast<std::size_t>(n)] * c.C + k)]) +
-                                            p[static_cast<std::size_t>((n % c.T) * c.C + k)]));
+          want.push_back(
+              static_cast<float>(double(e[static_cast<std::size_t>(t[static_cast<std::size_t>(n)] * c.C + k)]) +
+                                 p[static_cast<std::size_t>((n % c.T) * c.C + k)]));
       expect_close(out.to_floats(), want, default_rtol(d), default_rtol(d), "out " + name_of(c, d));
     }
 }
@@ -86,14 +87,16 @@ TEST(EmbeddingCpu, BackwardMatchesNaiveAndAccumulates) {
           const Tensor dwte = accumulate ? old_e.clone() : testing::poisoned({c.V, c.C}, gd);
           const Tensor dwpe = accumulate ? old_p.clone() : testing::poisoned({c.Tmax, c.C}, gd);
           embedding_backward(tok, dout, dwte, dwpe, accumulate);
-          std::vector<double> we(static_cast<std::size_t>(c.V * c.C), 0.0), wp(static_cast<std::size_t>(c.Tmax * c.C), 0.0);
+          std::vector<double> we(static_cast<std::size_t>(c.V * c.C), 0.0),
+              wp(static_cast<std::size_t>(c.Tmax * c.C), 0.0);
           if (accumulate) {
             const std::vector<float> oe = old_e.to_floats(), op = old_p.to_floats();
             we.assign(oe.begin(), oe.end());
             wp.assign(op.begin(), op.end());
           }
           naive_backward(tok, dout, c, we, wp);
-          const std::string what = name_of(c, d) + " grads " + std::string(tutti::name_of(gd)) + (accumulate ? " accumulate" : "");
+          const std::string what =
+              name_of(c, d) + " grads " + std::string(tutti::name_of(gd)) + (accumulate ? " accumulate" : "");
           const double tol = 2 * default_rtol(gd) * std::sqrt(double(c.B * c.T));
           expect_close(dwte.to_floats(), std::vector<float>(we.begin(), we.end()), tol, tol, "dwte " + what);
           expect_close(dwpe.to_floats(), std::vector<float>(wp.begin(), wp.end()), tol, tol, "dwpe " + what);
@@ -128,18 +131,46 @@ TEST(EmbeddingCpu, BadInputsThrowNamingTheOp) {
   const Tensor wte = random_tensor({4, 3}, DType::f32, 1), wpe = random_tensor({2, 3}, DType::f32, 2);
   const Tensor out = Tensor::zeros({2, 2, 3}, DType::f32);
   const char* fwd = "embedding_forward";
-  expect_invalid_argument([&] { embedding_forward(Tensor::from_ints({0, 1, 2, 4}, {2, 2}, DType::i32), wte, wpe, out); }, fwd);
-  expect_invalid_argument([&] { embedding_forward(Tensor::from_ints({0, -1, 2, 3}, {2, 2}, DType::i32), wte, wpe, out); }, fwd);
-  expect_invalid_argument([&] { embedding_forward(Tensor::from_ints({0, 1, 2, 3}, {2, 2}, DType::i64), wte, wpe, out); }, fwd);
-  expect_invalid_argument([&] { embedding_forward(tok, wte, random_tensor({1, 3}, DType::f32, 3), out); }, fwd);  // T > T_max
+  expect_invalid_argument(
+      [&] {
+        embedding_forward(Tensor::from_ints({0, 1, 2, 4}, {2, 2}, DType::i32), wte, wpe, out);
+      },
+      fwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_forward(Tensor::from_ints({0, -1, 2, 3}, {2, 2}, DType::i32), wte, wpe, out);
+      },
+      fwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_forward(Tensor::from_ints({0, 1, 2, 3}, {2, 2}, DType::i64), wte, wpe, out);
+      },
+      fwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_forward(tok, wte, random_tensor({1, 3}, DType::f32, 3), out);
+      },
+      fwd);  // T > T_max
   expect_invalid_argument([&] { embedding_forward(tok, wte, wpe, Tensor::zeros({2, 2, 4}, DType::f32)); }, fwd);
   expect_invalid_argument([&] { embedding_forward(tok, wte, random_tensor({2, 3}, DType::bf16, 3), out); }, fwd);
   for (float v : out.to_floats()) EXPECT_EQ(v, 0.0f);
   const char* bwd = "embedding_backward";
   const Tensor dwte = Tensor::zeros({4, 3}, DType::f32);
-  expect_invalid_argument([&] { embedding_backward(Tensor::from_ints({0, 1, 2, 9}, {2, 2}, DType::i32), out, dwte, Tensor(), false); }, bwd);
-  expect_invalid_argument([&] { embedding_backward(tok, Tensor::zeros({2, 3, 3}, DType::f32), dwte, Tensor(), false); }, bwd);
-  expect_invalid_argument([&] { embedding_backward(tok, out, Tensor::zeros({4, 2}, DType::f32), Tensor(), false); }, bwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_backward(Tensor::from_ints({0, 1, 2, 9}, {2, 2}, DType::i32), out, dwte, Tensor(), false);
+      },
+      bwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_backward(tok, Tensor::zeros({2, 3, 3}, DType::f32), dwte, Tensor(), false);
+      },
+      bwd);
+  expect_invalid_argument(
+      [&] {
+        embedding_backward(tok, out, Tensor::zeros({4, 2}, DType::f32), Tensor(), false);
+      },
+      bwd);
   for (float v : dwte.to_floats()) EXPECT_EQ(v, 0.0f);
 }
 
@@ -163,7 +194,8 @@ TEST(EmbeddingCuda, ForwardAndBackwardMatchCpuAndAreDeterministic) {
           const Tensor wte = random_tensor({c.V, c.C}, d, seed++), wpe = random_tensor({c.Tmax, c.C}, d, seed++);
           const Tensor dout = random_tensor({c.B, c.T, c.C}, d, seed++);
           const Tensor old_e = random_tensor({c.V, c.C}, gd, seed++), old_p = random_tensor({c.Tmax, c.C}, gd, seed++);
-          const std::string what = name_of(c, d) + " grads " + std::string(tutti::name_of(gd)) + (accumulate ? " accumulate" : "");
+          const std::string what =
+              name_of(c, d) + " grads " + std::string(tutti::name_of(gd)) + (accumulate ? " accumulate" : "");
 
           const Tensor out_c = Tensor::empty({c.B, c.T, c.C}, d);
           embedding_forward(tok, wte, wpe, out_c);

@@ -55,16 +55,17 @@ inline double default_rtol(DType dtype) {
 }
 
 // Expects |actual - expected| <= atol + rtol · |expected| elementwise; nan never matches.
-inline void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, double rtol,
-                         double atol, const std::string& what) {
+inline void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, double rtol, double atol,
+                         const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   int reported = 0;
   for (std::size_t i = 0; i < actual.size(); ++i) {
     const double a = actual[i], e = expected[i];
-    const bool ok = std::isfinite(a) == std::isfinite(e) && (std::isfinite(e) ? std::fabs(a - e) <= atol + rtol * std::fabs(e) : a == e);
+    const bool ok = std::isfinite(a) == std::isfinite(e) &&
+                    (std::isfinite(e) ? std::fabs(a - e) <= atol + rtol * std::fabs(e) : a == e);
     if (!ok && reported++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e << " (rtol " << rtol
-                    << ", atol " << atol << ")";
+      ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e << " (rtol " << rtol << ", atol "
+                    << atol << ")";
     }
   }
 }
@@ -92,9 +93,9 @@ inline std::vector<double> numeric_gradient(const Tensor& x, const std::function
 }
 
 // Skips the calling test when no GPU is visible, with a message that says so.
-#define TUTTI_REQUIRE_GPU()                                                                  \
-  do {                                                                                       \
-    if (!::tutti::cuda_available())                                                          \
+#define TUTTI_REQUIRE_GPU()                                                                      \
+  do {                                                                                           \
+    if (!::tutti::cuda_available())                                                              \
       GTEST_SKIP() << "no GPU visible: the CUDA kernel is compiled but not run on this machine"; \
   } while (0)
 

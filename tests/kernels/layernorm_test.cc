@@ -14,11 +14,11 @@
 namespace tutti::kernels {
 namespace {
 
+using std::int64_t;
 using testing::default_rtol;
 using testing::expect_close;
 using testing::kFloatDtypes;
 using testing::random_tensor;
-using std::int64_t;
 
 const Shape kShapes[] = {{1, 1}, {7, 33}, {33, 129}, {129, 7}, {4, 1024}, {2, 3, 17}};
 constexpr float kEps = 1e-5f;
@@ -126,7 +126,8 @@ TEST(LayerNormCpu, BackwardMatchesNaiveAndAccumulates) {
         layernorm_forward(x, g, b, kEps, y, mean, rstd);
         const NaiveBackward want = naive_backward(x.to_floats(), g.to_floats(), dy.to_floats(), D, kEps);
         const std::string what = std::string(name_of(d)) + " " + shape_str(s) + " grads " + std::string(name_of(gd));
-        const Tensor dx = testing::poisoned(s, d), dgamma = testing::poisoned({D}, gd), dbeta = testing::poisoned({D}, gd);
+        const Tensor dx = testing::poisoned(s, d), dgamma = testing::poisoned({D}, gd),
+                     dbeta = testing::poisoned({D}, gd);
         layernorm_backward(x, g, mean, rstd, dy, dx, dgamma, dbeta, false);
         expect_close(dx.to_floats(), to_f(want.dx), rtol_of(d), atol_of(d, 0.1 * max_abs(want.dx)), "dx " + what);
         expect_close(dgamma.to_floats(), to_f(want.dgamma), rtol_of(gd), atol_of(gd, 0.1 * max_abs(want.dgamma)),
@@ -140,8 +141,10 @@ TEST(LayerNormCpu, BackwardMatchesNaiveAndAccumulates) {
         std::vector<double> wg = want.dgamma, wb = want.dbeta;
         const std::vector<float> og = g_old.to_floats(), ob = b_old.to_floats();
         for (std::size_t i = 0; i < wg.size(); ++i) wg[i] += og[i], wb[i] += ob[i];
-        expect_close(dgamma2.to_floats(), to_f(wg), rtol_of(gd), atol_of(gd, 0.1 * max_abs(wg)), "dgamma accumulated " + what);
-        expect_close(dbeta2.to_floats(), to_f(wb), rtol_of(gd), atol_of(gd, 0.1 * max_abs(wb)), "dbeta accumulated " + what);
+        expect_close(dgamma2.to_floats(), to_f(wg), rtol_of(gd), atol_of(gd, 0.1 * max_abs(wg)),
+                     "dgamma accumulated " + what);
+        expect_close(dbeta2.to_floats(), to_f(wb), rtol_of(gd), atol_of(gd, 0.1 * max_abs(wb)),
+                     "dbeta accumulated " + what);
       }
 }
 
@@ -199,9 +202,15 @@ TEST(LayerNormCpu, BadInputsThrowNamingTheOp) {
   const Tensor y = Tensor::zeros({4, 3}, DType::f32), mean = Tensor::zeros({4}, DType::f32),
                rstd = Tensor::zeros({4}, DType::f32);
   const char* fwd = "layernorm_forward";
-  expect_invalid_argument([&] { layernorm_forward(x, random_tensor({4}, DType::f32, 4), b, kEps, y, mean, rstd); }, fwd);
-  expect_invalid_argument([&] { layernorm_forward(x, g, random_tensor({3}, DType::f16, 4), kEps, y, mean, rstd); }, fwd);
-  expect_invalid_argument([&] { layernorm_forward(x, g, b, kEps, Tensor::zeros({3, 4}, DType::f32), mean, rstd); }, fwd);
+  expect_invalid_argument([&] { layernorm_forward(x, random_tensor({4}, DType::f32, 4), b, kEps, y, mean, rstd); },
+                          fwd);
+  expect_invalid_argument([&] { layernorm_forward(x, g, random_tensor({3}, DType::f16, 4), kEps, y, mean, rstd); },
+                          fwd);
+  expect_invalid_argument(
+      [&] {
+        layernorm_forward(x, g, b, kEps, Tensor::zeros({3, 4}, DType::f32), mean, rstd);
+      },
+      fwd);
   expect_invalid_argument([&] { layernorm_forward(x, g, b, kEps, y, Tensor::zeros({3}, DType::f32), rstd); }, fwd);
   expect_invalid_argument([&] { layernorm_forward(x, g, b, kEps, y, mean, Tensor::zeros({4}, DType::f16)); }, fwd);
   expect_invalid_argument([&] { layernorm_forward(x, g, b, -1.0f, y, mean, rstd); }, fwd);
@@ -209,10 +218,16 @@ TEST(LayerNormCpu, BadInputsThrowNamingTheOp) {
   expect_invalid_argument([&] { layernorm_forward(x, testing::fake_gpu_tensor(g), b, kEps, y, mean, rstd); }, fwd);
   const char* bwd = "layernorm_backward";
   const Tensor dx = Tensor::zeros({4, 3}, DType::f32);
-  expect_invalid_argument([&] { layernorm_backward(x, g, mean, rstd, Tensor::zeros({4, 4}, DType::f32), dx, Tensor(), Tensor(), false); }, bwd);
+  expect_invalid_argument(
+      [&] {
+        layernorm_backward(x, g, mean, rstd, Tensor::zeros({4, 4}, DType::f32), dx, Tensor(), Tensor(), false);
+      },
+      bwd);
   expect_invalid_argument([&] { layernorm_backward(x, g, mean, rstd, y, Tensor(), Tensor(), Tensor(), false); }, bwd);
-  expect_invalid_argument([&] { layernorm_backward(x, g, mean, rstd, y, dx, Tensor::zeros({3}, DType::f16), Tensor(), false); }, bwd);
-  expect_invalid_argument([&] { layernorm_backward(x, g, mean, rstd, y, dx, Tensor(), Tensor::zeros({4}, DType::f32), false); }, bwd);
+  expect_invalid_argument(
+      [&] { layernorm_backward(x, g, mean, rstd, y, dx, Tensor::zeros({3}, DType::f16), Tensor(), false); }, bwd);
+  expect_invalid_argument(
+      [&] { layernorm_backward(x, g, mean, rstd, y, dx, Tensor(), Tensor::zeros({4}, DType::f32), false); }, bwd);
   for (float v : y.to_floats()) EXPECT_EQ(v, 0.0f);
   for (float v : dx.to_floats()) EXPECT_EQ(v, 0.0f);
 }
@@ -223,7 +238,8 @@ Tensor gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
 Tensor gpu_poisoned(const Shape& s, DType d) { return testing::poisoned(s, d, Device::cuda(0)); }
 std::vector<double> to_d(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-const Shape kGpuShapes[] = {{1, 1}, {7, 33}, {33, 129}, {129, 7}, {4, 1024}, {2, 3, 17}, {2048, 768}, {64, 4097}, {1, 12288}};
+const Shape kGpuShapes[] = {{1, 1},     {7, 33},     {33, 129},  {129, 7},  {4, 1024},
+                            {2, 3, 17}, {2048, 768}, {64, 4097}, {1, 12288}};
 
 TEST(LayerNormCuda, ForwardAndBackwardMatchCpu) {
   TUTTI_REQUIRE_GPU();
@@ -261,8 +277,10 @@ TEST(LayerNormCuda, ForwardAndBackwardMatchCpu) {
           // Column sums over many rows in another order: scale the floor with sqrt(rows).
           const double rows_scale = std::sqrt(double(x.numel() / D));
           expect_close(dx_g.to_floats(), dxc, rtol_of(d), atol_of(d, 0.1 * max_abs(to_d(dxc))), "cuda dx " + w2);
-          expect_close(dg_g.to_floats(), dgc, rtol_of(gd) * rows_scale, atol_of(gd, 0.1 * max_abs(to_d(dgc))), "cuda dgamma " + w2);
-          expect_close(db_g.to_floats(), dbc, rtol_of(gd) * rows_scale, atol_of(gd, 0.1 * max_abs(to_d(dbc))), "cuda dbeta " + w2);
+          expect_close(dg_g.to_floats(), dgc, rtol_of(gd) * rows_scale, atol_of(gd, 0.1 * max_abs(to_d(dgc))),
+                       "cuda dgamma " + w2);
+          expect_close(db_g.to_floats(), dbc, rtol_of(gd) * rows_scale, atol_of(gd, 0.1 * max_abs(to_d(dbc))),
+                       "cuda dbeta " + w2);
         }
     }
 }

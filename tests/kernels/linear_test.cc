@@ -14,16 +14,15 @@
 namespace tutti::kernels {
 namespace {
 
+using std::int64_t;
 using testing::default_rtol;
 using testing::expect_close;
 using testing::kFloatDtypes;
 using testing::random_tensor;
-using std::int64_t;
-
 
 // Row-major C[M, N] = op(A) · op(B) in double; A is [M, K] or (transposed) [K, M].
-std::vector<double> naive_matmul(const std::vector<float>& A, bool ta, const std::vector<float>& B, bool tb,
-                                 int64_t M, int64_t N, int64_t K) {
+std::vector<double> naive_matmul(const std::vector<float>& A, bool ta, const std::vector<float>& B, bool tb, int64_t M,
+                                 int64_t N, int64_t K) {
   std::vector<double> C(static_cast<std::size_t>(M * N), 0.0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
@@ -43,7 +42,9 @@ std::vector<float> to_f(const std::vector<double>& v) { return {v.begin(), v.end
 // Tolerances for a GEMM with K-term sums: the dtype's rounding, plus an absolute floor that
 // grows with the length of the sums (values are O(1)).
 double gemm_rtol(DType d) { return d == DType::f32 ? 1e-5 : default_rtol(d); }
-double gemm_atol(DType d, int64_t K) { return (d == DType::f32 ? 1e-5 : default_rtol(d) * 0.1) * std::sqrt(double(K + 1)); }
+double gemm_atol(DType d, int64_t K) {
+  return (d == DType::f32 ? 1e-5 : default_rtol(d) * 0.1) * std::sqrt(double(K + 1));
+}
 
 std::string label(DType d, int64_t N, int64_t I, int64_t O) {
   return std::string(name_of(d)) + " N=" + std::to_string(N) + " I=" + std::to_string(I) + " O=" + std::to_string(O);
@@ -61,7 +62,8 @@ std::vector<double> naive_linear(const Tensor& x, const Tensor& w, const Tensor&
   return y;
 }
 
-const std::tuple<int64_t, int64_t, int64_t> kShapes[] = {{1, 1, 1}, {7, 33, 5}, {33, 7, 129}, {129, 17, 3}, {4, 64, 32}};
+const std::tuple<int64_t, int64_t, int64_t> kShapes[] = {
+    {1, 1, 1}, {7, 33, 5}, {33, 7, 129}, {129, 17, 3}, {4, 64, 32}};
 
 TEST(LinearCpu, ForwardMatchesNaive) {
   std::uint32_t seed = 1;
@@ -192,9 +194,9 @@ TEST(MatmulCpu, AllTransposesAlphaBeta) {
           const Tensor a = ta ? random_tensor({K, M}, d, seed++) : random_tensor({M, K}, d, seed++);
           const Tensor b = tb ? random_tensor({N, K}, d, seed++) : random_tensor({K, N}, d, seed++);
           const std::vector<double> ab = naive_matmul(a.to_floats(), ta, b.to_floats(), tb, M, N, K);
-          const std::string what = std::string(name_of(d)) + "->" + std::string(name_of(cd)) + " M=" +
-                                    std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
-                                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+          const std::string what = std::string(name_of(d)) + "->" + std::string(name_of(cd)) +
+                                   " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                                   " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
           // beta = 0 must ignore what c held (nan here).
           const Tensor c0 = testing::poisoned({M, N}, cd);
           matmul(a, ta, b, tb, c0, 0.5f, 0.0f);
@@ -217,25 +219,44 @@ TEST(LinearCpu, BadInputsThrowNamingTheOp) {
   const Tensor dw = Tensor::zeros({2, 3}, DType::f32);
   using testing::expect_invalid_argument;
   // Wrong inner dimension, wrong output shape, wrong bias shape, mixed dtypes.
-  expect_invalid_argument([&] { linear_forward(x, random_tensor({2, 4}, DType::f32, 4), Tensor(), y); }, "linear_forward");
+  expect_invalid_argument(
+      [&] {
+        linear_forward(x, random_tensor({2, 4}, DType::f32, 4), Tensor(), y);
+      },
+      "linear_forward");
   expect_invalid_argument([&] { linear_forward(x, w, Tensor(), Tensor::zeros({4, 3}, DType::f32)); }, "linear_forward");
   expect_invalid_argument([&] { linear_forward(x, w, Tensor::zeros({3}, DType::f32), y); }, "linear_forward");
-  expect_invalid_argument([&] { linear_forward(x, random_tensor({2, 3}, DType::f16, 5), Tensor(), y); }, "linear_forward");
+  expect_invalid_argument(
+      [&] {
+        linear_forward(x, random_tensor({2, 3}, DType::f16, 5), Tensor(), y);
+      },
+      "linear_forward");
   expect_invalid_argument([&] { linear_forward(Tensor(), w, Tensor(), y); }, "linear_forward");
   // A 1-D x has no rows; integer values are not accepted.
   expect_invalid_argument([&] { linear_forward(random_tensor({3}, DType::f32, 6), w, Tensor(), y); }, "linear_forward");
-  expect_invalid_argument([&] {
-    linear_forward(Tensor::zeros({4, 3}, DType::i32), Tensor::zeros({2, 3}, DType::i32), Tensor(),
-                   Tensor::zeros({4, 2}, DType::i32));
-  }, "linear_forward");
+  expect_invalid_argument(
+      [&] {
+        linear_forward(Tensor::zeros({4, 3}, DType::i32), Tensor::zeros({2, 3}, DType::i32), Tensor(),
+                       Tensor::zeros({4, 2}, DType::i32));
+      },
+      "linear_forward");
   // Backward: dw is required; dw of the wrong shape; half gradient for f32 values.
   expect_invalid_argument([&] { linear_backward(x, w, dy, Tensor(), Tensor(), Tensor(), false); }, "linear_backward");
-  expect_invalid_argument([&] { linear_backward(x, w, dy, Tensor(), Tensor::zeros({3, 2}, DType::f32), Tensor(), false); },
-                          "linear_backward");
-  expect_invalid_argument([&] { linear_backward(x, w, dy, Tensor(), Tensor::zeros({2, 3}, DType::f16), Tensor(), false); },
-                          "linear_backward");
-  expect_invalid_argument([&] { linear_backward(x, w, random_tensor({4, 3}, DType::f32, 7), Tensor(), dw, Tensor(), false); },
-                          "linear_backward");
+  expect_invalid_argument(
+      [&] {
+        linear_backward(x, w, dy, Tensor(), Tensor::zeros({3, 2}, DType::f32), Tensor(), false);
+      },
+      "linear_backward");
+  expect_invalid_argument(
+      [&] {
+        linear_backward(x, w, dy, Tensor(), Tensor::zeros({2, 3}, DType::f16), Tensor(), false);
+      },
+      "linear_backward");
+  expect_invalid_argument(
+      [&] {
+        linear_backward(x, w, random_tensor({4, 3}, DType::f32, 7), Tensor(), dw, Tensor(), false);
+      },
+      "linear_backward");
   // Matmul: inner dimensions, c's shape.
   expect_invalid_argument([&] { matmul(x, false, w, false, Tensor::zeros({4, 3}, DType::f32)); }, "matmul");
   expect_invalid_argument([&] { matmul(x, false, w, true, Tensor::zeros({4, 3}, DType::f32)); }, "matmul");
@@ -293,14 +314,15 @@ TEST(LinearCuda, BackwardMatchesCpu) {
           const Tensor x = random_tensor({N, I}, d, seed++), w = random_tensor({O, I}, d, seed++);
           const Tensor dy = random_tensor({N, O}, d, seed++);
           const Tensor dw_old = random_tensor({O, I}, gd, seed++), db_old = random_tensor({O}, gd, seed++);
-          const Tensor dx_c = testing::poisoned({N, I}, d), dw_c = accumulate ? dw_old.clone() : testing::poisoned({O, I}, gd),
+          const Tensor dx_c = testing::poisoned({N, I}, d),
+                       dw_c = accumulate ? dw_old.clone() : testing::poisoned({O, I}, gd),
                        db_c = accumulate ? db_old.clone() : testing::poisoned({O}, gd);
           const Tensor dx_g = gpu_poisoned({N, I}, d), dw_g = accumulate ? gpu(dw_old) : gpu_poisoned({O, I}, gd),
                        db_g = accumulate ? gpu(db_old) : gpu_poisoned({O}, gd);
           linear_backward(x, w, dy, dx_c, dw_c, db_c, accumulate);
           linear_backward(gpu(x), gpu(w), gpu(dy), dx_g, dw_g, db_g, accumulate, Stream::default_for(Device::cuda(0)));
-          const std::string what = "cuda " + label(d, N, I, O) + " grads " + std::string(name_of(gd)) +
-                                   (accumulate ? " accumulate" : "");
+          const std::string what =
+              "cuda " + label(d, N, I, O) + " grads " + std::string(name_of(gd)) + (accumulate ? " accumulate" : "");
           expect_close(dx_g.to_floats(), dx_c.to_floats(), gemm_rtol(d), gemm_atol(d, O), "dx " + what);
           expect_close(dw_g.to_floats(), dw_c.to_floats(), gemm_rtol(gd), gemm_atol(gd, N), "dw " + what);
           expect_close(db_g.to_floats(), db_c.to_floats(), gemm_rtol(gd), gemm_atol(gd, N), "db " + what);
@@ -320,8 +342,8 @@ TEST(MatmulCuda, AllTransposesMatchCpu) {
           const Tensor a = ta ? random_tensor({K, M}, d, seed++) : random_tensor({M, K}, d, seed++);
           const Tensor b = tb ? random_tensor({N, K}, d, seed++) : random_tensor({K, N}, d, seed++);
           const Tensor c_old = random_tensor({M, N}, cd, seed++);
-          const std::string what = std::string(name_of(d)) + "->" + std::string(name_of(cd)) + " M=" +
-                                   std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+          const std::string what = std::string(name_of(d)) + "->" + std::string(name_of(cd)) +
+                                   " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
                                    " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
           for (float beta : {0.0f, 0.5f}) {
             const Tensor c_cpu = beta == 0.0f ? testing::poisoned({M, N}, cd) : c_old.clone();

@@ -53,7 +53,8 @@ TEST_P(OptimizerGradDtypeTest, SgdMatchesClosedForm) {
           const auto gv = g.to_floats();
           sgd_update(w, g, c.p.momentum != 0 ? buf : Tensor(), half, c.p, /*first_step=*/step == 0);
           for (std::size_t i = 0; i < rw.size(); ++i) {
-            const double gi = static_cast<double>(c.p.grad_scale) * gv[i] + static_cast<double>(c.p.weight_decay) * rw[i];
+            const double gi =
+                static_cast<double>(c.p.grad_scale) * gv[i] + static_cast<double>(c.p.weight_decay) * rw[i];
             double d = gi;
             if (c.p.momentum != 0) {
               rbuf[i] = step == 0 ? gi : c.p.momentum * rbuf[i] + gi;
@@ -65,7 +66,8 @@ TEST_P(OptimizerGradDtypeTest, SgdMatchesClosedForm) {
                                    std::to_string(step) + " grad " + std::string(name_of(gdt));
           expect_close(w.to_floats(), to_f(rw), 1e-5, 1e-6, what + " w");
           if (c.p.momentum != 0) expect_close(buf.to_floats(), to_f(rbuf), 1e-5, 1e-6, what + " buf");
-          if (half.defined()) expect_close(half.to_floats(), rounded(w.to_floats(), half_dt), 0, 0, what + " half copy");
+          if (half.defined())
+            expect_close(half.to_floats(), rounded(w.to_floats(), half_dt), 0, 0, what + " half copy");
         }
       }
     }
@@ -105,7 +107,8 @@ TEST_P(OptimizerGradDtypeTest, AdamWMatchesClosedForm) {
           expect_close(w.to_floats(), to_f(rw), 1e-5, 1e-6, what + " w");
           expect_close(m.to_floats(), to_f(rm), 1e-5, 1e-7, what + " m");
           expect_close(v.to_floats(), to_f(rv), 1e-5, 1e-9, what + " v");
-          if (half.defined()) expect_close(half.to_floats(), rounded(w.to_floats(), half_dt), 0, 0, what + " half copy");
+          if (half.defined())
+            expect_close(half.to_floats(), rounded(w.to_floats(), half_dt), 0, 0, what + " half copy");
         }
       }
     }
@@ -121,14 +124,17 @@ TEST(Optimizer, BadInputThrowsBeforeWriting) {
   Tensor g = random_tensor({10}, DType::f32, 2);
   Tensor g_short = random_tensor({9}, DType::f32, 2);
   testing::expect_invalid_argument([&] { sgd_update(w, g_short, Tensor(), Tensor(), {}, true); }, "sgd_update");
-  testing::expect_invalid_argument([&] { sgd_update(w, g, Tensor(), Tensor(), {.momentum = 0.9f}, true); }, "sgd_update");
-  testing::expect_invalid_argument([&] { sgd_update(w, g, Tensor(), Tensor::empty({10}, DType::f32), {}, true); }, "sgd_update");
+  testing::expect_invalid_argument([&] { sgd_update(w, g, Tensor(), Tensor(), {.momentum = 0.9f}, true); },
+                                   "sgd_update");
+  testing::expect_invalid_argument([&] { sgd_update(w, g, Tensor(), Tensor::empty({10}, DType::f32), {}, true); },
+                                   "sgd_update");
   Tensor w_half = random_tensor({10}, DType::f16, 1);
   testing::expect_invalid_argument([&] { sgd_update(w_half, g, Tensor(), Tensor(), {}, true); }, "sgd_update");
   Tensor m = Tensor::zeros({10}, DType::f32), v = Tensor::zeros({10}, DType::f32);
   testing::expect_invalid_argument([&] { adamw_update(w, g, m, Tensor(), Tensor(), {}); }, "adamw_update");
   testing::expect_invalid_argument([&] { adamw_update(w, g, m, v, Tensor(), {.step = 0}); }, "adamw_update");
-  testing::expect_invalid_argument([&] { adamw_update(w, g, m, Tensor::zeros({10}, DType::bf16), Tensor(), {}); }, "adamw_update");
+  testing::expect_invalid_argument([&] { adamw_update(w, g, m, Tensor::zeros({10}, DType::bf16), Tensor(), {}); },
+                                   "adamw_update");
   EXPECT_EQ(w.to_floats(), w0) << "w was written before the check";
   for (float x : m.to_floats()) EXPECT_EQ(x, 0.f);
 }

@@ -129,10 +129,19 @@ TEST(Gradients, SmallStacksMatchFiniteDifferences) {
     const nn::Conv2dOptions same{.padding = 1};
     switch (variant) {
       case 0: model.add<nn::Conv2d>(2, 3, 3, same).add<nn::Flatten>().add<nn::Linear>(108, 5); break;
-      case 1: model.add<nn::Conv2d>(2, 3, 3, nn::Conv2dOptions{.stride = 2}).add<nn::GELU>().add<nn::Flatten>().add<nn::Linear>(12, 5); break;
-      case 2: model.add<nn::Conv2d>(2, 3, 3, same).add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(27, 5); break;
+      case 1:
+        model.add<nn::Conv2d>(2, 3, 3, nn::Conv2dOptions{.stride = 2})
+            .add<nn::GELU>()
+            .add<nn::Flatten>()
+            .add<nn::Linear>(12, 5);
+        break;
+      case 2:
+        model.add<nn::Conv2d>(2, 3, 3, same).add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(27, 5);
+        break;
       case 3: model.add<nn::Flatten>().add<nn::LayerNorm>(72).add<nn::Linear>(72, 5); break;
-      default: model.add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(18, 7).add<nn::ReLU>().add<nn::Linear>(7, 5); break;
+      default:
+        model.add<nn::MaxPool2d>().add<nn::Flatten>().add<nn::Linear>(18, 7).add<nn::ReLU>().add<nn::Linear>(7, 5);
+        break;
     }
     model.init(5).set_input_grad(true);
     const Tensor x = random_tensor({3, 2, 6, 6}, DType::f32, 1);
@@ -148,7 +157,8 @@ TEST(Gradients, SmallStacksMatchFiniteDifferences) {
       expect_close(p->grad.to_floats(), std::vector<float>(numeric.begin(), numeric.end()), 3e-2, 2e-3, what + p->name);
     }
     const std::vector<double> numeric_x = testing::numeric_gradient(x, f, 3e-3);
-    expect_close(input_grad.to_floats(), std::vector<float>(numeric_x.begin(), numeric_x.end()), 3e-2, 2e-3, what + "x");
+    expect_close(input_grad.to_floats(), std::vector<float>(numeric_x.begin(), numeric_x.end()), 3e-2, 2e-3,
+                 what + "x");
   }
 }
 
@@ -172,8 +182,8 @@ TEST(Gradients, AccumulationOverMicroBatchesEqualsOneBatch) {
     accumulated.zero_grad();
     for (std::int64_t i = 0; i < k; ++i) {
       // Each micro-batch's mean loss weighs 1/k, so the sum is the whole batch's mean.
-      testing::forward_backward(accumulated, loss, testing::rows(x, i * micro, micro), testing::rows(y, i * micro, micro),
-                                1.0f / static_cast<float>(k));
+      testing::forward_backward(accumulated, loss, testing::rows(x, i * micro, micro),
+                                testing::rows(y, i * micro, micro), 1.0f / static_cast<float>(k));
     }
     testing::expect_same_grads(accumulated, whole, 1e-4, 1e-6, "k = " + std::to_string(k));
   }
@@ -211,8 +221,9 @@ TEST(Structure, NamesOrderAndSignature) {
   build_conv_model(model);
   std::vector<std::string> names;
   for (nn::Parameter* p : model.parameters()) names.push_back(p->name);
-  const std::vector<std::string> expected{"0.weight", "0.bias", "4.weight", "4.bias", "5.body.0.gamma",
-                                          "5.body.0.beta", "5.body.1.weight", "5.body.1.bias", "6.weight", "6.bias"};
+  const std::vector<std::string> expected{"0.weight",       "0.bias",        "4.weight",        "4.bias",
+                                          "5.body.0.gamma", "5.body.0.beta", "5.body.1.weight", "5.body.1.bias",
+                                          "6.weight",       "6.bias"};
   EXPECT_EQ(names, expected);
   EXPECT_NE(model.signature().find("0.weight [3, 2, 3, 3] f32 trainable"), std::string::npos) << model.signature();
   nn::Sequential same, other;
@@ -413,14 +424,16 @@ TEST(Flat, GradientsGoIntoAPlacedBufferWithGaps) {
   // Gaps stay zero.
   std::vector<bool> used(flat.size(), false);
   for (std::size_t i = 0; i < params.size(); ++i) {
-    for (std::int64_t j = 0; j < params[i]->numel(); ++j) used[static_cast<std::size_t>(plan.entries[i].offset + j)] = true;
+    for (std::int64_t j = 0; j < params[i]->numel(); ++j)
+      used[static_cast<std::size_t>(plan.entries[i].offset + j)] = true;
   }
   for (std::size_t j = 0; j < flat.size(); ++j) {
     if (!used[j]) ASSERT_EQ(flat[j], 0.0f) << "gap element " << j;
   }
   // Direct placement works too: param.grad = buffer.view(offset, shape).
   Tensor other = Tensor::zeros({plan.total}, DType::f32);
-  for (std::size_t i = 0; i < params.size(); ++i) params[i]->grad = other.view(plan.entries[i].offset, params[i]->shape());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    params[i]->grad = other.view(plan.entries[i].offset, params[i]->shape());
   testing::forward_backward(placed, loss, x, y);
   testing::expect_same_grads(placed, reference, 0, 0, "directly placed grads");
 }
@@ -456,7 +469,7 @@ TEST(Flat, PlanBucketsAndShards) {
     nn::FlatPlanOptions o;
     o.world_size = world;
     o.first_bucket_cap_mb = 1000 * 4.0 / (1024 * 1024);  // 1000 f32: e, d, c, b fit; a does not
-    o.bucket_cap_mb = 1e-9;                               // then one parameter per bucket
+    o.bucket_cap_mb = 1e-9;                              // then one parameter per bucket
     const nn::FlatPlan plan = nn::make_flat_plan(params, o);
     ASSERT_EQ(plan.buckets.size(), 2u) << plan.describe();
     EXPECT_EQ(plan.entries[4].offset, 0);
@@ -527,7 +540,8 @@ TEST(Init, DeterministicAndScaled) {
     } else {
       double bound = 0;
       if (p->init.kind == nn::InitSpec::Kind::kaiming_uniform) bound = std::sqrt(6.0 / p->init.fan_in);
-      if (p->init.kind == nn::InitSpec::Kind::xavier_uniform) bound = std::sqrt(6.0 / (p->init.fan_in + p->init.fan_out));
+      if (p->init.kind == nn::InitSpec::Kind::xavier_uniform)
+        bound = std::sqrt(6.0 / (p->init.fan_in + p->init.fan_out));
       ASSERT_GT(bound, 0) << p->name;
       double sum_sq = 0;
       for (float x : v) {

@@ -20,8 +20,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -94,14 +94,15 @@ void expect_valid_and_nested(const json& trace, int ranks, int only_rank = -1) {
   }
   for (auto& [lane, spans] : lanes) {
     const double slack = lane.second == 0 ? 0.002 : 1.0;  // us
-    std::sort(spans.begin(), spans.end(), [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::sort(spans.begin(), spans.end(),
+              [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
     std::vector<double> open_ends;  // a stack of the ends of the spans that contain the current one
     for (const auto& [begin, end] : spans) {
       while (!open_ends.empty() && open_ends.back() <= begin + slack) open_ends.pop_back();
       if (!open_ends.empty()) {
-        ASSERT_LE(end, open_ends.back() + slack) << "rank " << lane.first << " lane " << lane.second << ": the span ["
-                                                 << begin << ", " << end << "] overlaps the end of one that contains its start ("
-                                                 << open_ends.back() << ")";
+        ASSERT_LE(end, open_ends.back() + slack)
+            << "rank " << lane.first << " lane " << lane.second << ": the span [" << begin << ", " << end
+            << "] overlaps the end of one that contains its start (" << open_ends.back() << ")";
       }
       open_ends.push_back(end);
     }
@@ -336,7 +337,8 @@ TEST(Straggler, TheSlowedRankIsNamed) {
     const StragglerReport r = detector.exchange(world().cpu_communicator());
     ASSERT_TRUE(r.checked);
     ++reports;
-    EXPECT_EQ(r.rank, slow) << "per rank: " << r.per_rank[0].first << " " << r.per_rank[static_cast<std::size_t>(slow)].first;
+    EXPECT_EQ(r.rank, slow) << "per rank: " << r.per_rank[0].first << " "
+                            << r.per_rank[static_cast<std::size_t>(slow)].first;
     EXPECT_EQ(r.what, "compute before the first collective");
     EXPECT_GT(r.seconds - r.median_seconds, 0.015);
     EXPECT_EQ(r.host, hosts[static_cast<std::size_t>(slow)]);
@@ -422,7 +424,8 @@ TEST(Metrics, TextFormatAndCountersOnlyGrow) {
   for (int i = 0; i < 5; ++i) {
     s.step = 2 + i;
     m.observe_step(s);
-    const double steps = m.registry().value("tutti_steps_total"), bytes = m.registry().value("tutti_reduced_bytes_total");
+    const double steps = m.registry().value("tutti_steps_total"),
+                 bytes = m.registry().value("tutti_reduced_bytes_total");
     EXPECT_GT(steps, last_steps);
     EXPECT_GT(bytes, last_bytes);
     last_steps = steps;

@@ -64,7 +64,8 @@ void check_sgd_closed_form(Device device) {
     }
     for (std::size_t i = 0; i < ps.ptrs.size(); ++i) {
       std::vector<float> expected(w0[i].size());
-      for (std::size_t j = 0; j < expected.size(); ++j) expected[j] = static_cast<float>(w0[i][j] - lr * total * g[i][j]);
+      for (std::size_t j = 0; j < expected.size(); ++j)
+        expected[j] = static_cast<float>(w0[i][j] - lr * total * g[i][j]);
       expect_close(ps.ptrs[i]->value.to_floats(), expected, 1e-5, 1e-6, nesterov ? "nesterov" : "momentum");
     }
     EXPECT_EQ(opt.steps(), steps);
@@ -262,8 +263,10 @@ TEST(Optimizer, GroupsTakeTheirOwnWeightDecay) {
   std::vector<optim::ParamGroup> groups = {{{ps.ptrs[0]}, 0.25f}, {{ps.ptrs[1]}, std::nullopt}};
   optim::AdamW adam(groups, {.lr = 0.1f, .weight_decay = 0.5f});
   adam.step();
-  for (std::size_t j = 0; j < w0.size(); ++j) EXPECT_NEAR(ps.ptrs[0]->value.to_floats()[j], w0[j] * (1 - 0.1f * 0.25f), 1e-6);
-  for (std::size_t j = 0; j < w1.size(); ++j) EXPECT_NEAR(ps.ptrs[1]->value.to_floats()[j], w1[j] * (1 - 0.1f * 0.5f), 1e-6);
+  for (std::size_t j = 0; j < w0.size(); ++j)
+    EXPECT_NEAR(ps.ptrs[0]->value.to_floats()[j], w0[j] * (1 - 0.1f * 0.25f), 1e-6);
+  for (std::size_t j = 0; j < w1.size(); ++j)
+    EXPECT_NEAR(ps.ptrs[1]->value.to_floats()[j], w1[j] * (1 - 0.1f * 0.5f), 1e-6);
   EXPECT_THROW(optim::SGD({{{ps.ptrs[0]}, -1.0f}}), InvalidArgument);
   EXPECT_THROW(optim::SGD({{{ps.ptrs[0]}, 0.0f}, {{ps.ptrs[0]}, 0.0f}}), InvalidArgument);  // listed twice
 }
@@ -460,7 +463,8 @@ TEST(Gpu, FlatAdamWAndSgdMatchCpu) {
       stream.synchronize();
       EXPECT_EQ(og->last_step_kernel_calls(), 1);
       const double tol = compute == DType::f32 ? 1e-4 : 2e-2;
-      testing::expect_same_parameters(gpu, cpu, tol, tol, std::string(adam ? "AdamW " : "SGD ") + std::string(name_of(compute)));
+      testing::expect_same_parameters(gpu, cpu, tol, tol,
+                                      std::string(adam ? "AdamW " : "SGD ") + std::string(name_of(compute)));
       const StateDict sg = og->state_dict(), sc = oc->state_dict();
       for (const auto& [key, t] : sc) {
         if (key != "step") expect_close(sg.at(key), t, 10 * tol, 10 * tol, key);

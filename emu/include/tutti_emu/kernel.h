@@ -105,14 +105,12 @@ class KernelClosure final : public KernelBody {
 
 // Checks the configuration against CUDA's limits (an invalid one sets the calling thread's last
 // error, as a real launch does, and runs nothing) and queues the kernel on config.stream.
-void launch(const LaunchConfig& config, const char* name, const char* file, int line,
-            std::unique_ptr<KernelBody> body);
+void launch(const LaunchConfig& config, const char* name, const char* file, int line, std::unique_ptr<KernelBody> body);
 
 // What `kernel<<<config>>>(args...)` becomes: `body` is a lambda that calls the kernel with its
 // arguments, so template arguments are deduced exactly as in the original call.
 template <typename F, typename... Args>
-void launch_kernel(const LaunchConfig& config, const char* name, const char* file, int line, F body,
-                   Args&&... args) {
+void launch_kernel(const LaunchConfig& config, const char* name, const char* file, int line, F body, Args&&... args) {
   using Tuple = std::tuple<std::decay_t<Args>...>;
   launch(config, name, file, line,
          std::make_unique<KernelClosure<F, Tuple>>(std::move(body), Tuple(std::forward<Args>(args)...)));
@@ -162,8 +160,8 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where =
 template <typename T>
 T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32,
               std::source_location where = std::source_location::current()) {
-  return ::tutti::emu::from_bits<T>(::tutti::emu::warp_collective(
-      ::tutti::emu::WarpOp::shfl_idx, mask, ::tutti::emu::to_bits(var), src_lane, width, where));
+  return ::tutti::emu::from_bits<T>(::tutti::emu::warp_collective(::tutti::emu::WarpOp::shfl_idx, mask,
+                                                                  ::tutti::emu::to_bits(var), src_lane, width, where));
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32,
@@ -180,20 +178,19 @@ T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32,
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
                   std::source_location where = std::source_location::current()) {
-  return ::tutti::emu::from_bits<T>(::tutti::emu::warp_collective(
-      ::tutti::emu::WarpOp::shfl_xor, mask, ::tutti::emu::to_bits(var), lane_mask, width, where));
+  return ::tutti::emu::from_bits<T>(::tutti::emu::warp_collective(::tutti::emu::WarpOp::shfl_xor, mask,
+                                                                  ::tutti::emu::to_bits(var), lane_mask, width, where));
 }
-inline unsigned __ballot_sync(unsigned mask, int predicate, std::source_location where = std::source_location::current()) {
+inline unsigned __ballot_sync(unsigned mask, int predicate,
+                              std::source_location where = std::source_location::current()) {
   return static_cast<unsigned>(
       ::tutti::emu::warp_collective(::tutti::emu::WarpOp::ballot, mask, predicate != 0, 0, 32, where));
 }
 inline int __any_sync(unsigned mask, int predicate, std::source_location where = std::source_location::current()) {
-  return static_cast<int>(
-      ::tutti::emu::warp_collective(::tutti::emu::WarpOp::any, mask, predicate != 0, 0, 32, where));
+  return static_cast<int>(::tutti::emu::warp_collective(::tutti::emu::WarpOp::any, mask, predicate != 0, 0, 32, where));
 }
 inline int __all_sync(unsigned mask, int predicate, std::source_location where = std::source_location::current()) {
-  return static_cast<int>(
-      ::tutti::emu::warp_collective(::tutti::emu::WarpOp::all, mask, predicate != 0, 0, 32, where));
+  return static_cast<int>(::tutti::emu::warp_collective(::tutti::emu::WarpOp::all, mask, predicate != 0, 0, 32, where));
 }
 inline unsigned __activemask() { return ::tutti::emu::active_mask(); }
 

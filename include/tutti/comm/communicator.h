@@ -64,8 +64,8 @@ struct CollectiveInfo {
   // Elements per rank that every rank must agree on: the tensor's for allreduce and
   // broadcast, the output's for reduce_scatter, the input's for allgather, 0 for barrier.
   std::int64_t count = 0;
-  int root = -1;       // broadcast only
-  std::string label;   // who issued it ("ddp bucket 3"); may be empty
+  int root = -1;      // broadcast only
+  std::string label;  // who issued it ("ddp bucket 3"); may be empty
   // When it was issued (steady clock, ns) while a trace was recording (trace::on()), else 0:
   // the backends then record its span (docs/observability.md).
   std::int64_t issued_ns = 0;
@@ -168,8 +168,7 @@ class Communicator {
   // Collective. tensor = op over ranks of tensor (in place).
   Work allreduce(const Tensor& tensor, ReduceOp op = ReduceOp::sum, const CallOptions& call = {});
   // Collective. output = op over ranks of input; same dtype and numel (output may be input).
-  Work allreduce(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::sum,
-                 const CallOptions& call = {});
+  Work allreduce(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::sum, const CallOptions& call = {});
   // Collective. input holds size() * n elements; output (n elements) gets chunk rank() of
   // op over ranks of input. In place: output = input.view(rank() * n, {n}) (the rest of
   // input is left unchanged).
@@ -197,6 +196,7 @@ class Communicator {
     Tensor output;
     Stream stream;
   };
+
  protected:
   // `options` are resolved here (timeout, debug).
   Communicator(int rank, int size, CommOptions options);

@@ -117,14 +117,14 @@ class Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
-  int rank() const;         // in MPI_COMM_WORLD
+  int rank() const;  // in MPI_COMM_WORLD
   int world_size() const;
-  int local_rank() const;   // among the ranks on this host (shared-memory node)
+  int local_rank() const;  // among the ranks on this host (shared-memory node)
   int local_size() const;
   // The number of hosts (shared-memory nodes, as MPI groups them: MPI_Comm_split_type SHARED)
   // that the job's ranks run on; the same on every rank. 1 on a single machine.
   int node_count() const;
-  Device device() const;    // the device this rank computes on (current for this thread)
+  Device device() const;  // the device this rank computes on (current for this thread)
   const std::string& hostname() const;
   // Backend of communicator(): "mpi" or "nccl".
   std::string_view backend() const;

@@ -29,7 +29,11 @@ struct Half {
   Half() = default;
   explicit Half(float value);
   explicit operator float() const;
-  static Half from_bits(std::uint16_t b) { Half h; h.bits = b; return h; }
+  static Half from_bits(std::uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
 };
 
 // bfloat16 (the top 16 bits of an fp32), stored as its bit pattern. Conversions round to
@@ -39,7 +43,11 @@ struct BFloat16 {
   BFloat16() = default;
   explicit BFloat16(float value);
   explicit operator float() const;
-  static BFloat16 from_bits(std::uint16_t b) { BFloat16 h; h.bits = b; return h; }
+  static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
 };
 
 // Scalar conversions, usable on their own (the kernels' CPU reference uses these).
@@ -49,22 +57,46 @@ std::uint16_t float_to_bf16_bits(float value);
 float bf16_bits_to_float(std::uint16_t bits);
 
 // dtype_of<T>(): the DType of a C++ element type (float, Half, BFloat16, int32_t, int64_t).
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<Half>() { return DType::f16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<Half>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::i64;
+}
 
 // Converts to and from float for any element type, so CPU kernels can be written once:
 // to_float(x) accumulates in fp32; from_float<T>(v) rounds to nearest even for halves.
 inline float to_float(float x) { return x; }
 inline float to_float(Half x) { return half_bits_to_float(x.bits); }
 inline float to_float(BFloat16 x) { return bf16_bits_to_float(x.bits); }
-template <typename T> T from_float(float v);
-template <> inline float from_float<float>(float v) { return v; }
-template <> inline Half from_float<Half>(float v) { return Half::from_bits(float_to_half_bits(v)); }
-template <> inline BFloat16 from_float<BFloat16>(float v) {
+template <typename T>
+T from_float(float v);
+template <>
+inline float from_float<float>(float v) {
+  return v;
+}
+template <>
+inline Half from_float<Half>(float v) {
+  return Half::from_bits(float_to_half_bits(v));
+}
+template <>
+inline BFloat16 from_float<BFloat16>(float v) {
   return BFloat16::from_bits(float_to_bf16_bits(v));
 }
 

@@ -100,31 +100,31 @@ template <typename E>
   ::tutti::detail::throw_error<::tutti::ExceptionType>(__FILE__, __LINE__, ::tutti::detail::str(__VA_ARGS__))
 
 // Throws tutti::Error when cond is false; the message says which condition failed.
-#define TUTTI_CHECK(cond, ...)                                                      \
-  do {                                                                              \
-    if (!(cond)) [[unlikely]] {                                                     \
+#define TUTTI_CHECK(cond, ...)                                                            \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]] {                                                           \
       TUTTI_THROW(Error, "check failed: " #cond ": ", ::tutti::detail::str(__VA_ARGS__)); \
-    }                                                                               \
+    }                                                                                     \
   } while (0)
 
 // Throws tutti::InvalidArgument when cond is false: use it for checks of caller input.
-#define TUTTI_CHECK_ARG(cond, ...)                        \
-  do {                                                    \
-    if (!(cond)) [[unlikely]] {                           \
-      TUTTI_THROW(InvalidArgument, __VA_ARGS__);          \
-    }                                                     \
+#define TUTTI_CHECK_ARG(cond, ...)               \
+  do {                                           \
+    if (!(cond)) [[unlikely]] {                  \
+      TUTTI_THROW(InvalidArgument, __VA_ARGS__); \
+    }                                            \
   } while (0)
 
 // ENFORCE-style comparisons: on failure the message prints both expressions and values,
 // "expected x.numel() == y.numel() (12 vs 10): add: x and y". Throws InvalidArgument.
-#define TUTTI_ENFORCE_OP_(a, b, op, ...)                                                   \
-  do {                                                                                     \
-    const auto& tutti_a_ = (a);                                                            \
-    const auto& tutti_b_ = (b);                                                            \
-    if (!(tutti_a_ op tutti_b_)) [[unlikely]] {                                            \
-      TUTTI_THROW(InvalidArgument, "expected " #a " " #op " " #b " (", tutti_a_, " vs ", \
-                  tutti_b_, "): ", ::tutti::detail::str(__VA_ARGS__));                     \
-    }                                                                                      \
+#define TUTTI_ENFORCE_OP_(a, b, op, ...)                                                           \
+  do {                                                                                             \
+    const auto& tutti_a_ = (a);                                                                    \
+    const auto& tutti_b_ = (b);                                                                    \
+    if (!(tutti_a_ op tutti_b_)) [[unlikely]] {                                                    \
+      TUTTI_THROW(InvalidArgument, "expected " #a " " #op " " #b " (", tutti_a_, " vs ", tutti_b_, \
+                  "): ", ::tutti::detail::str(__VA_ARGS__));                                       \
+    }                                                                                              \
   } while (0)
 #define TUTTI_ENFORCE_EQ(a, b, ...) TUTTI_ENFORCE_OP_(a, b, ==, __VA_ARGS__)
 #define TUTTI_ENFORCE_NE(a, b, ...) TUTTI_ENFORCE_OP_(a, b, !=, __VA_ARGS__)

@@ -16,7 +16,7 @@ namespace tutti {
 using StateDict = std::map<std::string, Tensor>;
 
 // One-element tensors for scalar state (step counts, scales), and reading them back.
-Tensor scalar_tensor(double value);           // f32 [1] (a loss scale, a learning rate)
+Tensor scalar_tensor(double value);            // f32 [1] (a loss scale, a learning rate)
 Tensor int_scalar_tensor(std::int64_t value);  // i64 [1]
 // Throws InvalidArgument naming the key when it is missing, not a 1-element tensor, or of the
 // wrong kind.

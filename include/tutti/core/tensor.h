@@ -94,8 +94,8 @@ class Tensor {
   template <typename T>
   T* data_as() const {
     TUTTI_CHECK_ARG(defined(), "data_as: undefined tensor");
-    TUTTI_CHECK_ARG(dtype_of<T>() == dtype_, "data_as<", name_of(dtype_of<T>()), ">: tensor ",
-                    str(), " holds ", name_of(dtype_));
+    TUTTI_CHECK_ARG(dtype_of<T>() == dtype_, "data_as<", name_of(dtype_of<T>()), ">: tensor ", str(), " holds ",
+                    name_of(dtype_));
     return static_cast<T*>(data());
   }
 
@@ -126,9 +126,7 @@ class Tensor {
   std::vector<std::int64_t> to_ints() const;
 
   // True when both tensors are views into the same Storage.
-  bool shares_storage_with(const Tensor& other) const {
-    return storage_ != nullptr && storage_ == other.storage_;
-  }
+  bool shares_storage_with(const Tensor& other) const { return storage_ != nullptr && storage_ == other.storage_; }
   // "Tensor[2, 3] f32 cpu".
   std::string str() const;
 

@@ -53,7 +53,7 @@ struct Event {
   Lane lane = Lane::host;
   std::int64_t begin_ns = 0, end_ns = 0;  // steady clock of this process
   std::int64_t step = -1;                 // the step begin_step() last named (-1: before any)
-  std::string args;      // extra JSON members without braces: "\"bytes\":4096,\"dtype\":\"f32\"" (or empty)
+  std::string args;  // extra JSON members without braces: "\"bytes\":4096,\"dtype\":\"f32\"" (or empty)
 };
 
 // Records a finished span (nothing happens unless on(), or `force`: a span that was begun while
@@ -77,7 +77,9 @@ class Span {
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
   // Extra JSON members for the span ("\"bytes\":4096"); ignored when not recording.
-  void set_args(std::string args) { if (active_) args_ = std::move(args); }
+  void set_args(std::string args) {
+    if (active_) args_ = std::move(args);
+  }
   bool active() const { return active_; }
 
  private:

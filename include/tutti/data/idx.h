@@ -29,9 +29,7 @@
 namespace tutti::data {
 
 // The IDX element types (the third byte of the magic number).
-enum class IdxType : std::uint8_t {
-  u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0C, f32 = 0x0D, f64 = 0x0E
-};
+enum class IdxType : std::uint8_t { u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0C, f32 = 0x0D, f64 = 0x0E };
 
 // An IDX file as it is stored: type, dimensions, and the element bytes as they appear in the
 // file (multi-byte elements stay big-endian, as the format stores them).
@@ -87,7 +85,6 @@ struct FashionMnist {
 // file throws InvalidArgument that names it and says how to get the data (install the
 // `dataset-fashion-mnist` package, e.g. with scripts/setup.sh, or point --data at a copy).
 // Reads ~30 MB of gzip; takes about a second. `dir` defaults to fashion_mnist_dir().
-FashionMnist load_fashion_mnist(const std::string& dir = fashion_mnist_dir(),
-                                const FashionMnistOptions& options = {});
+FashionMnist load_fashion_mnist(const std::string& dir = fashion_mnist_dir(), const FashionMnistOptions& options = {});
 
 }  // namespace tutti::data

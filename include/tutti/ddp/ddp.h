@@ -72,11 +72,11 @@ struct DdpOptions {
 
 // Bytes this rank holds, by component (what the tensors' storages hold, not a formula).
 struct DdpMemory {
-  std::int64_t parameters = 0;      // what forward reads: compute copies (half), or the fp32 values
-  std::int64_t master_weights = 0;  // fp32 masters kept beside half parameters (ZeRO: the shard)
-  std::int64_t gradients = 0;       // the flat gradient buffer (ZeRO-2: the shard)
-  std::int64_t optimizer_state = 0; // the attached optimizer's state (ZeRO: the shard)
-  std::int64_t communication = 0;   // staging in the wire dtype, ZeRO-2's pool
+  std::int64_t parameters = 0;       // what forward reads: compute copies (half), or the fp32 values
+  std::int64_t master_weights = 0;   // fp32 masters kept beside half parameters (ZeRO: the shard)
+  std::int64_t gradients = 0;        // the flat gradient buffer (ZeRO-2: the shard)
+  std::int64_t optimizer_state = 0;  // the attached optimizer's state (ZeRO: the shard)
+  std::int64_t communication = 0;    // staging in the wire dtype, ZeRO-2's pool
   std::int64_t total() const { return parameters + master_weights + gradients + optimizer_state + communication; }
 };
 

@@ -72,22 +72,22 @@ struct ReducerOptions {
 // Timings of the last synchronized step, in milliseconds of wall time on the host (GPU:
 // the time the host spent, not device time), and its traffic.
 struct StepStats {
-  double backward_ms = 0;       // from prepare() to the start of finish()
-  double comm_ms = 0;           // from the first launch until finish() saw the last bucket
-                                // complete: the span communication was in flight (an upper
-                                // bound of the time spent communicating)
-  double comm_run_ms = 0;       // the buckets' collectives' own run times added up, where the
-                                // backend measures them (mpi; 0 on nccl): time spent communicating
-  double exposed_comm_ms = 0;   // time finish() waited for communication: NOT hidden by backward
-  double finish_ms = 0;         // all of finish(): waits, casts, unscale and check
+  double backward_ms = 0;      // from prepare() to the start of finish()
+  double comm_ms = 0;          // from the first launch until finish() saw the last bucket
+                               // complete: the span communication was in flight (an upper
+                               // bound of the time spent communicating)
+  double comm_run_ms = 0;      // the buckets' collectives' own run times added up, where the
+                               // backend measures them (mpi; 0 on nccl): time spent communicating
+  double exposed_comm_ms = 0;  // time finish() waited for communication: NOT hidden by backward
+  double finish_ms = 0;        // all of finish(): waits, casts, unscale and check
   // Host time from the start of the step (DistributedDataParallel: its first forward; a bare
   // Reducer: the first prepare()) to the launch of its first collective: the compute that no
   // collective waits for yet, so a slow rank shows here (the collectives make every rank's
   // backward look alike). On a GPU: the host's issue time, not the device's.
   double compute_before_comm_ms = 0;
   std::int64_t bytes_reduced = 0;  // per rank, on the wire (each bucket's input)
-  double busbw_gbs = 0;         // bytes_reduced · f / comm_run_ms (comm_ms where not measured),
-                                // f = 2(n-1)/n for allreduce, (n-1)/n for reduce-scatter
+  double busbw_gbs = 0;            // bytes_reduced · f / comm_run_ms (comm_ms where not measured),
+                                   // f = 2(n-1)/n for allreduce, (n-1)/n for reduce-scatter
   int buckets = 0;
   // ZeRO (filled by DistributedDataParallel): the all-gathers of the updated parameters that
   // followed the previous step.
@@ -166,15 +166,15 @@ class Reducer {
 
  private:
   struct Bucket {
-    int pending = 0;   // gradients not yet marked in this pass
-    Tensor staging;    // wire-dtype copy (none/scatter: one per bucket)
+    int pending = 0;  // gradients not yet marked in this pass
+    Tensor staging;   // wire-dtype copy (none/scatter: one per bucket)
     Work work;
     bool launched = false;
-    int slot = -1;     // shard_only: the pool buffer holding it in this pass
+    int slot = -1;  // shard_only: the pool buffer holding it in this pass
   };
-  struct Slot {        // shard_only: one pool buffer
-    Tensor grads;      // grad dtype, the largest bucket's length
-    Tensor staging;    // wire dtype when it differs
+  struct Slot {      // shard_only: one pool buffer
+    Tensor grads;    // grad dtype, the largest bucket's length
+    Tensor staging;  // wire dtype when it differs
     int bucket = -1;
   };
   bool communicates() const { return phase_ == Phase::reducing || options_.sharding == GradientSharding::shard_only; }

@@ -58,7 +58,7 @@ inline constexpr std::uint32_t kCheckpointFormatVersion = 1;
 using Metadata = std::map<std::string, std::string>;
 
 struct Checkpoint {
-  StateDict state;    // CPU tensors
+  StateDict state;  // CPU tensors
   Metadata metadata;
 };
 
@@ -78,8 +78,8 @@ Checkpoint load_checkpoint(const std::string& path);
 // in the checkpoint but [256, 784] here". `source` names the checkpoint in the message.
 // Only keys under `prefix` are compared (all when empty), so one checkpoint may hold the
 // model ("model."), the optimizer ("optim.") and more, each checked on its own.
-void check_state_matches(const StateDict& loaded, const StateDict& expected,
-                         const std::string& source, const std::string& prefix = "");
+void check_state_matches(const StateDict& loaded, const StateDict& expected, const std::string& source,
+                         const std::string& prefix = "");
 
 // One checkpoint holds several state dicts under prefixes ("model.", "optim.", "scaler.",
 // "loader."). add_prefixed copies every entry of `part` into `into` as prefix + name (a

@@ -21,9 +21,8 @@ struct CrossEntropyOptions {
 //                      (optional; same dtype as logits)
 // A label out of range is an InvalidArgument on the CPU; on the GPU such rows set loss to
 // nan, since the host cannot check device labels without a sync.
-void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss,
-                           const Tensor& dlogits, const CrossEntropyOptions& options = {},
-                           const Stream& stream = Stream());
+void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
+                           const CrossEntropyOptions& options = {}, const Stream& stream = Stream());
 
 // correct [1] i64 (+)= number of rows whose argmax over logits equals the label (rows with
 // ignore_index are not counted). For accuracy without copying logits to the host.

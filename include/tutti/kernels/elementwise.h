@@ -30,8 +30,7 @@ void fill(const Tensor& out, float value, const Stream& stream = Stream());
 // Adds a per-channel bias: x is [N, C, inner...] viewed as [N, C, inner] with `inner` the
 // product of the dimensions after channel_dim (1 for x = [N, C] and channel_dim = 1),
 // out[n, c, i] = x[n, c, i] + bias[c]. out may be x.
-void bias_add(const Tensor& x, const Tensor& bias, int channel_dim, const Tensor& out,
-              const Stream& stream = Stream());
+void bias_add(const Tensor& x, const Tensor& bias, int channel_dim, const Tensor& out, const Stream& stream = Stream());
 // dbias[c] (+)= sum over n, i of dy[n, c, i]. dbias may be f32 for half dy.
 void bias_backward(const Tensor& dy, int channel_dim, const Tensor& dbias, bool accumulate,
                    const Stream& stream = Stream());

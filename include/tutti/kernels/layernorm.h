@@ -12,8 +12,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 // Given dy [N, D]: dx [N, D] (written), dgamma [D] and dbeta [D] (+)= (accumulate_params);
 // dgamma/dbeta may be f32 for half x.
-void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                        bool accumulate_params, const Stream& stream = Stream());
+void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta, bool accumulate_params,
+                        const Stream& stream = Stream());
 
 }  // namespace tutti::kernels

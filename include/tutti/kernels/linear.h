@@ -26,13 +26,12 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 //   db[O]    (+)= sum over rows of dy  (optional)
 // dw and db may be f32 even when x, w and dy are f16/bf16 (fp32 gradient buffers); with
 // accumulate_params they are added to (gradient accumulation), else overwritten.
-void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, bool accumulate_params,
-                     const Stream& stream = Stream());
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db, bool accumulate_params, const Stream& stream = Stream());
 
 // c[M, N] = alpha · op(a) · op(b) + beta · c, where op(t) is t or t^T. 2-D tensors,
 // row-major; c may be f32 when a and b are f16/bf16.
-void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, const Tensor& c,
-            float alpha = 1.0f, float beta = 0.0f, const Stream& stream = Stream());
+void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, const Tensor& c, float alpha = 1.0f,
+            float beta = 0.0f, const Stream& stream = Stream());
 
 }  // namespace tutti::kernels

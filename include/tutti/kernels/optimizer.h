@@ -14,7 +14,7 @@ struct SgdParams {
   float momentum = 0.0f;
   float weight_decay = 0.0f;  // L2, added to the gradient: g += weight_decay · w
   bool nesterov = false;
-  float grad_scale = 1.0f;    // g is multiplied by this first (clipping coefficient)
+  float grad_scale = 1.0f;  // g is multiplied by this first (clipping coefficient)
 };
 
 // w [n] f32 master weights; grad [n] f32/f16/bf16; momentum_buf [n] f32 (required when

@@ -29,7 +29,7 @@ namespace tutti::nn {
 
 // What the plan needs to know of a parameter (or of a gradient a program's own kernels write).
 struct PlanParam {
-  std::string name;           // for error messages and checkpoints: "2.weight"
+  std::string name;  // for error messages and checkpoints: "2.weight"
   Shape shape;
   bool requires_grad = true;  // false: a frozen weight (its gradient slot exists but is never reduced)
 };
@@ -62,20 +62,20 @@ struct PlanEntry {
 };
 
 struct PlanBucket {
-  std::int64_t begin = 0, end = 0;     // elements of the flat buffer, padding included
-  std::int64_t chunk = 0;              // (end - begin) / world_size: one rank's part
-  std::int64_t shard_offset = 0;       // where this bucket's chunk lies in every rank's shard
-  std::vector<std::size_t> entries;    // its parameters (indices into entries), in layout order
+  std::int64_t begin = 0, end = 0;   // elements of the flat buffer, padding included
+  std::int64_t chunk = 0;            // (end - begin) / world_size: one rank's part
+  std::int64_t shard_offset = 0;     // where this bucket's chunk lies in every rank's shard
+  std::vector<std::size_t> entries;  // its parameters (indices into entries), in layout order
   std::int64_t numel() const { return end - begin; }
   // Rank r's chunk, as a range of the flat buffer.
   ElementRange chunk_of(int rank) const { return {begin + rank * chunk, begin + (rank + 1) * chunk}; }
 };
 
 struct FlatPlan {
-  std::vector<PlanEntry> entries;    // registration order: entries[i] is parameter i
-  std::vector<PlanBucket> buckets;   // in layout order, which is the order they are reduced in
-  std::int64_t total = 0;            // the flat buffer's length
-  std::int64_t shard_numel = 0;      // each rank's shard length: the sum of the chunks
+  std::vector<PlanEntry> entries;   // registration order: entries[i] is parameter i
+  std::vector<PlanBucket> buckets;  // in layout order, which is the order they are reduced in
+  std::int64_t total = 0;           // the flat buffer's length
+  std::int64_t shard_numel = 0;     // each rank's shard length: the sum of the chunks
   FlatPlanOptions options;
 
   int world_size() const { return options.world_size; }

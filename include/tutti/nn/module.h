@@ -45,16 +45,16 @@ using ParamUseHook = std::function<void(Parameter&)>;
 // Settings of one model, shared by all its modules (a child adopts its parent's).
 struct ModuleSettings {
   Device device = Device::cpu();
-  Stream stream;                     // where the model's kernels are issued
-  DType compute_dtype = DType::f32;  // activations and the parameters' compute copies
-  DType grad_dtype = DType::f32;     // gradients backward writes: f32 or compute_dtype
-  DType grad_comm_dtype = DType::f32;  // what a data-parallel runtime sends the gradients as
-  bool training = true;              // Dropout drops only in training mode
-  GradReadyHook grad_ready_hook;     // may be empty
+  Stream stream;                          // where the model's kernels are issued
+  DType compute_dtype = DType::f32;       // activations and the parameters' compute copies
+  DType grad_dtype = DType::f32;          // gradients backward writes: f32 or compute_dtype
+  DType grad_comm_dtype = DType::f32;     // what a data-parallel runtime sends the gradients as
+  bool training = true;                   // Dropout drops only in training mode
+  GradReadyHook grad_ready_hook;          // may be empty
   GradPlacementHook grad_placement_hook;  // may be empty
-  ParamUseHook param_use_hook;       // may be empty
-  int batch_slice = 0;               // this process's slice of the global batch ...
-  int batch_slices = 1;              // ... of this many (see Module::set_batch_slice)
+  ParamUseHook param_use_hook;            // may be empty
+  int batch_slice = 0;                    // this process's slice of the global batch ...
+  int batch_slices = 1;                   // ... of this many (see Module::set_batch_slice)
 };
 
 // Model FLOPs of one sample through a module in training (see Module::flops).

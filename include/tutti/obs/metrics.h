@@ -68,21 +68,21 @@ class MetricRegistry {
 
 // What one optimizer step did, as a training loop knows it.
 struct StepRecord {
-  std::int64_t step = 0;           // steps done so far (1 after the first)
-  double step_seconds = 0;         // wall time of the step on this rank
-  double data_seconds = 0;         // of which loading data
-  std::int64_t samples = 0;        // samples this rank trained on in the step
-  std::int64_t tokens = 0;         // tokens, where it applies (0: not reported)
-  double loss = -1;                // the step's loss (negative: not known)
+  std::int64_t step = 0;     // steps done so far (1 after the first)
+  double step_seconds = 0;   // wall time of the step on this rank
+  double data_seconds = 0;   // of which loading data
+  std::int64_t samples = 0;  // samples this rank trained on in the step
+  std::int64_t tokens = 0;   // tokens, where it applies (0: not reported)
+  double loss = -1;          // the step's loss (negative: not known)
   double loss_scale = 1;
-  bool skipped = false;            // the loss scaler skipped the step
-  ddp::StepStats ddp;              // ddp.last_stats(): bytes, bandwidth, waits, compute before comm
-  double flops = 0;                // model FLOPs this rank did in the step (0: unknown; see obs/mfu.h)
+  bool skipped = false;  // the loss scaler skipped the step
+  ddp::StepStats ddp;    // ddp.last_stats(): bytes, bandwidth, waits, compute before comm
+  double flops = 0;      // model FLOPs this rank did in the step (0: unknown; see obs/mfu.h)
 };
 
 struct TrainingMetricsOptions {
-  double peak_flops = 0;           // this rank's device peak, FLOP/s, for tutti_mfu (0: no MFU)
-  std::string backend;             // tutti_info's labels
+  double peak_flops = 0;  // this rank's device peak, FLOP/s, for tutti_mfu (0: no MFU)
+  std::string backend;    // tutti_info's labels
   std::string device;
 };
 

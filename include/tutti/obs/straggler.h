@@ -20,20 +20,20 @@
 namespace tutti::obs {
 
 struct StragglerOptions {
-  int every = 50;            // steps between checks
-  double threshold = 0.2;    // slower than the others' median by more than this fraction (0.2: 20%)
-  double min_seconds = 1e-3; // and by more than this much per step (ignore noise on tiny steps)
+  int every = 50;             // steps between checks
+  double threshold = 0.2;     // slower than the others' median by more than this fraction (0.2: 20%)
+  double min_seconds = 1e-3;  // and by more than this much per step (ignore noise on tiny steps)
 };
 
 struct StragglerReport {
-  bool checked = false;      // this call compared the ranks
-  int rank = -1;             // the straggler (-1: none)
-  std::string host;          // its host
-  std::string what;          // "compute before the first collective" or "data loading"
-  double seconds = 0;        // its mean per step
-  double median_seconds = 0; // the other ranks' median
-  double slower_by = 0;      // seconds / median_seconds - 1 (0.5: 50% slower)
-  bool new_straggler = false;// the first report of this rank for this cause: log it (once)
+  bool checked = false;        // this call compared the ranks
+  int rank = -1;               // the straggler (-1: none)
+  std::string host;            // its host
+  std::string what;            // "compute before the first collective" or "data loading"
+  double seconds = 0;          // its mean per step
+  double median_seconds = 0;   // the other ranks' median
+  double slower_by = 0;        // seconds / median_seconds - 1 (0.5: 50% slower)
+  bool new_straggler = false;  // the first report of this rank for this cause: log it (once)
   // Every rank's means, [rank] -> {compute before the first collective, data loading} seconds.
   std::vector<std::pair<double, double>> per_rank;
   // "straggler: rank 3 (node1) is 52% slower than the median of the other ranks in compute before

@@ -21,15 +21,14 @@ Tensor grad_norm_squared(const std::vector<nn::Parameter*>& params, const Stream
 float clip_coefficient(double norm, double max_norm);
 
 struct GradNorm {
-  double norm = 0;          // the global L2 norm
-  float coefficient = 1;    // what to pass to Optimizer::step
-  bool finite = true;       // false when some gradient holds inf or nan
+  double norm = 0;        // the global L2 norm
+  float coefficient = 1;  // what to pass to Optimizer::step
+  bool finite = true;     // false when some gradient holds inf or nan
 };
 
 // Computes the global norm and reads it (one host sync), without touching the gradients:
 // pass .coefficient to Optimizer::step(grad_scale), which folds it into the update.
-GradNorm compute_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,
-                           const Stream& stream = Stream());
+GradNorm compute_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm, const Stream& stream = Stream());
 
 // As PyTorch's clip_grad_norm_: also scales the gradients in place when the coefficient is
 // below 1. Returns the norm. One host sync.

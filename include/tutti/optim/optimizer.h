@@ -64,8 +64,8 @@ std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& p
 // A contiguous part of a plan's flat buffer that a bound optimizer updates.
 struct FlatSpan {
   std::int64_t begin = 0, end = 0;  // [begin, end): elements of the plan's flat buffer
-  Tensor value;    // f32 [end - begin]: the fp32 master weights of these elements
-  Tensor grad;     // [end - begin] f32, f16 or bf16: their gradients
+  Tensor value;                     // f32 [end - begin]: the fp32 master weights of these elements
+  Tensor grad;                      // [end - begin] f32, f16 or bf16: their gradients
   Tensor compute;  // [end - begin] f16/bf16: where the updated weights are written too (undefined: none)
 };
 
@@ -189,7 +189,7 @@ class Optimizer {
   std::vector<std::vector<Tensor>> state_;
   // Bound.
   std::unique_ptr<FlatTarget> target_;
-  std::vector<std::size_t> entry_;               // params_[i] is the plan's entry entry_[i]
+  std::vector<std::size_t> entry_;  // params_[i] is the plan's entry entry_[i]
   std::vector<Run> runs_;
   std::vector<std::int64_t> span_state_offset_;  // where span s starts in the flat state
   std::vector<Tensor> flat_state_;               // per state name
