@@ -5,7 +5,7 @@
 #   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
 #   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 . scripts/openblas-env.sh
 out=docs/bench
 mkdir -p "$out"
@@ -59,8 +59,9 @@ for part in $parts; do
       for model in "mlp --widths 512,256" "wide --hidden 1024 --layers 3 --bucket-mb 1"; do
         name=${model%% *}
         for opt in sgd adamw; do
+          # shellcheck disable=SC2086  # the model's flags, split into words
           { echo "# measured on: $machine"
-            mpirun -np 2 --oversubscribe build/benchmarks/ddp/ddp_bench ${model#* } --batch 64 --optimizer $opt \
+            mpirun -np 2 --oversubscribe build/benchmarks/ddp/ddp_bench ${model#* } --batch 64 --optimizer "$opt" \
               --steps 60 --modes local,zero0,zero1,zero2 --json "$out/zero_speed_${name}_${opt}_np2.json"; } \
             | tee "$out/zero_speed_${name}_${opt}_np2.txt"
         done

@@ -3,7 +3,7 @@
 # picks (4 MiB: each layer of ddp_bench's MLP its own bucket) against the 25 MiB default, on 2 and
 # 4 emulated nodes at 1 and 2.5 Gbit/s; three alternating repeats. Writes docs/bench/cluster/buckets/.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${BUILD:-build}
 out=docs/bench/cluster/buckets
 mkdir -p "$out"

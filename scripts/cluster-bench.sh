@@ -6,7 +6,7 @@
 #   bash scripts/cluster-bench.sh                 # everything
 #   bash scripts/cluster-bench.sh allreduce       # one part: allreduce, algorithms, ddp
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 build=${BUILD:-build}
 out=${OUT:-docs/bench/cluster}
 mkdir -p "$out"

@@ -55,8 +55,9 @@ install() {
 up() {
   [ -f "$dir/config" ] || die "no cluster '$name' (scripts/cluster.sh up --name $name first)"
   command -v slurmd >/dev/null || die "Slurm is not installed (scripts/cluster-slurm.sh install)"
-  # shellcheck disable=SC1091
+  # shellcheck disable=SC1091  # written by cluster.sh up: sets nodes, slots, ...
   . "$dir/config"
+  : "${nodes:?$dir/config does not set nodes}"
   mkdir -p "$sdir/ctld" "$sdir/log"
   local last=$((nodes - 1)) cpus
   cpus=$(nproc)
@@ -112,7 +113,7 @@ EOF
 down() {
   [ -d "$sdir" ] || return 0
   for f in "$sdir"/slurmd-*.pid "$sdir"/slurmctld.pid; do
-    [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+    if [ -f "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
   done
   sleep 0.5
   echo "cluster-slurm.sh: Slurm on '$name' stopped"

@@ -138,8 +138,8 @@ up() {
   check
   local dir; dir=$(state)
   [ ! -e "$dir" ] || die "a cluster named '$name' exists already ($dir): 'cluster.sh down --name $name' first"
-  [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 64 ] || die "--nodes must be 1..64"
-  [[ "$slots" =~ ^[0-9]+$ ]] && [ "$slots" -ge 1 ] || die "--slots must be a positive number"
+  if ! [[ "$nodes" =~ ^[0-9]+$ ]] || [ "$nodes" -lt 1 ] || [ "$nodes" -gt 64 ]; then die "--nodes must be 1..64"; fi
+  if ! [[ "$slots" =~ ^[0-9]+$ ]] || [ "$slots" -lt 1 ]; then die "--slots must be a positive number"; fi
   trap 'echo "cluster.sh: up failed; removing what it made" >&2; down_quiet' ERR
   mkdir -p "$dir"
   cat > "$dir/config" <<EOF
@@ -236,6 +236,7 @@ down_quiet() {
   local pids=""
   for ns in $nsl; do pids="$pids $(ip netns pids "$ns" 2>/dev/null || true)"; done
   if [ -n "${pids// /}" ]; then
+    # shellcheck disable=SC2086  # a list of pids
     kill -TERM $pids 2>/dev/null || true
     for _ in 1 2 3 4 5 6 7 8 9 10; do
       local alive=""
@@ -243,6 +244,7 @@ down_quiet() {
       [ -z "$alive" ] && break
       sleep 0.1
     done
+    # shellcheck disable=SC2086  # a list of pids
     kill -KILL $pids 2>/dev/null || true
   fi
   for ns in $nsl; do ip netns del "$ns" 2>/dev/null || true; done
@@ -274,7 +276,7 @@ exec_on() {
   local dir; dir=$(state)
   [ -d "$dir" ] || die "no cluster named '$name' (cluster.sh up --name $name)"
   local i=${node#node}
-  [[ "$i" =~ ^[0-9]+$ ]] && [ -s "$dir/node$i.pid" ] || die "cluster '$name' has no node '$node'"
+  if ! [[ "$i" =~ ^[0-9]+$ ]] || ! [ -s "$dir/node$i.pid" ]; then die "cluster '$name' has no node '$node'"; fi
   local holder; holder=$(cat "$dir/node$i.pid")
   kill -0 "$holder" 2>/dev/null || die "node '$node' of cluster '$name' is gone (its holder process $holder ended)"
   node_env
@@ -293,7 +295,7 @@ link() {
 }
 
 status() {
-  [ -d "$STATE_ROOT" ] && ls "$STATE_ROOT" 2>/dev/null | while read -r n; do
+  [ -d "$STATE_ROOT" ] && find "$STATE_ROOT" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort | while read -r n; do
     echo "cluster '$n': $(tr '\n' ' ' < "$STATE_ROOT/$n/config")"
   done
   ip netns list | grep -E '^tutti-' || echo "(no tutti namespaces)"

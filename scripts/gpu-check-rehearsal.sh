@@ -29,6 +29,7 @@ pkgs+="libboost-context-dev libboost-context1.74-dev"
 cuda=$(readlink -f /usr/local/cuda)
 
 start=$(date +%s)
+# shellcheck disable=SC2016  # the inner bash expands them
 unshare -m env OV="$ov" PKGS="$pkgs" CUDA_DIR="$cuda" HIDE_CUDA="$hide_cuda" OUT="$out" \
   GPU_CHECK_BUDGET_S="${GPU_CHECK_BUDGET_S:-2400}" bash -c '
   set -euo pipefail

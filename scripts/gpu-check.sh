@@ -98,12 +98,12 @@ wheel_root() {  # site-packages/nvidia/<name> of the python3 on PATH, if it has 
 }
 extra+=(-DTUTTI_CUDA_EMULATION=OFF)
 configured=0
-for attempt in 1 2 3 4 5; do
+for _ in 1 2 3 4 5; do
   rm -f build-gpu/CMakeCache.txt
   if cmake --preset gpu -G Ninja "${extra[@]}" > "$OUT/configure.log" 2>&1; then configured=1; break; fi
   missing=$(grep -o -m1 -E "Could NOT find (NCCL|CUDNN)" "$OUT/configure.log" | awk '{print $4}')
   [ -n "$missing" ] || break
-  lib=$(echo "$missing" | tr 'A-Z' 'a-z')
+  lib=$(echo "$missing" | tr '[:upper:]' '[:lower:]')
   dir=$(wheel_root "$lib")
   if [ -n "$dir" ] && ! printf '%s\n' "${extra[@]}" | grep -q "^-D${missing}_ROOT="; then
     extra+=("-D${missing}_ROOT=$dir")
@@ -135,6 +135,7 @@ bin() { find build-gpu -name "$1" -type f -perm -u+x -print -quit; }  # a built 
 # failed case with its first message, each skipped case. Under mpiexec, put "${per_rank_xml[@]}"
 # before the program: each rank then writes its report into a folder of its own (ranks that
 # share one folder can write one file at once).
+# shellcheck disable=SC2016  # expanded by the inner sh, per rank
 per_rank_xml=(sh -c 'GTEST_OUTPUT="${GTEST_OUTPUT}rank${OMPI_COMM_WORLD_RANK:-0}/" exec "$0" "$@"')
 gtest_step() {
   local name=$1 want=$2 title=$3 t rc counts
@@ -323,7 +324,7 @@ say "== [4] Nsight Compute (--clock-control none): kernels of a CNN training run
 ncu_step() {
   local t rep=$OUT/ncu_cnn log=$OUT/ncu_cnn.txt skip line
   if [ -z "$NCU" ]; then verdict "[4] ncu: NOT AVAILABLE on this machine (not found)"; return; fi
-  [ -x build-gpu/examples/train_fashion_mnist ] && [ -d "$data" ] || { verdict "[4] ncu: NOT RUN: no trainer or data"; return; }
+  if ! [ -x build-gpu/examples/train_fashion_mnist ] || ! [ -d "$data" ]; then verdict "[4] ncu: NOT RUN: no trainer or data"; return; fi
   : > "$log"
   # The profiler refusing the machine (KINDS.md, gVisor: "Failed to initialize the profiler:
   # LibraryNotLoaded"; ERR_NVGPUCTRPERM: no permission for the counters) is the machine's limit.

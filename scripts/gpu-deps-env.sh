@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/gpu-check.sh and benchmarks/peers/gpt_gpu.sh on the GPU machine, from the
 # repository root: unpacks the carried .deb files of .gpu-deps/ (scripts/gpu-deps.sh) into a
 # private root and points the environment at it (PATH, libraries, Open MPI, CMake). Sets the
@@ -21,8 +22,9 @@ export OMPI_MCA_mca_base_component_show_load_errors=0
 # The data set from the carried dataset-fashion-mnist .deb (the trainer's and tests' default).
 [ -d $root/usr/share/datasets/fashion-mnist ] && export TUTTI_FASHION_MNIST_DIR=$root/usr/share/datasets/fashion-mnist
 export CMAKE_PREFIX_PATH=$root/usr:$root/usr/lib/$arch/cmake
-extra=(-DMPI_C_COMPILER=$root/usr/bin/mpicc -DMPIEXEC_EXECUTABLE=$root/usr/bin/mpiexec
-       -DOpenBLAS_DIR=$root/usr/lib/$arch/openblas-pthread/cmake/openblas)
+# shellcheck disable=SC2034  # read by the scripts that source this file
+extra=("-DMPI_C_COMPILER=$root/usr/bin/mpicc" "-DMPIEXEC_EXECUTABLE=$root/usr/bin/mpiexec"
+       "-DOpenBLAS_DIR=$root/usr/lib/$arch/openblas-pthread/cmake/openblas")
 # Debian's OpenBLAS config (the real file: the one under cmake/ is an alternatives link)
 # hardcodes /usr paths: point it at the private root.
 sed -i "s|/usr/|$root/usr/|g" $root/usr/lib/$arch/openblas-pthread/cmake/openblas/OpenBLASConfig.cmake

@@ -20,4 +20,4 @@ pkgs=(libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libpmix-dev
       libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libcli11-dev nlohmann-json3-dev zlib1g-dev
       libltdl7 libxnvctrl0 libhwloc-plugins dataset-fashion-mnist)
 apt-get download "${pkgs[@]}" 2>&1 | tail -n 3
-ls -1 | wc -l
+find . -maxdepth 1 -name '*.deb' | wc -l

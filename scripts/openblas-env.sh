@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced (`. scripts/openblas-env.sh`) by the scripts that run tutti's programs on the CPU.
 # OpenBLAS picks its kernels from the CPU's model number when it loads; on a CPU it does not
 # know (a new model, or a virtual machine that hides it) it falls back to its oldest x86-64

@@ -51,6 +51,7 @@ while [ $# -gt 0 ]; do
 done
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck disable=SC1091  # sourced by a path computed at run time
 . "$here/../../scripts/openblas-env.sh"
 root=$(cd "$here/../.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac

@@ -47,7 +47,7 @@ if [ "$rehearse" = 1 ]; then
   batch=${GPT_BATCH:-8}
   say "== REHEARSAL on the CPU: a tiny GPT, $build (GPT_GPU_REHEARSE=1): the plumbing, not the numbers"
 else
-  build=build-gpu
+  build="build-gpu"
   model=(--model gpt2-124m)
   device=cuda
   python=${PYTHON:-python3}
