@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one GPU check, for one H100/H200 lent for a few minutes:
-#   here:    bash scripts/gpu-deps.sh
-#   device:  run(command="bash scripts/gpu-check.sh", carry=[".gpu-deps"], timeout_s=540)
+# The one GPU check, for a machine with one H100/H200, in about nine minutes:
+#   on a machine with Debian's packages: bash scripts/gpu-deps.sh   (the .deb files into .gpu-deps/)
+#   on the GPU machine, in a copy of the checkout that includes .gpu-deps/:
+#                                        bash scripts/gpu-check.sh  (GPU_CHECK_BUDGET_S=500 s)
 # Builds tutti for sm_90 and runs, most valuable first (docs/development.md, "GPU checks", says
 # how to read the summary):
 #   [1] tests/emu's cuda_semantics_test (CUDA's documented semantics, the same assertions the
