@@ -5,8 +5,10 @@
 # Fix formatting with: clang-format -i $(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
-command -v git >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
-  { echo "lint: not a git checkout; nothing to check" >&2; exit 0; }
+if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo "lint: not a git checkout; nothing to check" >&2
+  exit 0
+fi
 status=0
 
 mapfile -t cxx < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
@@ -34,7 +36,7 @@ if git cat-file -e "$rule_from^{commit}" 2>/dev/null; then
   long=$(git log --no-merges --format='%h %s' "$rule_from..HEAD" | awk 'length($0) - length($1) - 1 > 72')
   if [ -n "$long" ]; then
     echo "lint: commit subjects over 72 characters (put the detail in the body):" >&2
-    echo "$long" | sed 's/^/  /' >&2
+    while read -r line; do echo "  $line" >&2; done <<< "$long"
     status=1
   else
     echo "lint: commit subjects: at most 72 characters since $rule_from"
