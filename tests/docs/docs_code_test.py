@@ -39,6 +39,8 @@ WRAP_INCLUDES = ["tutti/tutti.h", "cstdint", "cstdio", "exception", "functional"
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*([^\s`{]*)")
 MARKER_START = re.compile(r"^ {0,3}<!--\s*doc-test:\s*(\S+)(.*)$")
 HAS_MAIN = re.compile(r"\bint\s+main\s*\(")
+# C++ in a block without a language (where a program's output would not look like this).
+LOOKS_LIKE_CPP = re.compile(r"^\s*#include\s*[<\"]|\bint\s+main\s*\(|\btutti::[\w:]+.*;\s*(//.*)?$")
 RUN_TIMEOUT_S = 60
 
 
@@ -109,6 +111,9 @@ def scan(path, rel, errors):
         while j < len(lines) and not close.match(lines[j]):
             j += 1
         in_fence.update(range(i, j + 1))
+        if not lang and any(LOOKS_LIKE_CPP.search(line) for line in lines[i + 1:j]):
+            errors.append(f"{rel}:{i + 1}: a block without a language that looks like C++: "
+                          f"open it with ```cpp and a doc-test marker (or name its language)")
         if lang in CPP_LANGS:
             block = Block(path, rel, i + 1, lines[i + 1:j])
             k = i - 1

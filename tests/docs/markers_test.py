@@ -43,6 +43,12 @@ class Markers(unittest.TestCase):
         self.assertEqual(len(errors), 1)
         self.assertIn("doc.md:3: C++ block without a doc-test marker", errors[0])
 
+    def test_cpp_without_a_language_is_an_error(self):
+        _, errors = scan("```\nauto t = tutti::Tensor::zeros({2});\n```\n")
+        self.assertIn("doc.md:1: a block without a language that looks like C++", errors[0])
+        # A program's output is not C++.
+        self.assertEqual(scan("```\ntutti [rank 0]: TIMEOUT: tutti::Error in step 3\n```\n"), ([], []))
+
     def test_a_comment_that_is_no_marker_leaves_the_block_unmarked(self):
         _, errors = scan("<!-- a note -->\n" + STATEMENTS)
         self.assertIn("without a doc-test marker", errors[0])
