@@ -34,7 +34,7 @@ import time
 
 CPP_LANGS = {"cpp", "c++", "cc", "cxx", "hpp"}
 MODES = ("run", "compile", "wrap-main", "wrap-file", "fragment")
-WRAP_INCLUDES = ["tutti/tutti.h", "cstdint", "cstdio", "exception", "functional", "memory", "optional",
+WRAP_INCLUDES = ["tutti/tutti.h", "cmath", "cstdint", "cstdio", "exception", "functional", "memory", "optional",
                  "string", "utility", "vector"]
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*([^\s`{]*)")
 MARKER_START = re.compile(r"^ {0,3}<!--\s*doc-test:\s*(\S+)(.*)$")
