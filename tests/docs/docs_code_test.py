@@ -37,7 +37,7 @@ MODES = ("run", "compile", "wrap-main", "wrap-file", "fragment")
 WRAP_INCLUDES = ["tutti/tutti.h", "cmath", "cstdint", "cstdio", "exception", "functional", "memory", "optional",
                  "string", "utility", "vector"]
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*([^\s`{]*)")
-MARKER_START = re.compile(r"^ {0,3}<!--\s*doc-test:\s*(\S+)(.*)$")
+MARKER_START = re.compile(r"^ {0,3}<!--\s*doc-test:\s*(\S+?)(\s.*|-->.*|)$")
 HAS_MAIN = re.compile(r"\bint\s+main\s*\(")
 # C++ in a block without a language (where a program's output would not look like this).
 LOOKS_LIKE_CPP = re.compile(r"^\s*#include\s*[<\"]|\bint\s+main\s*\(|\btutti::[\w:]+.*;\s*(//.*)?$")
@@ -54,7 +54,7 @@ class Block:
         self.options = {}
         self.reason = ""
         self.setup = []  # setup lines of a wrap-* marker
-        self.setup_line = 0  # the line of the first setup line
+        self.setup_line = 0  # the marker's first line (the setup lines follow it)
 
     def where(self):
         return f"{self.rel}:{self.line}"
@@ -66,7 +66,7 @@ class Block:
 
 def parse_marker(lines, end, rel, errors):
     """The doc-test marker whose comment ends on line index `end` (0-based), or None: a
-    (mode, argument text, setup lines, index of the first setup line) tuple."""
+    (mode, argument text, setup lines, the marker's first line, 1-based) tuple."""
     if "-->" not in lines[end]:
         return None
     start = end

@@ -27,7 +27,7 @@ STATEMENTS = "```c++\ntutti::Tensor t;\n```\n"
 
 class Markers(unittest.TestCase):
     def test_every_mode_is_read(self):
-        blocks, errors = scan("<!-- doc-test: run np=2 -->\n" + PROGRAM + "\n<!-- doc-test: compile -->\n\n" + PROGRAM +
+        blocks, errors = scan("<!-- doc-test: run np=2-->\n" + PROGRAM + "\n<!-- doc-test: compile -->\n\n" + PROGRAM +
                               "<!-- doc-test: wrap-main\nint n = 1;\n-->\n" + STATEMENTS +
                               "<!-- doc-test: wrap-file -->\n" + STATEMENTS +
                               "<!-- doc-test: fragment declarations for reading -->\n" + STATEMENTS)
