@@ -154,7 +154,7 @@ struct State {
   // The launch.
   std::uint32_t launch = 0;
   Range ranges[8];
-  unsigned next_range = 0;
+  unsigned next_range = 0, last_range = 0;
   std::unordered_map<std::uintptr_t, Shadow> shadows;  // by allocation start
   std::size_t shadow_bytes = 0;
 
@@ -238,10 +238,15 @@ void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write
 
 // The range around `a` (a device allocation with its shadow, or a gap), looked up on a miss.
 Range& range_of(State& s, std::uintptr_t a) {
-  for (auto& r : s.ranges) {
-    if (a - r.lo < r.hi - r.lo) return r;
+  if (Range& last = s.ranges[s.last_range]; a - last.lo < last.hi - last.lo) return last;
+  for (unsigned i = 0; i < std::size(s.ranges); ++i) {
+    if (a - s.ranges[i].lo < s.ranges[i].hi - s.ranges[i].lo) {
+      s.last_range = i;
+      return s.ranges[i];
+    }
   }
-  Range& r = s.ranges[s.next_range++ % std::size(s.ranges)];
+  s.last_range = s.next_range++ % std::size(s.ranges);
+  Range& r = s.ranges[s.last_range];
   r.cells = nullptr;
   if (!device_range(reinterpret_cast<const void*>(a), &r.lo, &r.hi)) return r;
   Shadow& shadow = s.shadows[r.lo];
