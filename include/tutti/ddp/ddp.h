@@ -77,7 +77,7 @@ struct DdpOptions {
   // How gradients are reduced. grad_comm_dtype unset: the model's grad_comm_dtype(), which
   // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
-  ReducerOptions reducer;
+  ReducerOptions reducer{};
   bool broadcast_parameters = true;  // rank 0's values everywhere at construction
   bool verify_model = true;          // the start-up check that every rank has the same model
 };

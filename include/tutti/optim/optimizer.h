@@ -5,7 +5,8 @@
 // Parameter groups: an optimizer takes its parameters in groups (ParamGroup), each with its
 // own weight decay (unset: the options'); weight_decay_groups() splits a model's parameters
 // into decay and no-decay groups by a rule you can read (by default: matrices decay, unless
-// their layer marked them no_weight_decay, as embeddings are; vectors do not). A list of parameters is one group.
+// their layer marked them no_weight_decay, as embeddings are; vectors do not). A list of
+// parameters is one group.
 //
 // Two ways to update, chosen explicitly, never guessed:
 // - Per parameter (the default): one fused kernel call per parameter that has a gradient at
