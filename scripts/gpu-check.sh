@@ -120,7 +120,7 @@ say "$(grep -m1 'tutti: CUDA=' "$OUT/configure.log" | sed 's/^-- //') ($(elapsed
 
 # ---- build, part 1: the library and the tests of [1] and [2]
 kernel_families="linear elementwise cross_entropy layernorm conv reduce cast optimizer embedding attention"
-first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test example_gpt_model_test"
+first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test models_gpt_test"
 for f in $kernel_families; do first_tests+=" kernels_${f}_test"; done
 b=$(date +%s)
 t=$(step_timeout 360 "build (part 1)") || exit 1
