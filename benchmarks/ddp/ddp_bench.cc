@@ -221,8 +221,8 @@ int main(int argc, char** argv) {
         o.zero_stage = m->zero;
         m->ddp = std::make_unique<tutti::ddp::DistributedDataParallel>(job.communicator(), *m->model, o);
       } else {
-        m->model->flatten_parameters();
-        m->model->allocate_flat_grads();
+        m->model->storage().flatten();
+        m->model->storage().allocate_grads();
       }
       if (c.optimizer == "sgd") {
         m->opt = std::make_unique<tutti::optim::SGD>(m->model->parameters(),
@@ -245,9 +245,11 @@ int main(int argc, char** argv) {
           return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0;
         };
         m->memory.parameters =
-            bytes(m->model->flat_compute().defined() ? m->model->flat_compute() : m->model->flat_values());
-        m->memory.master_weights = m->model->flat_compute().defined() ? bytes(m->model->flat_values()) : 0;
-        m->memory.gradients = bytes(m->model->flat_grads());
+            bytes(m->model->storage().compute_copies().defined() ? m->model->storage().compute_copies()
+                                                                 : m->model->storage().values());
+        m->memory.master_weights =
+            m->model->storage().compute_copies().defined() ? bytes(m->model->storage().values()) : 0;
+        m->memory.gradients = bytes(m->model->storage().grads());
         m->memory.optimizer_state = m->opt->state_bytes();
       }
       all.push_back(std::move(m));

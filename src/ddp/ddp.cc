@@ -54,21 +54,21 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
       std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
   const nn::FlatPlan& plan = reducer_->plan();
   model_.drop_grads();
-  model_.flatten_parameters(plan);
+  model_.storage().flatten(plan);
   if (zero < 2) {
     // Every gradient is written straight into its bucket.
-    model_.set_grad_buffer(reducer_->buffer(), plan);
+    model_.storage().set_grad_buffer(reducer_->buffer(), plan);
   }
   // Before the hooks: a refusal here must not leave the model calling into a DDP never made.
   if (options_.broadcast_parameters) broadcast_parameters();
-  if (zero > 0 && model_.flat_compute().defined()) {
+  if (zero > 0 && model_.storage().compute_copies().defined()) {
     // Half compute: the model reads its compute copies; the fp32 masters are this rank's shard.
     master_shard_ = Tensor::empty({plan.shard_numel}, DType::f32, model_.device());
     for (const nn::PlanBucket& b : plan.buckets) {
       master_shard_.view(b.shard_offset, {b.chunk})
-          .copy_from(model_.flat_values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
+          .copy_from(model_.storage().values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
     }
-    model_.release_master_values();
+    model_.storage().release_masters();
   }
   gathers_.resize(plan.buckets.size());
   gather_pending_.assign(plan.buckets.size(), false);
@@ -79,12 +79,13 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
                 "' (was a layer added after DistributedDataParallel was made?)");
     return it->second;
   };
-  model_.set_grad_ready_hook([this, index_of](nn::Parameter& p) { reducer_->mark_ready(index_of(p)); });
+  model_.storage().set_grad_ready_hook([this, index_of](nn::Parameter& p) { reducer_->mark_ready(index_of(p)); });
   if (zero == 2) {
-    model_.set_grad_placement_hook([this, index_of](nn::Parameter& p) { return reducer_->grad(index_of(p)); });
+    model_.storage().set_grad_placement_hook(
+        [this, index_of](nn::Parameter& p) { return reducer_->grad(index_of(p)); });
   }
   if (zero > 0) {
-    model_.set_param_use_hook([this, index_of](nn::Parameter& p) {
+    model_.storage().set_param_use_hook([this, index_of](nn::Parameter& p) {
       const int b = reducer_->plan().entries[index_of(p)].bucket;
       if (gather_pending_[static_cast<std::size_t>(b)]) wait_gather(b);
     });
@@ -97,9 +98,9 @@ DistributedDataParallel::~DistributedDataParallel() {
     synchronize_parameters();
   } catch (...) {
   }
-  model_.set_grad_ready_hook({});
-  model_.set_grad_placement_hook({});
-  model_.set_param_use_hook({});
+  model_.storage().set_grad_ready_hook({});
+  model_.storage().set_grad_placement_hook({});
+  model_.storage().set_param_use_hook({});
   model_.set_batch_slice(0, 1);
   if (options_.zero_stage == 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();
@@ -115,9 +116,10 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
     optim::FlatSpan all;
     all.begin = 0;
     all.end = plan.total;
-    all.value = model_.flat_values().view(0, {plan.total});
+    all.value = model_.storage().values().view(0, {plan.total});
     all.grad = reducer_->buffer().view(0, {plan.total});
-    if (model_.flat_compute().defined()) all.compute = model_.flat_compute().view(0, {plan.total});
+    if (model_.storage().compute_copies().defined())
+      all.compute = model_.storage().compute_copies().view(0, {plan.total});
     target.spans.push_back(std::move(all));
   } else {
     const int rank = comm_.rank();
@@ -130,9 +132,9 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
       span.end = mine.end;
       if (half_masters()) {
         span.value = master_shard_.view(pb.shard_offset, {pb.chunk});
-        span.compute = model_.flat_compute().view(mine.begin, {pb.chunk});
+        span.compute = model_.storage().compute_copies().view(mine.begin, {pb.chunk});
       } else {
-        span.value = model_.flat_values().view(mine.begin, {pb.chunk});
+        span.value = model_.storage().values().view(mine.begin, {pb.chunk});
       }
       span.grad = reducer_->shard_grad(b);
       target.spans.push_back(std::move(span));
@@ -155,7 +157,7 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
 void DistributedDataParallel::launch_gathers() {
   if (comm_.size() == 1) return;  // the step wrote every element already
   const nn::FlatPlan& plan = reducer_->plan();
-  const Tensor& values = half_masters() ? model_.flat_compute() : model_.flat_values();
+  const Tensor& values = half_masters() ? model_.storage().compute_copies() : model_.storage().values();
   CallOptions call;
   call.stream = model_.stream();
   t_gather_launch_ = std::chrono::steady_clock::now();
@@ -295,7 +297,7 @@ void DistributedDataParallel::broadcast_parameters() {
   CallOptions call;
   call.label = "ddp parameter broadcast";
   call.stream = model_.stream();
-  comm_.broadcast(model_.flat_values(), 0, call).wait(model_.stream());
+  comm_.broadcast(model_.storage().values(), 0, call).wait(model_.stream());
   for (nn::Parameter* p : params) p->initialized = true;
   model_.refresh_compute_copies();
 }
@@ -435,7 +437,7 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
   }
   // Every rank holds the whole state: the compute copies need no gather.
   const Tensor values = host.to(model_.device(), stream);
-  kernels::cast(values, model_.flat_compute(), stream);
+  kernels::cast(values, model_.storage().compute_copies(), stream);
   stream.synchronize();
   for (nn::Parameter* p : params_) p->initialized = true;
 }
@@ -469,11 +471,11 @@ void DistributedDataParallel::load_optimizer_state_dict(optim::Optimizer& optimi
 DdpMemory DistributedDataParallel::memory() const {
   auto bytes = [](const Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0; };
   DdpMemory m;
-  if (model_.flat_compute().defined()) {
-    m.parameters = bytes(model_.flat_compute());
-    m.master_weights = half_masters() ? bytes(master_shard_) : bytes(model_.flat_values());
+  if (model_.storage().compute_copies().defined()) {
+    m.parameters = bytes(model_.storage().compute_copies());
+    m.master_weights = half_masters() ? bytes(master_shard_) : bytes(model_.storage().values());
   } else {
-    m.parameters = bytes(model_.flat_values());  // f32 compute: the parameters are the masters
+    m.parameters = bytes(model_.storage().values());  // f32 compute: the parameters are the masters
   }
   m.gradients = reducer_->gradient_bytes();
   m.optimizer_state = attached_ != nullptr ? attached_->state_bytes() : 0;

@@ -10,19 +10,6 @@
 
 namespace tutti::nn {
 
-namespace {
-
-bool is_half(DType d) { return d == DType::f16 || d == DType::bf16; }
-
-// The plan as a shared value, reusing `current` when it is the same plan (so that values and
-// gradients laid out by equal plans share one object).
-std::shared_ptr<const FlatPlan> share(const FlatPlan& plan, const std::shared_ptr<const FlatPlan>& current) {
-  if (current && *current == plan) return current;
-  return std::make_shared<const FlatPlan>(plan);
-}
-
-}  // namespace
-
 Module::Module() : settings_(std::make_shared<ModuleSettings>()) {}
 Module::~Module() = default;
 
@@ -36,8 +23,8 @@ Tensor Module::forward(const Tensor& x) {
     check_initialized();
     awaiting_backward_ = true;
   }
-  if (settings_->param_use_hook) {
-    for (auto& [name, p] : params_) settings_->param_use_hook(*p);
+  if (FlatStorage* st = settings_->storage; st != nullptr && st->param_use_hook_) {
+    for (auto& [name, p] : params_) st->param_use_hook_(*p);
   }
   TUTTI_CHECK_ARG(x.device() == device(), describe(), ": input ", x.str(), " is not on the model's device ",
                   device().str());
@@ -67,20 +54,7 @@ Tensor Module::backward(const Tensor& dy) {
                     ", whose shape is not the forward's output's ", shape_str(output_shape_),
                     " (a loss of [..., C] logits gives its gradient in their shape)");
     awaiting_backward_ = false;
-    bool missing = false;
-    // A placement hook says where each gradient goes as it is written: nothing to allocate.
-    if (!settings_->grad_placement_hook) {
-      for (Parameter* p : trainable_parameters()) missing = missing || !p->grad.defined();
-    }
-    if (missing) {
-      if (grads_owned_ ||
-          std::none_of(all_params_.begin(), all_params_.end(), [](Parameter* p) { return p->grad.defined(); })) {
-        allocate_flat_grads();
-      } else {
-        // Some grads were placed from outside and some not: give the rest their own.
-        for (Parameter* p : trainable_parameters()) grad_of(*p);
-      }
-    }
+    storage().allocate_missing_grads();
   }
   if (is_floating(dy.dtype()) && dy.dtype() != compute_dtype()) {
     Tensor cast = buffer(-2, dy.shape(), compute_dtype());
@@ -230,11 +204,16 @@ void Module::require_root(const char* what) const {
 }
 
 void Module::require_masters(const char* what) const {
-  TUTTI_CHECK_ARG(!masters_released_, what,
-                  ": this model's fp32 master weights were released "
-                  "(release_master_values: under DistributedDataParallel's ZeRO stages with a half compute dtype "
-                  "each rank keeps only its shard of them); save, load and change them through "
-                  "DistributedDataParallel (model_state_dict, load_model_state_dict)");
+  if (storage_) storage_->require_masters(what);
+}
+
+FlatStorage& Module::storage() {
+  require_root("storage");
+  if (!storage_) {
+    storage_.reset(new FlatStorage(*this));
+    settings_->storage = storage_.get();
+  }
+  return *storage_;
 }
 
 // ---- settings --------------------------------------------------------------------------
@@ -253,27 +232,19 @@ Module& Module::to(Device device, const Stream& stream) {
   device.require_available();
   TUTTI_CHECK_ARG(stream.device().is_cpu() || stream.device() == device, "to: stream on ", stream.device().str(),
                   " but the target is ", device.str());
-  const bool owned_grads = grads_owned_;
-  const std::vector<Parameter*> params = parameters();
-  const Stream& s = stream;
-  if (flat_values_.defined()) {
-    Tensor moved = flat_values_.to(device, s);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      params[i]->value = moved.view(value_plan_->entries[i].offset, params[i]->shape());
-    }
-    flat_values_ = moved;
-  } else {
-    for (Parameter* p : params) p->value = p->value.to(device, s);
-  }
-  s.synchronize();
+  FlatStorage& st = storage();
+  // The storage's own gradients move too (the plan outlives drop_grads).
+  const std::shared_ptr<const FlatPlan> owned_plan = st.grads_owned_ ? st.grad_plan_ : nullptr;
+  st.move_values(device, stream);
+  stream.synchronize();
   settings_->device = device;
   settings_->stream = stream;
   clear_buffers_recursive();
   drop_grads();
-  for (Parameter* p : params) p->compute = Tensor();
-  flat_compute_ = Tensor();
+  for (Parameter* p : parameters()) p->compute = Tensor();
+  st.compute_ = Tensor();
   set_precision(settings_->compute_dtype, settings_->grad_dtype);
-  if (owned_grads) allocate_flat_grads(*grad_plan_);
+  if (owned_plan) st.allocate_grads(*owned_plan);
   return *this;
 }
 
@@ -289,31 +260,16 @@ Module& Module::set_precision(DType compute, DType grad) {
   settings_->grad_dtype = grad;
   clear_buffers_recursive();
   // Compute copies: none for f32; else one per parameter, flat when the values are.
-  const bool have_copies =
-      !params.empty() && params.front()->compute.defined() && params.front()->compute.dtype() == compute;
-  if (!is_half(compute)) {
-    for (Parameter* p : params) p->compute = Tensor();
-    flat_compute_ = Tensor();
-  } else if (!have_copies) {
-    if (flat_values_.defined()) {
-      flat_compute_ = Tensor::zeros({value_plan_->total}, compute, device());
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        params[i]->compute = flat_compute_.view(value_plan_->entries[i].offset, params[i]->shape());
-      }
-    } else {
-      flat_compute_ = Tensor();
-      for (Parameter* p : params) p->compute = Tensor::empty(p->shape(), compute, device());
-    }
-    refresh_compute_copies();
-  }
+  FlatStorage& st = storage();
+  st.make_compute_copies(compute);
   // Gradients of another dtype cannot be accumulated into: drop them.
   bool mismatched = false;
   for (Parameter* p : params) mismatched = mismatched || (p->grad.defined() && p->grad.dtype() != grad);
   if (mismatched) {
-    const bool owned = grads_owned_;
-    const std::shared_ptr<const FlatPlan> plan = grad_plan_;
+    const bool owned = st.grads_owned_;
+    const std::shared_ptr<const FlatPlan> plan = st.grad_plan_;
     drop_grads();
-    if (owned) allocate_flat_grads(*plan);
+    if (owned) st.allocate_grads(*plan);
   }
   return *this;
 }
@@ -321,8 +277,8 @@ Module& Module::set_precision(DType compute, DType grad) {
 void Module::refresh_compute_copies() {
   require_masters("refresh_compute_copies");
   const Stream& s = stream();
-  if (flat_compute_.defined()) {
-    kernels::cast(flat_values_, flat_compute_, s);
+  if (storage_ && storage_->compute_.defined()) {
+    kernels::cast(storage_->values_, storage_->compute_, s);
     return;
   }
   for (Parameter* p : parameters()) {
@@ -375,21 +331,6 @@ Module& Module::train(bool on) {
   return *this;
 }
 
-void Module::set_grad_ready_hook(GradReadyHook hook) {
-  require_root("set_grad_ready_hook");
-  settings_->grad_ready_hook = std::move(hook);
-}
-
-void Module::set_grad_placement_hook(GradPlacementHook hook) {
-  require_root("set_grad_placement_hook");
-  settings_->grad_placement_hook = std::move(hook);
-}
-
-void Module::set_param_use_hook(ParamUseHook hook) {
-  require_root("set_param_use_hook");
-  settings_->param_use_hook = std::move(hook);
-}
-
 Module& Module::set_input_grad(bool needed) {
   input_grad_needed_ = needed;
   on_input_grad_changed();
@@ -397,7 +338,7 @@ Module& Module::set_input_grad(bool needed) {
 }
 
 void Module::grad_ready(Parameter& param) {
-  if (settings_->grad_ready_hook) settings_->grad_ready_hook(param);
+  if (FlatStorage* st = settings_->storage; st != nullptr && st->grad_ready_hook_) st->grad_ready_hook_(param);
 }
 
 Tensor Module::buffer(int slot, const Shape& shape, DType dtype) {
@@ -419,8 +360,8 @@ void Module::clear_buffers_recursive() {
 }
 
 const Tensor& Module::grad_of(Parameter& param) {
-  if (settings_->grad_placement_hook) {
-    param.grad = settings_->grad_placement_hook(param);
+  if (FlatStorage* st = settings_->storage; st != nullptr && st->grad_placement_hook_) {
+    param.grad = st->grad_placement_hook_(param);
     TUTTI_CHECK(param.grad.defined() && param.grad.shape() == param.shape() && param.grad.dtype() == grad_dtype(),
                 "the gradient placement hook gave parameter '", param.name, "' ", param.grad.str(), ", expected ",
                 shape_str(param.shape()), " ", name_of(grad_dtype()));
@@ -430,85 +371,11 @@ const Tensor& Module::grad_of(Parameter& param) {
   return param.grad;
 }
 
-// ---- flat buffers ----------------------------------------------------------------------
-
-FlatPlan Module::make_plan(const FlatPlanOptions& options) { return make_flat_plan(parameters(), options); }
-
-void Module::flatten_parameters(const FlatPlan& plan) {
-  require_root("flatten_parameters");
-  require_masters("flatten_parameters");
-  const std::vector<Parameter*> params = parameters();
-  plan.check_matches(params, "flatten_parameters");
-  const Stream& s = stream();
-  Tensor flat = Tensor::zeros({plan.total}, DType::f32, device());
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    Tensor view = flat.view(plan.entries[i].offset, params[i]->shape());
-    view.copy_from(params[i]->value, s);
-    params[i]->value = view;
-  }
-  flat_values_ = flat;
-  value_plan_ = share(plan, grad_plan_);
-  if (is_half(compute_dtype())) {
-    flat_compute_ = Tensor::zeros({plan.total}, compute_dtype(), device());
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      params[i]->compute = flat_compute_.view(plan.entries[i].offset, params[i]->shape());
-    }
-    refresh_compute_copies();
-  }
-  // Gradients flat in another plan cannot serve the values' plan: move them to it.
-  if (grad_plan_ && grad_plan_ != value_plan_) {
-    const bool owned = grads_owned_;
-    drop_grads();
-    if (owned) allocate_flat_grads(plan);
-  }
-  s.synchronize();
-}
-
-void Module::release_master_values() {
-  require_root("release_master_values");
-  TUTTI_CHECK_ARG(value_plan_ != nullptr, "release_master_values: the values are not flat (flatten_parameters first)");
-  TUTTI_CHECK_ARG(is_half(compute_dtype()), "release_master_values: the compute dtype is ", name_of(compute_dtype()),
-                  ": the values are what forward reads, they cannot go");
-  stream().synchronize();
-  for (Parameter* p : parameters()) p->value = Tensor();
-  flat_values_ = Tensor();
-  masters_released_ = true;
-}
-
-void Module::allocate_flat_grads(const FlatPlan& plan) {
-  require_root("allocate_flat_grads");
-  Tensor buffer = Tensor::zeros({plan.total}, grad_dtype(), device());
-  set_grad_buffer(buffer, plan);
-  grads_owned_ = true;
-}
-
-void Module::allocate_flat_grads() { allocate_flat_grads(value_plan_ ? *value_plan_ : make_plan()); }
-
-void Module::set_grad_buffer(const Tensor& buffer, const FlatPlan& plan) {
-  require_root("set_grad_buffer");
-  const std::vector<Parameter*> params = parameters();
-  plan.check_matches(params, "set_grad_buffer");
-  TUTTI_CHECK_ARG(value_plan_ == nullptr || *value_plan_ == plan,
-                  "set_grad_buffer: the values are flat in another "
-                  "plan; values and gradients must share one (",
-                  value_plan_ ? value_plan_->describe() : "", ")");
-  TUTTI_CHECK_ARG(buffer.defined() && buffer.numel() >= plan.total, "set_grad_buffer: buffer ", buffer.str(),
-                  " is smaller than the plan's ", plan.total, " elements");
-  TUTTI_CHECK_ARG(buffer.device() == device(), "set_grad_buffer: buffer on ", buffer.device().str(),
-                  " but the model on ", device().str());
-  TUTTI_CHECK_ARG(buffer.dtype() == grad_dtype(), "set_grad_buffer: buffer is ", name_of(buffer.dtype()),
-                  " but the model's gradient dtype is ", name_of(grad_dtype()));
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    params[i]->grad = params[i]->requires_grad ? buffer.view(plan.entries[i].offset, params[i]->shape()) : Tensor();
-  }
-  flat_grads_ = buffer;
-  grads_owned_ = false;
-  grad_plan_ = share(plan, value_plan_);
-}
+// ---- gradients -----------------------------------------------------------------------
 
 void Module::zero_grad() {
-  if (flat_grads_.defined()) {
-    flat_grads_.zero(stream());
+  if (storage_ && storage_->grads_.defined()) {
+    storage_->grads_.zero(stream());
     return;
   }
   std::vector<Tensor> grads;
@@ -518,9 +385,7 @@ void Module::zero_grad() {
 
 void Module::drop_grads() {
   for (Parameter* p : parameters()) p->grad = Tensor();
-  flat_grads_ = Tensor();
-  grads_owned_ = false;
-  grad_plan_.reset();
+  if (storage_) storage_->forget_grads();
 }
 
 // ---- state -----------------------------------------------------------------------------

@@ -30,11 +30,12 @@ std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& p
 }
 
 FlatTarget flat_target(nn::Module& model) {
-  const auto& plan = model.flat_plan();
-  TUTTI_CHECK_ARG(plan != nullptr, "flat_target: the model's values are not flat (flatten_parameters first)");
-  TUTTI_CHECK_ARG(model.flat_values().defined(), "flat_target: the model's master values were released");
-  TUTTI_CHECK_ARG(model.grad_plan() != nullptr && *model.grad_plan() == *plan,
-                  "flat_target: the model's gradients are not flat in the values' plan (allocate_flat_grads, or "
+  nn::FlatStorage& storage = model.storage();
+  const auto& plan = storage.plan();
+  TUTTI_CHECK_ARG(plan != nullptr, "flat_target: the model's values are not flat (storage().flatten first)");
+  TUTTI_CHECK_ARG(storage.values().defined(), "flat_target: the model's master values were released");
+  TUTTI_CHECK_ARG(storage.grad_plan() != nullptr && *storage.grad_plan() == *plan,
+                  "flat_target: the model's gradients are not flat in the values' plan (storage().allocate_grads, or "
                   "run a backward, first)");
   FlatTarget t;
   t.plan = plan;
@@ -42,9 +43,9 @@ FlatTarget flat_target(nn::Module& model) {
   FlatSpan all;
   all.begin = 0;
   all.end = plan->total;
-  all.value = model.flat_values().view(0, {plan->total});
-  all.grad = model.flat_grads().view(0, {plan->total});
-  if (model.flat_compute().defined()) all.compute = model.flat_compute().view(0, {plan->total});
+  all.value = storage.values().view(0, {plan->total});
+  all.grad = storage.grads().view(0, {plan->total});
+  if (storage.compute_copies().defined()) all.compute = storage.compute_copies().view(0, {plan->total});
   t.spans.push_back(std::move(all));
   return t;
 }

@@ -285,7 +285,7 @@ Accuracy train_blobs(DType compute, DType grad, Device device) {
   model.add<nn::Linear>(dim, 32).add<nn::ReLU>().add<nn::Linear>(32, classes);
   model.to(device).init(7);
   model.set_precision(compute, grad);
-  model.flatten_parameters();
+  model.storage().flatten();
   optim::AdamW opt(model.parameters(), {.lr = 0.01f, .weight_decay = 0.0f});
   opt.set_stream(model.stream());
   amp::Policy policy{.compute = compute, .grad = grad};

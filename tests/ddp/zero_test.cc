@@ -156,7 +156,7 @@ Values train_reference(const TrainRun& run) {
   auto model = make_model();
   amp::apply(run.policy, *model);
   model->init(kSeed);
-  model->flatten_parameters();
+  model->storage().flatten();
   auto opt = make_optimizer(run.optimizer, *model);
   nn::CrossEntropyLoss loss;
   for (int step = 0; step < run.steps; ++step) {

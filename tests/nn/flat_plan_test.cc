@@ -30,12 +30,12 @@ TEST(Flat, ParametersAndGradsAreViewsInReverseOrder) {
   build_conv_model(model);
   model.init(6);
   const auto before = testing::parameter_values(model);
-  model.flatten_parameters();
+  model.storage().flatten();
   const auto params = model.parameters();
-  ASSERT_NE(model.flat_plan(), nullptr);
-  const nn::FlatPlan& plan = *model.flat_plan();
-  ASSERT_TRUE(model.flat_values().defined());
-  EXPECT_EQ(model.flat_values().numel(), plan.total);
+  ASSERT_NE(model.storage().plan(), nullptr);
+  const nn::FlatPlan& plan = *model.storage().plan();
+  ASSERT_TRUE(model.storage().values().defined());
+  EXPECT_EQ(model.storage().values().numel(), plan.total);
   // Reverse registration order: the last parameter starts the buffer, the first ends it;
   // every offset aligned to 8 elements.
   EXPECT_EQ(plan.entries.back().offset, 0);
@@ -43,19 +43,20 @@ TEST(Flat, ParametersAndGradsAreViewsInReverseOrder) {
   EXPECT_GT(plan.entries.front().offset + params.front()->numel(), plan.total - 8) << "padding: one block at most";
   for (std::size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(plan.entries[i].offset % 8, 0);
-    EXPECT_TRUE(params[i]->value.shares_storage_with(model.flat_values())) << params[i]->name;
-    EXPECT_EQ(params[i]->value.data(), model.flat_values().view(plan.entries[i].offset, {1}).data());
+    EXPECT_TRUE(params[i]->value.shares_storage_with(model.storage().values())) << params[i]->name;
+    EXPECT_EQ(params[i]->value.data(), model.storage().values().view(plan.entries[i].offset, {1}).data());
     EXPECT_EQ(params[i]->value.to_floats(), before[i].second) << params[i]->name;
   }
   nn::CrossEntropyLoss loss;
   testing::forward_backward(model, loss, random_tensor({2, 2, 6, 6}, DType::f32, 1),
                             random_labels(2, 5, DType::i32, 1));
-  ASSERT_TRUE(model.flat_grads().defined());
-  EXPECT_TRUE(model.owns_grad_buffer());
-  ASSERT_NE(model.grad_plan(), nullptr);
-  EXPECT_EQ(model.grad_plan(), model.flat_plan()) << "the first backward lays gradients out by the values' plan";
+  ASSERT_TRUE(model.storage().grads().defined());
+  EXPECT_TRUE(model.storage().owns_grad_buffer());
+  ASSERT_NE(model.storage().grad_plan(), nullptr);
+  EXPECT_EQ(model.storage().grad_plan(), model.storage().plan())
+      << "the first backward lays gradients out by the values' plan";
   for (std::size_t i = 0; i < params.size(); ++i) {
-    EXPECT_TRUE(params[i]->grad.shares_storage_with(model.flat_grads())) << params[i]->name;
+    EXPECT_TRUE(params[i]->grad.shares_storage_with(model.storage().grads())) << params[i]->name;
   }
 }
 
@@ -66,13 +67,13 @@ TEST(Flat, GradientsGoIntoAPlacedBufferWithGaps) {
   build_conv_model(placed);
   reference.init(8);
   placed.init(8);
-  const nn::FlatPlan plan = placed.make_plan({.align_elements = 16});
+  const nn::FlatPlan plan = placed.storage().make_plan({.align_elements = 16});
   EXPECT_EQ(plan.entries.back().offset, 0);
   for (const nn::PlanEntry& e : plan.entries) EXPECT_EQ(e.offset % 16, 0);
   Tensor bucket = Tensor::zeros({plan.total + 3}, DType::f32);
-  placed.set_grad_buffer(bucket, plan);
-  EXPECT_TRUE(placed.flat_grads().defined());
-  EXPECT_FALSE(placed.owns_grad_buffer());  // not the model's own
+  placed.storage().set_grad_buffer(bucket, plan);
+  EXPECT_TRUE(placed.storage().grads().defined());
+  EXPECT_FALSE(placed.storage().owns_grad_buffer());  // not the model's own
   const Tensor x = random_tensor({3, 2, 6, 6}, DType::f32, 2);
   const Tensor y = random_labels(3, 5, DType::i32, 3);
   nn::CrossEntropyLoss loss;
@@ -110,21 +111,21 @@ TEST(Flat, PlansThatDoNotFitAreRejected) {
   testing::build_mlp(model, 3, 4, 2);
   testing::build_mlp(other, 3, 5, 2);
   model.init(1);
-  const nn::FlatPlan plan = model.make_plan();
-  EXPECT_THROW(model.flatten_parameters(other.make_plan()), InvalidArgument);
-  EXPECT_THROW(model.set_grad_buffer(Tensor::zeros({plan.total - 1}, DType::f32), plan), InvalidArgument);
-  model.flatten_parameters(plan);
-  const nn::FlatPlan wider = model.make_plan({.align_elements = 32});
+  const nn::FlatPlan plan = model.storage().make_plan();
+  EXPECT_THROW(model.storage().flatten(other.storage().make_plan()), InvalidArgument);
+  EXPECT_THROW(model.storage().set_grad_buffer(Tensor::zeros({plan.total - 1}, DType::f32), plan), InvalidArgument);
+  model.storage().flatten(plan);
+  const nn::FlatPlan wider = model.storage().make_plan({.align_elements = 32});
   ASSERT_FALSE(wider == plan);
   try {
-    model.set_grad_buffer(Tensor::zeros({wider.total}, DType::f32), wider);
+    model.storage().set_grad_buffer(Tensor::zeros({wider.total}, DType::f32), wider);
     FAIL() << "gradients in another plan than the values must be refused";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("values and gradients must share one"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(model.allocate_flat_grads(wider), InvalidArgument);
-  model.allocate_flat_grads(plan);
-  EXPECT_EQ(model.grad_plan(), model.flat_plan());
+  EXPECT_THROW(model.storage().allocate_grads(wider), InvalidArgument);
+  model.storage().allocate_grads(plan);
+  EXPECT_EQ(model.storage().grad_plan(), model.storage().plan());
 }
 
 // The plan itself: buckets cut at parameter boundaries by the caps, padded so that every
@@ -196,8 +197,8 @@ TEST(Gpu, FlatModelAndAccumulationMatchCpu) {
   build_conv_model(gpu);
   cpu.init(3);
   gpu.to(Device::cuda(0)).init(3);
-  cpu.flatten_parameters();
-  gpu.flatten_parameters();
+  cpu.storage().flatten();
+  gpu.storage().flatten();
   const Tensor x = random_tensor({6, 2, 6, 6}, DType::f32, 4);
   const Tensor y = random_labels(6, 5, DType::i64, 5);
   nn::CrossEntropyLoss lc, lg;
@@ -209,8 +210,8 @@ TEST(Gpu, FlatModelAndAccumulationMatchCpu) {
                               testing::rows(y, 3 * i, 3).to(Device::cuda(0)), 0.5f);
   }
   testing::expect_same_grads(gpu, cpu, 1e-3, 1e-5, "accumulated GPU grads");
-  EXPECT_TRUE(gpu.flat_grads().defined());
-  EXPECT_TRUE(gpu.flat_grads().device().is_cuda());
+  EXPECT_TRUE(gpu.storage().grads().defined());
+  EXPECT_TRUE(gpu.storage().grads().device().is_cuda());
 }
 
 }  // namespace

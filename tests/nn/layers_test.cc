@@ -197,7 +197,7 @@ TEST(Gpu, InitForwardBackwardMatchCpu) {
   testing::expect_same_grads(gpu, cpu, 1e-3, 1e-5, "GPU grads");
   // Hooks fire on the backward thread, after the kernels are issued.
   int calls = 0;
-  gpu.set_grad_ready_hook([&](nn::Parameter&) { ++calls; });
+  gpu.storage().set_grad_ready_hook([&](nn::Parameter&) { ++calls; });
   testing::forward_backward(gpu, lg, x.to(Device::cuda(0)), y.to(Device::cuda(0)));
   EXPECT_EQ(calls, static_cast<int>(gpu.parameters().size()));
 }

@@ -32,7 +32,7 @@ void check_plumbing(bool flat) {
   nn::Sequential model;
   testing::build_mlp(model, in, hidden, classes);
   model.init(11);
-  if (flat) model.flatten_parameters();
+  if (flat) model.storage().flatten();
   optim::SgdOptions so{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
   optim::SGD opt(model.parameters(), so);
   nn::CrossEntropyLoss loss;
@@ -230,7 +230,7 @@ TEST(Structure, GradReadyHookFiresOncePerParameterInReverseOrder) {
   build_conv_model(model);
   model.init(3);
   std::vector<std::string> order;
-  model.set_grad_ready_hook([&](nn::Parameter& p) {
+  model.storage().set_grad_ready_hook([&](nn::Parameter& p) {
     // The gradient is already written when the hook runs (CPU: synchronously).
     EXPECT_TRUE(p.grad.defined()) << p.name;
     order.push_back(p.name);
@@ -252,7 +252,7 @@ TEST(Structure, FrozenParametersGetNoGradientAndNoUpdate) {
   frozen->requires_grad = false;
   const std::vector<float> before = frozen->value.to_floats();
   std::set<std::string> hooked;
-  model.set_grad_ready_hook([&](nn::Parameter& p) { hooked.insert(p.name); });
+  model.storage().set_grad_ready_hook([&](nn::Parameter& p) { hooked.insert(p.name); });
   optim::SGD opt(model.parameters(), {.lr = 0.5f});
   nn::CrossEntropyLoss loss;
   testing::forward_backward(model, loss, random_tensor({3, 4}, DType::f32, 2), random_labels(3, 3, DType::i32, 3));

@@ -195,18 +195,19 @@ int train(nn::Sequential& model, Layout layout, nn::Sequential* reference = null
           std::vector<optim::ParamGroup> groups = {}) {
   Tensor outside;
   if (layout == Layout::flat) {
-    model.flatten_parameters(model.make_plan({.align_elements = 1}));
-    model.allocate_flat_grads(*model.flat_plan());
+    model.storage().flatten(model.storage().make_plan({.align_elements = 1}));
+    model.storage().allocate_grads(*model.storage().plan());
   } else if (layout == Layout::flat_aligned) {
-    const nn::FlatPlan plan = model.make_plan({.align_elements = 8});
-    model.flatten_parameters(plan);
-    model.allocate_flat_grads(plan);
+    const nn::FlatPlan plan = model.storage().make_plan({.align_elements = 8});
+    model.storage().flatten(plan);
+    model.storage().allocate_grads(plan);
   } else if (layout == Layout::aligned_lazy_grads) {
-    model.flatten_parameters(model.make_plan({.align_elements = 8}));  // the first backward allocates grads like it
+    model.storage().flatten(
+        model.storage().make_plan({.align_elements = 8}));  // the first backward allocates grads like it
   } else if (layout == Layout::placed) {
-    model.flatten_parameters();
-    outside = Tensor::zeros({model.flat_plan()->total}, DType::f32);
-    model.set_grad_buffer(outside, *model.flat_plan());
+    model.storage().flatten();
+    outside = Tensor::zeros({model.storage().plan()->total}, DType::f32);
+    model.storage().set_grad_buffer(outside, *model.storage().plan());
   } else {
     for (nn::Parameter* p : model.parameters()) p->grad = Tensor::zeros(p->shape(), DType::f32);
   }
@@ -318,8 +319,8 @@ TEST(Flat, StateFollowsWhenTheModelIsFlattenedLater) {
   nn::CrossEntropyLoss loss;
   for (int t = 0; t < 4; ++t) {
     if (t == 2) {
-      later.flatten_parameters();
-      later.allocate_flat_grads(*later.flat_plan());
+      later.storage().flatten();
+      later.storage().allocate_grads(*later.storage().plan());
       opt.bind(optim::flat_target(later));  // the state of two steps is carried over
     }
     const Tensor x = random_tensor({5, 7}, DType::f32, t);
@@ -340,7 +341,7 @@ TEST(Flat, HalfComputeCopiesAreUpdatedInTheSamePass) {
       nn::Sequential model;
       build(model);
       model.set_precision(half);
-      if (flat) model.flatten_parameters();
+      if (flat) model.storage().flatten();
       optim::SGD opt(model.parameters(), {.lr = 0.1f, .momentum = 0.5f});
       nn::CrossEntropyLoss loss;
       testing::forward_backward(model, loss, random_tensor({4, 7}, DType::f32, 1), random_labels(4, 4, DType::i32, 2));
@@ -476,7 +477,7 @@ TEST(Gpu, FlatAdamWAndSgdMatchCpu) {
       gpu.to(Device::cuda(0), stream);
       for (nn::Sequential* m : {&cpu, &gpu}) {
         m->set_precision(compute);
-        m->flatten_parameters();
+        m->storage().flatten();
       }
       auto make = [&](nn::Sequential& m) -> std::unique_ptr<optim::Optimizer> {
         if (adam) return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 0.01f});

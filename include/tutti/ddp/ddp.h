@@ -99,7 +99,7 @@ class DistributedDataParallel {
   // naming the parameter); the communicator must serve that device. Keeps references to
   // both: they must outlive this object, which leaves the model's batch slice at (0, 1)
   // when it goes. Under ZeRO with a half compute dtype the model's fp32 masters are released
-  // (Module::release_master_values): the model then lives on with this object's shard only.
+  // (FlatStorage::release_masters): the model then lives on with this object's shard only.
   DistributedDataParallel(Communicator& comm, nn::Module& model, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;

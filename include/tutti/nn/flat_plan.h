@@ -5,8 +5,8 @@
 // offset (a multiple of align_elements, so every view is vector-aligned), the buckets the
 // data-parallel runtime reduces (cut at parameter boundaries: about first_bucket_cap_mb
 // first, bucket_cap_mb after), the padding, and each rank's shard of every bucket (ZeRO).
-// Everybody takes the plan explicitly, nobody infers it: Module::flatten_parameters lays the
-// values (and compute copies) out by it, Module::set_grad_buffer / allocate_flat_grads the
+// Everybody takes the plan explicitly, nobody infers it: FlatStorage::flatten lays the
+// values (and compute copies) out by it, FlatStorage::set_grad_buffer / allocate_grads the
 // gradients, ddp::Reducer its buckets and shards, and an optimizer bound to flat buffers
 // (optim::Optimizer::bind) its state; buffers in two different plans are an error.
 //

@@ -24,37 +24,22 @@
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
 #include "tutti/nn/flat_plan.h"
+#include "tutti/nn/flat_storage.h"
 #include "tutti/nn/parameter.h"
 
 namespace tutti::nn {
 
-// Called during backward right after a layer has issued the last kernel that writes
-// (accumulates into) a parameter's gradient, on the thread that runs backward. On a GPU the
-// kernel is only issued, not finished: record an Event on the model's stream to know when.
-using GradReadyHook = std::function<void(Parameter&)>;
-// Called by a layer's backward right before it writes (accumulates into) a parameter's
-// gradient, every time (Module::grad_of): returns where that gradient lives now. A
-// data-parallel runtime that keeps no full-size gradient buffer (ZeRO-2) hands out bucket
-// buffers from a pool this way.
-using GradPlacementHook = std::function<Tensor(Parameter&)>;
-// Called by forward before a module's forward reads its own parameters, once per parameter.
-// A data-parallel runtime that gathers updated parameters from other ranks (ZeRO) waits here
-// for the gather of the parameter's bucket.
-using ParamUseHook = std::function<void(Parameter&)>;
-
 // Settings of one model, shared by all its modules (a child adopts its parent's).
 struct ModuleSettings {
   Device device = Device::cpu();
-  Stream stream;                          // where the model's kernels are issued
-  DType compute_dtype = DType::f32;       // activations and the parameters' compute copies
-  DType grad_dtype = DType::f32;          // gradients backward writes: f32 or compute_dtype
-  DType grad_comm_dtype = DType::f32;     // what a data-parallel runtime sends the gradients as
-  bool training = true;                   // Dropout drops only in training mode
-  GradReadyHook grad_ready_hook;          // may be empty
-  GradPlacementHook grad_placement_hook;  // may be empty
-  ParamUseHook param_use_hook;            // may be empty
-  int batch_slice = 0;                    // this process's slice of the global batch ...
-  int batch_slices = 1;                   // ... of this many (see Module::set_batch_slice)
+  Stream stream;                       // where the model's kernels are issued
+  DType compute_dtype = DType::f32;    // activations and the parameters' compute copies
+  DType grad_dtype = DType::f32;       // gradients backward writes: f32 or compute_dtype
+  DType grad_comm_dtype = DType::f32;  // what a data-parallel runtime sends the gradients as
+  bool training = true;                // Dropout drops only in training mode
+  int batch_slice = 0;                 // this process's slice of the global batch ...
+  int batch_slices = 1;                // ... of this many (see Module::set_batch_slice)
+  FlatStorage* storage = nullptr;      // the model's (its hooks), null until made
 };
 
 // Model FLOPs of one sample through a module in training (see Module::flops).
@@ -84,7 +69,7 @@ class Module {
   // Backward of the last forward, given dy = dLoss/dOutput (cast to the compute dtype when
   // needed). Layers run in reverse; each ADDS its parameters' gradients (+=, so k backward
   // passes accumulate until zero_grad) and then calls the grad-ready hook for each. On the
-  // model (the root) it first allocates a flat gradient buffer (allocate_flat_grads) when
+  // model (the root) it first allocates a flat gradient buffer (storage().allocate_grads) when
   // some trainable parameter has no grad yet. Returns dx when input gradients are needed
   // (set_input_grad; a model's input is data, so by default the root returns an undefined
   // Tensor and skips that work); valid until the next backward.
@@ -127,7 +112,7 @@ class Module {
   // ---- settings (call on the model, not on a child; they apply to the whole tree) -------
   // Moves parameters (keeping a flat layout, if any) to `device` and issues later work on
   // `stream` (default: the CPU stream, i.e. the device's default stream on a GPU). Grads that
-  // the model allocated move too (zeroed); grads placed from outside are dropped (undefined).
+  // the storage allocated move too (zeroed); grads placed from outside are dropped (undefined).
   // Synchronizes the host with the copies.
   Module& to(Device device, const Stream& stream = Stream());
   Module& set_stream(const Stream& stream);
@@ -153,13 +138,6 @@ class Module {
   Module& init(std::uint64_t seed);
   Module& train(bool on = true);
   Module& eval() { return train(false); }
-  // The hook backward calls for each parameter whose gradient is written; empty to remove.
-  void set_grad_ready_hook(GradReadyHook hook);
-  // The hooks a layer calls before it writes a gradient and before it reads its parameters in
-  // forward (see above); empty to remove. With a placement hook, backward allocates no
-  // gradients of its own.
-  void set_grad_placement_hook(GradPlacementHook hook);
-  void set_param_use_hook(ParamUseHook hook);
   // Whether backward returns dx (see backward). Children of a module other than the first
   // of a Sequential always compute it.
   Module& set_input_grad(bool needed);
@@ -173,46 +151,11 @@ class Module {
   DType grad_comm_dtype() const { return settings_->grad_comm_dtype; }
   bool is_training() const { return settings_->training; }
 
-  // ---- flat buffers: laid out by a FlatPlan (flat_plan.h), never guessed ----------------
-  // The plan make_flat_plan gives this model's parameters with `options` (by default: REVERSE
-  // registration order, offsets aligned to 8 elements, one rank).
-  FlatPlan make_plan(const FlatPlanOptions& options = {});
-  // Moves every parameter's fp32 value (and its compute copy, into a second flat buffer of
-  // the same layout) into one flat buffer laid out by `plan`; each value becomes a view. Gaps
-  // are zero. Gradients already placed in another plan are dropped. Issued on stream();
-  // synchronizes.
-  void flatten_parameters(const FlatPlan& plan);
-  void flatten_parameters() { flatten_parameters(make_plan()); }
-  // The plan the values are flat in (null unless flatten_parameters ran), the flat fp32
-  // values (undefined after release_master_values) and compute copies (undefined for f32).
-  const std::shared_ptr<const FlatPlan>& flat_plan() const { return value_plan_; }
-  const Tensor& flat_values() const { return flat_values_; }
-  const Tensor& flat_compute() const { return flat_compute_; }
-  // Allocates one zeroed flat gradient buffer of grad_dtype() on device() laid out by `plan`
-  // and makes every trainable parameter's grad a view into it. The model owns the buffer.
-  // When the values are flat, `plan` must be theirs (InvalidArgument otherwise).
-  void allocate_flat_grads(const FlatPlan& plan);
-  // The same in the values' plan when they are flat, else in make_plan(). What the first
-  // backward does when some trainable parameter has no gradient.
-  void allocate_flat_grads();
-  // Makes every trainable parameter's grad a view into `buffer` (owned by the caller; its
-  // dtype grad_dtype(), on device(), at least plan.total elements) at the plan's offsets. Does
-  // not zero it. When the values are flat, `plan` must be theirs.
-  void set_grad_buffer(const Tensor& buffer, const FlatPlan& plan);
-  // The plan the gradients are flat in (null when they are not) and their buffer (undefined
-  // when they are not flat), the model's own or one placed with set_grad_buffer.
-  const std::shared_ptr<const FlatPlan>& grad_plan() const { return grad_plan_; }
-  const Tensor& flat_grads() const { return flat_grads_; }
-  // Whether flat_grads() is the model's own (allocate_flat_grads) rather than placed.
-  bool owns_grad_buffer() const { return grads_owned_; }
-  // ZeRO with a half compute dtype: the fp32 master weights are kept elsewhere (each rank
-  // holds its shard), so the model frees its flat fp32 values; every Parameter::value becomes
-  // undefined and forward/backward read the compute copies, which stay whole. Afterwards
-  // init, to, set_precision, state_dict, load_state_dict and refresh_compute_copies throw
-  // (the owner of the masters saves, loads and refreshes them). Needs flat values and a half
-  // compute dtype.
-  void release_master_values();
-  bool master_values_released() const { return masters_released_; }
+  // ---- flat buffers (flat_storage.h) ----------------------------------------------------
+  // The model's flat buffers (values, compute copies, gradients, under one FlatPlan) and the
+  // grad-ready, grad-placement and param-use hooks; made on first use. Call it on the model
+  // (the root module), not on a child (InvalidArgument).
+  FlatStorage& storage();
   // Zeroes every gradient (a few memsets: adjacent views are merged), on stream().
   void zero_grad();
   // Makes every grad undefined (the buffers they viewed are released when unused).
@@ -258,7 +201,7 @@ class Module {
   // settings and computes its input gradient.
   Module& register_module(std::string name, Module& child);
   Module& register_module(std::string name, std::unique_ptr<Module> child);
-  // Tells the hook that `param`'s gradient has been written for this backward.
+  // Tells the grad-ready hook (FlatStorage) that `param`'s gradient has been written for this backward.
   void grad_ready(Parameter& param);
   // A reusable buffer of `shape` and `dtype` on device(), one per slot: reallocated only
   // when it must grow, so repeated steps allocate nothing. Contents are uninitialized.
@@ -269,6 +212,7 @@ class Module {
   const Tensor& grad_of(Parameter& param);
 
  private:
+  friend class FlatStorage;  // the model's flat buffers reach its parameters and children
   void adopt_settings(const std::shared_ptr<ModuleSettings>& settings);
   void collect(const std::string& prefix, std::vector<Parameter*>& out);
   void collect_modules(std::vector<Module*>& out);
@@ -289,16 +233,13 @@ class Module {
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<std::unique_ptr<Module>> owned_children_;
   std::vector<Tensor> buffers_;
-  // Root only: cached parameters(), flat buffers and their layouts.
+  // Root only: cached parameters() and the flat buffers.
   std::vector<Parameter*> all_params_;
   bool all_params_valid_ = false;
   bool checked_initialized_ = false;
   bool awaiting_backward_ = false;
-  Shape output_shape_;  // the root's: of its last forward's output, which backward's dy must have
-  Tensor flat_values_, flat_compute_, flat_grads_;
-  std::shared_ptr<const FlatPlan> value_plan_, grad_plan_;
-  bool masters_released_ = false;
-  bool grads_owned_ = false;
+  Shape output_shape_;                    // the root's: of its last forward's output, which backward's dy must have
+  std::unique_ptr<FlatStorage> storage_;  // null until storage() first runs
 };
 
 }  // namespace tutti::nn

@@ -2,7 +2,7 @@
 // under mixed precision, its half-precision compute copy.
 //
 // Who owns what: a Parameter owns nothing but handles (Tensors share storage). Its value may
-// be a view into a flat buffer of the whole model (Module::flatten_parameters), and its grad a
+// be a view into a flat buffer of the whole model (FlatStorage::flatten), and its grad a
 // view into a buffer someone else allocated (the data-parallel runtime's buckets): assign
 // `param.grad = bucket.view(offset, param.shape())` before the first backward. Backward only
 // ever accumulates (+=) into grad, so it writes straight into whatever buffer grad points at.
@@ -50,7 +50,7 @@ struct Parameter {
   std::string name;
   // fp32 master value. May be a view into a flat buffer. Always defined, except where the
   // master weights live elsewhere: under DistributedDataParallel's ZeRO stages with a half
-  // compute dtype each rank keeps only its shard of them (Module::release_master_values), and
+  // compute dtype each rank keeps only its shard of them (FlatStorage::release_masters), and
   // value is undefined; forward and backward read `compute`, which stays whole.
   Tensor value;
   // Gradient: f32, or the compute dtype under mixed precision; undefined until the model

@@ -84,8 +84,8 @@ struct FlatTarget {
   std::function<void()> after_step;
 };
 
-// The target of a model whose values and gradients are flat in one plan (flatten_parameters,
-// then allocate_flat_grads or a backward): the whole plan, one span. Throws InvalidArgument
+// The target of a model whose values and gradients are flat in one plan (storage().flatten,
+// then storage().allocate_grads or a backward): the whole plan, one span. Throws InvalidArgument
 // when they are not.
 FlatTarget flat_target(nn::Module& model);
 
