@@ -109,7 +109,7 @@ TEST(GptModel, TiedWeightIsOneParameterReportedOnceWithBothShares) {
   EXPECT_EQ(wte_parameters, 1);
   std::map<std::string, int> calls;
   std::vector<float> at_hook;
-  model.storage().storage().set_grad_ready_hook([&](tutti::nn::Parameter& p) {
+  model.storage().set_grad_ready_hook([&](tutti::nn::Parameter& p) {
     ++calls[p.name];
     if (p.name == "embed.wte") at_hook = p.grad.to_floats();
   });
