@@ -167,13 +167,19 @@ EOF
   chmod +x "$dir/agent"
 
   # Folders under /tmp that every node must still see: this checkout, the caller's working
-  # folder, and TUTTI_CLUSTER_KEEP (colon-separated); a folder inside one already carried is not.
-  local carried=() p
+  # folder, and TUTTI_CLUSTER_KEEP (colon-separated: a build tree outside the checkout, say); a
+  # folder inside another one of them is carried with it, not on its own.
+  local candidates=() carried=() p
   for p in "$(dirname "$(dirname "$SELF")")" "$PWD" ${TUTTI_CLUSTER_KEEP:+${TUTTI_CLUSTER_KEEP//:/ }}; do
     p=$(readlink -f "$p" 2>/dev/null || true)
-    case "$p" in /tmp/?*) ;; *) continue ;; esac
+    case "$p" in /tmp/?*) [ -d "$p" ] && candidates+=("$p") ;; esac
+  done
+  for p in "${candidates[@]}"; do
     local inside=0 c
-    for c in "${carried[@]}"; do case "$p/" in "$c"/*) inside=1 ;; esac; done
+    for c in "${candidates[@]}" "${carried[@]}"; do
+      [ "$c" != "$p" ] && case "$p/" in "$c"/*) inside=1 ;; esac
+    done
+    for c in "${carried[@]}"; do [ "$c" = "$p" ] && inside=1; done
     [ "$inside" = 0 ] && carried+=("$p")
   done
   local sw; sw=$(ns_switch)

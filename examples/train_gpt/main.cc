@@ -17,17 +17,14 @@
 #include <zlib.h>
 
 #include <tutti/tutti.h>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -36,52 +33,15 @@
 
 #include "../common/progress.h"
 #include "../common/run_support.h"
+#include "../common/summary.h"
 #include "data.h"
+#include "flags.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kExitDiverged = 3;
 constexpr int kExitStopped = 75;
-
-struct Flags {
-  std::string model = "gpt-tiny";
-  std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
-  std::vector<std::string> data, val_data;
-  double val_fraction = 0.1;
-  std::string tokenizer;
-  std::int64_t seq_len = 0;  // 0: the context
-  std::int64_t batch_size = 32;
-  int accum_steps = 1;
-  std::int64_t steps = 300;
-  std::int64_t max_steps = 0;  // stop after this many (0: --steps); the schedule still spans --steps
-  double lr = 1e-3;
-  double min_lr = -1;  // lr / 10 when not given
-  std::int64_t warmup_steps = 50;
-  double weight_decay = 0.0;
-  double beta1 = 0.9, beta2 = 0.99;
-  double grad_clip = 1.0;
-  std::string precision = "fp32";
-  std::string grad_comm;
-  double bucket_mb = 25;
-  int zero = 0;  // ZeRO stage
-  std::string device = "auto";
-  std::uint64_t seed = 1;
-  std::int64_t eval_every = 100;
-  std::int64_t val_tokens = 65536;
-  std::string checkpoint_dir;
-  std::int64_t checkpoint_every = 0;
-  std::string resume = "no";
-  bool overwrite = false;
-  std::string json;
-  bool quiet = false;
-  double progress_interval = 5.0;
-  std::int64_t sample_tokens = 300;
-  double temperature = 0.8;
-  std::int64_t top_k = 40;
-  std::string prompt = "\n";
-  double peak_tflops = 0;  // 0: the table's
-};
 
 std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   const uLong crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(c.tokens.data()),
@@ -91,7 +51,7 @@ std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   return hex;
 }
 
-std::string shaping_flags(const Flags& f, const tutti::models::GptConfig& c) {
+std::string shaping_flags(const gpt::Flags& f, const tutti::models::GptConfig& c) {
   std::ostringstream s;
   s << c.fingerprint() << " --seq-len " << f.seq_len << " --batch-size " << f.batch_size << " --accum-steps "
     << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
@@ -135,7 +95,7 @@ double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::T
   return v[1] > 0 ? v[0] / v[1] : 0.0;
 }
 
-int run(Flags f, int& argc, char**& argv) {
+int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
   const auto t_start = Clock::now();
   tutti::JobOptions job_options;
   job_options.device = f.device;
@@ -157,10 +117,7 @@ int run(Flags f, int& argc, char**& argv) {
   TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
                   " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world);
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
-  if (job.rank() == 0 && !f.json.empty()) {
-    std::ofstream probe(f.json, std::ios::app);
-    TUTTI_CHECK_ARG(probe.good(), "--json ", f.json, ": cannot write there");
-  }
+  summary.set_rank(job.rank());  // a summary that cannot be written fails now, not at the end
 
   const example::GptData data = example::load_gpt_data(f.data, f.val_data, f.val_fraction);
   if (data.bytes) {
@@ -277,8 +234,8 @@ int run(Flags f, int& argc, char**& argv) {
   // (a known GPU), the GEMM ceiling measured now (CPU) or --peak-tflops (docs/observability.md).
   const double flops_per_token = model.flops_per_token(f.seq_len);
   const std::string device_name = tutti::device_description(device);
-  const tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
-  const double peak = peak_info.flops / 1e12;  // TFLOP/s per rank; 0: not known
+  tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
+  double peak = peak_info.flops / 1e12;  // TFLOP/s per rank; 0: not known
   std::unique_ptr<tutti::obs::TraceSession> trace =
       tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
   if (chatty) {
@@ -295,6 +252,24 @@ int run(Flags f, int& argc, char**& argv) {
         static_cast<long long>(f.steps), resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
     std::fflush(stdout);
   }
+  // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
+  summary.fields() = {{"ranks", world},
+                      {"precision", f.precision},
+                      {"zero", f.zero},
+                      {"decayed_parameters", decayed},
+                      {"model", f.model},
+                      {"config", config.fingerprint()},
+                      {"parameters", params},
+                      {"global_batch_size", f.batch_size},
+                      {"seq_len", f.seq_len},
+                      {"accum_steps", f.accum_steps},
+                      {"resumed_from_step", resuming ? first_step : 0},
+                      {"device", device_name},
+                      {"backend", std::string(job.backend())},
+                      {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
+                      {"peak_source", peak_info.source},
+                      {"flops_per_token", flops_per_token}};
+  summary.set_step(step, last_loss);
 
   tutti::Tensor step_loss = tutti::Tensor::zeros({1}, tutti::DType::f32, device);
   tutti::CallOptions loss_call;
@@ -342,6 +317,7 @@ int run(Flags f, int& argc, char**& argv) {
     const tutti::Job::StopAgreement stop = job.agree_stop();
     const bool stop_now = stop.stop;
     if (first_loss < 0) first_loss = last_loss;
+    summary.set_step(step, last_loss);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     tutti::trace::end_step();
     train_seconds += step_seconds;
@@ -353,6 +329,7 @@ int run(Flags f, int& argc, char**& argv) {
                      "again with a smaller --lr (now %g)%s\n",
                      last_loss, static_cast<long long>(step), f.precision.c_str(), f.lr,
                      ckpt_path.empty() ? "" : ", or resume an earlier checkpoint");
+      summary.diverged();
       return job.rank() == 0 ? kExitDiverged : 0;
     }
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
@@ -390,6 +367,7 @@ int run(Flags f, int& argc, char**& argv) {
   }
   if (stopped) {
     job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
+    summary.stopped(example::signal_name(stop_agreed.signal), ckpt_path);
     if (job.rank() == 0) {
       std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by signal %d (%s) on rank %d. %s\n",
                    static_cast<long long>(step), static_cast<long long>(f.steps), stop_agreed.signal,
@@ -413,11 +391,14 @@ int run(Flags f, int& argc, char**& argv) {
   const double steady_tokens_per_s = steady_seconds > 0 && steady_steps > 0
                                          ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
                                          : tokens_per_s;
+  // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
+  peak_info = tutti::obs::remeasure_peak(peak_info);
+  peak = peak_info.flops / 1e12;
   const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
   const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
+  std::string sample;
   if (job.rank() == 0) {
     // What a person looks at first: text from the trained model.
-    std::string sample;
     if (f.sample_tokens > 0) {
       tutti::models::SampleOptions so;
       so.tokens = f.sample_tokens;
@@ -444,156 +425,40 @@ int run(Flags f, int& argc, char**& argv) {
                     static_cast<long long>(f.top_k), static_cast<unsigned long long>(f.seed), sample.c_str());
       std::fflush(stdout);
     }
-    if (!f.json.empty()) {
-      nlohmann::json out = {{"steps", step},
-                            {"tokens", step * tokens_per_step},
-                            {"final_train_loss", last_loss},
-                            {"final_val_loss", last_val},
-                            {"initial_train_loss", first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json()},
-                            {"tokens_per_s", tokens_per_s},
-                            {"mfu", mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json()},
-                            {"tokens_per_s_steady", steady_tokens_per_s},
-                            {"mfu_steady", steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json()},
-                            {"warm_steps", warm_steps},
-                            {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
-                            {"peak_source", peak_info.source},
-                            {"flops_per_token", flops_per_token},
-                            {"wall_s", wall},
-                            {"train_s", train_seconds},
-                            {"ranks", world},
-                            {"precision", f.precision},
-                            {"zero", f.zero},
-                            {"decayed_parameters", decayed},
-                            {"model", f.model},
-                            {"config", config.fingerprint()},
-                            {"parameters", params},
-                            {"global_batch_size", f.batch_size},
-                            {"seq_len", f.seq_len},
-                            {"accum_steps", f.accum_steps},
-                            {"resumed_from_step", resuming ? first_step : 0},
-                            {"device", device_name},
-                            {"backend", std::string(job.backend())},
-                            {"loss_curve", curve},
-                            {"sample", sample},
-                            {"first_batch_crc32", first_batch_crc},
-                            {"params_crc32", crc}};
-      // The sample may hold bytes that are not UTF-8 (a byte-level model): JSON gets U+FFFD.
-      std::ofstream(f.json) << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    }
   }
+  nlohmann::json& out = summary.fields();
+  out["steps"] = step;
+  out["tokens"] = step * tokens_per_step;
+  out["final_train_loss"] = last_loss;
+  out["final_val_loss"] = last_val;
+  out["initial_train_loss"] = first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json();
+  out["tokens_per_s"] = tokens_per_s;
+  out["peak_tflops"] = peak > 0 ? nlohmann::json(peak) : nlohmann::json();
+  out["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json();
+  out["tokens_per_s_steady"] = steady_tokens_per_s;
+  out["mfu_steady"] = steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json();
+  out["warm_steps"] = warm_steps;
+  out["wall_s"] = wall;
+  out["train_s"] = train_seconds;
+  out["loss_curve"] = curve;
+  out["sample"] = sample;
+  out["first_batch_crc32"] = first_batch_crc;
+  out["params_crc32"] = crc;
+  summary.completed();
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags f;
-  CLI::App app{
-      "Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
-      "  mpirun -np 2 train_gpt --model gpt-tiny"};
-  app.add_option("--model", f.model, "gpt-tiny (4 layers, 4 heads, 128 wide, context 128) or gpt2-124m")
-      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))
-      ->capture_default_str();
-  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
-  app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
-  app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
-  app.add_option("--data", f.data,
-                 "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
-  app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
-  app.add_option("--val-fraction", f.val_fraction, "share of the data held out for validation")
-      ->check(CLI::Range(0.001, 0.5))
-      ->capture_default_str();
-  app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
-  app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context)")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--max-steps", f.max_steps,
-                 "stop after this many steps in all (0: --steps); the schedule spans --steps")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--weight-decay", f.weight_decay,
-                 "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire (default: the precision's)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--zero", f.zero,
-                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
-                 "sharded), 2 (gradients too)")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
-  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
-  app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
-  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--resume", f.resume, "continue from --checkpoint-dir; --resume auto: if there is a checkpoint")
-      ->expected(0, 1)
-      ->default_str("yes")
-      ->check(CLI::IsMember({"yes", "auto"}));
-  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint");
-  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
-  app.add_flag("--quiet", f.quiet, "no progress output");
-  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--temperature", f.temperature, "sampling temperature")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
-  app.add_option(
-         "--peak-tflops", f.peak_tflops,
-         "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
-         "ceiling; $TUTTI_PEAK_TFLOPS)")
-      ->check(CLI::PositiveNumber);
+  gpt::Flags f;
+  if (const int rc = gpt::parse_flags(argc, argv, f); rc >= 0) return rc;
+  example::RunSummary summary(f.json);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  try {
-    return run(f, argc, argv);
+    return run(f, summary, argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    summary.failed(e.what());
     return 1;
   }
 }

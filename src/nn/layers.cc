@@ -306,7 +306,7 @@ Flops Linear::flops(const Shape& sample, Shape& out) const {
   // Every row of the sample (a token of a sequence, or the sample itself) is one [in] x [in, out] product.
   const double rows = sample.empty() ? 1.0 : product(sample, 0, sample.size() - 1);
   const double forward = 2.0 * rows * static_cast<double>(in_) * static_cast<double>(out_);
-  return {forward, 2.0 * forward};
+  return {forward, backward_flops(forward)};
 }
 
 Flops Conv2d::flops(const Shape& sample, Shape& out) const {
@@ -315,7 +315,7 @@ Flops Conv2d::flops(const Shape& sample, Shape& out) const {
   const int q = kernels::conv2d_output_size(static_cast<int>(sample[2]), kernel_, params_);
   out = {out_, p, q};
   const double forward = 2.0 * static_cast<double>(out_) * p * q * static_cast<double>(in_) * kernel_ * kernel_;
-  return {forward, 2.0 * forward};
+  return {forward, backward_flops(forward)};
 }
 
 Flops MaxPool2d::flops(const Shape& sample, Shape& out) const {

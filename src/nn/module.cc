@@ -84,6 +84,8 @@ Flops Module::flops(const Shape& sample, Shape& out) const {
   return {};
 }
 
+double Module::backward_flops(double forward) const { return input_grad_needed() ? 2.0 * forward : forward; }
+
 double Module::training_flops_per_sample(const Shape& sample) const {
   Shape out;
   return flops(sample, out).total();

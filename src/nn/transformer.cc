@@ -134,7 +134,8 @@ Flops CausalSelfAttention::flops(const Shape& sample, Shape& out) const {
   const double t = static_cast<double>(sample[0]), c = static_cast<double>(sample[1] / 3);
   out = {sample[0], sample[1] / 3};
   const double forward = 4.0 * t * t * c;
-  return {forward, 2.0 * forward};
+  // No parameters: without an input gradient, backward computes nothing.
+  return {forward, input_grad_needed() ? 2.0 * forward : 0.0};
 }
 
 Flops TiedLinear::flops(const Shape& sample, Shape& out) const {
@@ -145,7 +146,7 @@ Flops TiedLinear::flops(const Shape& sample, Shape& out) const {
   double rows = 1;
   for (std::size_t i = 0; i + 1 < sample.size(); ++i) rows *= static_cast<double>(sample[i]);
   const double forward = 2.0 * rows * static_cast<double>(w[0]) * static_cast<double>(w[1]);
-  return {forward, 2.0 * forward};
+  return {forward, backward_flops(forward)};
 }
 
 }  // namespace tutti::nn

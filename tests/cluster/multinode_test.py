@@ -24,6 +24,15 @@ DEADLINE = 2.0   # TUTTI_TIMEOUT_S of the fault scenarios
 BOUND = 5.0      # s after the deadline by which every rank must be gone (as tests/comm/fault_test.py)
 
 
+def carried():
+    """What every node must see although each has a /tmp of its own: the build tree (--keep: the
+    programs and the libraries they load), the programs' folders and the working folder.
+    cluster.sh carries those that lie under /tmp into every node (a build anywhere works)."""
+    paths = [os.environ.get("TUTTI_CLUSTER_KEEP", ""), *ARGS.keep, ARGS.workdir]
+    paths += [os.path.dirname(os.path.abspath(p)) for p in (ARGS.gtest, ARGS.fault, ARGS.trainer) if p]
+    return ":".join(p for p in paths if p)
+
+
 class Cluster:
     """`with Cluster() as c:` a cluster of its own, removed at the end whatever happens."""
 
@@ -39,7 +48,8 @@ class Cluster:
         extra = []
         for k, v in self.up_args.items():
             extra += ["--" + k.replace("_", "-"), str(v)]
-        p = self.sh("up", "--name", self.name, "--nodes", str(NODES), "--slots", str(PER_NODE), *extra, check=False)
+        p = self.sh("up", "--name", self.name, "--nodes", str(NODES), "--slots", str(PER_NODE), *extra, check=False,
+                    env={**os.environ, "TUTTI_CLUSTER_KEEP": carried()})
         if p.returncode != 0:
             raise AssertionError("cluster.sh up failed (%d): %s%s" % (p.returncode, p.stdout, p.stderr))
         return self
@@ -235,6 +245,8 @@ if __name__ == "__main__":
     parser.add_argument("--trainer", help="train_fashion_mnist")
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--workdir", default=os.getcwd(), help="for temporary files (seen by every node)")
+    parser.add_argument("--keep", action="append", default=[],
+                        help="a folder every node must see, such as the build tree (repeatable)")
     ARGS = parser.parse_args()
     # ctest ends a test that runs too long with SIGTERM: unwind, so that the cluster is removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAILED: terminated (SIGTERM)"))

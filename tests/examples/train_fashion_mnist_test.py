@@ -12,6 +12,7 @@ unwritable --json end the job at once with a message that names the cause.
 import argparse
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -98,6 +99,7 @@ class TrainFashionMnist(Case):
     def test_learns_and_writes_a_complete_summary(self):
         run(2, *SUBSET, "--epochs", "2", "--json", self.path("s.json"))
         s = summary(self.path("s.json"))
+        self.assertEqual(s["status"], "completed")
         for key in ["steps", "final_train_loss", "test_accuracy", "wall_s", "samples_per_s", "ranks",
                     "skipped_steps", "precision", "model"]:
             self.assertIn(key, s)
@@ -110,6 +112,16 @@ class TrainFashionMnist(Case):
         self.assertGreater(s["test_accuracy"], 0.6)  # chance is 0.1
         self.assertLessEqual(s["test_accuracy"], 1.0)
         self.assertGreater(s["samples_per_s"], 0)
+
+    def test_a_rank_slowed_by_half_is_named_within_two_windows(self):
+        # --debug-slow 1:50%: rank 1 computes 1.5x as long before its first collective as rank 0
+        # (the global batch of 128, not SUBSET's 64: steps long enough for the 1 ms floor).
+        run(2, "--train-subset", "4096", "--test-subset", "1000", "--quiet", "--max-steps", "20",
+            "--straggler-every", "10", "--debug-slow", "1:50%", "--json", self.path("slow.json"))
+        s = summary(self.path("slow.json"))
+        self.assertGreaterEqual(s["straggler_reports"], 1, s)
+        self.assertRegex(s["last_straggler"], r"^straggler: rank 1 .* in compute before the first collective .*, "
+                                              r"2 windows, steps 1-20\)$")
 
     def test_one_and_two_ranks_train_alike(self):
         for n in (1, 2):
@@ -231,6 +243,27 @@ class TrainFashionMnist(Case):
         self.assertIn("--checkpoint-dir", p.stderr)
 
 
+class MfuUnderKernelSets(Case):
+    """MFU against the CPU's measured GEMM ceiling stays at or below 100%, whichever kernel set
+    OpenBLAS runs (ctest runs this class with OPENBLAS_CORETYPE=Prescott, the slow SSE3 kernels,
+    and =Haswell, AVX2): the model's FLOPs count only work that is done, and the ceiling is
+    measured as training runs (same kernels, same threads, warm, best call, again at the end)."""
+
+    def test_mfu_is_at_most_one(self):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}  # as a user runs it
+        for ranks in (1, 2):
+            out = self.path("np%d.json" % ranks)
+            cmd = [ARGS.mpiexec, "-n", str(ranks), "--oversubscribe", ARGS.binary, "--train-subset", "8192",
+                   "--test-subset", "1000", "--max-steps", "60", "--quiet", "--json", out]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            s = summary(out)
+            self.assertEqual(s["cpu_blas_kernels"].lower(), os.environ.get("OPENBLAS_CORETYPE", s["cpu_blas_kernels"]).lower())
+            self.assertEqual(s["peak_source"], "measured CPU GEMM (f32)")
+            self.assertGreater(s["mfu"], 0.01, s)
+            self.assertLessEqual(s["mfu"], 1.0, "np %d: %s" % (ranks, s))
+
+
 class WhenThingsGoWrong(Case):
     """The trainer's part of docs/user-guide.md's "When things go wrong" (a ctest of its own)."""
 
@@ -239,7 +272,8 @@ class WhenThingsGoWrong(Case):
         returns the step it stopped at. (Not from its progress lines: mpirun passes them on
         late, in blocks.)"""
         d = self.path(name)
-        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", "13", "--checkpoint-dir", d, "--checkpoint-every", "10")
+        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", "13", "--checkpoint-dir", d, "--checkpoint-every", "10",
+                   "--json", self.path(name + "-stopped.json"))
         wait_for_file(p, os.path.join(d, "checkpoint.tckp"))
         os.kill(ranks_of(p.pid)[-1] if target == "rank" else p.pid, sig)
         out, err = p.communicate(timeout=60)
@@ -251,6 +285,14 @@ class WhenThingsGoWrong(Case):
         stopped_at = int(m.group(1))
         self.assertGreater(stopped_at, 10)
         self.assertLess(stopped_at, int(steps))
+        # The summary says how the run ended, where, and from what it resumes.
+        s = summary(self.path(name + "-stopped.json"))
+        self.assertEqual(s["status"], "stopped", s)
+        self.assertEqual(s["steps"], stopped_at)
+        self.assertEqual(s["signal"], m.group(2))
+        self.assertEqual(s["checkpoint"], os.path.join(d, "checkpoint.tckp"))
+        self.assertEqual(s["ranks"], 2)
+        self.assertNotIn("final_train_loss", s)
         return stopped_at
 
     def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical(self):
@@ -294,7 +336,7 @@ class WhenThingsGoWrong(Case):
         write_bytes(in_the_way, b"not a directory")
         started = time.time()
         p = run(2, *SUBSET, "--max-steps", "20", "--checkpoint-dir", os.path.join(in_the_way, "ckpt"),
-                "--checkpoint-every", "3", check=False)
+                "--checkpoint-every", "3", "--json", self.path("failed.json"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertLess(time.time() - started, 30)
         self.assertRegex(p.stderr, r"train_fashion_mnist: error: tutti \[rank 0\] .*saving the checkpoint of step 3 "
@@ -302,24 +344,41 @@ class WhenThingsGoWrong(Case):
         self.assertRegex(p.stderr, r"tutti \[rank 1\]: rank 0 failed: .*saving the checkpoint of step 3")
         self.assertEqual(p.stderr.count("train_fashion_mnist: error:"), 1)  # the cause, once
         self.assertNotIn("TIMEOUT", p.stderr)
+        s = summary(self.path("failed.json"))
+        self.assertEqual(s["status"], "failed", s)
+        self.assertRegex(s["error"], r"saving the checkpoint of step 3 to .*a-file/ckpt/checkpoint.tckp failed")
+        self.assertEqual(s["steps"], 3)
 
     def test_a_diverged_loss_ends_the_run_naming_the_step_and_the_last_good_checkpoint(self):
         for precision in ("fp32", "bf16"):
             d = self.path("diverged-" + precision)
             p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", precision, "--checkpoint-dir", d,
-                    "--checkpoint-every", "1", check=False)
+                    "--checkpoint-every", "1", "--json", d + ".json", check=False)
             self.assertEqual(p.returncode, 3, p.stderr)
             m = re.search(r"the training loss is -?(nan|inf) at step (\d+) \(%s\): the run diverged\. The last good "
                           r"checkpoint .* is .*checkpoint\.tckp, at step (\d+) with train loss" % precision, p.stderr)
             self.assertIsNotNone(m, p.stderr)
             self.assertEqual(int(m.group(3)), int(m.group(2)) - 1)
             self.assertEqual(p.stderr.count("the run diverged"), 1)  # rank 0 says it
+            # The summary: the step, the loss, and the last finite one (the checkpoint's step).
+            s = summary(d + ".json")
+            self.assertEqual(s["status"], "diverged", s)
+            self.assertEqual(s["steps"], int(m.group(2)))
+            self.assertIn(s["loss"], ("nan", "inf", "-inf"))
+            self.assertEqual(s["last_finite_step"], int(m.group(3)))
+            self.assertTrue(math.isfinite(s["last_finite_loss"]), s)
+            self.assertEqual(s["precision"], precision)
         # fp16: the loss scaler skips the non-finite steps until its floor, then says the run
         # diverged, on every rank alike.
-        p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", "fp16", check=False)
+        p = run(2, *SUBSET, "--max-steps", "40", "--lr", "50", "--precision", "fp16", "--json",
+                self.path("fp16.json"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertRegex(p.stderr, r"tutti \[rank [01]\] .*LossScaler: the run diverged: \d+ step\(s\) in a row had "
                                    r"inf/nan gradients")
+        # An error of the library's (the loss scaler's floor), not a loss the trainer saw: "failed".
+        s = summary(self.path("fp16.json"))
+        self.assertEqual(s["status"], "failed", s)
+        self.assertIn("the run diverged", s["error"])
         self.assertNotIn("TIMEOUT", p.stderr)
 
     def test_unwritable_json_fails_at_start(self):

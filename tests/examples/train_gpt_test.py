@@ -9,9 +9,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 import unittest
 
 ARGS = None
@@ -135,6 +137,7 @@ class TrainGpt(unittest.TestCase):
         for key in ("steps", "final_train_loss", "final_val_loss", "tokens_per_s", "mfu", "wall_s", "ranks",
                     "precision", "model", "parameters"):
             self.assertIn(key, r)
+        self.assertEqual(r["status"], "completed")
         self.assertEqual(r["model"], "gpt-tiny")
         self.assertEqual(r["config"], "L2 H2 C32 T32 V256")
         # 2 layers of 12·C² + 13·C, the two LayerNorms' 2·C, wte 256·C, wpe 32·C.
@@ -150,6 +153,41 @@ class TrainGpt(unittest.TestCase):
         self.assertGreater(without_peak["mfu"], 0)
         self.assertAlmostEqual(without_peak["mfu"], without_peak["flops_per_token"] * without_peak["tokens_per_s"] /
                                (without_peak["peak_tflops"] * 1e12), delta=1e-9)
+
+    def test_summary_says_how_the_run_ended(self):
+        # Diverged: a learning rate that overflows the weights; the summary names the step, the
+        # loss and the last finite one (exit code 3).
+        train(2, self.dir, "diverged", *self.data, "--lr", "1e30", "--grad-clip", "0", "--steps", "20", expect=3)
+        with open(os.path.join(self.dir, "diverged.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "diverged", s)
+        self.assertIn(s["loss"], ("nan", "inf", "-inf"))
+        self.assertGreaterEqual(s["steps"], 1)
+        self.assertEqual(s["last_finite_step"], s["steps"] - 1 if s["steps"] > 1 else None)
+        self.assertEqual(s["ranks"], 2)
+        # Stopped: SIGUSR1 to mpirun (forwarded to every rank) once the first checkpoint exists.
+        ckpt = os.path.join(self.dir, "ckpt")
+        out = os.path.join(self.dir, "stopped.json")
+        cmd = [ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.binary,
+               *merged([*self.data, "--steps", "100000", "--eval-every", "0", "--checkpoint-dir", ckpt,
+                        "--checkpoint-every", "2"]), "--json", out]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(ckpt, "checkpoint.tckp")):
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                self.fail("no checkpoint: %s" % (p.communicate(),))
+            time.sleep(0.01)
+        os.kill(p.pid, signal.SIGUSR1)
+        _, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 75, err)
+        with open(out) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "stopped", s)
+        self.assertEqual(s["signal"], "SIGUSR1")
+        self.assertEqual(s["checkpoint"], os.path.join(ckpt, "checkpoint.tckp"))
+        self.assertRegex(err, r"stopped at step %d of 100000" % s["steps"])
+        # Failed: see test_llmc_token_shards (a file that is not a token shard).
 
     def test_llmc_token_shards(self):
         def shard(path, tokens):
@@ -170,6 +208,10 @@ class TrainGpt(unittest.TestCase):
             f.write(b"not a shard" * 200)
         p = train(1, self.dir, "bad", "--data", bad, expect=1)
         self.assertIn("magic", p.stderr)
+        with open(os.path.join(self.dir, "bad.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["status"], "failed", s)
+        self.assertIn("magic", s["error"])
 
     def test_default_corpus_is_debians_fortunes(self):
         r = train(1, self.dir, "fortunes", "--steps", "1", "--sample-tokens", "0")

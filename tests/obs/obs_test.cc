@@ -1,7 +1,7 @@
 // The observability layer under mpirun: the timeline (a DDP run traced, the files read back as
 // Trace Event JSON: valid, spans nest per lane, every bucket's collective inside its step,
-// bounded by the ring and the step window, clocks aligned), stragglers (one rank slowed by a
-// busy layer is named), Prometheus text and its exporters, and FLOPs/peaks for MFU.
+// bounded by the ring and the step window, clocks aligned), Prometheus text and its exporters,
+// and FLOPs/peaks for MFU. Stragglers: straggler_test.cc.
 //
 // obs_test_emu runs the same on the emulated CUDA device (a GPU per rank, nccl): the layers'
 // spans then come from CUDA events on the model's stream and the collectives' from events on
@@ -280,104 +280,6 @@ TEST(Trace, StepsFromTheEnvironment) {
   unsetenv("TUTTI_TRACE_STEPS");
 }
 
-// ---- stragglers ------------------------------------------------------------------------------
-
-// A layer that busy-waits `ms` on one rank: that rank computes slower, as a straggler does.
-class BusyLayer : public nn::Module {
- public:
-  BusyLayer(int slow_rank, double ms) : slow_rank_(slow_rank), ms_(ms) {}
-  std::string describe() const override { return "Busy"; }
-
- protected:
-  Tensor forward_impl(const Tensor& x) override {
-    if (world().rank() == slow_rank_) {
-      stream().synchronize();
-      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms_);
-      while (std::chrono::steady_clock::now() < until) {
-      }
-    }
-    return x;
-  }
-  Tensor backward_impl(const Tensor& dy) override { return dy; }
-
- private:
-  int slow_rank_;
-  double ms_;
-};
-
-TEST(Straggler, TheSlowedRankIsNamed) {
-  const int n = world().world_size();
-  if (n < 2) GTEST_SKIP() << "one rank: nobody to be slower than";
-  const int slow = n - 1;
-  const Device device = world().device();
-  const Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
-  nn::Sequential model;
-  model.add<nn::Linear>(12, 32).add<nn::ReLU>();
-  model.add(std::make_unique<BusyLayer>(slow, 25.0));
-  model.add<nn::Linear>(32, kClasses);
-  model.to(device, stream).init(kSeed);
-  ddp::DistributedDataParallel ddp(world().communicator(), model);
-  nn::CrossEntropyLoss loss;
-  const Batch mine = my_slice(global_batch({12}, 4 * n, 3));
-  const Tensor x = mine.x.to(device, stream), y = mine.y.to(device, stream);
-  const std::vector<std::string> hosts = all_hosts(world().cpu_communicator(), world().hostname());
-  ASSERT_EQ(hosts.size(), static_cast<std::size_t>(n));
-  EXPECT_EQ(hosts[static_cast<std::size_t>(world().rank())], world().hostname());
-  StragglerOptions so;
-  so.every = 3;
-  StragglerDetector detector(world().rank(), n, hosts, so);
-  int reports = 0, logged = 0;
-  for (int step = 1; step <= 6; ++step) {
-    loss.forward(ddp.forward(x), y, 1.0, stream);
-    ddp.backward(loss.grad());
-    ddp.zero_grad();
-    stream.synchronize();
-    detector.add_step(step, ddp.last_stats().compute_before_comm_ms * 1e-3, 0.0);
-    if (!detector.due(step)) continue;
-    const StragglerReport r = detector.exchange(world().cpu_communicator());
-    ASSERT_TRUE(r.checked);
-    ++reports;
-    EXPECT_EQ(r.rank, slow) << "per rank: " << r.per_rank[0].first << " "
-                            << r.per_rank[static_cast<std::size_t>(slow)].first;
-    EXPECT_EQ(r.what, "compute before the first collective");
-    EXPECT_GT(r.seconds - r.median_seconds, 0.015);
-    EXPECT_EQ(r.host, hosts[static_cast<std::size_t>(slow)]);
-    const std::string msg = r.message();
-    EXPECT_NE(msg.find("rank " + std::to_string(slow)), std::string::npos) << msg;
-    EXPECT_NE(msg.find(r.host), std::string::npos) << msg;
-    if (r.new_straggler) ++logged;
-  }
-  EXPECT_EQ(reports, 2);
-  EXPECT_EQ(logged, 1) << "reported once while it stays the straggler";
-}
-
-TEST(Straggler, EqualRanksAndFoldedSlots) {
-  const int n = world().world_size();
-  StragglerDetector d(world().rank(), n);
-  d.add_step(1, 0.010, 0.002);
-  d.add_step(2, 0.012, 0.002);
-  // Folded into an average (as the trainer's loss allreduce is): analyze with scale = n.
-  std::vector<float> slots(static_cast<std::size_t>(d.slot_count()));
-  d.fill(slots.data());
-  Tensor t = Tensor::from_floats(slots, {d.slot_count()});
-  world().cpu_communicator().allreduce(t, ReduceOp::avg).wait();
-  const StragglerReport r = d.analyze(t.data_as<float>(), n);
-  EXPECT_EQ(r.rank, -1) << r.message();
-  ASSERT_EQ(r.per_rank.size(), static_cast<std::size_t>(n));
-  for (const auto& [compute, data] : r.per_rank) {
-    EXPECT_NEAR(compute, 0.011, 1e-6);
-    EXPECT_NEAR(data, 0.002, 1e-6);
-  }
-  // Data loading on one rank slow: named with its cause.
-  if (n > 1) {
-    d.add_step(3, 0.010, world().rank() == 0 ? 0.050 : 0.002);
-    const StragglerReport slow = d.exchange(world().cpu_communicator());
-    EXPECT_EQ(slow.rank, 0);
-    EXPECT_EQ(slow.what, "data loading");
-    EXPECT_NEAR(slow.slower_by, 24.0, 1e-3);
-  }
-}
-
 // ---- metrics ---------------------------------------------------------------------------------
 
 MetricLabels labels() {
@@ -515,14 +417,21 @@ TEST(Mfu, FlopsOfLayersSummedBySequential) {
   nn::Sequential mlp;
   mlp.add<nn::Linear>(784, 512).add<nn::ReLU>().add<nn::Linear>(512, 256).add<nn::ReLU>().add<nn::Linear>(256, 10);
   const double forward = 2.0 * (784 * 512 + 512 * 256 + 256 * 10);
+  // Backward: both gradients of every Linear, except the first one's input gradient: its input
+  // is data, and backward does not compute it (counting it would let MFU pass 100%).
+  const double first_dx = 2.0 * 784 * 512;
   Shape out;
   const nn::Flops f = mlp.flops({784}, out);
   EXPECT_EQ(f.forward, forward);
-  EXPECT_EQ(f.backward, 2 * forward);
+  EXPECT_EQ(f.backward, 2 * forward - first_dx);
   EXPECT_EQ(out, (Shape{10}));
-  EXPECT_EQ(mlp.training_flops_per_sample({784}), 3 * forward);
+  EXPECT_EQ(mlp.training_flops_per_sample({784}), 3 * forward - first_dx);
+  EXPECT_EQ(mlp.training_flops_per_sample({784}), 2407424.0);  // the trainer's MLP
   // Per token: a [T, C] sample is T rows.
-  EXPECT_EQ(mlp.training_flops_per_sample({5, 784}), 15 * forward);
+  EXPECT_EQ(mlp.training_flops_per_sample({5, 784}), 5 * (3 * forward - first_dx));
+  // A model whose input needs a gradient (a part of a larger model) computes it: counted.
+  mlp.set_input_grad(true);
+  EXPECT_EQ(mlp.training_flops_per_sample({784}), 3 * forward);
 
   nn::Conv2dOptions same;
   same.padding = 1;
@@ -533,6 +442,7 @@ TEST(Mfu, FlopsOfLayersSummedBySequential) {
   const double conv1 = 2.0 * 16 * 28 * 28 * 1 * 9, conv2 = 2.0 * 32 * 14 * 14 * 16 * 9;
   const double fc = 2.0 * (1568 * 128 + 128 * 10);
   EXPECT_EQ(cnn.flops({1, 28, 28}, out).forward, conv1 + conv2 + fc);
+  EXPECT_EQ(cnn.flops({1, 28, 28}, out).backward, 2 * (conv1 + conv2 + fc) - conv1);
   EXPECT_EQ(out, (Shape{10}));
 }
 

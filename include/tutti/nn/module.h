@@ -102,12 +102,18 @@ class Module {
   // dimension: {784}, {1, 28, 28}) through this module in training, for MFU (obs/mfu.h):
   // matrix products and convolutions only, 2 FLOPs per multiply-add, backward counted as twice
   // the forward (the input's and the weights' gradients), the convention of PaLM's MFU (6 N per
-  // token). Writes the output's per-sample shape to `out`. Containers add their children's
-  // (Sequential chains the shapes); the default is an elementwise layer: no FLOPs, out = sample.
-  // A custom layer with matrix products should override it.
+  // token), except where backward computes no input gradient (input_grad_needed() false: the
+  // model's first layer, whose input is data): there the weights' gradient alone, once the
+  // forward (backward_flops). Counting work that is not done would let MFU pass 100%. Writes the
+  // output's per-sample shape to `out`. Containers add their children's (Sequential chains the
+  // shapes); the default is an elementwise layer: no FLOPs, out = sample. A custom layer with
+  // matrix products should override it.
   virtual Flops flops(const Shape& sample, Shape& out) const;
   // flops(sample).total(): the training FLOPs of one sample.
   double training_flops_per_sample(const Shape& sample) const;
+  // The backward FLOPs of a layer with weights whose forward is `forward` FLOPs of matrix
+  // products: the weights' gradient (= forward), plus the input's (= forward) when it is needed.
+  double backward_flops(double forward) const;
 
   // ---- settings (call on the model, not on a child; they apply to the whole tree) -------
   // Moves parameters (keeping a flat layout, if any) to `device` and issues later work on

@@ -17,21 +17,33 @@ namespace tutti::obs {
 // as CUDA names it ("NVIDIA H200"); the first row whose name it contains wins. 0 when unknown.
 double gpu_peak_flops(std::string_view device_name, DType compute);
 
-// This process's GEMM ceiling on the CPU: the best FLOP/s of f32 GEMMs (n x n x n) through
-// tutti's CPU kernel (OpenBLAS, with the process's threads: kernels::set_cpu_threads) over
-// about min_seconds. Ranks sharing a host should measure at the same time (each then gets its
-// share of the cores, as in training). Not collective.
-double measure_cpu_gemm_flops(int n = 384, double min_seconds = 0.15);
+// This process's GEMM ceiling on the CPU, measured as training runs: f32 GEMMs (n x n x n)
+// through tutti's CPU kernel with the kernel set OpenBLAS chose for this process
+// (OPENBLAS_CORETYPE) and the process's threads (kernels::set_cpu_threads: a rank's share of
+// the cores), warmed up for 0.05 s, then the best call over about min_seconds. Ranks sharing a
+// host should measure at the same time (each then gets its share of the cores, as in training).
+// Not collective. Other processes can only slow a call, so the result errs low: on a shared
+// machine a whole measurement can fall in a slow spell (2 cores shared with other jobs measured
+// 32 and 64 GFLOP/s minutes apart; see remeasure_peak).
+double measure_cpu_gemm_flops(int n = 384, double min_seconds = 0.2);
 
 struct PeakFlops {
-  double flops = 0;    // FLOP/s per rank; 0: unknown (no MFU)
-  std::string source;  // "override", "table: NVIDIA H200, bf16", "measured CPU GEMM (f32)", "unknown GPU ..."
+  double flops = 0;       // FLOP/s per rank; 0: unknown (no MFU)
+  std::string source;     // "override", "table: NVIDIA H200, bf16", "measured CPU GEMM (f32)", "unknown GPU ..."
+  bool measured = false;  // measured here (the CPU ceiling), not given or looked up
 };
 
 // The peak MFU is measured against, for one rank computing in `compute` on `device`:
 // override_tflops > 0 (a flag), else TUTTI_PEAK_TFLOPS, else the table for a GPU, else on the
-// CPU the measured GEMM ceiling (measure_cpu_gemm_flops, run here: ~0.15 s).
+// CPU the measured GEMM ceiling (measure_cpu_gemm_flops, run here: ~0.25 s).
 PeakFlops peak_flops(Device device, DType compute, double override_tflops = 0);
+
+// A measured peak measured again (at the end of a run; every rank of a host at the same time)
+// and the larger of the two kept; any other peak as it is. A measurement that other processes
+// slowed underestimates the ceiling, and an underestimate inflates MFU, past 100% when training
+// ran faster than the measurement: two measurements minutes apart both have to be slowed for
+// that (docs/observability.md, "MFU").
+PeakFlops remeasure_peak(PeakFlops peak);
 
 // MFU of `ranks` ranks together: flops_per_item x items_per_s / (ranks x peak_flops); 0 when
 // the peak is unknown.

@@ -1,0 +1,133 @@
+#include "flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include <sstream>
+
+namespace fmnist {
+
+int parse_flags(int argc, char** argv, Flags& f) {
+  CLI::App app{
+      "Data-parallel training of Fashion-MNIST with tutti. Run it under mpirun, e.g.\n"
+      "  mpirun -np 2 train_fashion_mnist --model mlp --epochs 5"};
+  app.add_option("--model", f.model, "mlp (784-512-256-10) or cnn (two conv blocks)")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->capture_default_str();
+  app.add_option("--epochs", f.epochs, "passes over the training set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-size", f.batch_size, "GLOBAL batch per optimizer step, split evenly across ranks")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", f.lr, "learning rate (default 0.05 for sgd, 1e-3 for adamw)")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", f.optimizer, "sgd (momentum) or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--lr-schedule", f.lr_schedule, "constant, or cosine decay to 0 over the epochs")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", f.warmup_steps, "linear learning-rate warm-up steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay, "weight decay (default 0 for sgd, 0.01 for adamw)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--precision", f.precision, "compute precision: fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm,
+                 "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
+                 "the gradients); checkpoints resume at any stage and number of ranks")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the initialization and the data order")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--resume", f.resume,
+                 "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
+                 "continue if there is one, else start afresh (for a scheduler that reruns the same command)")
+      ->expected(0, 1)
+      ->default_str("yes")
+      ->check(CLI::IsMember({"yes", "auto"}));
+  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps in total (0: all epochs)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
+  app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_option("--data", f.data,
+                 "directory with Fashion-MNIST's *-ubyte.gz files (default: $TUTTI_FASHION_MNIST_DIR if set, "
+                 "else Debian's)")
+      ->capture_default_str();
+  app.add_option("--train-subset", f.train_subset, "use only the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}))
+      ->capture_default_str();
+  app.add_option("--trace", f.trace,
+                 "write a timeline of every rank (Chrome trace JSON: DIR/trace.json and DIR/trace-rank<R>.json); "
+                 "default: $TUTTI_TRACE; $TUTTI_TRACE_STEPS=FROM:TO limits it to those steps");
+  app.add_option("--metrics-file", f.metrics_file,
+                 "Prometheus textfile (node_exporter's textfile collector), rewritten atomically; %r is the rank, "
+                 "else -rank<R> is added with several ranks");
+  app.add_option("--metrics-interval", f.metrics_interval, "seconds between rewrites of --metrics-file")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--metrics-port", f.metrics_port, "serve Prometheus metrics at http://HOST:PORT+local_rank/metrics")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--straggler-every", f.straggler_every,
+                 "compare the ranks' compute and data-loading times every N steps (0: never); rank 0 names a rank "
+                 "that is slower than the others' median by more than --straggler-threshold and than the noise "
+                 "between the ranks' steps, in two such windows in a row")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--straggler-threshold", f.straggler_threshold,
+                 "fraction slower than the median that makes a straggler")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--peak-tflops", f.peak_tflops,
+                 "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
+                 "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--debug-slow", f.debug_slow,
+                 "RANK:MS or RANK:P%: that rank busy-waits MS ms in every step, or P% of its own compute before "
+                 "the first collective in the step before (to see a straggler)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return -1;
+}
+
+std::string shaping_flags(const Flags& f) {
+  std::ostringstream s;
+  s << "--model " << f.model << " --epochs " << f.epochs << " --batch-size " << f.batch_size << " --accum-steps "
+    << f.accum_steps << " --lr " << f.lr << " --optimizer " << f.optimizer << " --lr-schedule " << f.lr_schedule
+    << " --warmup-steps " << f.warmup_steps << " --momentum " << f.momentum << " --weight-decay " << f.weight_decay
+    << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb << " --zero "
+    << f.zero << " --seed " << f.seed << " --max-steps " << f.max_steps << " --train-subset " << f.train_subset
+    << " --test-subset " << f.test_subset << " --checkpoint-every " << f.checkpoint_every << " --resume " << f.resume
+    << (f.overwrite ? " --overwrite" : "");
+  return s.str();
+}
+
+}  // namespace fmnist

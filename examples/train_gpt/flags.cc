@@ -1,0 +1,113 @@
+#include "flags.h"
+
+#include <CLI/CLI.hpp>
+
+namespace gpt {
+
+int parse_flags(int argc, char** argv, Flags& f) {
+  CLI::App app{
+      "Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
+      "  mpirun -np 2 train_gpt --model gpt-tiny"};
+  app.add_option("--model", f.model, "gpt-tiny (4 layers, 4 heads, 128 wide, context 128) or gpt2-124m")
+      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))
+      ->capture_default_str();
+  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
+  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
+  app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
+  app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
+  app.add_option("--data", f.data,
+                 "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
+  app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
+  app.add_option("--val-fraction", f.val_fraction, "share of the data held out for validation")
+      ->check(CLI::Range(0.001, 0.5))
+      ->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
+  app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context)")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-steps", f.max_steps,
+                 "stop after this many steps in all (0: --steps); the schedule spans --steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--weight-decay", f.weight_decay,
+                 "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
+                 "sharded), 2 (gradients too)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
+  app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--resume", f.resume, "continue from --checkpoint-dir; --resume auto: if there is a checkpoint")
+      ->expected(0, 1)
+      ->default_str("yes")
+      ->check(CLI::IsMember({"yes", "auto"}));
+  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint");
+  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
+  app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--temperature", f.temperature, "sampling temperature")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
+  app.add_option(
+         "--peak-tflops", f.peak_tflops,
+         "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
+         "ceiling; $TUTTI_PEAK_TFLOPS)")
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return -1;
+}
+
+}  // namespace gpt

@@ -1,0 +1,53 @@
+// train_gpt's command line: the flags and their parsing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+struct Flags {
+  std::string model = "gpt-tiny";
+  std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
+  std::vector<std::string> data, val_data;
+  double val_fraction = 0.1;
+  std::string tokenizer;
+  std::int64_t seq_len = 0;  // 0: the context
+  std::int64_t batch_size = 32;
+  int accum_steps = 1;
+  std::int64_t steps = 300;
+  std::int64_t max_steps = 0;  // stop after this many (0: --steps); the schedule still spans --steps
+  double lr = 1e-3;
+  double min_lr = -1;  // lr / 10 when not given
+  std::int64_t warmup_steps = 50;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.99;
+  double grad_clip = 1.0;
+  std::string precision = "fp32";
+  std::string grad_comm;
+  double bucket_mb = 25;
+  int zero = 0;  // ZeRO stage
+  std::string device = "auto";
+  std::uint64_t seed = 1;
+  std::int64_t eval_every = 100;
+  std::int64_t val_tokens = 65536;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  std::string resume = "no";
+  bool overwrite = false;
+  std::string json;
+  bool quiet = false;
+  double progress_interval = 5.0;
+  std::int64_t sample_tokens = 300;
+  double temperature = 0.8;
+  std::int64_t top_k = 40;
+  std::string prompt = "\n";
+  double peak_tflops = 0;  // 0: the table's
+};
+
+// Parses the command line into `f`. Returns -1 to go on, else the exit code: 0 after --help,
+// 2 for a bad command line (CLI11 has printed why).
+int parse_flags(int argc, char** argv, Flags& f);
+
+}  // namespace gpt
