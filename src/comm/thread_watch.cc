@@ -7,10 +7,10 @@ namespace tutti {
 namespace detail {
 
 // What a rank's watchdog watches: that rank's communicator.
-class RankWatch final : public detail::Watched {
+class RankWatch final : public Watched {
  public:
   RankWatch(ThreadGroup::Impl* group, int rank) : group_(group), rank_(rank) {}
-  void poll(detail::Watchdog& watchdog) override { group_->poll(rank_, watchdog); }
+  void poll(Watchdog& watchdog) override { group_->poll(rank_, watchdog); }
 
  private:
   ThreadGroup::Impl* group_;

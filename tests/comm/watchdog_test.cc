@@ -7,6 +7,8 @@
 // the control channel, the notice a leaving rank sends.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -140,6 +142,33 @@ TEST(Watchdog, StalledRankIsNamedWhenTheDeadlineFires) {
   EXPECT_TRUE(contains(printed, "tutti [rank 0]: TIMEOUT: collective #2")) << printed;
   EXPECT_FALSE(contains(printed, "tutti [rank 1]: TIMEOUT")) << printed;
   EXPECT_TRUE(contains(printed, "tutti [rank 1]: rank 0 is ending the job: TIMEOUT")) << printed;
+}
+
+// The same stall where no rank can read another's slot (TUTTI_PROGRESS_BOARD=private: as if
+// every rank ran on a host of its own): the reporting rank asks the others over the control
+// channel where they are, and the report still locates the stalled rank. Fails when status
+// requests go unanswered (then: "rank 2: no answer").
+TEST(Watchdog, StalledRankIsLocatedOverTheControlChannel) {
+  ::setenv("TUTTI_PROGRESS_BOARD", "private", 1);
+  ThreadGroup group(3, watched(0.3));
+  ::unsetenv("TUTTI_PROGRESS_BOARD");
+  testing::internal::CaptureStderr();
+  EXPECT_THROW(group.run([&](int r) {
+    Communicator& c = group.communicator(r);
+    Tensor x = Tensor::from_floats(std::vector<float>(10, 1.0f), {10});
+    c.allreduce(x).wait();
+    if (r == 2) return wait_for_end(group);
+    c.allreduce(x).wait();
+  }),
+               TimeoutError);
+  (void)testing::internal::GetCapturedStderr();
+  const auto end = group.job_end();
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->rank, 0);
+  EXPECT_TRUE(contains(end->cause, "Not reached by rank 2.")) << end->cause;
+  EXPECT_TRUE(contains(end->cause, "rank 1: in it for")) << end->cause;
+  EXPECT_TRUE(contains(end->cause, "rank 2: not there: last in #1 allreduce(sum) 10 x f32 (40 B) (completed)"))
+      << end->cause;
 }
 
 // Rank 1 issues a broadcast where rank 0 issues an allreduce (both above the 1 KiB agreement
