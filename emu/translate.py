@@ -16,9 +16,11 @@ Comments and string literals are left alone. Every rewrite keeps the newlines of
 replaces and the output starts with a #line directive, so compiler errors, sanitizer reports
 and the emulator's fault reports name the line of the .cu file.
 
---mutate FIND REPLACE (for the mutation check) first replaces the one occurrence of FIND.
+--mutate FIND REPLACE (for the mutation check) first replaces the one occurrence of FIND (both
+may use Python's escapes: \n for a newline, \x3b for ';').
 """
 import argparse
+import codecs
 import os
 import re
 import sys
@@ -202,6 +204,8 @@ def main():
     with open(args.source, encoding="utf-8") as f:
         text = f.read()
     for find, replace in args.mutate:
+        # Escapes, so that CMake can pass ';' (\x3b) and newlines (\n).
+        find, replace = (codecs.decode(x, "unicode_escape") for x in (find, replace))
         count = text.count(find)
         if count != 1:
             sys.exit(f"translate.py: --mutate: '{find}' occurs {count} times in {args.source}, expected once")

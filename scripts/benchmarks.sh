@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every CPU benchmark of the project on this machine and writes JSON, text and plots into
-# docs/bench/ (the data behind docs/benchmarks.md). Needs a build (scripts/build.sh); the peer
-# comparison also needs Debian's python3-torch, the plots python3-matplotlib.
+# build/bench/, or into BENCH_OUT: BENCH_OUT=docs/bench refreshes the data behind
+# docs/benchmarks.md (the only place generated output is committed). Needs a build
+# (scripts/build.sh); the peer comparison also needs Debian's python3-torch, the plots
+# python3-matplotlib.
 #   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
 #   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/openblas-env.sh
-out=docs/bench
+out=${BENCH_OUT:-build/bench}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1

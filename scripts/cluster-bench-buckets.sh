@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 15 item 6, offline: DDP with the bucket cap that benchmarks/scaling/predict --plan-buckets
 # picks (4 MiB: each layer of ddp_bench's MLP its own bucket) against the 25 MiB default, on 2 and
-# 4 emulated nodes at 1 and 2.5 Gbit/s; three alternating repeats. Writes docs/bench/cluster/buckets/.
+# 4 emulated nodes at 1 and 2.5 Gbit/s; three alternating repeats. Writes build/bench/cluster/buckets/,
+# or OUT (OUT=docs/bench/cluster/buckets refreshes the data in docs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${BUILD:-build}
-out=docs/bench/cluster/buckets
+out=${OUT:-build/bench/cluster/buckets}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 name=bkt$$

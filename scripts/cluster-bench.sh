@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # AllReduce and DDP scaling across emulated nodes (scripts/cluster.sh): 1, 2 and 4 nodes, at
 # several link bandwidths, Open MPI's allreduce algorithms side by side. Writes JSON and text
-# into docs/bench/cluster/ (the data behind docs/multinode.md), then the plots and the model fit.
+# into build/bench/cluster/, or OUT (OUT=docs/bench/cluster refreshes the data behind
+# docs/multinode.md), then the plots and the model fit.
 # Needs root, a build (scripts/build.sh) and ~25 minutes on 2 cores.
 #   bash scripts/cluster-bench.sh                 # everything
 #   bash scripts/cluster-bench.sh allreduce       # one part: allreduce, algorithms, ddp
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${BUILD:-build}
-out=${OUT:-docs/bench/cluster}
+out=${OUT:-build/bench/cluster}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 speeds=${SPEEDS:-"1gbit 2.5gbit 10gbit"}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one GPU check, for one H100/H200 lent for a few minutes:
-#   here:    bash scripts/gpu-deps.sh
-#   device:  run(command="bash scripts/gpu-check.sh", carry=[".gpu-deps"], timeout_s=540)
+# The one GPU check, for a machine with one H100/H200, in about nine minutes:
+#   on a machine with Debian's packages: bash scripts/gpu-deps.sh   (the .deb files into .gpu-deps/)
+#   on the GPU machine, in a copy of the checkout that includes .gpu-deps/:
+#                                        bash scripts/gpu-check.sh  (GPU_CHECK_BUDGET_S=500 s)
 # Builds tutti for sm_90 and runs, most valuable first (docs/development.md, "GPU checks", says
 # how to read the summary):
 #   [1] tests/emu's cuda_semantics_test (CUDA's documented semantics, the same assertions the
@@ -119,7 +120,7 @@ say "$(grep -m1 'tutti: CUDA=' "$OUT/configure.log" | sed 's/^-- //') ($(elapsed
 
 # ---- build, part 1: the library and the tests of [1] and [2]
 kernel_families="linear elementwise cross_entropy layernorm conv reduce cast optimizer embedding attention"
-first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test example_gpt_model_test"
+first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test models_gpt_test"
 for f in $kernel_families; do first_tests+=" kernels_${f}_test"; done
 b=$(date +%s)
 t=$(step_timeout 360 "build (part 1)") || exit 1

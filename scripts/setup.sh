@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# Installs what tutti needs to build, test and run its examples, from Debian's packages.
-# Safe to run again: it installs only what is missing. Run as root (or with sudo).
-# The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not installed here: it is used when present.
+# Installs what tutti needs from Debian's packages. Safe to run again: it installs only what is
+# missing. Run as root (or with sudo). The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not
+# installed here: it is used when present.
+#   bash scripts/setup.sh              # everything: build, tests, benchmarks, lint (scripts/test.sh)
+#   bash scripts/setup.sh --main-job   # only what the library and the main job need (scripts/run-example.sh)
 set -euo pipefail
 
+# The library and the main job (train_fashion_mnist).
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   openmpi-bin libopenmpi-dev          # MPI: rank bootstrap, CPU communicator
   libopenblas-dev                     # CPU GEMM
-  libgtest-dev libgmock-dev           # tests
-  libboost-context-dev                # fibers of the emulated CUDA device (tests without a GPU)
-  libbenchmark-dev                    # benchmarks
   libcli11-dev nlohmann-json3-dev     # flags, JSON output
   zlib1g-dev                          # checksums, gzip'ed data sets
-  dataset-fashion-mnist               # the examples' data set
-  fortunes                            # train_gpt's default corpus: ~2.5 MB of real English text
-  iproute2                            # the emulated cluster of the multi-node tests (scripts/cluster.sh)
   libcpp-httplib-dev                  # the Prometheus /metrics endpoint (obs::HttpExporter)
-  python3-prometheus-client           # tests: parse the metrics as Prometheus does
-  python3-matplotlib                  # scripts/trace_plot.py: a picture of the timeline
+  dataset-fashion-mnist               # the examples' data set
 )
+# The rest: tests, benchmarks, the GPT's corpus, the emulated device and cluster, lint.
+if [ "${1:-}" != "--main-job" ]; then
+  packages+=(
+    libgtest-dev libgmock-dev           # tests
+    libboost-context-dev                # fibers of the emulated CUDA device (tests without a GPU)
+    libbenchmark-dev                    # benchmarks
+    fortunes                            # train_gpt's default corpus: ~2.5 MB of real English text
+    iproute2                            # the emulated cluster of the multi-node tests (scripts/cluster.sh)
+    python3-prometheus-client           # tests: parse the metrics as Prometheus does
+    python3-matplotlib                  # scripts/trace_plot.py: a picture of the timeline
+    clang-format shellcheck             # scripts/lint.sh
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite (the README's test command; CI runs this).
+# The README's test command (CI runs it): sets up (apt), checks formatting, shell scripts and
+# commit subjects (scripts/lint.sh), builds everything (Release) and runs the whole test suite.
+# Extra arguments go to the configure step.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh
+bash scripts/lint.sh
 bash scripts/build.sh "$@"
 # Open MPI refuses root unless told; CI runs as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -76,7 +77,7 @@ struct Config {
   std::string modes = "local,overlap,after,zero1,zero2";
   bool memory_only = false;
   std::string json;
-  std::string trace_dir = "ddp_bench_trace";
+  std::string trace_dir;  // empty: ddp_bench_trace/ beside the program (in the build tree)
 };
 
 std::unique_ptr<tutti::nn::Sequential> make_model(const Config& c) {
@@ -154,7 +155,8 @@ int main(int argc, char** argv) {
   app.add_option("--modes", c.modes, "comma list of local, overlap, after, zero0, zero1, zero2");
   app.add_flag("--memory-only", c.memory_only, "set up each mode and run two steps: memory, no timing");
   app.add_option("--json", c.json, "write the results as JSON to this path");
-  app.add_option("--trace", c.trace_dir, "where the traced mode writes its timeline")->capture_default_str();
+  app.add_option("--trace", c.trace_dir,
+                 "where the traced mode writes its timeline (default: ddp_bench_trace/ beside the program)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -257,7 +259,9 @@ int main(int argc, char** argv) {
     const bool any_traced = std::any_of(all.begin(), all.end(), [](const auto& m) { return m->mode == "traced"; });
     if (any_traced && !c.memory_only) {
       tutti::obs::TraceOptions to;
-      to.dir = c.trace_dir;
+      to.dir = c.trace_dir.empty()
+                   ? (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "ddp_bench_trace").string()
+                   : c.trace_dir;
       to.host = job.hostname();
       trace = std::make_unique<tutti::obs::TraceSession>(job.cpu_communicator(), to);
       tutti::trace::begin_step(-1);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPT-2 124M in bf16 on one GPU: tutti's train_gpt next to PyTorch eager and, where it works,
-# torch.compile: tokens/s and MFU of each, the same model, data, batch and optimizer. For the
-# lent H200 (first, here: bash scripts/gpu-deps.sh):
-#   run(command="bash benchmarks/peers/gpt_gpu.sh", carry=[".gpu-deps"], timeout_s=420)
-# A separate script, not a step of scripts/gpu-check.sh, so that the two fit one device call
-# each; it reuses gpu-check's build folder (build-gpu) when that is already configured.
+# torch.compile: tokens/s and MFU of each, the same model, data, batch and optimizer. On a
+# machine with one H100/H200 and a copy of the checkout that includes .gpu-deps/ (made by
+# bash scripts/gpu-deps.sh where Debian's packages can be reached):
+#   bash benchmarks/peers/gpt_gpu.sh      # about seven minutes (GPT_GPU_BUDGET_S)
+# A separate script, not a step of scripts/gpu-check.sh, so that each fits a short lease of
+# a GPU machine; it reuses gpu-check's build folder (build-gpu) when that is already configured.
 #
 # What it does, within GPT_GPU_BUDGET_S (default 380 s; each step is cut at what is left):
 #   1. the carried .deb files unpacked as gpu-check.sh does (Open MPI, OpenBLAS, CLI11, ...),

@@ -28,6 +28,7 @@ struct Settings {
   int stream_delay_us = 0;
   std::uint64_t seed = 1;
   std::size_t fiber_stack_bytes = 0;  // 0: the default for the build (larger under ASan)
+  bool racecheck = true;              // the hazard detector (racecheck.cc)
 };
 const Settings& settings();
 
@@ -72,6 +73,7 @@ std::condition_variable& completed_cv();
 
 // The device of the calling host thread (cudaSetDevice), created on first use.
 Device& current_device();
+int current_device_index();
 Device* device_at(int index);  // null when out of range
 // The stream a handle names on the current device: null, cudaStreamLegacy and
 // cudaStreamPerThread are the legacy default stream.
@@ -83,6 +85,8 @@ Mark enqueue(const std::shared_ptr<Stream>& stream, std::function<void()> work, 
 // Blocks the host until `mark` is reached.
 void wait_for(const Mark& mark);
 bool reached(const Mark& mark);  // with lock() held
+// Blocks the host until every stream of `device` has done what was queued before the call.
+void synchronize_device(Device& device);
 
 // Records a kernel fault on the device that ran it: printed once to stderr; sticky.
 void record_fault(Device& device, const std::string& report);
@@ -90,6 +94,15 @@ void record_fault(Device& device, const std::string& report);
 cudaError_t sticky_error();
 // Sets the calling thread's last error and returns it.
 cudaError_t set_last_error(cudaError_t error);
+// The error a call returns when the current device already faulted (and sets it as the last
+// error), cudaSuccess otherwise.
+cudaError_t faulted();
+
+// For fault reports: a source path as "kernels/cuda/x.cu" (its last three components), and
+// "(x,y,z)".
+std::string short_path(const std::string& file);
+std::string dims(const uint3& v);
+inline std::string dims(const dim3& v) { return dims(static_cast<uint3>(v)); }
 
 // Prints `what` to stderr once per process (the libraries say once that they are references).
 void notice_once(const char* what);
@@ -97,6 +110,9 @@ void notice_once(const char* what);
 // Allocations: device memory, pinned host memory, or neither (pageable host memory).
 enum class MemoryKind { pageable, pinned, device };
 MemoryKind kind_of(const void* p);
+// For the hazard detector: the device allocation holding `p`, as [lo, hi) (true), or the range
+// around `p` that holds none (false).
+bool device_range(const void* p, std::uintptr_t* lo, std::uintptr_t* hi);
 
 // Runs a kernel launch on the current host thread (a stream's worker): every block of the grid.
 // Throws std::runtime_error with the report when the kernel faults.

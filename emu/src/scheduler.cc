@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "racecheck.h"
 #include "runtime.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -151,6 +152,7 @@ struct Block {
   std::vector<Warp> warps;
   int live = 0, at_barrier = 0;
   bool cancelled = false;
+  bool race = false;  // the hazard detector watches this block
   std::string fault;  // set by the thread that found it; the scheduler then ends the kernel
   // Shared memory: the arena, what static variables took of it, and the dynamic part.
   std::vector<std::byte> arena = std::vector<std::byte>(kSharedArena + 64);
@@ -181,24 +183,7 @@ void set_state(Block& b, Thread& t, State s) {
 
 int lowest_lane(unsigned mask) { return __builtin_ctz(mask); }
 
-std::string site(const std::source_location& w) {
-  std::string file = w.file_name();
-  const auto slash = file.rfind('/');
-  if (slash != std::string::npos) {
-    // Keep "kernels/cuda/x.cu" rather than the whole path.
-    const auto parent = file.rfind('/', slash > 0 ? slash - 1 : 0);
-    const auto grand = parent == std::string::npos || parent == 0 ? std::string::npos : file.rfind('/', parent - 1);
-    file = file.substr(grand == std::string::npos ? 0 : grand + 1);
-  }
-  return file + ":" + std::to_string(w.line());
-}
-
-std::string dims(const uint3& v) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", v.x, v.y, v.z);
-  return buf;
-}
-std::string dims(const dim3& v) { return dims(static_cast<uint3>(v)); }
+std::string site(const std::source_location& w) { return short_path(w.file_name()) + ":" + std::to_string(w.line()); }
 
 std::string hex(unsigned v) {
   char buf[16];
@@ -269,9 +254,12 @@ bctx::fiber thread_main(Thread& t, bctx::fiber&& scheduler) {
 void resume(Block& b, Thread& t) {
   tls_thread = &t;
   tls_context = &t.context;
+  const auto stack_hi = reinterpret_cast<std::uintptr_t>(t.stack.sp);
+  if (b.race) racecheck::enter(t.linear, stack_hi - t.stack.size, stack_hi);
   start_switch(&b.scheduler_fake, static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
   t.fiber = std::move(t.fiber).resume();
   finish_switch(&b.scheduler_fake, nullptr, nullptr);
+  if (b.race) racecheck::leave();
   tls_thread = nullptr;
   tls_context = nullptr;
 }
@@ -310,6 +298,7 @@ void release_barrier_if_complete(Block& b, Thread* caller) {
     set_state(b, t, State::runnable);
   }
   b.at_barrier = 0;
+  if (b.race) racecheck::barrier();
 }
 
 // ---- warp functions ----
@@ -362,6 +351,8 @@ void complete_warp_group(Block& b, Thread& caller, int warp_base, unsigned mask)
   for (int l = 0; l < kWarp; ++l) {
     if (mask >> l & 1u) set_state(b, lanes[l], State::runnable);
   }
+  // __syncwarp orders the memory accesses of its lanes; shuffles and votes do not.
+  if (b.race && caller.op == WarpOp::sync) racecheck::warp_synced(caller.warp, mask);
 }
 
 // ---- reports ----
@@ -429,6 +420,11 @@ void run_block(const KernelLaunch& k, uint3 block_idx) {
 #endif
   std::memset(b.base, 0xff, b.dynamic_bytes);
   tls_block = &b;
+  b.race = racecheck::enabled();
+  if (b.race) {
+    racecheck::begin_block(racecheck::BlockInfo{b.base, kSharedArena, n, bd, k.config.grid, block_idx, &b.fault,
+                                                [] { return who(*tls_thread); }});
+  }
 
   for (int i = 0; i < n; ++i) {
     Thread& t = b.threads[static_cast<std::size_t>(i)];
@@ -583,6 +579,7 @@ void* shared_variable(const void* site_key, std::size_t size, std::size_t align,
 void* dynamic_shared_memory() { return tls_block->base; }
 
 void run_kernel(const KernelLaunch& launch) {
+  if (racecheck::enabled()) racecheck::begin_launch();
   const dim3 g = launch.config.grid;
   for (unsigned z = 0; z < g.z; ++z)
     for (unsigned y = 0; y < g.y; ++y)

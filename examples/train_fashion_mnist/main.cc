@@ -568,17 +568,16 @@ int run(const Flags& f, int& argc, char**& argv) {
     // Every rank leaves once the checkpoint is written: after a stop signal the Job waits only
     // briefly in MPI_Finalize (the launcher may be taking the job down).
     job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
+    const tutti::Job::StopAgreement stop = job.agree_stop();  // the signal and the rank it reached
     if (job.rank() == 0) {
       progress.finish_line();
-      const int sig = job.stop_signal();
       std::string how = ckpt_path.empty()
                             ? "No checkpoint was written (no --checkpoint-dir): the run cannot be resumed."
                             : "Checkpoint written to " + ckpt_path + ". Resume with the same command and --resume " +
                                   "(--resume auto also starts afresh when there is no checkpoint).";
-      std::fprintf(stderr, "train_fashion_mnist: stopped at step %lld of %lld by %s%s. %s\n",
-                   static_cast<long long>(step), static_cast<long long>(total_steps),
-                   sig != 0 ? signal_name(sig) : "a signal to another rank", sig != 0 ? " (on rank 0)" : "",
-                   how.c_str());
+      std::fprintf(stderr, "train_fashion_mnist: stopped at step %lld of %lld by %s (on rank %d). %s\n",
+                   static_cast<long long>(step), static_cast<long long>(total_steps), signal_name(stop.signal),
+                   stop.rank, how.c_str());
     }
     return job.rank() == 0 ? kExitStopped : 0;
   }

@@ -25,6 +25,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -36,7 +37,6 @@
 #include "../common/progress.h"
 #include "../common/run_support.h"
 #include "data.h"
-#include "model.h"
 
 namespace {
 
@@ -91,7 +91,7 @@ std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   return hex;
 }
 
-std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
+std::string shaping_flags(const Flags& f, const tutti::models::GptConfig& c) {
   std::ostringstream s;
   s << c.fingerprint() << " --seq-len " << f.seq_len << " --batch-size " << f.batch_size << " --accum-steps "
     << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
@@ -105,8 +105,8 @@ std::string shaping_flags(const Flags& f, const example::GptConfig& c) {
 
 // Mean loss over the first min(all, --val-tokens / T) validation windows, each rank
 // computing its contiguous share. COLLECTIVE.
-double evaluate(tutti::Job& job, example::Gpt& model, const tutti::data::TokenLoader& val, std::int64_t max_windows,
-                std::int64_t chunk, const tutti::Stream& stream) {
+double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::TokenLoader& val,
+                std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const std::int64_t n = std::min(val.windows(), max_windows);
@@ -121,7 +121,7 @@ double evaluate(tutti::Job& job, example::Gpt& model, const tutti::data::TokenLo
     const std::int64_t rows = batch.inputs.numel();
     const tutti::Tensor x = batch.inputs.to(job.device(), stream), y = batch.targets.to(job.device(), stream);
     const tutti::Tensor logits = model.forward(x);
-    loss.forward(logits.reshape({rows, logits.dim(-1)}), y.reshape({rows}), 1.0f, stream);
+    loss.forward(logits, y, 1.0f, stream);
     tutti::kernels::add_scaled(loss.loss(), static_cast<float>(rows), sum, stream);
     tutti::kernels::add_scaled(one, static_cast<float>(rows), count, stream);
   }
@@ -146,7 +146,7 @@ int run(Flags f, int& argc, char**& argv) {
   example::warn_if_blas_kernels_are_old(job, "train_gpt");
 
   // The model's shape: the preset, then the overrides.
-  example::GptConfig config = example::GptConfig::preset(f.model);
+  tutti::models::GptConfig config = tutti::models::GptConfig::preset(f.model);
   if (f.layers > 0) config.layers = f.layers;
   if (f.heads > 0) config.heads = f.heads;
   if (f.width > 0) config.width = f.width;
@@ -168,7 +168,7 @@ int run(Flags f, int& argc, char**& argv) {
     config.padded_vocab = 256;
   } else {
     config.vocab = data.train.vocab;
-    config.padded_vocab = example::pad_vocab(config.vocab);
+    config.padded_vocab = tutti::models::pad_vocab(config.vocab);
   }
   job.check_same("the flags that shape the run", shaping_flags(f, config));
   job.check_same("the training data (crc32/tokens)", corpus_fingerprint(data.train));
@@ -176,7 +176,7 @@ int run(Flags f, int& argc, char**& argv) {
 
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
-  example::Gpt model(config);
+  tutti::models::Gpt model(config);
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
   model.to(device, stream).init(f.seed);
@@ -190,18 +190,14 @@ int run(Flags f, int& argc, char**& argv) {
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
   // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
-  // nanoGPT's recipe).
-  const tutti::nn::Parameter* position_embedding = model.position_embedding();
-  const auto decays = [&](const tutti::nn::Parameter& p) {
-    return p.ndim() >= 2 && &p != &model.embed_weight() && &p != position_embedding;
-  };
+  // nanoGPT's recipe): the library's default rule, which reads what the layers marked.
   tutti::optim::AdamWOptions adamw;
   adamw.lr = static_cast<float>(f.lr);
   adamw.beta1 = static_cast<float>(f.beta1);
   adamw.beta2 = static_cast<float>(f.beta2);
   adamw.weight_decay = static_cast<float>(f.weight_decay);
   tutti::optim::AdamW optimizer(
-      tutti::optim::weight_decay_groups(model.parameters(), static_cast<float>(f.weight_decay), decays), adamw);
+      tutti::optim::weight_decay_groups(model.parameters(), static_cast<float>(f.weight_decay)), adamw);
   optimizer.set_stream(stream);
   // The optimizer takes DDP's plan: one fused update per run of parameters that share a weight
   // decay (stage 0), or this rank's shard and the all-gather after each step (ZeRO).
@@ -300,11 +296,9 @@ int run(Flags f, int& argc, char**& argv) {
     std::fflush(stdout);
   }
 
-  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
-  const tutti::Tensor step_loss = step_sync.view(0, {1}), stop_flag = step_sync.view(1, {1});
-  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
+  tutti::Tensor step_loss = tutti::Tensor::zeros({1}, tutti::DType::f32, device);
   tutti::CallOptions loss_call;
-  loss_call.label = "train loss and stop flag";
+  loss_call.label = "train loss";
   loss_call.stream = stream;
   double train_seconds = 0, first_loss = -1;
   // The steady rate leaves out the first steps (cuBLAS's heuristics, the allocator's first
@@ -314,6 +308,7 @@ int run(Flags f, int& argc, char**& argv) {
   double steady_seconds = 0;
   auto last_print = Clock::now();
   bool stopped = false;
+  tutti::Job::StopAgreement stop_agreed;
   nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
   // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
   // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
@@ -321,17 +316,16 @@ int run(Flags f, int& argc, char**& argv) {
   while (step < last_step) {
     const auto t0 = Clock::now();
     tutti::trace::begin_step(step + 1);
-    step_sync.zero(stream);
+    step_loss.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::TokenBatch b = loader.next();
-      const std::int64_t rows = b.inputs.numel();
       if (step == first_step && micro == 0) {
         first_batch_crc = static_cast<std::uint32_t>(crc32(
             crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
       }
       const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
       const tutti::Tensor logits = ddp.forward(x);
-      loss.forward(logits.reshape({rows, logits.dim(-1)}), y.reshape({rows}), scaler.scale(), stream);
+      loss.forward(logits, y, scaler.scale(), stream);
       tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
       ddp.backward(loss.grad(), scaler.scale());
     }
@@ -342,10 +336,11 @@ int run(Flags f, int& argc, char**& argv) {
     }
     ddp.zero_grad();
     ++step;
-    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
-    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
+    job.communicator().allreduce(step_loss, tutti::ReduceOp::avg, loss_call).wait(stream);
     last_loss = tutti::nn::item(step_loss, stream);
-    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
+    // Every rank stops after the same step when any rank got a stop signal.
+    const tutti::Job::StopAgreement stop = job.agree_stop();
+    const bool stop_now = stop.stop;
     if (first_loss < 0) first_loss = last_loss;
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     tutti::trace::end_step();
@@ -385,6 +380,7 @@ int run(Flags f, int& argc, char**& argv) {
     }
     if (stop_now && step < last_step) {
       stopped = true;
+      stop_agreed = stop;
       break;
     }
   }
@@ -395,8 +391,9 @@ int run(Flags f, int& argc, char**& argv) {
   if (stopped) {
     job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
     if (job.rank() == 0) {
-      std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by a signal. %s\n", static_cast<long long>(step),
-                   static_cast<long long>(f.steps),
+      std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by signal %d (%s) on rank %d. %s\n",
+                   static_cast<long long>(step), static_cast<long long>(f.steps), stop_agreed.signal,
+                   strsignal(stop_agreed.signal), stop_agreed.rank,
                    ckpt_path.empty() ? "No checkpoint was written (no --checkpoint-dir)."
                                      : ("Checkpoint written to " + ckpt_path +
                                         ": resume with the same command and "
@@ -422,7 +419,7 @@ int run(Flags f, int& argc, char**& argv) {
     // What a person looks at first: text from the trained model.
     std::string sample;
     if (f.sample_tokens > 0) {
-      example::SampleOptions so;
+      tutti::models::SampleOptions so;
       so.tokens = f.sample_tokens;
       so.temperature = static_cast<float>(f.temperature);
       so.top_k = f.top_k;
@@ -431,7 +428,7 @@ int run(Flags f, int& argc, char**& argv) {
       std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
                                                     : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
       if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
-      sample = detok.decode(example::generate(model, prompt, so));
+      sample = detok.decode(tutti::models::generate(model, prompt, so));
     }
     if (!f.quiet) {
       std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s",

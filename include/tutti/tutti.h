@@ -1,8 +1,8 @@
 // tutti: data-parallel training in C++/CUDA. The one header a training program includes.
 //
 // Layers, bottom to top (docs/architecture.md): core (dtypes, devices, tensors, streams,
-// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, optim, amp, ddp,
-// obs (trace files, Prometheus metrics, stragglers, MFU).
+// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, models (GPT-2),
+// optim, amp, ddp, obs (trace files, Prometheus metrics, stragglers, MFU).
 #pragma once
 
 #include "tutti/amp/loss_scaler.h"
@@ -23,6 +23,7 @@
 #include "tutti/ddp/ddp.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/kernels.h"
+#include "tutti/models/gpt.h"
 #include "tutti/nn/flat_plan.h"
 #include "tutti/nn/init.h"
 #include "tutti/nn/layers.h"

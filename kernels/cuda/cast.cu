@@ -57,7 +57,9 @@ __global__ void unscale_kernel(T* __restrict__ g, int64_t n, float inv_scale, in
     bad |= !isfinite(v) || !isfinite(load_f32(scaled));
     g[i] = scaled;
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1;
+  // Atomic: several blocks may find a non-finite value, and plain stores to one address from
+  // several blocks of a launch are a data race (the emulated device's hazard detector says so).
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(found, 1);
 }
 
 template <typename From, typename To>

@@ -62,8 +62,10 @@ __global__ void check_finite_kernel(const T* __restrict__ x, int64_t n, int* fou
     for (int j = 0; j < VEC; ++j) bad |= !isfinite(load_f32(p.v[j]));
   }
   for (int64_t i = packs * VEC + tid; i < n; i += stride) bad |= !isfinite(load_f32(x[i]));
-  // Only ever stores 1: the flag collects several buffers and is never cleared here.
-  if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1;
+  // Only ever stores 1: the flag collects several buffers and is never cleared here. Atomic:
+  // several blocks may find a non-finite value, and plain stores to one address from several
+  // blocks of a launch are a data race (the emulated device's hazard detector says so).
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(found, 1);
 }
 
 template <bool Square>

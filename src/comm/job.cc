@@ -459,6 +459,20 @@ void Job::check_same(std::string_view what, std::int64_t value) { check_same(wha
 bool Job::stop_requested() const { return stop_signal_received.load(std::memory_order_relaxed) != 0; }
 int Job::stop_signal() const { return stop_signal_received.load(std::memory_order_relaxed); }
 
+Job::StopAgreement Job::agree_stop() {
+  // One integer per rank: rank · 256 + signal where a signal came (signals are < 256), else the
+  // largest i64; the minimum names the lowest signalled rank and its signal.
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  const int sig = stop_signal();
+  const Tensor vote = Tensor::from_ints({sig != 0 ? std::int64_t{rank()} * 256 + sig : kNone}, {1}, DType::i64);
+  CallOptions call;
+  call.label = "agree_stop";
+  cpu_communicator().allreduce(vote, ReduceOp::min, call).wait();
+  const std::int64_t agreed = vote.to_ints()[0];
+  if (agreed == kNone) return {};
+  return {true, static_cast<int>(agreed % 256), static_cast<int>(agreed / 256)};
+}
+
 void Job::abort(std::string_view reason, int exit_code) {
   impl_->watchdog->end_job("aborting the job: " + std::string(reason), exit_code);
   std::_Exit(exit_code);  // the process's watchdog does not return; [[noreturn]] says so

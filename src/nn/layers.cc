@@ -9,12 +9,17 @@
 
 namespace tutti::nn {
 
-namespace {
-
-InitSpec weight_init(WeightInit init, double fan_in, double fan_out) {
-  return init == WeightInit::kaiming_uniform ? InitSpec::kaiming_uniform(fan_in)
-                                             : InitSpec::xavier_uniform(fan_in, fan_out);
+InitSpec WeightInit::spec(double fan_in, double fan_out) const {
+  switch (kind) {
+    case Kind::kaiming_uniform: return InitSpec::kaiming_uniform(fan_in);
+    case Kind::xavier_uniform: return InitSpec::xavier_uniform(fan_in, fan_out);
+    case Kind::normal: break;
+  }
+  TUTTI_CHECK_ARG(stddev > 0, "WeightInit::normal: the standard deviation must be positive, got ", stddev);
+  return InitSpec::normal(stddev);
 }
+
+namespace {
 
 // x viewed as [rows, last] (a 2-D matrix over the last dimension).
 Tensor as_rows(const Tensor& x, std::int64_t last) { return x.reshape({x.numel() / last, last}); }
@@ -30,13 +35,14 @@ Shape with_last(Shape shape, std::int64_t last) {
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options)
     : weight({out_features, in_features},
-             weight_init(options.init, static_cast<double>(in_features), static_cast<double>(out_features))),
+             options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features))),
       bias({options.bias ? out_features : 0}, InitSpec::zeros()),
       in_(in_features),
       out_(out_features),
       has_bias_(options.bias) {
   TUTTI_CHECK_ARG(in_features > 0 && out_features > 0, "Linear(", in_features, ", ", out_features,
                   "): sizes must be positive");
+  bias.no_weight_decay = true;
   register_parameter("weight", weight);
   if (has_bias_) register_parameter("bias", bias);
 }
@@ -146,6 +152,7 @@ Tensor Dropout::backward_impl(const Tensor& dy) {
 LayerNorm::LayerNorm(std::int64_t dim, float eps)
     : gamma({dim}, InitSpec::ones()), beta({dim}, InitSpec::zeros()), dim_(dim), eps_(eps) {
   TUTTI_CHECK_ARG(dim > 0, "LayerNorm(", dim, "): dim must be positive");
+  gamma.no_weight_decay = beta.no_weight_decay = true;
   register_parameter("gamma", gamma);
   register_parameter("beta", beta);
 }
@@ -181,8 +188,8 @@ Tensor LayerNorm::backward_impl(const Tensor& dy) {
 
 Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_size, Conv2dOptions options)
     : weight({out_channels, in_channels, kernel_size, kernel_size},
-             weight_init(options.init, static_cast<double>(in_channels) * kernel_size * kernel_size,
-                         static_cast<double>(out_channels) * kernel_size * kernel_size)),
+             options.init.spec(static_cast<double>(in_channels) * kernel_size * kernel_size,
+                               static_cast<double>(out_channels) * kernel_size * kernel_size)),
       bias({options.bias ? out_channels : 0}, InitSpec::zeros()),
       in_(in_channels),
       out_(out_channels),
@@ -192,6 +199,7 @@ Conv2d::Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_s
   TUTTI_CHECK_ARG(in_channels > 0 && out_channels > 0 && kernel_size > 0 && options.stride > 0 && options.padding >= 0,
                   "Conv2d(", in_channels, ", ", out_channels, ", ", kernel_size, ", stride ", options.stride,
                   ", padding ", options.padding, "): sizes must be positive");
+  bias.no_weight_decay = true;
   register_parameter("weight", weight);
   if (has_bias_) register_parameter("bias", bias);
 }

@@ -16,14 +16,22 @@ void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
 
 const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
                                         const Stream& stream) {
-  TUTTI_CHECK_ARG(logits.defined() && logits.ndim() == 2, "CrossEntropyLoss: logits must be [N, C], got ",
+  TUTTI_CHECK_ARG(logits.defined() && logits.ndim() >= 2, "CrossEntropyLoss: logits must be [..., C], got ",
                   logits.str());
+  TUTTI_CHECK_ARG(labels.defined(), "CrossEntropyLoss: the labels are undefined");
+  const Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
+  TUTTI_CHECK_ARG(labels.shape() == rows_shape, "CrossEntropyLoss: labels ", labels.str(), " must have the shape of ",
+                  "the logits ", logits.str(), " without their last dimension");
   ensure(loss_, {1}, DType::f32, logits.device());
   ensure(dlogits_, logits.shape(), logits.dtype(), logits.device());
   kernels::CrossEntropyOptions options;
   options.ignore_index = ignore_index_;
   options.grad_scale = grad_scale;
-  kernels::softmax_cross_entropy(logits, labels, loss_, dlogits_, options, stream);
+  // [..., C] as [N, C] rows: views of the same storage.
+  const std::int64_t C = logits.dim(-1);
+  const std::int64_t N = labels.numel();
+  kernels::softmax_cross_entropy(logits.reshape({N, C}), labels.reshape({N}), loss_, dlogits_.reshape({N, C}), options,
+                                 stream);
   return loss_;
 }
 

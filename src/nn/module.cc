@@ -41,13 +41,17 @@ Tensor Module::forward(const Tensor& x) {
   }
   TUTTI_CHECK_ARG(x.device() == device(), describe(), ": input ", x.str(), " is not on the model's device ",
                   device().str());
+  Tensor y;
   if (is_floating(x.dtype()) && x.dtype() != compute_dtype()) {
     // Slot -1 of every module is the cast input: keep it apart from the layers' own slots.
     Tensor cast = buffer(-1, x.shape(), compute_dtype());
     kernels::cast(x, cast, stream());
-    return forward_impl(cast);
+    y = forward_impl(cast);
+  } else {
+    y = forward_impl(x);
   }
-  return forward_impl(x);
+  if (parent_ == nullptr) output_shape_ = y.shape();
+  return y;
 }
 
 Tensor Module::backward(const Tensor& dy) {
@@ -59,6 +63,9 @@ Tensor Module::backward(const Tensor& dy) {
                     ": backward without a forward since the last backward: each "
                     "backward needs a forward of its own (a second backward of one forward would add the same "
                     "gradients again, and under DistributedDataParallel communicate again)");
+    TUTTI_CHECK_ARG(dy.shape() == output_shape_, describe(), ": backward of dy ", dy.str(),
+                    ", whose shape is not the forward's output's ", shape_str(output_shape_),
+                    " (a loss of [..., C] logits gives its gradient in their shape)");
     awaiting_backward_ = false;
     bool missing = false;
     // A placement hook says where each gradient goes as it is written: nothing to allocate.

@@ -27,6 +27,7 @@ TokenPositionEmbedding::TokenPositionEmbedding(std::int64_t vocab, std::int64_t 
       width_(width) {
   TUTTI_CHECK_ARG(vocab > 0 && context > 0 && width > 0, "TokenPositionEmbedding(", vocab, ", ", context, ", ", width,
                   "): sizes must be positive");
+  wte.no_weight_decay = wpe.no_weight_decay = true;  // GPT-2's and nanoGPT's recipe
   register_parameter("wte", wte);
   register_parameter("wpe", wpe);
 }

@@ -13,6 +13,7 @@
 namespace tutti::optim {
 
 bool decays_if_matrix(const nn::Parameter& p) { return p.ndim() >= 2; }
+bool decays_by_default(const nn::Parameter& p) { return p.ndim() >= 2 && !p.no_weight_decay; }
 
 std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& params, float weight_decay,
                                             const std::function<bool(const nn::Parameter&)>& decays) {

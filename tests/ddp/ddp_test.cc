@@ -40,6 +40,7 @@ struct RunConfig {
   int steps = 3;
   int accumulation = 1;
   std::int64_t micro_batch = 12;  // global rows per micro-step; divisible by 1..4
+  float loss_scale = 1.0f;        // DDP side: the loss gradient's scale (as a LossScaler's)
   DdpOptions ddp;
 };
 
@@ -62,8 +63,10 @@ void train_both(nn::Module& reference, nn::Module& distributed, const Shape& inp
     // DDP: k micro-steps over this rank's slice of each micro-batch.
     for (int micro = 0; micro < k; ++micro) {
       const Batch mb = my_slice(rows(big, micro * cfg.micro_batch, cfg.micro_batch));
-      loss.forward(ddp.forward(mb.x), mb.y);
-      const bool synced = ddp.backward(loss.grad());
+      // ddp.h's "Gradient scaling": grad_scale is the loss scale alone; backward divides by
+      // ranks · micro-batches · loss scale.
+      loss.forward(ddp.forward(mb.x), mb.y, cfg.loss_scale);
+      const bool synced = ddp.backward(loss.grad(), cfg.loss_scale);
       ASSERT_EQ(synced, micro == k - 1) << "micro-step " << micro;
       if (synced) {
         ASSERT_FALSE(ddp.found_nonfinite());
@@ -125,6 +128,21 @@ TEST(Ddp, AccumulationMatchesOneRankWithTheWholeBatch) {
   cfg.accumulation = 3;
   cfg.ddp.accumulation_steps = 3;
   expect_equivalent([] { return make_mlp(); }, {12}, cfg);
+}
+
+// The documented recipe (ddp.h, "Gradient scaling") with a loss scale and 4 micro-batches,
+// ZeRO-2 and stage 0, against one rank with the whole batch and no scaling. SGD, whose step is
+// linear in the gradient: a gradient divided by k twice would show as a 4x smaller step.
+TEST(Ddp, DocumentedScalingWithAccumulationMatchesOneRank) {
+  for (int stage : {0, 2}) {
+    RunConfig cfg;
+    cfg.optimizer = Opt::sgd;
+    cfg.accumulation = cfg.ddp.accumulation_steps = 4;
+    cfg.loss_scale = 1024.0f;
+    cfg.ddp.zero_stage = stage;
+    SCOPED_TRACE("zero stage " + std::to_string(stage));
+    expect_equivalent([] { return make_mlp(); }, {12}, cfg);
+  }
 }
 
 TEST(Ddp, OverlapOffGivesTheSameResult) {

@@ -117,9 +117,11 @@ TEST(EmuFaults, StaticSharedMemoryOverTheLimit) {
   expect_fault([](int* out) { too_much_shared_kernel<<<1, 32>>>(out); }, {"exceed 48 KiB"});
 }
 
-// Not a fault but the property the mutation check relies on: a read of a shared tile before the
+// Not a fault but what catches this bug when the hazard detector is off (TUTTI_EMU_RACECHECK=0;
+// with it on, the detector reports it: emu_racecheck_test.cu): a read of a shared tile before the
 // barrier that should precede it sees 0xff bytes (the emulator fills shared memory with them at
-// each block's start and runs threads in order), so the bug shows on every run.
+// each block's start and runs threads in order), so the bug shows on every run. Runs in
+// emu_faults_test_emu_racecheck_off.
 __global__ void missing_barrier_kernel(int* out) {
   __shared__ int tile[64];
   tile[threadIdx.x] = static_cast<int>(threadIdx.x);
@@ -127,7 +129,7 @@ __global__ void missing_barrier_kernel(int* out) {
   out[threadIdx.x] = tile[(threadIdx.x + 1) % 64];
 }
 
-TEST(EmuFaults, MissingBarrierReadsPoisonEveryTime) {
+TEST(EmuFaultsRacecheckOff, MissingBarrierReadsPoisonEveryTime) {
   ASSERT_EQ(cudaDeviceReset(), cudaSuccess);
   int* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);

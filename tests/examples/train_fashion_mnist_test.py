@@ -383,6 +383,14 @@ if __name__ == "__main__":
     parser.add_argument("--binary", required=True)
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--workdir", required=True)
-    ARGS, rest = parser.parse_known_args()
+    parser.add_argument("--shard", default="0/1",
+                        help="I/N: only the tests whose index in the suite is I modulo N (ctest runs the shards side by side)")
+    parser.add_argument("suites", nargs="*", default=["TrainFashionMnist", "WhenThingsGoWrong"])
+    ARGS = parser.parse_args()
     os.makedirs(ARGS.workdir, exist_ok=True)
-    unittest.main(argv=[sys.argv[0], "-v", *rest])
+    index, count = (int(v) for v in ARGS.shard.split("/"))
+    tests = [t for s in unittest.defaultTestLoader.loadTestsFromNames(ARGS.suites, sys.modules[__name__]) for t in s]
+    shard = unittest.TestSuite(t for i, t in enumerate(tests) if i % count == index)
+    if shard.countTestCases() == 0:
+        sys.exit(f"shard {ARGS.shard} of {ARGS.suites} has no tests")
+    sys.exit(0 if unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful() else 1)

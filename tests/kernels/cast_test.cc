@@ -299,6 +299,13 @@ TEST_P(UnscaleTest, CudaMatchesCpu) {
         EXPECT_EQ(f_gpu.to_ints()[0], f.to_ints()[0]) << what;
       }
     }
+    // Non-finite values in every block: the blocks' stores of the flag must not race (the
+    // emulated device's hazard detector reports plain stores to one address from two blocks).
+    Tensor f_gpu = Tensor::from_ints({0}, {1}).to(gpu);
+    unscale_and_check(Tensor::from_floats(std::vector<float>(static_cast<std::size_t>(n), kNan), {n}, dt).to(gpu),
+                      1.f / 512.f, f_gpu, stream);
+    stream.synchronize();
+    EXPECT_EQ(f_gpu.to_ints()[0], 1) << "cuda unscale all nan, n=" << n;
   }
 }
 

@@ -158,6 +158,15 @@ TEST_P(ReduceDtypeTest, CudaMatchesCpu) {
       stream.synchronize();
       EXPECT_EQ(f_gpu.to_ints()[0], pos >= 0 ? 1 : 0) << "check_finite nan at " << pos << " of " << n;
     }
+    {
+      // Non-finite values in every block: the blocks' stores of the flag must not race (the
+      // emulated device's hazard detector reports plain stores to one address from two blocks).
+      Tensor f_gpu = Tensor::from_ints({0}, {1}).to(gpu);
+      const std::vector<float> nans(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN());
+      check_finite(Tensor::from_floats(nans, {n}, dt).to(gpu), f_gpu, stream);
+      stream.synchronize();
+      EXPECT_EQ(f_gpu.to_ints()[0], 1) << "check_finite all nan, n=" << n;
+    }
     Tensor set = Tensor::from_ints({1}, {1}).to(gpu);
     check_finite(xg, set, stream);
     stream.synchronize();

@@ -77,6 +77,17 @@ inline Tensor rows(const Tensor& t, std::int64_t begin, std::int64_t count) {
   return t.view(begin * row, shape);
 }
 
+// Conv2d GELU MaxPool2d Flatten Linear Residual(LayerNorm Linear GELU) Linear.
+inline void build_conv_model(nn::Sequential& model) {
+  model.add<nn::Conv2d>(2, 3, 3, nn::Conv2dOptions{.padding = 1})
+      .add<nn::GELU>()
+      .add<nn::MaxPool2d>()
+      .add<nn::Flatten>()
+      .add<nn::Linear>(27, 8, nn::LinearOptions{.init = nn::WeightInit::xavier_uniform});
+  model.emplace<nn::Residual>().body().add<nn::LayerNorm>(8).add<nn::Linear>(8, 8).add<nn::GELU>();
+  model.add<nn::Linear>(8, 5);
+}
+
 // zero_grad, forward, loss, backward. Returns the loss tensor (not read).
 inline Tensor forward_backward(nn::Module& model, nn::CrossEntropyLoss& loss, const Tensor& x, const Tensor& labels,
                                float grad_scale = 1.0f) {

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "nn/nn_test_util.h"
+#include "tutti/nn/transformer.h"
 #include "tutti/optim/adamw.h"
 #include "tutti/optim/clip.h"
 #include "tutti/optim/lr_schedule.h"
@@ -252,6 +253,43 @@ TEST(Flat, WeightDecayGroupsPerParameterAndFlat) {
   EXPECT_EQ(train(flat, Layout::flat_aligned, &per, groups_of(flat)), 4);
   train(all_decay, Layout::per_parameter);
   EXPECT_GT(max_abs_difference(flat, all_decay), 1e-4) << "the groups must change the training";
+}
+
+// The default rule on a GPT a user builds from tutti's layers (a Sequential: embedding, two
+// pre-LN blocks, final LayerNorm, tied head): exactly the blocks' weight matrices decay,
+// 12·C² per layer; neither embedding (wte is also the head) nor a LayerNorm or bias does.
+TEST(Optimizer, DefaultDecayRuleOnAGptOfTuttisLayers) {
+  const std::int64_t V = 32, T = 8, C = 16, L = 2;
+  nn::Sequential model;
+  auto& embed = model.emplace<nn::TokenPositionEmbedding>(V, T, C);
+  for (int l = 0; l < L; ++l) {
+    model.emplace<nn::Residual>()
+        .body()
+        .add<nn::LayerNorm>(C)
+        .add<nn::Linear>(C, 3 * C)
+        .add<nn::CausalSelfAttention>(2)
+        .add<nn::Linear>(C, C);
+    model.emplace<nn::Residual>()
+        .body()
+        .add<nn::LayerNorm>(C)
+        .add<nn::Linear>(C, 4 * C)
+        .add<nn::GELU>()
+        .add<nn::Linear>(4 * C, C);
+  }
+  model.add<nn::LayerNorm>(C).add<nn::TiedLinear>(embed.wte);
+  const auto groups = optim::weight_decay_groups(model.parameters(), 0.1f);
+  ASSERT_EQ(groups.size(), 2u);
+  std::int64_t decayed = 0;
+  for (const nn::Parameter* p : groups[0].parameters) decayed += p->numel();
+  EXPECT_EQ(decayed, 12 * C * C * L);
+  for (const nn::Parameter* p : groups[1].parameters) {
+    EXPECT_TRUE(p->ndim() == 1 || p == &embed.wte || p == &embed.wpe) << p->name << " is not decayed";
+  }
+  // The shape-only rule, for who wants it, still decays the embeddings.
+  const auto shape_groups = optim::weight_decay_groups(model.parameters(), 0.1f, optim::decays_if_matrix);
+  std::int64_t by_shape = 0;
+  for (const nn::Parameter* p : shape_groups[0].parameters) by_shape += p->numel();
+  EXPECT_EQ(by_shape, 12 * C * C * L + V * C + T * C);
 }
 
 // Decoupled decay per group, against its closed form: with zero gradients AdamW moves each

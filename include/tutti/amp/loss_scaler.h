@@ -5,7 +5,8 @@
 //   1. backward with the loss gradient multiplied by scale()  (CrossEntropyLoss grad_scale)
 //   2. unscale_and_check(grads, divisor): one fused pass per buffer, grads *= 1/(scale·divisor)
 //      and a device flag set if any element is inf or nan; no host sync. (The runtime that
-//      divides by ranks and micro-batches folds that into `divisor`.)
+//      divides by ranks and micro-batches folds that into `divisor`: ddp/ddp.h, "Gradient
+//      scaling", says who divides by what.)
 //   3. update(flag): reads the flag (the step's one host sync) and decides: on inf/nan the
 //      step must be skipped and the scale backs off; after growth_interval good steps in a
 //      row it grows. Returns whether to step.

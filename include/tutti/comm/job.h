@@ -67,10 +67,10 @@ struct JobOptions {
   // environment already sets (OMPI_MCA_coll_tuned_allreduce_algorithm, ...) wins. Needs the Job
   // to initialize MPI (throws otherwise); other MPI libraries ignore it. docs/multinode.md
   // compares the algorithms across nodes.
-  std::string mpi_allreduce;
+  std::string mpi_allreduce{};
   // Options of communicator() (timeout, debug, abort_on_timeout). The timeout is also the
   // deadline of the Job's start-up, of check_same and summary, and of MPI_Finalize.
-  CommOptions comm;
+  CommOptions comm{};
   // Preemption: true makes SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 set stop_requested() instead
   // of ending the process (the handler does nothing else), so that the program can stop at a
   // step boundary, agreed by all ranks, with a checkpoint. A second signal of the same kind
@@ -158,10 +158,25 @@ class Job {
   void check_same(std::string_view what, std::int64_t value);
 
   // Not collective: whether this process got a stop signal (JobOptions::catch_stop_signals),
-  // and which one (0: none). Each rank knows only its own: agree at a step boundary, e.g. with
-  // a flag in an allreduce the step does anyway.
+  // and which one (0: none). Each rank knows only its own (mpirun forwards a signal to every
+  // rank, but a scheduler or a user may signal one): to stop, use agree_stop().
   bool stop_requested() const;
   int stop_signal() const;
+
+  // What the ranks agreed at a step boundary (agree_stop).
+  struct StopAgreement {
+    bool stop = false;  // some rank got a stop signal: every rank stops after this step
+    int signal = 0;     // the signal the lowest such rank got (SIGTERM, ...); 0 when none
+    int rank = -1;      // that rank; -1 when none
+  };
+  // COLLECTIVE, blocks: every rank calls it at the same point of the loop (after the same
+  // step), and every rank gets the same answer: whether any rank got a stop signal so far,
+  // and which signal the lowest such rank got. One allreduce of one integer on
+  // cpu_communicator() (about 2 us at 2 ranks on one host, mpi; the training loop's own
+  // collectives are unaffected). The protocol of a clean stop (docs/user-guide.md, "Preemption
+  // and requeueing"): after each step, `if (job.agree_stop().stop)` write the checkpoint,
+  // barrier, and exit with 75 (EX_TEMPFAIL) on rank 0, 0 elsewhere.
+  StopAgreement agree_stop();
 
   // Ends the whole job now, from this rank, and does not return: prints "tutti [rank r]:
   // aborting the job: <reason>" once, tells every other rank (each prints that rank r aborted

@@ -63,7 +63,7 @@ struct ThreadGroupOptions {
   // before it throws TimeoutError). abort_on_timeout: with a watchdog, whether a missed
   // deadline ends the job (else the communicator fails its Works and is broken, as on the
   // real backends); without one it is ignored.
-  CommOptions comm;
+  CommOptions comm{};
   // Watch the ranks as a Job's are watched (see the top of this file).
   bool watchdog = false;
 };

@@ -23,6 +23,18 @@
 //     }
 //   }
 //
+// Gradient scaling: who divides by what. (The one place this is said; nn/loss.h and
+// amp/loss_scaler.h point here.) A loss (nn::CrossEntropyLoss) gives grad_scale times the
+// gradient of the MEAN over its micro-batch's rows. Pass grad_scale = the loss scale
+// (LossScaler::scale(); 1 without one) and nothing else, and the same loss scale to backward:
+// on the last micro-batch of a step backward divides the summed gradients by
+// world size · accumulation_steps · loss_scale, so the optimizer gets the mean over the global
+// batch (world size · k micro-batches of equal size), as one rank with the whole batch would
+// (tests/ddp/ddp_test.cc, DocumentedScalingWithAccumulationMatchesOneRank). Folding 1/k or
+// 1/world into grad_scale divides twice. Without DDP (Module::backward on k micro-batches)
+// nothing divides for you: unscale with LossScaler::unscale_and_check(grads, k), or pass
+// grad_scale = scale / k.
+//
 // zero_stage (ZeRO, as DeepSpeed numbers it; bytes per parameter with AdamW, N ranks, half
 // compute and half gradients: 16 at stage 0, 4 + 12/N at stage 1, 2 + 14/N at stage 2):
 //   0  every rank keeps everything; gradients are allreduced.
@@ -65,7 +77,7 @@ struct DdpOptions {
   // How gradients are reduced. grad_comm_dtype unset: the model's grad_comm_dtype(), which
   // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
-  ReducerOptions reducer;
+  ReducerOptions reducer{};
   bool broadcast_parameters = true;  // rank 0's values everywhere at construction
   bool verify_model = true;          // the start-up check that every rank has the same model
 };
@@ -106,7 +118,8 @@ class DistributedDataParallel {
   Tensor forward(const Tensor& x);
   // Backward of one micro-batch. On the last micro-batch of a step it is COLLECTIVE: it
   // reduces the gradients across ranks (overlapped with backward), waits for them and
-  // divides by (world size · accumulation steps · loss_scale), and returns true: the
+  // divides by (world size · accumulation steps · loss_scale) ("Gradient scaling" at the top
+  // of this file), and returns true: the
   // gradients are ready for the optimizer. Otherwise it accumulates locally and returns false
   // (ZeRO-2: reduces too, so it is collective). loss_scale: the factor the loss gradient was
   // multiplied by (LossScaler::scale()). Throws InvalidArgument, before any communication,

@@ -12,15 +12,29 @@
 
 namespace tutti::nn {
 
-// How a weight matrix is initialized (biases start at zero).
-enum class WeightInit : std::uint8_t { kaiming_uniform, xavier_uniform };
+// How a weight matrix is initialized (biases start at zero): WeightInit::kaiming_uniform (the
+// default), WeightInit::xavier_uniform, or WeightInit::normal(std), N(0, std²) (GPT-2: 0.02).
+struct WeightInit {
+  enum class Kind : std::uint8_t { kaiming_uniform, xavier_uniform, normal };
+  Kind kind = Kind::kaiming_uniform;
+  double stddev = 0;  // Kind::normal only
+
+  static const WeightInit kaiming_uniform;  // U(-b, b), b = sqrt(6 / fan_in)
+  static const WeightInit xavier_uniform;   // U(-b, b), b = sqrt(6 / (fan_in + fan_out))
+  static constexpr WeightInit normal(double stddev) { return {Kind::normal, stddev}; }
+  // The InitSpec of a weight with these fans.
+  InitSpec spec(double fan_in, double fan_out) const;
+  friend constexpr bool operator==(const WeightInit&, const WeightInit&) = default;
+};
+inline constexpr WeightInit WeightInit::kaiming_uniform{WeightInit::Kind::kaiming_uniform, 0};
+inline constexpr WeightInit WeightInit::xavier_uniform{WeightInit::Kind::xavier_uniform, 0};
 
 struct LinearOptions {
   bool bias = true;
   WeightInit init = WeightInit::kaiming_uniform;
 };
 
-// y[..., out] = x[..., in] · weight[out, in]^T + bias[out].
+// y[..., out] = x[..., in] · weight[out, in]^T + bias[out]. The bias is marked no_weight_decay.
 class Linear : public Module {
  public:
   Linear(std::int64_t in_features, std::int64_t out_features, LinearOptions options = {});
@@ -97,7 +111,8 @@ class Dropout : public Module {
   bool last_dropped_ = false;      // whether the last forward dropped (training and p > 0)
 };
 
-// Normalizes over the last dimension: y = (x - mean) / sqrt(var + eps) · gamma + beta.
+// Normalizes over the last dimension: y = (x - mean) / sqrt(var + eps) · gamma + beta. gamma and
+// beta are marked no_weight_decay.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::int64_t dim, float eps = 1e-5f);
@@ -122,7 +137,7 @@ struct Conv2dOptions {
   WeightInit init = WeightInit::kaiming_uniform;
 };
 
-// x [N, C, H, W] -> y [N, K, P, Q] with a square kernel.
+// x [N, C, H, W] -> y [N, K, P, Q] with a square kernel. The bias is marked no_weight_decay.
 class Conv2d : public Module {
  public:
   Conv2d(std::int64_t in_channels, std::int64_t out_channels, int kernel_size, Conv2dOptions options = {});

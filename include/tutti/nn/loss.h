@@ -1,4 +1,4 @@
-// Softmax cross-entropy loss (mean over the batch), fused with its gradient.
+// Softmax cross-entropy loss (mean over the rows), fused with its gradient.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +13,16 @@ class CrossEntropyLoss {
   // Rows whose label is ignore_index count neither in the loss nor in the mean.
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
 
-  // logits [N, C] (f32/f16/bf16) and labels [N] (i32/i64) on one device. One fused pass
-  // computes the mean loss into a [1] f32 tensor on that device (returned; no host sync:
-  // read it with item() when you want it) and grad() = grad_scale · dLoss/dlogits in the
-  // logits' dtype, which is what model.backward takes. grad_scale folds in the loss scale
-  // of mixed precision (LossScaler::scale()) and, for gradient accumulation, 1/k.
-  // Both results are reused buffers, valid until the next forward.
+  // logits [..., C] (f32/f16/bf16; [N, C], or a transformer's [B, T, C]) and labels of the
+  // leading shape [...] (i32/i64) on one device: as PyTorch's, the leading dimensions are
+  // rows (a view, no copy). One fused pass computes the mean loss over the rows into a [1] f32
+  // tensor on that device (returned; no host sync: read it with item() when you want it) and
+  // grad() = grad_scale · dLoss/dlogits, of the logits' shape and dtype: what model.backward
+  // takes for the output that gave these logits (Module::backward checks the shape).
+  // grad_scale: the loss scale of mixed precision (LossScaler::scale()); who divides by it, by
+  // the accumulation steps and by the ranks is said once, in ddp/ddp.h ("Gradient scaling").
+  // Both results are reused buffers, valid until the next forward. Throws InvalidArgument
+  // when the labels' shape is not the logits' without its last dimension.
   const Tensor& forward(const Tensor& logits, const Tensor& labels, float grad_scale = 1.0f,
                         const Stream& stream = Stream());
   const Tensor& loss() const { return loss_; }

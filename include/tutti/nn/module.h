@@ -88,6 +88,8 @@ class Module {
   // some trainable parameter has no grad yet. Returns dx when input gradients are needed
   // (set_input_grad; a model's input is data, so by default the root returns an undefined
   // Tensor and skips that work); valid until the next backward.
+  // dy must have the shape of the forward's output (on the model, the root: InvalidArgument
+  // otherwise; e.g. [B, T, V] logits take a [B, T, V] gradient, not the [B·T, V] of a reshape).
   // Each backward of the model needs a forward of its own: a second backward after one
   // forward throws InvalidArgument (it would add the same gradients twice and, under
   // DistributedDataParallel, communicate twice), as PyTorch does without retain_graph.
@@ -292,6 +294,7 @@ class Module {
   bool all_params_valid_ = false;
   bool checked_initialized_ = false;
   bool awaiting_backward_ = false;
+  Shape output_shape_;  // the root's: of its last forward's output, which backward's dy must have
   Tensor flat_values_, flat_compute_, flat_grads_;
   std::shared_ptr<const FlatPlan> value_plan_, grad_plan_;
   bool masters_released_ = false;

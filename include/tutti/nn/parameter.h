@@ -62,6 +62,11 @@ struct Parameter {
   Tensor compute;
   // false: backward computes no gradient for it and optimizers skip it (a frozen weight).
   bool requires_grad = true;
+  // true: weight decay must never apply to it. Set by the layer that owns it, before it
+  // registers it: embedding tables (TokenPositionEmbedding), normalization gains and offsets
+  // (LayerNorm), biases (Linear, Conv2d). optim::weight_decay_groups' default rule reads it; a
+  // layer of your own sets it the same way.
+  bool no_weight_decay = false;
   // How Module::init fills it.
   InitSpec init;
   // false until Module::init or load_state_dict gave it values; forward refuses to run

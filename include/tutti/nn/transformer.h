@@ -1,7 +1,7 @@
 // The layers a GPT needs beyond layers.h: the token + position embedding, causal multi-head
 // self-attention, and an output projection tied to the embedding's weight. Shapes are
 // [B, T, ...]: B sequences of T positions. A GPT-2 block is built from these and layers.h's
-// (examples/train_gpt/model.cc):
+// (tutti/models/gpt.h builds GPT-2 of them):
 //
 //   Residual( LayerNorm(C), Linear(C, 3C), CausalSelfAttention(heads), Linear(C, C) )
 //   Residual( LayerNorm(C), Linear(C, 4C), GELU, Linear(4C, C) )

@@ -4,8 +4,9 @@
 //
 // Parameter groups: an optimizer takes its parameters in groups (ParamGroup), each with its
 // own weight decay (unset: the options'); weight_decay_groups() splits a model's parameters
-// into decay and no-decay groups by a rule you can read (by default: matrices decay, vectors
-// do not). A list of parameters is one group.
+// into decay and no-decay groups by a rule you can read (by default: matrices decay, unless
+// their layer marked them no_weight_decay, as embeddings are; vectors do not). A list of
+// parameters is one group.
 //
 // Two ways to update, chosen explicitly, never guessed:
 // - Per parameter (the default): one fused kernel call per parameter that has a gradient at
@@ -49,17 +50,21 @@ struct ParamGroup {
   std::optional<float> weight_decay;
 };
 
-// The default rule of weight_decay_groups: parameters with 2 or more dimensions (weight
-// matrices, convolution kernels, embedding tables) decay; vectors (biases, LayerNorm gains
-// and offsets) do not. nanoGPT's rule.
+// The default rule of weight_decay_groups: a parameter decays when it has 2 or more
+// dimensions (weight matrices, convolution kernels) and its layer did not mark it
+// no_weight_decay (nn/parameter.h: embedding tables, LayerNorm gains and offsets, biases). For
+// a GPT of tutti's layers (TokenPositionEmbedding, blocks, TiedLinear) that is exactly the
+// blocks' weight matrices, GPT-2's and nanoGPT's recipe; for an MLP or CNN, the weights.
+bool decays_by_default(const nn::Parameter& p);
+// By shape alone: parameters with 2 or more dimensions decay, embedding tables included
+// (the default rule before 0.2.0).
 bool decays_if_matrix(const nn::Parameter& p);
 
 // Two groups, in this order: the parameters for which `decays` is true, with weight_decay,
-// and the others, with 0. Frozen parameters are left out. To keep embeddings undecayed too,
-// pass a rule that says so, e.g.
-//   [](const nn::Parameter& p) { return p.ndim() >= 2 && p.name.find("embed") == std::string::npos; }
-std::vector<ParamGroup> weight_decay_groups(const std::vector<nn::Parameter*>& params, float weight_decay,
-                                            const std::function<bool(const nn::Parameter&)>& decays = decays_if_matrix);
+// and the others, with 0. Frozen parameters are left out.
+std::vector<ParamGroup> weight_decay_groups(
+    const std::vector<nn::Parameter*>& params, float weight_decay,
+    const std::function<bool(const nn::Parameter&)>& decays = decays_by_default);
 
 // A contiguous part of a plan's flat buffer that a bound optimizer updates.
 struct FlatSpan {

@@ -1,15 +1,25 @@
-// The GPT-2 decoder of train_gpt, built from tutti's nn modules: token + position embedding,
-// `layers` pre-LayerNorm blocks (causal self-attention, then an MLP 4x as wide with GELU, each
-// a residual branch), a final LayerNorm, and an output head tied to the token embedding.
+// A GPT-2 decoder built from tutti's nn layers: token + position embedding, `layers`
+// pre-LayerNorm blocks (causal self-attention, then an MLP 4x as wide with GELU, each a
+// residual branch), a final LayerNorm, and an output head tied to the token embedding;
+// GPT-2's initialization. examples/train_gpt trains it (docs/gpt.md); a program of its own
+// builds it in one line:
+//
+//   tutti::models::Gpt model(tutti::models::GptConfig::preset("gpt-tiny"));
+//   model.to(device).init(seed);   // tokens [B, T] i32 -> logits [B, T, padded_vocab]
+//
+// models/ is the layer above nn/: whole models made of nn's layers (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <tutti/tutti.h>
+#include "tutti/nn/layers.h"
+#include "tutti/nn/module.h"
+#include "tutti/nn/sequential.h"
+#include "tutti/nn/transformer.h"
 
-namespace example {
+namespace tutti::models {
 
 struct GptConfig {
   std::int64_t vocab = 256;         // tokens the data can hold
@@ -32,8 +42,18 @@ struct GptConfig {
 // Rounds v up to a multiple of 128 (llm.c's padding of GPT-2's vocabulary).
 std::int64_t pad_vocab(std::int64_t v);
 
-class Gpt : public tutti::nn::Module {
+// Parameters (registration order, so Module::parameters() and state_dict() list them so):
+// "embed.wte" [padded_vocab, C] (also the output head's weight), "embed.wpe" [context, C], then
+// per layer l the blocks "blocks.<2l>.body.{0,1,3}" (attention: LayerNorm, Linear(C, 3C),
+// Linear(C, C)) and "blocks.<2l+1>.body.{0,1,3}" (MLP: LayerNorm, Linear(C, 4C), Linear(4C, C)),
+// and "ln_f". Initialization (GPT-2's): N(0, 0.02²) for the embeddings and weight matrices,
+// N(0, (0.02 / sqrt(2·layers))²) for the residual branches' output projections, zero biases,
+// LayerNorm gains 1. The embeddings, biases and LayerNorms are marked no_weight_decay by their
+// layers, so optim::weight_decay_groups(model.parameters(), wd) decays exactly the blocks'
+// weight matrices (12·C² per layer).
+class Gpt : public nn::Module {
  public:
+  // Throws InvalidArgument when heads do not divide the width, layers < 1 or padded_vocab < vocab.
   explicit Gpt(const GptConfig& config);
   const GptConfig& config() const { return config_; }
   std::string describe() const override;
@@ -46,26 +66,26 @@ class Gpt : public tutti::nn::Module {
   // the weight matrices' parameters (biases and LayerNorms, 0.1% of GPT-2's, do no matrix product).
   double flops_per_token(std::int64_t T) const;
   // A sample is a sequence of T tokens: [T] -> [T, padded vocab]; the layers' FLOPs summed.
-  tutti::nn::Flops flops(const tutti::Shape& sample, tutti::Shape& out) const override;
+  nn::Flops flops(const Shape& sample, Shape& out) const override;
   // The token embedding, which the output head shares.
-  tutti::nn::Parameter& embed_weight() { return embed_.wte; }
+  nn::Parameter& embed_weight() { return embed_.wte; }
   // The position embedding.
-  const tutti::nn::Parameter* position_embedding() const { return &embed_.wpe; }
+  const nn::Parameter* position_embedding() const { return &embed_.wpe; }
   // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
-  const tutti::Tensor& last_hidden() const { return hidden_; }
+  const Tensor& last_hidden() const { return hidden_; }
 
  protected:
   // tokens [B, T] i32 -> logits [B, T, padded_vocab].
-  tutti::Tensor forward_impl(const tutti::Tensor& tokens) override;
-  tutti::Tensor backward_impl(const tutti::Tensor& dlogits) override;
+  Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dlogits) override;
 
  private:
   GptConfig config_;
-  tutti::nn::TokenPositionEmbedding embed_;
-  tutti::nn::Sequential blocks_;
-  tutti::nn::LayerNorm ln_f_;
-  tutti::nn::TiedLinear head_;
-  tutti::Tensor hidden_;
+  nn::TokenPositionEmbedding embed_;
+  nn::Sequential blocks_;
+  nn::LayerNorm ln_f_;
+  nn::TiedLinear head_;
+  Tensor hidden_;
 };
 
 struct SampleOptions {
@@ -80,4 +100,4 @@ struct SampleOptions {
 // Reads each step's last logits on the host. Not collective: call it on one rank.
 std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt, const SampleOptions& options);
 
-}  // namespace example
+}  // namespace tutti::models

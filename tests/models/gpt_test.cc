@@ -1,7 +1,8 @@
-// train_gpt's model (examples/train_gpt/model.cc): the whole GPT's gradients against finite
+// models/gpt (src/models/gpt.cc, train_gpt's model): the whole GPT's gradients against finite
 // differences, the tied weight's gradient reported once and complete, GPT-2 124M's parameter
-// count (llm.c's), sampling; and the model on the GPU against the CPU (emulated in CI).
-#include "examples/train_gpt/model.h"
+// count (llm.c's), the weight-decay groups of the library's rule, GPT-2's initialization,
+// sampling; and the model on the GPU against the CPU (emulated in CI).
+#include "tutti/models/gpt.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +11,11 @@
 #include <random>
 
 #include "kernels/kernel_test_util.h"
+#include "tutti/kernels.h"
+#include "tutti/nn/loss.h"
+#include "tutti/optim/optimizer.h"
 
-namespace example {
+namespace tutti::models {
 namespace {
 
 using tutti::Device;
@@ -51,11 +55,10 @@ void randomize(Gpt& model, std::uint32_t seed) {
 // Mean cross-entropy of the model on (x, y), and its gradients in the parameters' grads.
 double loss_and_grads(Gpt& model, const Tensor& x, const Tensor& y, bool backward) {
   const Tensor logits = model.forward(x.to(model.device(), model.stream()));
-  const std::int64_t rows = x.numel();
   tutti::nn::CrossEntropyLoss loss;
-  // On the model's stream: backward reads the loss's gradient there.
-  loss.forward(logits.reshape({rows, logits.dim(-1)}), y.to(model.device(), model.stream()).reshape({rows}), 1.0f,
-               model.stream());
+  // [B, T, V] logits and [B, T] targets. On the model's stream: backward reads the loss's
+  // gradient there.
+  loss.forward(logits, y.to(model.device(), model.stream()), 1.0f, model.stream());
   if (backward) {
     model.zero_grad();
     model.backward(loss.grad());
@@ -122,8 +125,8 @@ TEST(GptModel, TiedWeightIsOneParameterReportedOnceWithBothShares) {
   Tensor head_only = Tensor::zeros(wte.shape(), DType::f32);
   const Tensor logits = model.forward(x);
   tutti::nn::CrossEntropyLoss loss;
-  loss.forward(logits.reshape({10, 11}), y.reshape({10}));
-  tutti::kernels::matmul(loss.grad(), true, model.last_hidden().reshape({10, 8}), false, head_only);
+  loss.forward(logits, y);
+  tutti::kernels::matmul(loss.grad().reshape({10, 11}), true, model.last_hidden().reshape({10, 8}), false, head_only);
   model.backward(loss.grad());  // the forward above must be consumed
   double head_norm = 0, diff = 0;
   const std::vector<float> h = head_only.to_floats();
@@ -154,6 +157,55 @@ TEST(GptModel, Gpt2SmallHasLlmcsParameterCount) {
   EXPECT_NEAR(model.flops_per_token(1024) / (6.0 * model.flop_parameters() + 12 * L * C * T), 1.0, 1e-3);
   EXPECT_EQ(model.config().fingerprint(), "L12 H12 C768 T1024 V50257/50304");
   EXPECT_THROW(GptConfig::preset("gpt-huge"), tutti::InvalidArgument);
+}
+
+TEST(GptModel, LibraryDecayRuleDecaysExactlyTheBlocksMatrices) {
+  GptConfig c = tiny();
+  c.layers = 3;
+  Gpt model(c);
+  const auto groups = tutti::optim::weight_decay_groups(model.parameters(), 0.1f);
+  ASSERT_EQ(groups.size(), 2u);
+  std::int64_t decayed = 0;
+  for (const auto* p : groups[0].parameters) {
+    decayed += p->numel();
+    EXPECT_EQ(p->ndim(), 2) << p->name;
+    EXPECT_EQ(p->name.rfind("blocks.", 0), 0u) << p->name << " decays";
+  }
+  EXPECT_EQ(decayed, 12 * c.width * c.width * c.layers);
+  std::int64_t all = 0;
+  for (const auto* p : model.parameters()) all += p->numel();
+  std::int64_t kept = 0;
+  for (const auto* p : groups[1].parameters) kept += p->numel();
+  EXPECT_EQ(kept, all - decayed);
+  EXPECT_TRUE(model.embed_weight().no_weight_decay);
+  EXPECT_TRUE(model.position_embedding()->no_weight_decay);
+}
+
+TEST(GptModel, Gpt2Initialization) {
+  GptConfig c = tiny();
+  c.width = 64;
+  c.vocab = c.padded_vocab = 256;
+  c.context = 64;
+  c.layers = 8;
+  Gpt model(c);
+  model.init(5);
+  // Standard deviation of each weight matrix: 0.02, or 0.02 / sqrt(2 · layers) = 0.005 for the
+  // residual projections (body.3); biases 0, LayerNorm gains 1.
+  for (const auto* p : model.parameters()) {
+    const std::vector<float> v = p->value.to_floats();
+    double sq = 0, sum = 0;
+    for (float x : v) sum += x, sq += double(x) * x;
+    const double n = static_cast<double>(v.size());
+    if (p->ndim() == 2) {
+      const bool proj = p->name.find("body.3.") != std::string::npos;
+      const double expect = proj ? 0.005 : 0.02;
+      EXPECT_NEAR(std::sqrt(sq / n), expect, 0.08 * expect) << p->name;
+      EXPECT_NEAR(sum / n, 0.0, 0.1 * expect) << p->name;
+    } else {
+      const bool gain = p->name.size() > 6 && p->name.compare(p->name.size() - 6, 6, ".gamma") == 0;
+      for (float x : v) ASSERT_EQ(x, gain ? 1.0f : 0.0f) << p->name;
+    }
+  }
 }
 
 TEST(GptModel, GenerateIsDeterministicAndStaysInTheVocabulary) {
@@ -197,4 +249,4 @@ TEST(Gpu, GptForwardAndBackwardMatchCpu) {
 }
 
 }  // namespace
-}  // namespace example
+}  // namespace tutti::models

@@ -1,17 +1,22 @@
-#include "model.h"
+#include "tutti/models/gpt.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 
-namespace example {
+#include "tutti/core/error.h"
+#include "tutti/core/stream.h"
 
-using tutti::nn::GELU;
-using tutti::nn::InitSpec;
-using tutti::nn::LayerNorm;
-using tutti::nn::Linear;
-using tutti::nn::Residual;
+namespace tutti::models {
+
+using nn::GELU;
+using nn::LayerNorm;
+using nn::Linear;
+using nn::LinearOptions;
+using nn::Residual;
+using nn::WeightInit;
 
 std::int64_t pad_vocab(std::int64_t v) { return (v + 127) / 128 * 128; }
 
@@ -49,18 +54,21 @@ Gpt::Gpt(const GptConfig& config)
                   "padded vocabulary >= vocabulary (", config.fingerprint(), ")");
   // GPT-2's initialization: N(0, 0.02²) weights, the residual branches' output projections
   // scaled by 1/sqrt(2 · layers), zero biases, LayerNorm gains 1.
-  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.layers));
+  const LinearOptions weight{.init = WeightInit::normal(0.02)};
+  const LinearOptions proj{.init = WeightInit::normal(0.02 / std::sqrt(2.0 * static_cast<double>(config.layers)))};
   for (std::int64_t l = 0; l < config.layers; ++l) {
-    auto& attn = blocks_.emplace<Residual>().body();
-    attn.add<LayerNorm>(C);
-    attn.emplace<Linear>(C, 3 * C).weight.init = InitSpec::normal(0.02);
-    attn.add<tutti::nn::CausalSelfAttention>(config.heads);
-    attn.emplace<Linear>(C, C).weight.init = InitSpec::normal(proj_std);
-    auto& mlp = blocks_.emplace<Residual>().body();
-    mlp.add<LayerNorm>(C);
-    mlp.emplace<Linear>(C, 4 * C).weight.init = InitSpec::normal(0.02);
-    mlp.add<GELU>();
-    mlp.emplace<Linear>(4 * C, C).weight.init = InitSpec::normal(proj_std);
+    blocks_.emplace<Residual>()
+        .body()
+        .add<LayerNorm>(C)
+        .add<Linear>(C, 3 * C, weight)
+        .add<nn::CausalSelfAttention>(config.heads)
+        .add<Linear>(C, C, proj);
+    blocks_.emplace<Residual>()
+        .body()
+        .add<LayerNorm>(C)
+        .add<Linear>(C, 4 * C, weight)
+        .add<GELU>()
+        .add<Linear>(4 * C, C, proj);
   }
   register_module("embed", embed_);
   register_module("blocks", blocks_);
@@ -76,14 +84,13 @@ std::int64_t Gpt::flop_parameters() {
   return n - embed_.wpe.numel();
 }
 
-tutti::nn::Flops Gpt::flops(const tutti::Shape& sample, tutti::Shape& out) const {
-  tutti::nn::Flops sum;
-  tutti::Shape shape = sample;
-  for (const tutti::nn::Module* m :
-       {static_cast<const tutti::nn::Module*>(&embed_), static_cast<const tutti::nn::Module*>(&blocks_),
-        static_cast<const tutti::nn::Module*>(&ln_f_), static_cast<const tutti::nn::Module*>(&head_)}) {
-    tutti::Shape next;
-    const tutti::nn::Flops f = m->flops(shape, next);
+nn::Flops Gpt::flops(const Shape& sample, Shape& out) const {
+  nn::Flops sum;
+  Shape shape = sample;
+  for (const nn::Module* m : {static_cast<const nn::Module*>(&embed_), static_cast<const nn::Module*>(&blocks_),
+                              static_cast<const nn::Module*>(&ln_f_), static_cast<const nn::Module*>(&head_)}) {
+    Shape next;
+    const nn::Flops f = m->flops(shape, next);
     sum.forward += f.forward;
     sum.backward += f.backward;
     shape = std::move(next);
@@ -94,30 +101,30 @@ tutti::nn::Flops Gpt::flops(const tutti::Shape& sample, tutti::Shape& out) const
 
 double Gpt::flops_per_token(std::int64_t T) const { return training_flops_per_sample({T}) / static_cast<double>(T); }
 
-tutti::Tensor Gpt::forward_impl(const tutti::Tensor& tokens) {
+Tensor Gpt::forward_impl(const Tensor& tokens) {
   hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));
   return head_.forward(hidden_);
 }
 
-tutti::Tensor Gpt::backward_impl(const tutti::Tensor& dlogits) {
+Tensor Gpt::backward_impl(const Tensor& dlogits) {
   embed_.backward(blocks_.backward(ln_f_.backward(head_.backward(dlogits))));
-  return tutti::Tensor();  // token ids have no gradient
+  return Tensor();  // token ids have no gradient
 }
 
 std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt, const SampleOptions& options) {
   TUTTI_CHECK_ARG(!prompt.empty() && options.temperature > 0, "generate: needs a prompt and a positive temperature");
   const GptConfig& c = model.config();
   std::mt19937_64 rng(options.seed);
-  const tutti::Stream& stream = model.stream();
+  const Stream& stream = model.stream();
   model.eval();
   std::vector<std::int32_t> out = prompt;
   std::vector<float> p(static_cast<std::size_t>(c.vocab));
   for (std::int64_t n = 0; n < options.tokens; ++n) {
     const std::int64_t T = std::min<std::int64_t>(c.context, static_cast<std::int64_t>(out.size()));
     const std::vector<std::int64_t> window(out.end() - T, out.end());
-    const tutti::Tensor x = tutti::Tensor::from_ints(window, {1, T}, tutti::DType::i32).to(model.device(), stream);
-    const tutti::Tensor logits = model.forward(x);
-    const tutti::Tensor last = logits.view((T - 1) * c.padded_vocab, {c.padded_vocab}).to(tutti::Device::cpu(), stream);
+    const Tensor x = Tensor::from_ints(window, {1, T}, DType::i32).to(model.device(), stream);
+    const Tensor logits = model.forward(x);
+    const Tensor last = logits.view((T - 1) * c.padded_vocab, {c.padded_vocab}).to(Device::cpu(), stream);
     stream.synchronize();
     const std::vector<float> l = last.to_floats();
     // Softmax over the real vocabulary (the padding never occurs) at the temperature, among
@@ -148,4 +155,4 @@ std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt,
   return out;
 }
 
-}  // namespace example
+}  // namespace tutti::models

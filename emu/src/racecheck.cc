@@ -1,0 +1,481 @@
+// The emulated device's hazard detector: the two kinds of GPU data race that the fixed fiber
+// schedule would otherwise serialize into one quiet answer.
+//
+//  - Shared memory, as compute-sanitizer's racecheck: per byte, the thread that last wrote it
+//    and up to two threads that read it in the current barrier interval. A write and a read, a
+//    read and a write, or two writes by different threads in one interval are a hazard, unless
+//    both threads are lanes of one warp and a __syncwarp naming both completed between the two
+//    accesses (racecheck's rule too: shuffles and votes do not order memory, __syncwarp does).
+//  - Global memory within one launch: per 4-byte granule of a device allocation (with a byte
+//    mask), the block that last wrote it and the first block that read it. A plain access from
+//    another block that overlaps a write, or a write that overlaps another block's read, is a
+//    hazard: blocks of one launch are not ordered. Atomics are not recorded.
+//
+// How it sees the accesses: the translated kernels are compiled with GCC's ThreadSanitizer
+// instrumentation (-fsanitize=thread), which calls __tsan_read4(addr), __tsan_write8(addr), ...
+// before every load and store, and __tsan_atomic*() for every atomic; this file defines those
+// entry points itself (libtsan is not linked), as the Linux kernel's KCSAN does. So every access
+// that kernel code makes is seen: shared arrays, dynamic shared memory, global memory through
+// any pointer, in device helpers and through pointer arithmetic alike. Not seen: accesses in
+// code that is not translated (the emulated cuBLAS/cuDNN/NCCL, memcpy/memset calls, which are
+// not instrumented). The hooks return at once outside a kernel's fibers (host code of the same
+// files) and for the fiber's own stack; the report names each access's .cu line, found from the
+// return address with addr2line (the kernels carry line tables, -g1).
+//
+// Both checks record at most what is needed for a report, so some hazards are missed (a third
+// reader of a shared byte; a block that reads other bytes of a granule another block read), but
+// none is reported that the rules above do not define.
+#include "racecheck.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime.h"
+
+namespace tutti::emu::racecheck {
+namespace {
+
+// ---- naming an access: its .cu line from its return address ----
+
+// "kernels/cuda/x.cu:77" for the instruction that called a hook (found at report time only).
+std::string source_line(const void* return_address) {
+  static auto& m = *new std::mutex;
+  static auto& cache = *new std::map<const void*, std::string>;
+  std::lock_guard l(m);
+  if (auto it = cache.find(return_address); it != cache.end()) return it->second;
+  const auto pc = reinterpret_cast<std::uintptr_t>(return_address) - 1;  // inside the call
+  char fallback[64];
+  std::snprintf(fallback, sizeof fallback, "pc %#zx", static_cast<std::size_t>(pc));
+  std::string result = fallback;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_fname != nullptr && info.dli_fbase != nullptr) {
+    // Shared objects and position-independent executables are looked up by offset.
+    const auto* header = static_cast<const ElfW(Ehdr)*>(info.dli_fbase);
+    const std::uintptr_t address = header->e_type == ET_EXEC ? pc : pc - reinterpret_cast<std::uintptr_t>(header);
+    std::string object = info.dli_fname;
+    if (object.empty() || object.find('\'') != std::string::npos) object = "/proc/self/exe";
+    char command[4200];
+    // -i: the chain of inlined calls, innermost first; the access's line is the innermost one
+    // in a .cu or .cuh file (an atomic's own access is inside libstdc++'s std::atomic_ref).
+    std::snprintf(command, sizeof command, "addr2line -i -e '%s' %#zx 2>/dev/null", object.c_str(),
+                  static_cast<std::size_t>(address));
+    if (std::FILE* p = popen(command, "r")) {
+      char line[4096] = {};
+      std::string first, in_cuda;
+      while (std::fgets(line, sizeof line, p) != nullptr) {
+        std::string found = line;
+        found = found.substr(0, found.find_first_of(" \n"));  // drop " (discriminator N)"
+        if (found.rfind("??", 0) == 0) continue;
+        if (first.empty()) first = found;
+        const auto colon = found.rfind(':');
+        const std::string file = found.substr(0, colon);
+        if (in_cuda.empty() && (file.ends_with(".cu") || file.ends_with(".cuh"))) in_cuda = found;
+      }
+      pclose(p);
+      if (!in_cuda.empty()) {
+        result = short_path(in_cuda);
+      } else if (!first.empty()) {
+        result = short_path(first);
+      }
+    }
+  }
+  cache.emplace(return_address, result);
+  return result;
+}
+
+uint3 index_of(unsigned linear, const dim3& d) {
+  return uint3{linear % d.x, (linear / d.x) % d.y, linear / (d.x * d.y)};
+}
+
+std::string thread_name(int linear, const dim3& d) {
+  return "thread " + dims(index_of(static_cast<unsigned>(linear), d)) + " (warp " + std::to_string(linear / 32) +
+         ", lane " + std::to_string(linear % 32) + ")";
+}
+
+// ---- the state of the host thread that runs blocks ----
+
+constexpr int kWarp = 32;
+
+// One byte of shared memory in the current barrier interval (threads as linear id + 1, 0: none).
+struct SharedCell {
+  std::uint32_t interval;
+  std::uint16_t writer, reader[2];
+  bool atomic_write;                     // the last write was an atomic (atomics do not conflict with each other)
+  std::uint32_t write_gen, read_gen[2];  // the block's __syncwarp count at the access
+  const void* write_pc;
+  const void* read_pc[2];
+};
+
+// One 4-byte granule of a device allocation in the current launch (blocks as linear id + 1).
+struct GlobalCell {
+  std::uint32_t launch, writer, reader;
+  std::uint8_t write_mask, read_mask;  // the bytes of the granule written / read
+  const void* write_pc;
+  const void* read_pc;
+};
+
+struct Shadow {
+  std::size_t granules = 0;
+  GlobalCell* cells = nullptr;
+};
+
+// A recently looked-up range of addresses: a device allocation (cells set) or a gap (null).
+struct Range {
+  std::uintptr_t lo = 0, hi = 0;
+  GlobalCell* cells = nullptr;
+};
+
+struct State {
+  // The running thread.
+  int linear = 0;
+  std::uintptr_t stack_lo = 0, stack_span = 0;
+  // The block.
+  std::uintptr_t shared_lo = 0, shared_span = 0;
+  std::uint32_t interval = 0;  // unique per block and barrier interval on this host thread
+  std::uint32_t syncwarps = 0;
+  std::vector<std::uint32_t> paired;  // [thread][lane]: the last __syncwarp naming both
+  SharedCell* shared_cells = nullptr;
+  std::size_t shared_capacity = 0;
+  BlockInfo block;
+  std::uint32_t block_id = 0;  // linear + 1
+  bool stopped = false;        // a hazard was reported: the kernel ends
+  // The launch.
+  std::uint32_t launch = 0;
+  Range ranges[8];
+  unsigned next_range = 0, last_range = 0;
+  std::unordered_map<std::uintptr_t, Shadow> shadows;  // by allocation start
+  std::size_t shadow_bytes = 0;
+
+  ~State() {
+    std::free(shared_cells);
+    for (auto& [base, s] : shadows) std::free(s.cells);
+  }
+};
+
+thread_local State state;
+// The state while a fiber of a checked block runs, null otherwise: the hooks' first test.
+TUTTI_EMU_TLS thread_local State* active = nullptr;
+
+// Shadows past this size are dropped at the next launch (they only describe launches gone by).
+constexpr std::size_t kShadowBudget = std::size_t{512} << 20;
+
+void report(State& s, const std::string& what) {
+  s.stopped = true;
+  if (s.block.fault->empty()) s.block.fault->assign(s.block.describe_running_thread() + ": " + what);
+}
+
+const char* access_name(bool write, bool atomic = false) { return atomic ? "atomic" : write ? "write" : "read"; }
+
+// ---- shared memory ----
+
+bool ordered(const State& s, int earlier, std::uint32_t gen) {
+  return earlier / kWarp == s.linear / kWarp &&
+         s.paired[static_cast<std::size_t>(s.linear) * kWarp + static_cast<std::size_t>(earlier % kWarp)] > gen;
+}
+
+void shared_hazard(State& s, bool write, bool atomic, std::size_t size, std::uintptr_t offset, const void* pc,
+                   const char* other_did, int other, const void* other_pc) {
+  char where[64];
+  std::snprintf(where, sizeof where, " of %zu bytes at shared offset %#zx", size, static_cast<std::size_t>(offset));
+  report(s, std::string("shared-memory hazard: ") + access_name(write, atomic) + where + " at " + source_line(pc) +
+                ", and " + thread_name(other, s.block.block_dim) + " " + other_did + " it at " + source_line(other_pc) +
+                " in the same barrier interval (no __syncthreads between them, nor a __syncwarp naming both "
+                "lanes of one warp)");
+}
+
+// An atomic is a write that conflicts with plain accesses only.
+void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write, const void* pc, bool atomic = false) {
+  const auto me = static_cast<std::uint16_t>(s.linear + 1);
+  const std::size_t end = std::min<std::size_t>(offset + size, s.shared_span);
+  for (std::size_t i = offset; i < end; ++i) {
+    SharedCell& c = s.shared_cells[i];
+    if (c.interval != s.interval) {
+      c = SharedCell{};
+      c.interval = s.interval;
+    }
+    if (c.writer != 0 && c.writer != me && !(atomic && c.atomic_write) && !ordered(s, c.writer - 1, c.write_gen)) {
+      return shared_hazard(s, write, atomic, size, offset, pc, c.atomic_write ? "atomically wrote" : "wrote",
+                           c.writer - 1, c.write_pc);
+    }
+    if (write) {
+      for (int r = 0; r < 2; ++r) {
+        if (c.reader[r] != 0 && c.reader[r] != me && !ordered(s, c.reader[r] - 1, c.read_gen[r])) {
+          return shared_hazard(s, write, atomic, size, offset, pc, "read", c.reader[r] - 1, c.read_pc[r]);
+        }
+      }
+      if (!(atomic && c.writer == me && !c.atomic_write)) {  // an own plain write stays: others' atomics conflict
+        c.writer = me;
+        c.atomic_write = atomic;
+        c.write_gen = s.syncwarps;
+        c.write_pc = pc;
+      }
+      c.reader[0] = c.reader[1] = 0;  // ordered before this write, or reported
+    } else {
+      // The latest read of each of two distinct readers (a third is not recorded).
+      const int r = c.reader[0] == 0 || c.reader[0] == me ? 0 : c.reader[1] == 0 || c.reader[1] == me ? 1 : -1;
+      if (r >= 0) {
+        c.reader[r] = me;
+        c.read_gen[r] = s.syncwarps;
+        c.read_pc[r] = pc;
+      }
+    }
+  }
+}
+
+// ---- global memory ----
+
+// The range around `a` (a device allocation with its shadow, or a gap), looked up on a miss.
+Range& range_of(State& s, std::uintptr_t a) {
+  if (Range& last = s.ranges[s.last_range]; a - last.lo < last.hi - last.lo) return last;
+  for (unsigned i = 0; i < std::size(s.ranges); ++i) {
+    if (a - s.ranges[i].lo < s.ranges[i].hi - s.ranges[i].lo) {
+      s.last_range = i;
+      return s.ranges[i];
+    }
+  }
+  s.last_range = s.next_range++ % std::size(s.ranges);
+  Range& r = s.ranges[s.last_range];
+  r.cells = nullptr;
+  if (!device_range(reinterpret_cast<const void*>(a), &r.lo, &r.hi)) return r;
+  Shadow& shadow = s.shadows[r.lo];
+  const std::size_t granules = (r.hi - r.lo + 3) / 4;
+  if (shadow.granules < granules) {
+    std::free(shadow.cells);
+    s.shadow_bytes -= shadow.granules * sizeof(GlobalCell);
+    // calloc'ed: the pages of a large shadow are mapped only where kernels touch them.
+    shadow.cells = static_cast<GlobalCell*>(std::calloc(granules, sizeof(GlobalCell)));
+    shadow.granules = shadow.cells == nullptr ? 0 : granules;
+    s.shadow_bytes += shadow.granules * sizeof(GlobalCell);
+  }
+  r.cells = shadow.cells;
+  return r;
+}
+
+void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r, const void* pc,
+                   bool other_wrote, std::uint32_t other_block, const void* other_pc) {
+  char where[96];
+  std::snprintf(where, sizeof where, " of %zu bytes at %#zx (device allocation %#zx + %zu)", size,
+                static_cast<std::size_t>(a), static_cast<std::size_t>(r.lo), static_cast<std::size_t>(a - r.lo));
+  report(s, std::string("global-memory hazard between blocks: ") + access_name(write) + where + " at " +
+                source_line(pc) + ", and block " + dims(index_of(other_block - 1, s.block.grid_dim)) + " " +
+                (other_wrote ? "wrote" : "read") + " it at " + source_line(other_pc) +
+                " in the same launch (the blocks of a launch are not ordered; only atomics may share an address)");
+}
+
+void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
+  const Range& r = range_of(s, a);
+  if (r.cells == nullptr) return;
+  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi);
+  const std::uint32_t me = s.block_id;
+  for (std::uintptr_t g = (a - r.lo) / 4; r.lo + g * 4 < end; ++g) {
+    const std::uintptr_t lo = std::max<std::uintptr_t>(a, r.lo + g * 4),
+                         hi = std::min<std::uintptr_t>(end, r.lo + g * 4 + 4);
+    const auto mask = static_cast<std::uint8_t>(((1u << (hi - lo)) - 1) << (lo - r.lo - g * 4));
+    GlobalCell& c = r.cells[g];
+    if (c.launch != s.launch) c = GlobalCell{s.launch, 0, 0, 0, 0, nullptr, nullptr};
+    if (c.writer != 0 && c.writer != me && (c.write_mask & mask) != 0) {
+      return global_hazard(s, write, size, a, r, pc, true, c.writer, c.write_pc);
+    }
+    if (write) {
+      if (c.reader != 0 && c.reader != me && (c.read_mask & mask) != 0) {
+        return global_hazard(s, write, size, a, r, pc, false, c.reader, c.read_pc);
+      }
+      c.write_mask = c.writer == me ? static_cast<std::uint8_t>(c.write_mask | mask) : mask;
+      c.writer = me;
+      c.write_pc = pc;
+    } else if (c.reader == 0 || c.reader == me) {
+      // The first reader is kept: blocks run one after another, so if it is not the current
+      // block, some other block read the granule.
+      c.read_mask = c.reader == me ? static_cast<std::uint8_t>(c.read_mask | mask) : mask;
+      if (c.reader == 0) c.read_pc = pc;
+      c.reader = me;
+    }
+  }
+}
+
+// Every plain access of kernel code comes here.
+inline void access(const void* p, std::size_t size, bool write, const void* pc) {
+  State* s = active;
+  if (s == nullptr || s->stopped) return;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a - s->shared_lo < s->shared_span) return shared_access(*s, a - s->shared_lo, size, write, pc);
+  if (a - s->stack_lo < s->stack_span) return;  // the thread's own locals
+  global_access(*s, a, size, write, pc);
+}
+
+// Atomics on shared memory are checked against plain accesses; on global memory they are not
+// recorded.
+inline void atomic_access(const volatile void* p, std::size_t size, const void* pc) {
+  State* s = active;
+  if (s == nullptr || s->stopped) return;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a - s->shared_lo < s->shared_span) shared_access(*s, a - s->shared_lo, size, true, pc, true);
+}
+
+}  // namespace
+
+// ---- what the scheduler tells the detector ----
+
+bool enabled() { return settings().racecheck; }
+
+void begin_launch() {
+  State& s = state;
+  ++s.launch;
+  for (auto& r : s.ranges) r = Range{};  // allocations may have changed since the last launch
+  if (s.shadow_bytes > kShadowBudget || s.launch == 0) {
+    for (auto& [base, shadow] : s.shadows) std::free(shadow.cells);
+    s.shadows.clear();
+    s.shadow_bytes = 0;
+    s.launch = 1;
+  }
+}
+
+void begin_block(const BlockInfo& block) {
+  State& s = state;
+  s.block = block;
+  s.block_id = block.block_idx.x + block.block_idx.y * block.grid_dim.x +
+               block.block_idx.z * block.grid_dim.x * block.grid_dim.y + 1;
+  s.shared_lo = reinterpret_cast<std::uintptr_t>(block.shared);
+  s.shared_span = block.shared_bytes;
+  if (s.shared_capacity < block.shared_bytes) {
+    std::free(s.shared_cells);
+    s.shared_cells = static_cast<SharedCell*>(std::calloc(block.shared_bytes, sizeof(SharedCell)));
+    if (s.shared_cells == nullptr) throw std::bad_alloc();
+    s.shared_capacity = block.shared_bytes;
+  }
+  s.paired.assign(static_cast<std::size_t>(block.threads) * kWarp, 0);
+  s.syncwarps = 0;
+  s.stopped = false;
+  barrier();
+}
+
+void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
+  State& s = state;
+  s.linear = linear;
+  s.stack_lo = stack_lo;
+  s.stack_span = stack_hi - stack_lo;
+  active = &s;
+}
+
+void leave() { active = nullptr; }
+
+void barrier() {
+  State& s = state;
+  if (++s.interval == 0) {
+    // Wrapped: forget every cell rather than mistake an old interval for the current one.
+    std::memset(static_cast<void*>(s.shared_cells), 0, s.shared_capacity * sizeof(SharedCell));
+    s.interval = 1;
+  }
+}
+
+void warp_synced(int warp, unsigned mask) {
+  State& s = state;
+  const std::uint32_t gen = ++s.syncwarps;
+  for (unsigned lanes = mask; lanes != 0; lanes &= lanes - 1) {
+    const auto t = static_cast<std::size_t>(warp * kWarp + __builtin_ctz(lanes));
+    for (unsigned others = mask; others != 0; others &= others - 1) {
+      s.paired[t * kWarp + static_cast<std::size_t>(__builtin_ctz(others))] = gen;
+    }
+  }
+}
+
+}  // namespace tutti::emu::racecheck
+
+// ---- ThreadSanitizer's instrumentation ABI (what -fsanitize=thread code calls) ----
+
+namespace rc = tutti::emu::racecheck;
+
+#define TUTTI_RACECHECK_ACCESS(n)                                                                             \
+  extern "C" void __tsan_read##n(void* p) { rc::access(p, n, false, __builtin_return_address(0)); }           \
+  extern "C" void __tsan_write##n(void* p) { rc::access(p, n, true, __builtin_return_address(0)); }           \
+  extern "C" void __tsan_unaligned_read##n(void* p) { rc::access(p, n, false, __builtin_return_address(0)); } \
+  extern "C" void __tsan_unaligned_write##n(void* p) { rc::access(p, n, true, __builtin_return_address(0)); } \
+  extern "C" void __tsan_volatile_read##n(void* p) { rc::access(p, n, false, __builtin_return_address(0)); }  \
+  extern "C" void __tsan_volatile_write##n(void* p) { rc::access(p, n, true, __builtin_return_address(0)); }
+TUTTI_RACECHECK_ACCESS(1)
+TUTTI_RACECHECK_ACCESS(2)
+TUTTI_RACECHECK_ACCESS(4)
+TUTTI_RACECHECK_ACCESS(8)
+TUTTI_RACECHECK_ACCESS(16)
+#undef TUTTI_RACECHECK_ACCESS
+
+extern "C" void __tsan_read_range(void* p, std::size_t n) { rc::access(p, n, false, __builtin_return_address(0)); }
+extern "C" void __tsan_write_range(void* p, std::size_t n) { rc::access(p, n, true, __builtin_return_address(0)); }
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_vptr_update(void**, void*) {}
+extern "C" void __tsan_vptr_read(void**) {}
+
+// Atomics: done as asked (sequentially consistent, which is at least as strong); on shared
+// memory checked against plain accesses, on global memory not recorded.
+#define TUTTI_RACECHECK_ATOMIC(bits, T)                                                                     \
+  extern "C" T __tsan_atomic##bits##_load(const volatile T* a, int) {                                       \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                            \
+  }                                                                                                         \
+  extern "C" void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                    \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                               \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                    \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                     \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                   \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                   \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_and(volatile T* a, T v, int) {                                   \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_or(volatile T* a, T v, int) {                                    \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                       \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_xor(volatile T* a, T v, int) {                                   \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                      \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_fetch_nand(volatile T* a, T v, int) {                                  \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                     \
+  }                                                                                                         \
+  extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) { \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);          \
+  }                                                                                                         \
+  extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {   \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    return __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
+  }                                                                                                         \
+  extern "C" T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {       \
+    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
+    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
+    return expected;                                                                                        \
+  }
+TUTTI_RACECHECK_ATOMIC(8, std::uint8_t)
+TUTTI_RACECHECK_ATOMIC(16, std::uint16_t)
+TUTTI_RACECHECK_ATOMIC(32, std::uint32_t)
+TUTTI_RACECHECK_ATOMIC(64, std::uint64_t)
+#undef TUTTI_RACECHECK_ATOMIC
+
+extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
