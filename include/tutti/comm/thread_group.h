@@ -70,9 +70,9 @@ struct ThreadGroupOptions {
 
 // How a job of thread ranks with watchdogs ended.
 struct ThreadJobEnd {
-  int rank = -1;      // whose watchdog ended it
-  int exit_code = 0;  // what the process would have exited with under mpirun (14: a deadline)
-  std::string cause;  // the watchdog's message (a missed deadline: the whole report)
+  int rank = -1;        // whose watchdog ended it
+  int exit_code = 0;    // what the process would have exited with under mpirun (14: a deadline)
+  std::string cause{};  // the watchdog's message (a missed deadline: the whole report)
 };
 
 class ThreadGroup {
