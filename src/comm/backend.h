@@ -3,13 +3,12 @@
 // (comm/watchdog.h). Internal header.
 #pragma once
 
-#include <mpi.h>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "comm/control.h"
 #include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
 
@@ -31,15 +30,13 @@ class Backend : public Communicator {
   virtual bool broken() const = 0;
 };
 
-// The mpi backend over duplicates of `parent` (collective over parent). `device` is the GPU
-// it stages GPU tensors through (cpu: it takes CPU tensors only). `board_comm`: its slot on
-// the progress board (-1: none); the same number on every rank.
-std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOptions options, int board_comm = -1);
+// The mpi backend is made by the MPI world (bootstrap_mpi.h), which owns the MPI communicators.
 // The nccl backend on `device` (a GPU): its unique id travels over `bootstrap`, its debug-mode
-// agreements over a duplicate of `parent` (collective over both, which span the same ranks).
-// Throws BackendError in a build without NCCL.
-std::shared_ptr<Backend> make_nccl_backend(MPI_Comm parent, Bootstrap& bootstrap, Device device, CommOptions options,
-                                           int board_comm = -1);
+// agreements over `agreement` (a channel of its own: ControlChannel::duplicate; collective
+// over both, which span the same ranks). `board_comm`: its slot on the progress board (-1:
+// none), the same number on every rank. Throws BackendError in a build without NCCL.
+std::shared_ptr<Backend> make_nccl_backend(Bootstrap& bootstrap, std::unique_ptr<ControlChannel> agreement,
+                                           Device device, CommOptions options, int board_comm = -1);
 bool built_with_nccl();
 // "2.28.9", or "none".
 std::string nccl_version();
@@ -70,12 +67,12 @@ inline constexpr std::size_t kAgreeAboveBytes = 1024;
 // mpi backend reduces them in).
 std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size);
 // Blocking: the ranks compare the fingerprint of `info` (sequence number, kind, op, dtype,
-// count, root) with one small MPI_Allreduce (max of the values and of their negations) on
-// `comm`; where they differ, an allgather finds who issued what and every rank throws
-// InvalidArgument naming the first rank that differs from rank 0, with both descriptions.
-void agree(MPI_Comm comm, const CollectiveInfo& info);
-// The same exchange, polled (for a caller thread that must not block in MPI): returns false
-// when `timeout_s` passed first (the exchange is then still pending on `comm`).
-bool agree_polled(MPI_Comm comm, const CollectiveInfo& info, double timeout_s);
+// count, root) over `channel` (MPI: one small MPI_Allreduce of the values and their
+// negations); where they differ, every rank throws InvalidArgument naming the first rank that
+// differs from rank 0, with both descriptions.
+void agree(ControlChannel& channel, const CollectiveInfo& info);
+// The same exchange, polled (for a caller thread that must not block in the transport):
+// returns false when `timeout_s` passed first (the channel is then unusable).
+bool agree_polled(ControlChannel& channel, const CollectiveInfo& info, double timeout_s);
 
 }  // namespace tutti::detail

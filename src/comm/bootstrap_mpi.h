@@ -1,26 +1,57 @@
-// The Bootstrap over an MPI communicator (not owned: the caller frees it after this object).
-// Internal header.
+// The MPI side of a Job: MPI_Init and MPI_Finalize, the Job's duplicates of MPI_COMM_WORLD (the
+// world and this host's ranks) as Bootstraps, the control channel and the mpi backend over
+// them. The one place the Job meets MPI; this header is free of mpi.h, so that nothing else in
+// the communication layer needs it. Internal header.
 #pragma once
 
-#include <mpi.h>
+#include <memory>
+#include <string>
 
+#include "comm/backend.h"
+#include "comm/control.h"
 #include "tutti/comm/bootstrap.h"
 
 namespace tutti::detail {
 
-class MpiBootstrap final : public Bootstrap {
+class MpiWorld {
  public:
-  explicit MpiBootstrap(MPI_Comm comm);
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::vector<std::string> allgather(std::string_view mine) override;
-  void barrier() override;
-  std::string broadcast(std::string_view bytes, int root) override;
-  MPI_Comm comm() const { return comm_; }
+  static bool initialized();
+  static bool finalized();
+  // MPI is initialized and not finalized.
+  static bool usable();
+  // MPI_Init_thread(MPI_THREAD_MULTIPLE). Returns the thread level MPI provides, and whether it
+  // is enough.
+  static int init_thread_multiple(int& argc, char**& argv);
+  // The thread level of an MPI that the program initialized.
+  static int query_thread();
+  static bool thread_multiple(int provided);
+  static void finalize();
+  // "MPI 3.1, Open MPI v4.1.4"
+  static std::string version();
+  // COLLECTIVE over MPI_COMM_WORLD: the watchdog's control channel (right after MPI_Init).
+  static std::unique_ptr<ControlChannel> make_control();
+
+  // COLLECTIVE over MPI_COMM_WORLD: duplicates it (MPI_ERRORS_RETURN) for the Job's bootstrap,
+  // and splits it by shared-memory host.
+  MpiWorld();
+  // Frees the communicators if MPI is still usable and free_comms() was not told otherwise.
+  ~MpiWorld();
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  Bootstrap& world();
+  Bootstrap& local();  // the ranks of this host
+  // COLLECTIVE: a control channel over a new duplicate of the world (a backend's agreements).
+  std::unique_ptr<ControlChannel> control();
+  // COLLECTIVE: the mpi backend over duplicates of the world.
+  std::shared_ptr<Backend> make_mpi_backend(Device device, CommOptions options, int board_comm);
+  // Frees the Job's communicators now (before MPI_Finalize), or (free = false) forgets them:
+  // another thread may still be inside MPI.
+  void release(bool free) noexcept;
 
  private:
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tutti::detail

@@ -13,7 +13,6 @@
 #include "comm/backend.h"
 #include "comm/fault.h"
 #include "comm/work_state.h"
-#include "core/mpi_check.h"
 #include "tutti/core/trace.h"
 
 namespace tutti {
@@ -247,12 +246,6 @@ std::exception_ptr in_context(std::exception_ptr error, const std::string& what)
 }
 
 namespace {
-struct Fingerprint {
-  std::uint64_t seq;
-  std::int64_t count;
-  std::int32_t kind, op, dtype, root;
-};
-
 Fingerprint fingerprint_of(const CollectiveInfo& info) {
   return Fingerprint{info.seq,
                      info.count,
@@ -278,39 +271,6 @@ std::string describe(const Fingerprint& f) {
 }  // namespace
 
 namespace {
-// Polls `request` until it completes (true) or timeout_s has passed since `start` (false).
-bool poll_request(MPI_Request& request, double timeout_s, const Clock::time_point start) {
-  int done = 0;
-  for (;;) {
-    TUTTI_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return true;
-    if (seconds_since(start) > timeout_s) return false;
-    std::this_thread::yield();
-  }
-}
-
-constexpr int kFields = 6;
-using Values = std::vector<std::int64_t>;
-
-// The fingerprint's fields, then their negations: one MAX allreduce gives every field's max
-// and min, which are equal on every rank exactly when every rank has the same fingerprint.
-Values max_min_of(const Fingerprint& f) {
-  const std::int64_t v[kFields] = {static_cast<std::int64_t>(f.seq), f.count, f.kind, f.op, f.dtype, f.root};
-  Values out(2 * kFields);
-  for (int i = 0; i < kFields; ++i) {
-    out[static_cast<std::size_t>(i)] = v[i];
-    out[static_cast<std::size_t>(kFields + i)] = -v[i];
-  }
-  return out;
-}
-
-bool all_same(const Values& reduced) {
-  for (int i = 0; i < kFields; ++i) {
-    if (reduced[static_cast<std::size_t>(i)] != -reduced[static_cast<std::size_t>(kFields + i)]) return false;
-  }
-  return true;
-}
-
 [[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all) {
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (!same(all[r], all[0])) {
@@ -339,49 +299,23 @@ std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size) {
   return 0;
 }
 
-void agree(MPI_Comm comm, const CollectiveInfo& info) {
-  const Fingerprint mine = fingerprint_of(info);
-  Values v = max_min_of(mine);
-  TUTTI_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm));
-  if (all_same(v)) return;
-  int size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
-  std::vector<Fingerprint> all(static_cast<std::size_t>(size));
-  TUTTI_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm));
-  throw_mismatch(all);
+void agree(ControlChannel& channel, const CollectiveInfo& info) {
+  const std::vector<Fingerprint> all = channel.agree(fingerprint_of(info));
+  if (!all.empty()) throw_mismatch(all);
 }
 
-bool agree_polled(MPI_Comm comm, const CollectiveInfo& info, double timeout_s) {
+bool agree_polled(ControlChannel& channel, const CollectiveInfo& info, double timeout_s) {
   const auto start = Clock::now();
-  int size = 1;
-  TUTTI_MPI_CHECK(MPI_Comm_size(comm, &size));
-  // The buffers of an exchange that misses its deadline stay pending in MPI: they are leaked
-  // then (the communicator is broken anyway).
-  struct Exchange {
-    Fingerprint mine;
-    Values sent, reduced;
-    std::vector<Fingerprint> all;
-  };
-  auto ex = std::make_unique<Exchange>();
-  ex->mine = fingerprint_of(info);
-  ex->sent = max_min_of(ex->mine);
-  ex->reduced.resize(ex->sent.size());
-  ex->all.resize(static_cast<std::size_t>(size));
-  MPI_Request request = MPI_REQUEST_NULL;
-  TUTTI_MPI_CHECK(
-      MPI_Iallreduce(ex->sent.data(), ex->reduced.data(), 2 * kFields, MPI_INT64_T, MPI_MAX, comm, &request));
-  if (!poll_request(request, timeout_s, start)) {
-    (void)ex.release();
-    return false;
+  // A pending agreement dropped on timeout leaves the channel unusable (control.h): the
+  // communicator is broken then anyway.
+  std::unique_ptr<PendingAgreement> pending = channel.start_agree(fingerprint_of(info));
+  while (!pending->test()) {
+    if (seconds_since(start) > timeout_s) return false;
+    std::this_thread::yield();
   }
-  if (all_same(ex->reduced)) return true;
-  TUTTI_MPI_CHECK(MPI_Iallgather(&ex->mine, sizeof(Fingerprint), MPI_BYTE, ex->all.data(), sizeof(Fingerprint),
-                                 MPI_BYTE, comm, &request));
-  if (!poll_request(request, timeout_s, start)) {
-    (void)ex.release();
-    return false;
-  }
-  throw_mismatch(ex->all);
+  const std::vector<Fingerprint> all = pending->result();
+  if (!all.empty()) throw_mismatch(all);
+  return true;
 }
 
 }  // namespace detail

@@ -18,11 +18,11 @@
 
 #include "comm/backend.h"
 #include "comm/bootstrap_mpi.h"
+#include "comm/control.h"
 #include "comm/fault.h"
 #include "comm/progress.h"
 #include "comm/watchdog.h"
 #include "core/gpu_runtime.h"
-#include "core/mpi_check.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/version.h"
 
@@ -49,7 +49,7 @@ extern "C" void on_stop_signal(int sig) {
 std::terminate_handler previous_terminate = nullptr;
 void on_terminate() {
   detail::Watchdog* w = detail::Watchdog::current();
-  if (w != nullptr && w->mpi_up()) {
+  if (w != nullptr && w->channel_up()) {
     std::string what = "an exception of unknown type";
     if (std::exception_ptr e = std::current_exception()) {
       try {
@@ -63,14 +63,6 @@ void on_terminate() {
   }
   if (previous_terminate != nullptr) previous_terminate();
   std::abort();
-}
-
-// ---- a Job left by an exception: MPI_Abort when the process exits ----
-void abort_at_exit(int status, void*) {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
 }
 
 // True on every rank when `ok` is true on every rank.
@@ -157,10 +149,9 @@ struct Job::Impl {
   std::shared_ptr<detail::ProgressBoard> board;
   int next_board_comm = 0;
   bool set_terminate_handler = false;
-  MPI_Comm world = MPI_COMM_NULL;  // a duplicate of MPI_COMM_WORLD for the bootstrap and summary
-  MPI_Comm local = MPI_COMM_NULL;
-  std::unique_ptr<detail::MpiBootstrap> boot;        // over world
-  std::unique_ptr<detail::MpiBootstrap> local_boot;  // over local
+  std::unique_ptr<detail::MpiWorld> mpi;  // the Job's communicators over MPI_COMM_WORLD
+  Bootstrap* boot = nullptr;              // mpi->world()
+  Bootstrap* local_boot = nullptr;        // mpi->local()
   int rank = 0, size = 1, local_rank = 0, local_size = 1, node_count = 1;
   std::string mpi_allreduce = "default";
   Device device;
@@ -193,7 +184,7 @@ struct Job::Impl {
     }
     if (comm) all.push_back(comm);
     if (cpu_comm && cpu_comm != comm) all.push_back(cpu_comm);
-    const bool mpi_up = watchdog && watchdog->mpi_up();
+    const bool mpi_up = watchdog && watchdog->channel_up();
     // NCCL comms and streams before MPI: shutdown() frees them.
     bool clean = true;
     if (unwinding && size > 1 && mpi_up) {
@@ -214,14 +205,11 @@ struct Job::Impl {
     all.clear();
     comm.reset();
     cpu_comm.reset();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
+    const bool finalized = detail::MpiWorld::finalized();
+    boot = local_boot = nullptr;
     if (mpi_up && !finalized && clean) {
       watchdog->detach();
-      local_boot.reset();
-      boot.reset();
-      if (local != MPI_COMM_NULL) MPI_Comm_free(&local);
-      if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+      if (mpi) mpi->release(/*free=*/true);
       if (initialized_mpi) {
         if (board) board->set_phase(detail::Phase::finalizing);
         // Every rank waits here for all the others; a rank that never comes ends the job
@@ -236,15 +224,15 @@ struct Job::Impl {
                                          "MPI_Finalize did not return within 3 s of a clean stop (the "
                                          "launcher that sent the signal is ending the job); leaving without it.",
                                          0);
-        MPI_Finalize();
+        detail::MpiWorld::finalize();
         if (board) board->set_phase(detail::Phase::finished);
       }
     } else if (mpi_up && !finalized && unwinding && initialized_mpi) {
       // A rank stuck in MPI (or the other ranks, still waiting) would make MPI_Finalize hang.
       // The program's catch block runs and prints first; the process's exit ends the job.
-      static std::once_flag registered;
-      std::call_once(registered, [] { on_exit(abort_at_exit, nullptr); });
+      watchdog->left(1);
     }
+    if (mpi) mpi->release(/*free=*/false);
     // A collective missed its deadline without aborting (broken): MPI cannot be finalized; the
     // program ends its processes itself (abort_on_timeout = false).
     if (watchdog) watchdog->detach(/*free_comm=*/false);
@@ -280,12 +268,11 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   auto startup = j.watchdog->region("the job's start-up (MPI_Init: every rank waits there for all the others)",
                                     j.timeout_s, detail::Phase::mpi_init);
 
-  int initialized = 0, finalized = 0;
-  TUTTI_MPI_CHECK(MPI_Initialized(&initialized));
-  TUTTI_MPI_CHECK(MPI_Finalized(&finalized));
-  TUTTI_CHECK(!finalized, "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
+  const bool initialized = detail::MpiWorld::initialized();
+  TUTTI_CHECK(!detail::MpiWorld::finalized(),
+              "MPI was finalized already (by an earlier Job or the program); MPI cannot start twice");
   j.mpi_allreduce = apply_mpi_allreduce(options.mpi_allreduce, !initialized);
-  int provided = MPI_THREAD_SINGLE;
+  int provided = 0;
   if (j.board) j.board->set_phase(detail::Phase::mpi_init);
   if (!initialized) {
     // Every rank runs a compute thread and a communication thread, so a host's cores are
@@ -294,38 +281,33 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
     // collective is waiting for (measured on 2 cores: a step's exposed communication fell
     // from ~25 ms to ~3 ms under load). The user's own setting wins.
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
-    TUTTI_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided));
+    provided = detail::MpiWorld::init_thread_multiple(argc, argv);
     j.initialized_mpi = true;
   } else {
-    TUTTI_MPI_CHECK(MPI_Query_thread(&provided));
+    provided = detail::MpiWorld::query_thread();
   }
-  j.watchdog->mpi_ready();
+  // From here on the ranks hear from each other when one fails, and the control channel can
+  // end the job (MPI_Abort).
+  j.watchdog->attach(detail::MpiWorld::make_control());
   if (j.board) j.board->set_phase(detail::Phase::bootstrap);
   startup.set_what("the job's start-up (making its communicators)");
-  TUTTI_CHECK(provided >= MPI_THREAD_MULTIPLE,
+  TUTTI_CHECK(detail::MpiWorld::thread_multiple(provided),
               "tutti needs MPI_THREAD_MULTIPLE (its communication threads call MPI "
               "while other threads may), but MPI provides thread level ",
               provided,
               j.initialized_mpi ? " (this MPI library lacks it)"
                                 : " (initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))");
 
-  TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &j.world));
-  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(j.world, MPI_ERRORS_RETURN));
-  j.boot = std::make_unique<detail::MpiBootstrap>(j.world);
+  j.mpi = std::make_unique<detail::MpiWorld>();
+  j.boot = &j.mpi->world();
+  j.local_boot = &j.mpi->local();
   j.rank = j.boot->rank();
   j.size = j.boot->size();
   set_error_rank(j.rank);
-  j.watchdog->set_rank(j.rank, j.size);
-  // From here on the ranks hear from each other when one fails.
-  MPI_Comm control = MPI_COMM_NULL;
-  TUTTI_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &control));
-  j.watchdog->attach(control);
   ErrorContext context("setting up the job (rank " + std::to_string(j.rank) + " of " + std::to_string(j.size) + ")");
-  TUTTI_MPI_CHECK(MPI_Comm_split_type(j.world, MPI_COMM_TYPE_SHARED, j.rank, MPI_INFO_NULL, &j.local));
-  j.local_boot = std::make_unique<detail::MpiBootstrap>(j.local);
   j.local_rank = j.local_boot->rank();
   j.local_size = j.local_boot->size();
-  j.board = detail::ProgressBoard::open_after_init(j.board, j.local, j.rank, j.size);
+  j.board = detail::ProgressBoard::open_after_init(j.board, *j.local_boot, j.rank, j.size);
   j.watchdog->set_board(j.board);
   if (options.cpu_threads > 0) {
     kernels::set_cpu_threads(options.cpu_threads);
@@ -337,8 +319,8 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
   j.hostname = host;
   // One leader (local rank 0) per shared-memory node; and every rank's host for the reports.
-  const int leader = j.local_rank == 0 ? 1 : 0;
-  TUTTI_MPI_CHECK(MPI_Allreduce(&leader, &j.node_count, 1, MPI_INT, MPI_SUM, j.world));
+  j.node_count = 0;
+  for (const std::string& leader : j.boot->allgather(j.local_rank == 0 ? "1" : "0")) j.node_count += leader == "1";
   j.watchdog->set_hosts(j.boot->allgather(j.hostname));
 
   agreed(*j.boot, "choosing the device", [&] {
@@ -367,10 +349,10 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 
   if (use_nccl) {
     startup.set_what("the job's start-up (creating the NCCL communicator: every rank waits for all the others)");
-    j.comm = detail::make_nccl_backend(j.world, *j.boot, j.device, options.comm, j.take_board_comm());
-    j.cpu_comm = detail::make_mpi_backend(j.world, Device::cpu(), options.comm, j.take_board_comm());
+    j.comm = detail::make_nccl_backend(*j.boot, j.mpi->control(), j.device, options.comm, j.take_board_comm());
+    j.cpu_comm = j.mpi->make_mpi_backend(Device::cpu(), options.comm, j.take_board_comm());
   } else {
-    j.comm = detail::make_mpi_backend(j.world, j.device, options.comm, j.take_board_comm());
+    j.comm = j.mpi->make_mpi_backend(j.device, options.comm, j.take_board_comm());
     j.cpu_comm = j.comm;
   }
 
@@ -405,15 +387,7 @@ std::string_view Job::backend() const { return impl_->comm->backend(); }
 Communicator& Job::communicator() { return *impl_->comm; }
 Communicator& Job::cpu_communicator() { return *impl_->cpu_comm; }
 
-std::string Job::mpi_version() const {
-  int major = 0, minor = 0, len = 0;
-  MPI_Get_version(&major, &minor);
-  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
-  MPI_Get_library_version(lib, &len);
-  std::string first(lib, static_cast<std::size_t>(len));
-  first = first.substr(0, first.find_first_of("\n,"));
-  return "MPI " + std::to_string(major) + "." + std::to_string(minor) + ", " + first;
-}
+std::string Job::mpi_version() const { return detail::MpiWorld::version(); }
 
 std::string Job::nccl_version() const { return detail::nccl_version(); }
 
@@ -425,8 +399,8 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
   auto region = j.watchdog->region("Job::new_communicator (every rank waits there for all the others)", j.timeout_s);
   const int slot = j.take_board_comm();
   std::shared_ptr<detail::Backend> b =
-      nccl ? detail::make_nccl_backend(j.world, *j.boot, j.device, std::move(options), slot)
-           : detail::make_mpi_backend(j.world, j.device, std::move(options), slot);
+      nccl ? detail::make_nccl_backend(*j.boot, j.mpi->control(), j.device, std::move(options), slot)
+           : j.mpi->make_mpi_backend(j.device, std::move(options), slot);
   std::lock_guard lock(j.extra_mutex);
   j.extra.push_back(b);
   return b;
@@ -501,6 +475,7 @@ Job::StopAgreement Job::agree_stop() {
 
 void Job::abort(std::string_view reason, int exit_code) {
   impl_->watchdog->end_job("aborting the job: " + std::string(reason), exit_code);
+  std::_Exit(exit_code);  // the process's watchdog does not return; [[noreturn]] says so
 }
 
 Job init(int& argc, char**& argv, JobOptions options) { return Job(argc, argv, std::move(options)); }

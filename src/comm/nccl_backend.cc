@@ -5,7 +5,7 @@
 // Deadlines and asynchronous NCCL errors: Work::wait polls its event, the communicator's
 // async error and its deadline; the process's watchdog (comm/watchdog.h) does the same for
 // collectives nobody waits on. A missed deadline or an NCCL error ends the job (the watchdog
-// aborts every NCCL comm, then MPI_Abort) after the report, or with abort_on_timeout = false
+// aborts every NCCL comm, then its control channel ends the job) after the report, or with abort_on_timeout = false
 // aborts the NCCL comm (which frees the stuck stream) and fails the Work and every later one.
 // A Job that an exception unwinds through aborts its NCCL comms instead of destroying them.
 //
@@ -28,7 +28,6 @@
 #include "comm/watchdog.h"
 #include "comm/work_state.h"
 #include "core/gpu_runtime.h"
-#include "core/mpi_check.h"
 #include "core/nccl_check.h"
 
 namespace tutti::detail {
@@ -89,7 +88,7 @@ class NcclWork final : public Work::State {
 struct NcclEngine final : Watched {
   // Atomic: a failure path (any thread) takes it away, exactly once, to abort it.
   std::atomic<ncclComm_t> comm{nullptr};
-  MPI_Comm mpi = MPI_COMM_NULL;  // debug fingerprints
+  std::unique_ptr<ControlChannel> agreement;  // debug fingerprints
   Device device;
   Stream stream;
   double timeout_s = 300;
@@ -122,8 +121,9 @@ struct NcclEngine final : Watched {
       // The watchdog aborts every NCCL comm (abort_now) before MPI ends the processes.
       if (Watchdog* w = Watchdog::current()) w->end_job(report, kExitTimeout);
       if (const ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
-      std::fprintf(stderr, "tutti [rank %d]: %s Ending the job (MPI_Abort).\n", error_rank(), report.c_str());
-      MPI_Abort(MPI_COMM_WORLD, kExitTimeout);
+      std::fprintf(stderr, "tutti [rank %d]: %s Ending the job.\n", error_rank(), report.c_str());
+      if (agreement) agreement->end_job(report, kExitTimeout);
+      std::_Exit(kExitTimeout);
     }
     std::deque<std::shared_ptr<NcclWork>> failing;
     {
@@ -251,8 +251,8 @@ void NcclWork::wait(const Stream& stream) {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(MPI_Comm parent, Bootstrap& bootstrap, Device device, CommOptions options, int rank, int size,
-              int board_comm)
+  NcclBackend(Bootstrap& bootstrap, std::unique_ptr<ControlChannel> agreement, Device device, CommOptions options,
+              int rank, int size, int board_comm)
       : Backend(rank, size, std::move(options)), engine_(std::make_shared<NcclEngine>()) {
     TUTTI_CHECK_ARG(device.is_cuda(), "the nccl backend needs a GPU device, got ", device.str());
     device.require_available();
@@ -261,8 +261,7 @@ class NcclBackend final : public Backend {
     e.timeout_s = timeout_seconds();
     e.abort_on_timeout = this->options().abort_on_timeout;
     e.debug = debug();
-    TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.mpi));
-    TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.mpi, MPI_ERRORS_RETURN));
+    e.agreement = std::move(agreement);
     gpu::set_device(device.index);
     ncclUniqueId id{};
     if (rank == 0) TUTTI_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -329,10 +328,7 @@ class NcclBackend final : public Backend {
       if (const ncclComm_t c = e.comm.exchange(nullptr)) ncclCommDestroy(c);
       e.stream = Stream();
     }
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized && e.mpi != MPI_COMM_NULL && !e.broken.load()) MPI_Comm_free(&e.mpi);
-    e.mpi = MPI_COMM_NULL;
+    if (e.agreement) e.agreement->close(/*free=*/!e.broken.load());
     clean_ = !e.broken.load();
     return clean_;
   }
@@ -403,7 +399,7 @@ class NcclBackend final : public Backend {
       // A mismatch fails the Work (as on the mpi backend), not the call.
       bool in_time = true;
       try {
-        in_time = agree_polled(e.mpi, info, e.timeout_s);
+        in_time = agree_polled(*e.agreement, info, e.timeout_s);
       } catch (...) {
         return HostWork::failed(info, in_context(std::current_exception(), what()));
       }
@@ -449,8 +445,8 @@ class NcclBackend final : public Backend {
     return Work(work);
   }
 
-  // Aborts the NCCL comm (frees the GPU from kernels that wait for other ranks); the MPI
-  // communicator is left alone (a rank may still be inside MPI with it).
+  // Aborts the NCCL comm (frees the GPU from kernels that wait for other ranks); the agreement
+  // channel is left alone (a rank may still be inside MPI with it).
   void abandon_comm() noexcept {
     NcclEngine& e = *engine_;
     {
@@ -469,9 +465,9 @@ class NcclBackend final : public Backend {
 
 }  // namespace
 
-std::shared_ptr<Backend> make_nccl_backend_impl(MPI_Comm parent, Bootstrap& bootstrap, Device device,
-                                                CommOptions options, int board_comm) {
-  return std::make_shared<NcclBackend>(parent, bootstrap, device, std::move(options), bootstrap.rank(),
+std::shared_ptr<Backend> make_nccl_backend_impl(Bootstrap& bootstrap, std::unique_ptr<ControlChannel> agreement,
+                                                Device device, CommOptions options, int board_comm) {
+  return std::make_shared<NcclBackend>(bootstrap, std::move(agreement), device, std::move(options), bootstrap.rank(),
                                        bootstrap.size(), board_comm);
 }
 

@@ -18,7 +18,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/mpi_check.h"
+#include "tutti/core/error.h"
 
 namespace tutti::detail {
 namespace {
@@ -218,16 +218,14 @@ std::unique_ptr<ProgressBoard> ProgressBoard::open_from_launcher() {
   return open_file(path, rank, size);
 }
 
-std::shared_ptr<ProgressBoard> ProgressBoard::open_after_init(std::shared_ptr<ProgressBoard> existing, MPI_Comm local,
+std::shared_ptr<ProgressBoard> ProgressBoard::open_after_init(std::shared_ptr<ProgressBoard> existing, Bootstrap& local,
                                                               int world_rank, int world_size) {
   if (world_size <= 1) return nullptr;
-  int local_rank = 0;
-  TUTTI_MPI_CHECK(MPI_Comm_rank(local, &local_rank));
+  const int local_rank = local.rank();
   // The launcher's names are only trusted when every rank of the host opened the same one.
   const bool usable = existing && existing->rank() == world_rank && existing->size() == world_size;
-  int all_usable = 0;
-  const int mine = usable ? 1 : 0;
-  TUTTI_MPI_CHECK(MPI_Allreduce(&mine, &all_usable, 1, MPI_INT, MPI_MIN, local));
+  bool all_usable = true;
+  for (const std::string& v : local.allgather(usable ? "1" : "0")) all_usable = all_usable && v == "1";
   std::shared_ptr<ProgressBoard> board;
   if (all_usable) {
     board = std::move(existing);
@@ -239,13 +237,28 @@ std::shared_ptr<ProgressBoard> ProgressBoard::open_after_init(std::shared_ptr<Pr
       std::snprintf(name, sizeof name, "%s/tutti-progress-%d-%lld", scratch_dir().c_str(), static_cast<int>(::getpid()),
                     static_cast<long long>(monotonic_ns()));
     }
-    TUTTI_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, local));
-    board = open_file(name, world_rank, world_size);
+    board = open_file(local.broadcast(name, 0), world_rank, world_size);
   }
   // Every rank of the host has mapped it: nobody needs the name any more.
-  TUTTI_MPI_CHECK(MPI_Barrier(local));
+  local.barrier();
   if (board && local_rank == 0) board->unlink_file();
   return board;
+}
+
+std::vector<std::shared_ptr<ProgressBoard>> ProgressBoard::open_in_process(int size) {
+  char name[256] = {0};
+  static std::atomic<int> groups{0};
+  std::snprintf(name, sizeof name, "%s/tutti-progress-%d-threads-%d-%lld", scratch_dir().c_str(),
+                static_cast<int>(::getpid()), groups.fetch_add(1), static_cast<long long>(monotonic_ns()));
+  std::vector<std::shared_ptr<ProgressBoard>> boards;
+  for (int r = 0; r < size; ++r) {
+    std::shared_ptr<ProgressBoard> b = open_file(name, r, size);
+    if (!b) break;
+    boards.push_back(std::move(b));
+  }
+  ::unlink(name);
+  if (static_cast<int>(boards.size()) != size) boards.clear();
+  return boards;
 }
 
 void ProgressBoard::unlink_file() {

@@ -15,10 +15,8 @@
 //
 // The file is opened before MPI_Init when the launcher says who is who (Open MPI: in the job's
 // session directory, which mpirun removes; Slurm: /dev/shm), else after it (named by local
-// rank 0 over MPI), and unlinked as soon as every rank of the host has mapped it.
+// rank 0 over the host's Bootstrap), and unlinked as soon as every rank of the host has mapped it.
 #pragma once
-
-#include <mpi.h>
 
 #include <atomic>
 #include <cstdint>
@@ -27,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
 
 namespace tutti::detail {
@@ -81,11 +80,14 @@ class ProgressBoard {
   // Opens (creating if needed) the board of this host from the launcher's environment, before
   // MPI exists. Empty when the environment does not say enough (no launcher, an unknown one).
   static std::unique_ptr<ProgressBoard> open_from_launcher();
-  // After MPI_Init: opens the board named by local rank 0 (collective over `local`), unless
-  // `existing` is already open. Then every rank of the host has it mapped and local rank 0
-  // unlinks the file. `world_rank`, `world_size` as in MPI_COMM_WORLD.
-  static std::shared_ptr<ProgressBoard> open_after_init(std::shared_ptr<ProgressBoard> existing, MPI_Comm local,
+  // After MPI_Init: opens the board named by local rank 0 (collective over `local`, the ranks
+  // of this host), unless `existing` is already open. Then every rank of the host has it
+  // mapped and local rank 0 unlinks the file. `world_rank`, `world_size`: of the job.
+  static std::shared_ptr<ProgressBoard> open_after_init(std::shared_ptr<ProgressBoard> existing, Bootstrap& local,
                                                         int world_rank, int world_size);
+  // One board per rank of an in-process group (thread ranks), all mapping one file that is
+  // already unlinked. Empty where no file could be made.
+  static std::vector<std::shared_ptr<ProgressBoard>> open_in_process(int size);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;
   ProgressBoard& operator=(const ProgressBoard&) = delete;

@@ -22,7 +22,7 @@ constexpr int kTagNotice = 1;         // i32 kind, then the text
 constexpr int kTagAck = 2;            // i32: 1 leaving too, 0 not
 constexpr int kTagStatusRequest = 3;  // i32 0
 constexpr int kTagStatusReply = 4;    // RankSnapshot[k]
-constexpr int kNoticeEnding = 1;      // the sender is ending the job (MPI_Abort follows)
+constexpr int kNoticeEnding = 1;      // the sender is ending the job (the channel's end follows)
 constexpr int kNoticeLeaving = 2;     // an exception is unwinding through the sender's Job
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -51,9 +51,9 @@ std::shared_ptr<std::vector<char>> int_message(std::int32_t x) { return bytes_of
 
 std::atomic<bool> job_failing{false};
 
-Watchdog::Watchdog() {
+Watchdog::Watchdog(bool process_wide) : process_wide_(process_wide) {
   rank_.store(error_rank());
-  the_watchdog.store(this);
+  if (process_wide_) the_watchdog.store(this);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -155,11 +155,12 @@ void Watchdog::loop() {
         answer_notices();
       }
     }
-    if (peer_failed_.load() && !ending_.load() && since(peer_failed_at_) > kPeerKillWait && mpi_up_.load()) {
+    if (peer_failed_.load() && !ending_.load() && since(peer_failed_at_) > kPeerKillWait && channel_up_.load()) {
       // The failed rank has not ended the job (it may be stuck itself): end it from here.
       print_line("the failed rank did not end the job within " + seconds(kPeerKillWait) + "; ending it from here.");
-      MPI_Abort(MPI_COMM_WORLD, kExitPeerFailed);
-      std::_Exit(kExitPeerFailed);
+      ending_.store(true);
+      control_->end_job("the failed rank did not end the job", kExitPeerFailed);
+      if (process_wide_) std::_Exit(kExitPeerFailed);
     }
     lock.lock();
   }
@@ -176,7 +177,8 @@ void Watchdog::check_regions() {
   if (!expired || ending_.load()) return;
   if (expired->quiet) {
     print_line(expired->quiet->first);
-    std::_Exit(expired->quiet->second);
+    if (process_wide_) std::_Exit(expired->quiet->second);
+    return;
   }
   if (since(expired->started) < expired->timeout_s + kDeferReport) {
     // A lower rank of this host waiting alike, or already ending the job, reports it.
@@ -224,36 +226,23 @@ void Watchdog::poll_backends() {
 
 // ---- the control channel ------------------------------------------------------------------
 
-void Watchdog::attach(MPI_Comm control) {
+void Watchdog::attach(std::shared_ptr<ControlChannel> control) {
   std::lock_guard lock(control_mutex_);
-  control_ = control;
-  MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-  if (answered_.size() != static_cast<std::size_t>(size_.load())) {
-    answered_.assign(static_cast<std::size_t>(std::max(size_.load(), 0)), -1);
-  }
+  if (control_) return;  // once
+  set_rank(control->rank(), control->size());
+  control_ = std::move(control);
   attached_.store(true);
+  channel_up_.store(true);
 }
 
 void Watchdog::detach(bool free_comm) noexcept {
   std::lock_guard lock(control_mutex_);
   if (!attached_.exchange(false)) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  if (free_comm) {
-    for (auto& o : outgoing_) MPI_Request_free(&o.request);
-  }
-  outgoing_.clear();
-  if (free_comm && control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
-  control_ = MPI_COMM_NULL;
+  control_->close(free_comm);
 }
 
-void Watchdog::send(int to, int tag, std::shared_ptr<std::vector<char>> data) {
-  Outgoing o{MPI_REQUEST_NULL, std::move(data)};
-  if (MPI_Isend(o.data->data(), static_cast<int>(o.data->size()), MPI_BYTE, to, tag, control_, &o.request) ==
-      MPI_SUCCESS) {
-    outgoing_.push_back(std::move(o));
-  }
+void Watchdog::send(int to, int tag, std::shared_ptr<const std::vector<char>> data) {
+  control_->send(to, tag, std::move(data));
 }
 
 void Watchdog::notify_all(int kind, const std::string& text) {
@@ -261,27 +250,19 @@ void Watchdog::notify_all(int kind, const std::string& text) {
   const std::int32_t k = kind;
   std::memcpy(buf.data(), &k, sizeof k);
   std::memcpy(buf.data() + sizeof k, text.data(), text.size());
-  auto shared = std::make_shared<std::vector<char>>(std::move(buf));
+  auto shared = std::make_shared<const std::vector<char>>(std::move(buf));
   for (int r = 0; r < size_.load(); ++r) {
     if (r != rank_.load()) send(r, kTagNotice, shared);
   }
 }
 
 void Watchdog::drain() {
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, control_, &flag, &st) != MPI_SUCCESS || !flag) break;
-    int bytes = 0;
-    MPI_Get_count(&st, MPI_BYTE, &bytes);
-    std::vector<char> buf(static_cast<std::size_t>(std::max(bytes, 0)));
-    if (MPI_Recv(buf.data(), bytes, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, control_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      break;
-    }
-    const int from = st.MPI_SOURCE;
+  while (std::optional<ControlMessage> m = control_->poll()) {
+    const int from = m->from;
+    const std::vector<char>& buf = m->bytes;
     std::int32_t head = 0;
     if (buf.size() >= sizeof head) std::memcpy(&head, buf.data(), sizeof head);
-    switch (st.MPI_TAG) {
+    switch (m->tag) {
       case kTagNotice: {
         Notice n{from, head, std::string(buf.begin() + static_cast<long>(std::min(buf.size(), sizeof head)), buf.end()),
                  Clock::now()};
@@ -311,14 +292,6 @@ void Watchdog::drain() {
       default: break;
     }
   }
-  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
-    int done = 0;
-    if (MPI_Test(&it->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
-      it = outgoing_.erase(it);
-    } else {
-      ++it;
-    }
-  }
 }
 
 void Watchdog::answer_notices() {
@@ -343,7 +316,7 @@ void Watchdog::answer_notices() {
       if (!peer_failed_.load()) {
         peer_failed_at_ = Clock::now();
         peer_failed_.store(true);
-        job_failing.store(true);
+        if (process_wide_) job_failing.store(true);
         if (auto b = board()) b->set_phase(Phase::leaving);
       }
     }
@@ -380,11 +353,13 @@ void Watchdog::print_line(const std::string& text) {
 void Watchdog::end_job(const std::string& message, int exit_code) {
   bool expected = false;
   if (!ending_.compare_exchange_strong(expected, true)) {
+    if (!process_wide_) return;
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
   }
-  job_failing.store(true);
+  if (process_wide_) job_failing.store(true);
   // "Ending..." closes the first line; a report's details follow it.
-  const std::string ending = mpi_up_.load() ? " Ending the job (MPI_Abort)." : " Ending this rank.";
+  const std::string ending =
+      channel_up_.load() ? " Ending the job (" + std::string(control_->how_it_ends()) + ")." : " Ending this rank.";
   const auto eol = message.find('\n');
   print_line(eol == std::string::npos ? message + ending : message.substr(0, eol) + ending + message.substr(eol));
   if (auto b = board()) b->set_phase(Phase::leaving);
@@ -406,29 +381,42 @@ void Watchdog::end_job(const std::string& message, int exit_code) {
     std::lock_guard lock(control_mutex_);
     wait_for_answers(kAckWait);
   }
-  if (mpi_up_.load()) MPI_Abort(MPI_COMM_WORLD, exit_code);
-  std::_Exit(exit_code);  // before MPI is up (or if MPI_Abort returned): this process at least
+  if (channel_up_.load()) control_->end_job(message, exit_code);
+  // Before the channel is up (or if it did not end the process): this process at least.
+  if (process_wide_) std::_Exit(exit_code);
 }
 
-bool Watchdog::leave(double wait_s) {
+bool Watchdog::leave(double wait_s, std::optional<std::string> error) {
   if (size_.load() <= 1) return true;
   if (!attached_.load() || peer_failed_.load() || ending_.load()) return false;
   leaving_.store(true);
-  job_failing.store(true);
+  if (process_wide_) job_failing.store(true);
   if (auto b = board()) b->set_phase(Phase::leaving);
+  if (!error) error = recent_error(2.0);
   std::string text;
-  if (auto e = recent_error(2.0)) {
-    text = "an exception left its Job; the last tutti error there: " + first_line(*e);
+  if (error) {
+    text = "an exception left its Job; the last tutti error there: " + first_line(*error);
   } else {
     text = "an exception that is not a tutti error left its Job (its own output says which)";
   }
   std::lock_guard lock(control_mutex_);
+  left_cause_ = "rank " + std::to_string(rank_.load()) + " failed: " + text;
   notify_all(kNoticeLeaving, text);
   wait_for_answers(wait_s);
   for (int r = 0; r < size_.load(); ++r) {
     if (r != rank_.load() && answered_[static_cast<std::size_t>(r)] != 1) return false;
   }
   return true;
+}
+
+void Watchdog::left(int exit_code) {
+  if (!channel_up_.load()) return;
+  std::string cause;
+  {
+    std::lock_guard lock(control_mutex_);
+    cause = left_cause_;
+  }
+  control_->end_job_at_exit(cause, exit_code);
 }
 
 // ---- reports ------------------------------------------------------------------------------
@@ -483,8 +471,8 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
     std::string line = "\n    rank " + std::to_string(r) + (host.empty() ? "" : " (" + host + ")") + ": ";
     bool there = true;
     if (s.rank < 0) {
-      line += mpi_up_.load() ? "no answer (stopped, hung outside MPI, or its host is unreachable)"
-                             : "no sign of it on this host (it has not started its Job, or runs elsewhere)";
+      line += channel_up_.load() ? "no answer (stopped, hung outside MPI, or its host is unreachable)"
+                                 : "no sign of it on this host (it has not started its Job, or runs elsewhere)";
       there = false;
     } else if (!collective || s.phase != Phase::running) {
       line += std::string(name_of(s.phase));
@@ -517,7 +505,7 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
 }
 
 std::string Watchdog::silent_hosts(const std::vector<RankSnapshot>& all) {
-  if (!mpi_up_.load()) return "";
+  if (!channel_up_.load()) return "";
   const std::string mine = host_of(rank_.load());
   // Hosts in the order of their first rank; a host is silent when none of its ranks answered.
   std::vector<std::pair<std::string, std::vector<int>>> hosts;
@@ -595,7 +583,10 @@ std::optional<std::string> Watchdog::collective_missed(std::string_view backend,
   const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there);
   const std::string report = timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there) +
                              silent_hosts(all) + "\n  Where each rank is:" + where;
-  if (abort_job) end_job(report, kExitTimeout);
+  if (abort_job) {
+    end_job(report, kExitTimeout);
+    return std::nullopt;  // thread ranks: the job has ended (every Work failed with the report)
+  }
   return report;
 }
 

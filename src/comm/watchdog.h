@@ -1,30 +1,31 @@
 // The watchdog: the one deadline mechanism of a job, and how a job ends when something goes
 // wrong on one rank. Internal header.
 //
-// One per process, made by the Job before MPI_Init and destroyed after MPI_Finalize. Its
-// thread wakes every kTick and
+// One per process, made by the Job before MPI_Init and destroyed after MPI_Finalize (and one
+// per rank of a ThreadGroup made with watchdogs). Its thread wakes every kTick and
 //   - checks the deadlines of blocking regions: the Job's start-up (MPI_Init, the
 //     communicators, the NCCL id exchange), its own blocking MPI calls, MPI_Finalize;
 //   - polls every backend (Watched) for collectives past their deadline (and NCCL's
 //     asynchronous errors);
-//   - listens on the control channel (a duplicate of MPI_COMM_WORLD) for the other ranks:
+//   - listens on the control channel (comm/control.h: under mpirun a duplicate of
+//     MPI_COMM_WORLD, for thread ranks queues between threads) for the other ranks:
 //     "I am ending the job because...", "an exception is leaving my Job", "where are you?".
 //
 // Ending the job (end_job): print the cause once, with this rank's number; tell every other
 // rank why, wait (at most kAckWait) until they have printed that they end because of this
-// rank; abort the NCCL communicators; MPI_Abort (Open MPI then kills every rank within about
-// 0.1 s). Before MPI is up: _exit.
+// rank; abort the NCCL communicators; the channel ends the job (MPI: MPI_Abort, and Open MPI
+// kills every rank within about 0.1 s; thread ranks: every rank's Works fail with the cause,
+// the process lives on). Before a channel is attached: _exit, unless the watchdog is told not
+// to end its process (thread ranks).
 //
 // A rank told that another rank is ending prints one line naming that rank and its cause and
 // waits for the launcher to end it; if nothing has ended it after kPeerKillWait, it ends the
-// job itself (MPI_Abort).
+// job itself.
 //
 // Which rank reports a missed deadline: every rank waiting in the collective sees the deadline
 // pass at about the same time; the lowest of them reports at once and the others give it
 // kDeferReport to do so (then they print one line each, not N reports).
 #pragma once
-
-#include <mpi.h>
 
 #include <atomic>
 #include <chrono>
@@ -38,12 +39,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm/control.h"
 #include "comm/progress.h"
 #include "tutti/comm/communicator.h"
 
 namespace tutti::detail {
 
-// Exit codes of a job that tutti ends (given to MPI_Abort).
+// Exit codes of a job that tutti ends (given to MPI_Abort; recorded by thread ranks).
 inline constexpr int kExitTimeout = 14;     // a deadline was missed
 inline constexpr int kExitPeerFailed = 13;  // another rank failed, and did not end the job itself
 inline constexpr int kExitUncaught = 134;   // an exception escaped (std::terminate), as abort() would
@@ -82,7 +84,10 @@ class Watchdog {
   static constexpr double kDeferReport = 1.0;   // s a rank lets a lower waiting rank report a timeout
   static constexpr double kStatusWait = 1.0;    // s a report waits for other hosts' progress
 
-  Watchdog();
+  // process_wide: the process's watchdog (the Job's): Watchdog::current() returns it, it sets
+  // job_failing, and ending the job ends this process if the channel did not. Otherwise (one
+  // of the thread ranks of a ThreadGroup) it touches nothing beyond its channel and backends.
+  explicit Watchdog(bool process_wide = true);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -119,11 +124,8 @@ class Watchdog {
   void watch(std::weak_ptr<Watched> backend);
 
   // ---- life ----
-  // This rank's number, for messages before MPI is up (from the launcher, or -1).
+  // This rank's number, for messages before the channel is up (from the launcher, or -1).
   void set_rank(int rank, int size);
-  // MPI_Init has returned: MPI_Abort can end the job from now on.
-  void mpi_ready() { mpi_up_.store(true); }
-  bool mpi_up() const { return mpi_up_.load(); }
   // Every rank's host name (index = rank), so that reports can name each rank's host and a
   // host that stopped answering ("Host node1 (ranks 2, 3) did not answer"). Ignored when every
   // rank runs on one host.
@@ -131,28 +133,36 @@ class Watchdog {
   // The progress board of this host (may be null: a world of one, no shared memory).
   void set_board(std::shared_ptr<ProgressBoard> board);
   std::shared_ptr<ProgressBoard> board() const;
-  // The control channel: a duplicate of MPI_COMM_WORLD that only the watchdog uses. From now
-  // on the watchdog listens to the other ranks.
-  void attach(MPI_Comm control);
-  // Stops every use of MPI by the watchdog (before MPI_Finalize); frees the control channel
-  // unless told not to (a job left without finalizing: another thread may be inside MPI).
+  // The control channel, which only the watchdog uses; it takes rank and size from it. From
+  // now on the watchdog listens to the other ranks and the channel ends the job.
+  void attach(std::shared_ptr<ControlChannel> control);
+  // True once a channel was attached (also after detach: it can still end the job).
+  bool channel_up() const { return channel_up_.load(); }
+  // Stops every use of the channel by the watchdog (before MPI_Finalize); frees the channel's
+  // resources unless told not to (a job left without finalizing: another thread may be inside
+  // MPI). The channel can still end the job.
   void detach(bool free_comm = true) noexcept;
 
   // ---- when things go wrong ----
   // A collective of `backend` missed its deadline. Builds the report (which ranks had not
   // reached it, where every rank is). abort_job: ends the job with it (unless a lower rank is
-  // expected to report: then returns nullopt, to be called again on a later tick). Otherwise
+  // expected to report: to be called again on a later tick) and returns nullopt. Otherwise
   // returns the report, for the backend to fail its Works with.
   std::optional<std::string> collective_missed(std::string_view backend, const CollectiveInfo& info, int board_comm,
                                                double timeout_s, double waited_s, std::size_t queued_behind, bool debug,
                                                bool abort_job);
   // Ends the whole job now (see the top of this file). Any thread; a second caller waits for
-  // the first to finish.
-  [[noreturn]] void end_job(const std::string& message, int exit_code);
-  // An exception is unwinding through this rank's Job: tells every other rank (with the last
-  // tutti error of this process, if recent) and waits at most wait_s for their answers.
-  // Returns true when every other rank is leaving too (an orderly end is then possible).
-  bool leave(double wait_s);
+  // the first to finish (process-wide watchdog) or returns at once. Returns only where the
+  // channel ends the job without ending the process (thread ranks).
+  void end_job(const std::string& message, int exit_code);
+  // An exception is unwinding through this rank's Job: tells every other rank (with `error`,
+  // else the last tutti error of this process, if recent) and waits at most wait_s for their
+  // answers. Returns true when every other rank is leaving too (an orderly end is then
+  // possible); else call left().
+  bool leave(double wait_s, std::optional<std::string> error = std::nullopt);
+  // After leave() returned false: the job ends when this rank's process does (the channel's
+  // end_job_at_exit), with the cause leave() sent.
+  void left(int exit_code);
   // Another rank has failed and this one was told (it is waiting to be ended).
   bool peer_failed() const { return peer_failed_.load(); }
 
@@ -172,18 +182,13 @@ class Watchdog {
     std::chrono::steady_clock::time_point received;
     bool answered = false;
   };
-  struct Outgoing {
-    MPI_Request request;
-    std::shared_ptr<std::vector<char>> data;
-  };
-
   void loop();
   void check_regions();
   void poll_backends();
   // With control_mutex_ held: receive and handle whatever the other ranks sent.
   void drain();
   void answer_notices();
-  void send(int to, int tag, std::shared_ptr<std::vector<char>> data);
+  void send(int to, int tag, std::shared_ptr<const std::vector<char>> data);
   void notify_all(int kind, const std::string& text);
   // Waits until every rank in `ranks` answered (acks_ or a leaving notice) or wait_s passed.
   void wait_for_answers(double wait_s);
@@ -209,15 +214,16 @@ class Watchdog {
   std::vector<std::string> hosts_;
   bool stop_ = false;
 
+  const bool process_wide_;
   std::atomic<int> rank_{-1};
   std::atomic<int> size_{0};
-  std::atomic<bool> mpi_up_{false};
+  std::atomic<bool> channel_up_{false};
 
-  // The control channel; every MPI call on it under control_mutex_.
+  // The control channel; every message on it under control_mutex_.
   std::recursive_mutex control_mutex_;
-  MPI_Comm control_ = MPI_COMM_NULL;
+  std::shared_ptr<ControlChannel> control_;  // set once by attach, never reset
   std::atomic<bool> attached_{false};
-  std::list<Outgoing> outgoing_;
+  std::string left_cause_;
   std::list<Notice> notices_;
   std::vector<int> answered_;  // per rank: -1 none, 0 ending because of us / not leaving, 1 leaving too
   std::vector<std::vector<RankSnapshot>> status_replies_;

@@ -28,6 +28,10 @@
 //   with an InvalidArgument naming both), and smaller ones travel as MPI eager messages, whose
 //   size MPI checks (MPI_ERR_TRUNCATE, or the deadline when the ranks wait for each other).
 //   NCCL writes each rank's output within its own count. Debug mode agrees on every collective.
+//   LIMIT: below 1 KiB, without debug mode, calls that differ only in what their bytes mean
+//   are NOT detected: 10 x f32 on one rank and 10 x i32 on another (40 B each) complete with
+//   meaningless values and no error (the check would cost a round trip on every small
+//   collective). Set TUTTI_DEBUG=1 (CommOptions::debug) to have every collective compared.
 // - Half types (f16, bf16): the mpi backend reduces them in fp32 and rounds once at the end
 //   (never adds them as 16-bit integers); nccl uses NCCL's kernels, which add in fp32 but
 //   store the half type between the steps of a ring.

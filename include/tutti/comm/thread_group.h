@@ -19,12 +19,24 @@
 // says). A Work that is waited on longer than the communicator's timeout fails with
 // TimeoutError naming the ranks that never issued the collective. Ranks that issue different
 // collectives at one sequence number all fail with InvalidArgument naming both.
+//
+// With ThreadGroupOptions::watchdog, each rank gets instead what a Job gives a rank under
+// mpirun: a watchdog (the same code), a slot on a progress board, and a control channel to the
+// other ranks' watchdogs. Then the deadline, the agreement before a collective (above 1 KiB,
+// or every one in debug mode) and the end of a failing job are the watchdog's, as under
+// mpirun; collectives whose calls differ but were not agreed on never complete (as a real
+// transport would hang); and "ending the job" does not end the process: every rank's pending
+// and later Works fail with the cause, and job_end() says which rank ended it and why. A rank
+// whose body throws leaves as a Job left by an exception does (it tells the others, and ends
+// the job unless they all leave alike).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
@@ -46,12 +58,28 @@ struct CollectiveFault {
   int after = 1;
 };
 
+struct ThreadGroupOptions {
+  // The communicators' (CommOptions::timeout bounds every wait on a Work, and on the bootstrap,
+  // before it throws TimeoutError). abort_on_timeout: with a watchdog, whether a missed
+  // deadline ends the job (else the communicator fails its Works and is broken, as on the
+  // real backends); without one it is ignored.
+  CommOptions comm{};
+  // Watch the ranks as a Job's are watched (see the top of this file).
+  bool watchdog = false;
+};
+
+// How a job of thread ranks with watchdogs ended.
+struct ThreadJobEnd {
+  int rank = -1;        // whose watchdog ended it
+  int exit_code = 0;    // what the process would have exited with under mpirun (14: a deadline)
+  std::string cause{};  // the watchdog's message (a missed deadline: the whole report)
+};
+
 class ThreadGroup {
  public:
-  // `options`: the communicators' (CommOptions::timeout bounds every wait on a Work, and on
-  // the bootstrap, before it throws TimeoutError). abort_on_timeout is ignored: a thread group
-  // never ends the process.
+  // A thread group never ends the process.
   explicit ThreadGroup(int size, CommOptions options = {});
+  ThreadGroup(int size, ThreadGroupOptions options);
   ~ThreadGroup();
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
@@ -66,6 +94,8 @@ class ThreadGroup {
   // (set_thread_error_rank), and joins them. If some threads threw, rethrows the exception of
   // the lowest such rank after every thread has ended.
   void run(const std::function<void(int rank)>& body);
+  // With watchdogs: how the job ended, once a rank's watchdog ended it (else nullopt).
+  std::optional<ThreadJobEnd> job_end() const;
 
   struct Impl;  // internal
 
