@@ -5,6 +5,7 @@
 #include <array>
 #include <string_view>
 
+#include "kernels/cpu/conv.h"
 #include "tutti/core/error.h"
 
 namespace tutti::kernels {
@@ -37,6 +38,7 @@ CpuBlasInfo cpu_blas_info() {
   CpuBlasInfo info;
   const char* core = openblas_get_corename();
   info.core = core != nullptr ? core : "unknown";
+  info.conv = cpu::conv2d_backend();
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // GCC's checks include the OS's consent (XCR0) for the AVX and AVX-512 register states.

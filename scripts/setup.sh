@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   openmpi-bin libopenmpi-dev          # MPI: rank bootstrap, CPU communicator
   libopenblas-dev                     # CPU GEMM
+  libdnnl-dev                         # oneDNN: the CPU convolutions (the main job's --model cnn)
   libcli11-dev nlohmann-json3-dev     # flags, JSON output
   zlib1g-dev                          # checksums, gzip'ed data sets
   libcpp-httplib-dev                  # the Prometheus /metrics endpoint (obs::HttpExporter)

@@ -250,13 +250,14 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
     std::printf(
         "train_fashion_mnist: %d rank(s), device %s, backend %s | model %s (%lld parameters) | precision %s, "
         "grad comm %s, loss scaler %s, zero %d | global batch %lld (%lld per rank x %d micro-step(s)) | %s lr %g | "
-        "%s schedule | %lld steps (%lld per epoch)%s%s\n",
+        "%s schedule | %lld steps (%lld per epoch)%s%s%s\n",
         world, device.str().c_str(), std::string(job.backend()).c_str(), spec.fingerprint.c_str(),
         static_cast<long long>(params), f.precision.c_str(), std::string(tutti::name_of(policy.comm)).c_str(),
         scaler.enabled() ? "dynamic" : "off", f.zero, static_cast<long long>(f.batch_size),
         static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
         f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
-        resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str());
+        resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str(),
+        device.is_cpu() && !spec.flat_input ? (" | conv " + tutti::kernels::cpu_blas_info().conv).c_str() : "");
     std::fflush(stdout);
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/validate.h"
 
 namespace tutti::kernels::cpu {
@@ -143,7 +144,8 @@ int blas_int(int64_t v) {
 // peak for 32 images), and even a cache-sized batch must copy y / dy between the GEMM's
 // [K, nb·PQ] layout and the tensors' [N, K, PQ] (the first layer, 1 -> 32 channels, ran at
 // 37% / 21% of peak forward / backward in batches of 8 against ~50% / ~55% one image at a time).
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params) {
+void conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
+                           const Conv2dParams& params) {
   const Geometry g = geometry(x, w, params);
   std::vector<float> xs, ws, bs, ys, col;
   const float* xf = f32_view(x, xs);
@@ -175,8 +177,8 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   if (y.dtype() != DType::f32) store_f32(yf, y);
 }
 
-void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
-                     const Tensor& db, bool accumulate_params, const Conv2dParams& params) {
+void conv2d_backward_im2col(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                            const Tensor& db, bool accumulate_params, const Conv2dParams& params) {
   const Geometry g = geometry(x, w, params);
   std::vector<float> xs, ws, dys, dxs, dws, dbs, col, dcol;
   const float* xf = f32_view(x, xs);
@@ -233,6 +235,29 @@ void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   store_f32(dws.data(), dw);
   if (db.defined()) store_f32(dbs.data(), db);
   if (dxf != nullptr && dx.dtype() != DType::f32) store_f32(dxf, dx);
+}
+
+// f32 on oneDNN where tutti was built with it; halves (and every dtype without oneDNN) on
+// im2col + OpenBLAS.
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& params) {
+  if (x.dtype() == DType::f32 && onednn::available()) {
+    onednn::conv2d_forward(x, w, bias, y, params);
+  } else {
+    conv2d_forward_im2col(x, w, bias, y, params);
+  }
+}
+
+void conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db, bool accumulate_params, const Conv2dParams& params) {
+  if (x.dtype() == DType::f32 && onednn::available()) {
+    onednn::conv2d_backward(x, w, dy, dx, dw, db, accumulate_params, params);
+  } else {
+    conv2d_backward_im2col(x, w, dy, dx, dw, db, accumulate_params, params);
+  }
+}
+
+std::string conv2d_backend() {
+  return onednn::available() ? onednn::describe() + " for f32, im2col + OpenBLAS for halves" : "im2col + OpenBLAS";
 }
 
 namespace {

@@ -419,7 +419,8 @@ std::string Job::summary() const {
                     (j.mpi_allreduce == "default" ? "" : ", MPI allreduce " + j.mpi_allreduce) + "\n";
   const kernels::CpuBlasInfo blas = kernels::cpu_blas_info();
   out += "  " + mpi_version() + "; NCCL " + nccl_version() + "; CUDA runtime " + cuda_runtime_version() + ", driver " +
-         cuda_driver_version() + "; OpenBLAS " + blas.core + " kernels on " + blas.cpu_isa + "\n";
+         cuda_driver_version() + "; OpenBLAS " + blas.core + " kernels on " + blas.cpu_isa + "; CPU conv " + blas.conv +
+         "\n";
   if (!blas.suggested.empty()) out += "  warning: " + blas.warning() + "\n";
   for (const auto& l : lines) out += l;
   return out;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv_onednn.h"
 #include "kernels/kernel_test_util.h"
 #include "tutti/core/device.h"
 
@@ -189,6 +191,96 @@ TEST(Conv2d, BackwardMatchesFiniteDifferences) {
     expect_close(dw.to_floats(), to_f(numeric_gradient(w, loss, h)), 1e-3, 1e-3, "dw finite differences " + cc.str());
     expect_close(db.to_floats(), to_f(numeric_gradient(b, loss, h)), 1e-3, 1e-3, "db finite differences " + cc.str());
   }
+}
+
+// ---- the CPU's two f32 paths: oneDNN (where built with it) against im2col + OpenBLAS ----
+
+// Every case, the CNN's two layers at its per-rank batch, and weights and gradients that are
+// views one element into flat buffers (as a model's parameters are): oneDNN's forward, backward
+// data and backward weights (overwriting and accumulating) against the im2col path and the
+// naive loops.
+TEST(Conv2dCpu, OneDnnMatchesIm2colAndNaiveLoops) {
+  if (!cpu::onednn::available()) {
+    EXPECT_EQ(cpu::conv2d_backend(), "im2col + OpenBLAS");  // conv2d runs im2col only
+    return;
+  }
+  EXPECT_NE(cpu::conv2d_backend().find("oneDNN"), std::string::npos) << cpu::conv2d_backend();
+  std::vector<ConvCase> cases = kCases;
+  cases.push_back({64, 1, 28, 28, 16, 3, 3, 1, 1});
+  cases.push_back({64, 16, 14, 14, 32, 3, 3, 1, 1});
+  std::uint32_t seed = 2000;
+  const DType f32 = DType::f32;
+  for (const ConvCase& cc : cases) {
+    const std::int64_t wn = cc.k * cc.c * cc.r * cc.s;
+    Tensor x = random_tensor(cc.x_shape(), f32, seed++), dy = random_tensor(cc.y_shape(), f32, seed++);
+    Tensor w_flat = random_tensor({1 + wn + cc.k}, f32, seed++);
+    Tensor w = w_flat.view(1, cc.w_shape()), b = w_flat.view(1 + wn, {cc.k});
+    const auto bv = b.to_floats();
+    const auto ref_y = naive_forward(x.to_floats(), w.to_floats(), &bv, cc);
+    const auto ref = naive_backward(x.to_floats(), w.to_floats(), dy.to_floats(), cc);
+    const double y_atol = conv_atol(f32, cc.c * cc.r * cc.s), dx_atol = conv_atol(f32, cc.k * cc.r * cc.s);
+    const double dw_atol = conv_atol(f32, cc.n * cc.p() * cc.q());
+
+    Tensor y = poisoned(cc.y_shape(), f32), y_im2col = poisoned(cc.y_shape(), f32);
+    cpu::onednn::conv2d_forward(x, w, b, y, cc.params());
+    cpu::conv2d_forward_im2col(x, w, b, y_im2col, cc.params());
+    expect_close(y.to_floats(), to_f(ref_y), 1e-5, y_atol, "oneDNN forward vs naive " + cc.str());
+    expect_close(y, y_im2col, 1e-5, y_atol, "oneDNN forward vs im2col " + cc.str());
+
+    for (bool accumulate : {false, true}) {
+      const std::string what = cc.str() + (accumulate ? " accumulate" : "");
+      Tensor start = random_tensor({1 + wn + cc.k}, f32, seed++);
+      Tensor grads = start.clone(), grads_im2col = start.clone();
+      Tensor dx = poisoned(cc.x_shape(), f32), dx_im2col = poisoned(cc.x_shape(), f32);
+      cpu::onednn::conv2d_backward(x, w, dy, dx, grads.view(1, cc.w_shape()), grads.view(1 + wn, {cc.k}), accumulate,
+                                   cc.params());
+      cpu::conv2d_backward_im2col(x, w, dy, dx_im2col, grads_im2col.view(1, cc.w_shape()),
+                                  grads_im2col.view(1 + wn, {cc.k}), accumulate, cc.params());
+      std::vector<float> expect = start.to_floats();
+      for (std::int64_t i = 0; i < wn + cc.k; ++i) {
+        const double g = i < wn ? ref.dw[static_cast<std::size_t>(i)] : ref.db[static_cast<std::size_t>(i - wn)];
+        auto& e = expect[static_cast<std::size_t>(1 + i)];
+        e = static_cast<float>((accumulate ? e : 0.0) + g);
+      }
+      expect_close(dx.to_floats(), to_f(ref.dx), 1e-5, dx_atol, "oneDNN dx vs naive " + what);
+      expect_close(dx, dx_im2col, 1e-5, dx_atol, "oneDNN dx vs im2col " + what);
+      expect_close(grads.to_floats(), expect, 1e-5, dw_atol, "oneDNN dw, db vs naive " + what);
+      expect_close(grads, grads_im2col, 1e-5, dw_atol, "oneDNN dw, db vs im2col " + what);
+      EXPECT_EQ(grads.to_floats()[0], start.to_floats()[0]) << "wrote before dw's view " << what;
+    }
+    // No dx and no db (the first layer of a model); no bias.
+    Tensor dw = poisoned(cc.w_shape(), f32), dw_im2col = poisoned(cc.w_shape(), f32);
+    cpu::onednn::conv2d_backward(x, w, dy, Tensor(), dw, Tensor(), false, cc.params());
+    cpu::conv2d_backward_im2col(x, w, dy, Tensor(), dw_im2col, Tensor(), false, cc.params());
+    expect_close(dw, dw_im2col, 1e-5, dw_atol, "oneDNN dw alone vs im2col " + cc.str());
+    cpu::onednn::conv2d_forward(x, w, Tensor(), y, cc.params());
+    cpu::conv2d_forward_im2col(x, w, Tensor(), y_im2col, cc.params());
+    expect_close(y, y_im2col, 1e-5, y_atol, "oneDNN forward without bias vs im2col " + cc.str());
+  }
+}
+
+// A training step creates oneDNN primitives on its first run only: the second step of the
+// CNN's layers (forward, backward with and without dx) creates none.
+TEST(Conv2dCpu, OneDnnCreatesPrimitivesOnTheFirstStepOnly) {
+  const std::vector<ConvCase> layers = {{8, 1, 28, 28, 16, 3, 3, 1, 1}, {8, 16, 14, 14, 32, 3, 3, 1, 1}};
+  auto step = [&](std::uint32_t seed) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const ConvCase& cc = layers[i];
+      Tensor x = random_tensor(cc.x_shape(), DType::f32, seed++), w = random_tensor(cc.w_shape(), DType::f32, seed++);
+      Tensor b = random_tensor({cc.k}, DType::f32, seed++), dy = random_tensor(cc.y_shape(), DType::f32, seed++);
+      Tensor y = Tensor::empty(cc.y_shape(), DType::f32),
+             dx = i > 0 ? Tensor::empty(cc.x_shape(), DType::f32) : Tensor();
+      Tensor dw = Tensor::zeros(cc.w_shape(), DType::f32), db = Tensor::zeros({cc.k}, DType::f32);
+      conv2d_forward(x, w, b, y, cc.params());
+      conv2d_backward(x, w, dy, dx, dw, db, true, cc.params());
+    }
+  };
+  const std::int64_t before = cpu::onednn::primitives_created();
+  step(1);
+  const std::int64_t after_first = cpu::onednn::primitives_created();
+  step(100);
+  EXPECT_EQ(cpu::onednn::primitives_created(), after_first) << "the second step created primitives";
+  if (cpu::onednn::available()) EXPECT_GT(after_first, before) << "the first step ran no oneDNN primitive";
 }
 
 TEST(Conv2d, OutputSize) {

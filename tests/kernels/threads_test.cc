@@ -32,6 +32,7 @@ TEST(CpuBlas, SaysWhichKernelsRunAndWhenTheyAreTooOld) {
   EXPECT_TRUE(info.cpu_isa == "avx512" || info.cpu_isa == "avx2" || info.cpu_isa == "avx" || info.cpu_isa == "sse" ||
               info.cpu_isa == "other")
       << info.cpu_isa;
+  EXPECT_TRUE(info.conv.rfind("oneDNN ", 0) == 0 || info.conv == "im2col + OpenBLAS") << info.conv;
   if (info.suggested.empty()) {
     EXPECT_EQ(info.warning(), "");
   } else {

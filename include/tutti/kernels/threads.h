@@ -1,7 +1,8 @@
 // The CPU kernels' GEMM library (OpenBLAS): its threads, and which of its kernel sets it runs.
 //
-// Threads: the OpenBLAS GEMMs of Linear, Conv2d and attention use this many threads; the other
-// CPU kernels run on the calling thread. Process-wide. tutti::Job sets it when the job starts
+// Threads: the OpenBLAS GEMMs of Linear, Conv2d and attention use this many threads, and so do
+// Conv2d's oneDNN primitives where tutti runs its f32 convolutions on oneDNN (CpuBlasInfo::conv);
+// the other CPU kernels run on the calling thread. Process-wide. tutti::Job sets it when the job starts
 // (JobOptions::cpu_threads): with several ranks on one host, each rank's GEMMs should use its
 // share of the cores, not all of them.
 //
@@ -26,6 +27,9 @@ struct CpuBlasInfo {
   std::string cpu_isa;    // the widest vector ISA of this CPU that the OS enables: "avx512", "avx2", "avx", "sse"
   std::string suggested;  // OPENBLAS_CORETYPE to set: non-empty only when `core` has no AVX2
                           // kernels but the CPU has AVX2 ("Haswell") or AVX-512 ("SkylakeX")
+  std::string conv;       // what the CPU convolutions run on: "oneDNN 2.6.3 (avx512_core_bf16, OpenMP)
+                          // for f32, im2col + OpenBLAS for halves", or "im2col + OpenBLAS" (a build
+                          // without oneDNN: TUTTI_WITH_ONEDNN)
   // One sentence for a log when `suggested` is set (what happened, the cost, the fix); else empty.
   std::string warning() const;
 };
