@@ -113,16 +113,6 @@ class TrainFashionMnist(Case):
         self.assertLessEqual(s["test_accuracy"], 1.0)
         self.assertGreater(s["samples_per_s"], 0)
 
-    def test_a_rank_slowed_by_half_is_named_within_two_windows(self):
-        # --debug-slow 1:50%: rank 1 computes 1.5x as long before its first collective as rank 0
-        # (the global batch of 128, not SUBSET's 64: steps long enough for the 1 ms floor).
-        run(2, "--train-subset", "4096", "--test-subset", "1000", "--quiet", "--max-steps", "20",
-            "--straggler-every", "10", "--debug-slow", "1:50%", "--json", self.path("slow.json"))
-        s = summary(self.path("slow.json"))
-        self.assertGreaterEqual(s["straggler_reports"], 1, s)
-        self.assertRegex(s["last_straggler"], r"^straggler: rank 1 .* in compute before the first collective .*, "
-                                              r"2 windows, steps 1-20\)$")
-
     def test_one_and_two_ranks_train_alike(self):
         for n in (1, 2):
             run(n, *SUBSET, "--max-steps", "20", "--json", self.path("np%d.json" % n))
