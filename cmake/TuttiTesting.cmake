@@ -67,7 +67,13 @@ function(tutti_add_test)
     if(T_EMU_FILTER)
       set(args --gtest_filter=${T_EMU_FILTER})
     endif()
-    tutti_register_test(${T_NAME}_emu ${T_NAME}_emu ${T_TIMEOUT} "emu;${T_LABELS}" "${T_EMU_RANKS}" "${T_EMU_ENV}"
+    # The hazard detector (emu/src/racecheck.cc) costs 2-3x: it checks the kernels in their own
+    # tests (label "kernels"); the twins above them run the same kernels with it off.
+    set(env ${T_EMU_ENV})
+    if(NOT "kernels" IN_LIST T_LABELS)
+      list(PREPEND env TUTTI_EMU_RACECHECK=0)
+    endif()
+    tutti_register_test(${T_NAME}_emu ${T_NAME}_emu ${T_TIMEOUT} "emu;${T_LABELS}" "${T_EMU_RANKS}" "${env}"
                         "${args}")
     set(names ${T_NAME}_emu)
     if(T_EMU_RANKS)
