@@ -287,11 +287,13 @@ class WhenThingsGoWrong(Case):
 
     def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical(self):
         # Preemption: SIGTERM to one rank, SIGUSR1 to mpirun (which forwards it to every rank).
-        run(2, *SUBSET, "--max-steps", "200", "--epochs", "13", "--json", self.path("whole.json"))
+        # 600 steps: the signal is sent once step 10's checkpoint exists, and 200 steps (0.3 s
+        # here) could end before a test process starved by others running beside it sent it.
+        run(2, *SUBSET, "--max-steps", "600", "--epochs", "13", "--json", self.path("whole.json"))
         whole = summary(self.path("whole.json"))
         for name, target, sig in (("rank", "rank", signal.SIGTERM), ("usr1", "mpirun", signal.SIGUSR1)):
-            stopped_at = self.stop(name, target, sig, "200")
-            run(2, *SUBSET, "--max-steps", "200", "--epochs", "13", "--checkpoint-dir", self.path(name),
+            stopped_at = self.stop(name, target, sig, "600")
+            run(2, *SUBSET, "--max-steps", "600", "--epochs", "13", "--checkpoint-dir", self.path(name),
                 "--checkpoint-every", "10", "--resume", "auto", "--json", self.path(name + ".json"))
             resumed = summary(self.path(name + ".json"))
             self.assertEqual(resumed["resumed_from_step"], stopped_at, name)
