@@ -271,9 +271,13 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
                       {"flops_per_token", flops_per_token}};
   summary.set_step(step, last_loss);
 
-  tutti::Tensor step_loss = tutti::Tensor::zeros({1}, tutti::DType::f32, device);
+  // One allreduce per step carries the loss and the stop flag (average > 0: some rank got a stop
+  // signal), so that every rank stops after the same step without a collective of its own.
+  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
+  const tutti::Tensor step_loss = step_sync.view(0, {1}), stop_flag = step_sync.view(1, {1});
+  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
   tutti::CallOptions loss_call;
-  loss_call.label = "train loss";
+  loss_call.label = "train loss and stop flag";
   loss_call.stream = stream;
   double train_seconds = 0, first_loss = -1;
   // The steady rate leaves out the first steps (cuBLAS's heuristics, the allocator's first
@@ -291,7 +295,7 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
   while (step < last_step) {
     const auto t0 = Clock::now();
     tutti::trace::begin_step(step + 1);
-    step_loss.zero(stream);
+    step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::TokenBatch b = loader.next();
       if (step == first_step && micro == 0) {
@@ -311,11 +315,10 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
     }
     ddp.zero_grad();
     ++step;
-    job.communicator().allreduce(step_loss, tutti::ReduceOp::avg, loss_call).wait(stream);
+    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
+    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
     last_loss = tutti::nn::item(step_loss, stream);
-    // Every rank stops after the same step when any rank got a stop signal.
-    const tutti::Job::StopAgreement stop = job.agree_stop();
-    const bool stop_now = stop.stop;
+    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
     if (first_loss < 0) first_loss = last_loss;
     summary.set_step(step, last_loss);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -357,7 +360,7 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
     }
     if (stop_now && step < last_step) {
       stopped = true;
-      stop_agreed = stop;
+      stop_agreed = job.agree_stop();  // only to name the signal and the rank that got it
       break;
     }
   }
