@@ -2,7 +2,8 @@
 //
 // Layers, bottom to top (docs/architecture.md): core (dtypes, devices, tensors, streams,
 // errors, the trace spans), kernels, comm (bootstrap and communicators), nn, models (GPT-2),
-// optim, amp, ddp, obs (trace files, Prometheus metrics, stragglers, MFU).
+// optim, amp, ddp, obs (trace files, Prometheus metrics, stragglers, MFU), train (run control:
+// resume, checkpoints, stop, divergence, the JSON summary).
 #pragma once
 
 #include "tutti/amp/loss_scaler.h"
@@ -41,4 +42,6 @@
 #include "tutti/optim/lr_schedule.h"
 #include "tutti/optim/optimizer.h"
 #include "tutti/optim/sgd.h"
+#include "tutti/train/run.h"
+#include "tutti/train/summary.h"
 #include "tutti/version.h"

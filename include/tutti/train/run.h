@@ -1,0 +1,231 @@
+// Run: the control of a data-parallel training run around the program's own loop: resume
+// (explicit or automatic) and the refusal to overwrite, the ranks' agreement on the run,
+// checkpoints (every N steps, at the end, on a stop), a stop signal on any rank that stops
+// every rank after the same step, divergence, and the JSON summary. The step itself stays
+// the program's (llm.c style): it runs its micro-steps, its optimizer, its evaluation.
+//
+//   tutti::train::Summary summary(json_path);                 // optional (train/summary.h)
+//   tutti::Job job(argc, argv, {.catch_stop_signals = true}); // SIGTERM & co. set a flag
+//   ...  model, ddp, optimizer, scaler, loader  ...
+//   tutti::train::Run run(job, {ddp, optimizer, scaler, loader},
+//                         {.steps = 1000, .checkpoint_dir = "ckpt", .resume = tutti::train::Resume::automatic,
+//                          .checkpoint_every = 100, .summary = &summary});
+//   while (run.next()) {                                      // false: done, stopped or diverged
+//     for (int micro = 0; micro < k; ++micro) {
+//       ... loss.forward(ddp.forward(x), y, scaler.scale()); ddp.backward(loss.grad(), scaler.scale());
+//       run.add_loss(loss.loss(), 1.0f / k);                  // this rank's mean loss of the step
+//     }
+//     if (scaler.update(ddp.found_nonfinite())) optimizer.step();
+//     ddp.zero_grad();
+//     run.end_step();                                         // COLLECTIVE: loss, stop flag, checkpoint
+//   }
+//   const tutti::train::Outcome outcome = run.finish();       // COLLECTIVE
+//   if (!outcome.message.empty()) std::fprintf(stderr, "prog: %s\n", outcome.message.c_str());
+//   return outcome.exit_code;                                 // 0, 3 (diverged), 75 (stopped)
+//
+// One collective a step: end_step() allreduces (average) one small f32 tensor on the
+// program's stream: this rank's mean loss of the step, a stop flag (1 on a rank that got a
+// stop signal or request_stop()), and the program's own figures (sync_slots()). So every
+// rank sees the same mean loss and the same stop decision after the same step.
+//
+// Who prints: nothing here prints. finish() returns the message rank 0 should print to
+// stderr after "<program>: " ("stopped at step 12 of 600 by SIGTERM (on rank 1). Checkpoint
+// written to ...", "error: the training loss is nan at step 37 (fp32): the run diverged. The
+// last good checkpoint ... is ..."), empty on the other ranks and when the run completed;
+// errors are thrown (tutti::Error, naming the step and the file). Messages name the options
+// as the examples' command-line flags do (--resume, --overwrite, --checkpoint-dir).
+//
+// The checkpoint is one file, <checkpoint_dir>/checkpoint.tckp (io/checkpoint.h: written
+// atomically, checked on reading), holding "model." and "optim." (whole tensors: it resumes at
+// any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss" and the
+// program's entries (State::add). Every rank reads it on resume; rank 0 writes it, after
+// every rank has gathered the state (collective).
+//
+// Exit codes (Outcome::exit_code): 0 completed; 3 diverged and 75 (EX_TEMPFAIL, "run the same
+// command again") stopped, on rank 0 only, 0 on the others: mpirun drops the output of the
+// other ranks, and kills them, once one has exited non-zero, and every rank stops alike.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/core/state_dict.h"
+#include "tutti/core/stream.h"
+#include "tutti/core/tensor.h"
+#include "tutti/io/checkpoint.h"
+#include "tutti/train/summary.h"
+
+namespace tutti {
+class Job;
+class Communicator;
+namespace ddp {
+class DistributedDataParallel;
+}
+namespace optim {
+class Optimizer;
+}
+namespace amp {
+class LossScaler;
+}
+}  // namespace tutti
+
+namespace tutti::train {
+
+// Whether a run continues the checkpoint in RunOptions::checkpoint_dir.
+enum class Resume : std::uint8_t {
+  no,         // start afresh; an existing checkpoint is an error unless RunOptions::overwrite
+  yes,        // continue it; an error if there is none
+  automatic,  // continue it if there is one, else start afresh (a scheduler reruns one command)
+};
+// "no", "yes", "auto" (the examples' --resume values); InvalidArgument otherwise.
+Resume parse_resume(std::string_view text);
+
+// The training state a Run saves and restores: the DDP model, the optimizer, the loss scaler,
+// and the program's own entries (the loader's position, counters). Keeps references: they
+// must outlive the Run.
+class State {
+ public:
+  State(ddp::DistributedDataParallel& ddp, optim::Optimizer& optimizer, amp::LossScaler& scaler);
+  // With a loader (anything with state_dict() and load_state_dict()) under "loader.".
+  template <class Loader>
+  State(ddp::DistributedDataParallel& ddp, optim::Optimizer& optimizer, amp::LossScaler& scaler, Loader& loader)
+      : State(ddp, optimizer, scaler) {
+    add("loader.", loader);
+  }
+
+  // Any object with `StateDict state_dict() [const]` and `void load_state_dict(const StateDict&)`,
+  // saved under `prefix` and restored from it (the entries without the prefix).
+  template <class T>
+  State& add(const std::string& prefix, T& object) {
+    return add(
+        prefix, [&object] { return object.state_dict(); },
+        [&object](const StateDict& s) { object.load_state_dict(s); });
+  }
+  State& add(const std::string& prefix, std::function<StateDict()> save, std::function<void(const StateDict&)> load);
+  // A number of the program's own, saved as an f32 scalar named `name` ("train.last_val_loss")
+  // and read back on resume (left as it is when the checkpoint has none).
+  State& add_scalar(const std::string& name, double& value);
+
+  struct Entry {
+    std::string prefix;
+    std::function<StateDict()> save;
+    std::function<void(const StateDict&)> load;
+  };
+  ddp::DistributedDataParallel* ddp;
+  optim::Optimizer* optimizer;
+  amp::LossScaler* scaler;
+  std::vector<Entry> entries;
+};
+
+struct RunOptions {
+  // The run is complete after this many optimizer steps in all (> 0; a resumed run counts the
+  // checkpoint's).
+  std::int64_t steps = 0;
+  // Where checkpoint.tckp is written and read ("": no checkpoints, and no resume). Every rank
+  // must see the same folder (a shared file system across nodes).
+  std::string checkpoint_dir;
+  Resume resume = Resume::no;
+  // With Resume::no: start afresh even when a checkpoint exists (it is replaced).
+  bool overwrite = false;
+  // Also checkpoint after every N-th step (0: only after the last step and on a stop).
+  std::int64_t checkpoint_every = 0;
+  // Strings stored in the checkpoint: the model's fingerprint ("model"), the program...
+  io::Metadata metadata;
+  // Keys of `metadata` a checkpoint must hold alike to be resumed ("... is for another model").
+  std::vector<std::string> must_match{"model"};
+  // The precision as the program names it ("fp32", "bf16", "fp16"; "": not named). Stored as
+  // metadata "precision"; a checkpoint of another precision leaves the loss scaler's state
+  // out (note() says so); named in the divergence message.
+  std::string precision;
+  // The stream the loss tensors are computed on (GPU); the step's allreduce is ordered after it.
+  Stream stream;
+  // Where the run's steps and ending are summarized (nullptr: nowhere). The Run sets its rank,
+  // "resumed_from_step", and the ending in finish().
+  Summary* summary = nullptr;
+  // What the stop message says after "Checkpoint written to <path>.".
+  std::string resume_advice =
+      "Resume with the same command and --resume (--resume auto also starts afresh when there is no checkpoint).";
+};
+
+// What end_step() found.
+struct StepEnd {
+  std::int64_t step = 0;          // the steps done (this step's number, counting from 1)
+  double loss = 0;                // the step's mean loss over every rank (as add_loss() summed it)
+  bool diverged = false;          // the loss is not finite (and the loss scaler is off): the run ends
+  bool stop = false;              // some rank asked to stop: the run ends after this step
+  bool last = false;              // step == RunOptions::steps
+  bool checkpoint = false;        // a checkpoint of this step was written
+  double checkpoint_seconds = 0;  // how long writing it blocked this step
+};
+
+struct Outcome {
+  enum class Status : std::uint8_t { completed, stopped, diverged };
+  Status status = Status::completed;
+  int exit_code = 0;      // 0; 3 (diverged) or 75 (stopped) on rank 0, 0 on the others
+  std::string message;    // rank 0: what to print to stderr after "<program>: "; "" elsewhere
+  std::int64_t step = 0;  // the steps done
+  int signal = 0;         // stopped: the signal the lowest stopping rank got (0: request_stop())
+  int signal_rank = -1;   // stopped: that rank
+};
+
+class Run {
+ public:
+  // COLLECTIVE. Checks that the ranks agree on the run (its options; whether the checkpoint
+  // exists: every rank reads it), refuses to start over an existing checkpoint unless told
+  // (resume or overwrite), and on resume loads every part of `state` from the checkpoint.
+  // The stop flag is the Job's (JobOptions::catch_stop_signals) or request_stop().
+  Run(Job& job, State state, RunOptions options);
+  // COLLECTIVE. The same without a Job (ranks as threads: ThreadGroup; or a communicator of
+  // the program's own): the ranks' agreement goes over `comm` (CPU tensors), and the stop
+  // flag is request_stop() only. `comm` serves the state's device.
+  Run(Communicator& comm, State state, RunOptions options);
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  // Starts the next step: true when there is one to do; false once the run completed, was
+  // stopped or diverged (then call finish()). Not collective. Marks the step's start in the
+  // trace (core/trace.h).
+  bool next();
+  // Within a step: adds weight x loss (f32 [1] on the state's device, e.g. CrossEntropyLoss's
+  // loss()) to this rank's loss of the step, on RunOptions::stream. Not collective; no sync.
+  void add_loss(const Tensor& loss, float weight = 1.0f);
+  // Within a step, before add_loss(): `count` more floats in this step's allreduce (average
+  // over the ranks), for the program's own figures (a straggler detector's): write them into
+  // the returned tensor (f32 [count] on the device) before end_step(), read them after.
+  Tensor sync_slots(int count);
+  // This rank asks the run to stop after the current step, as a stop signal would (`signal`
+  // is named in the message; 0: "a stop request"). Not collective.
+  void request_stop(int signal = 0);
+  // COLLECTIVE, ends the step: the allreduce of the loss and the stop flag (one collective),
+  // the divergence check, the checkpoint when one is due. Throws what a failed save threw
+  // (tutti::Error naming the step and the file; the other ranks are told by the Job).
+  const StepEnd& end_step();
+  // COLLECTIVE, after next() returned false: a stopped run waits until every rank is there
+  // (the checkpoint is written) and agrees on the signal and the rank that got it; writes the
+  // summary's ending (completed, stopped or diverged: set the program's final figures first).
+  Outcome finish();
+
+  std::int64_t step() const;        // steps done
+  std::int64_t first_step() const;  // where this run started: 0, or the checkpoint's step
+  bool resumed() const;
+  std::int64_t steps() const;  // RunOptions::steps
+  double loss() const;         // the last step's mean loss (-1: none yet, or not in the checkpoint)
+  bool completed() const;      // next() returned false with every step done (not stopped, not diverged)
+  // The checkpoint's file ("" without a checkpoint_dir).
+  const std::string& checkpoint_path() const;
+  // A note on the resume for the program's start-up line ("" when none), e.g. " (checkpoint
+  // written in fp32: the loss scaler starts afresh)".
+  const std::string& note() const;
+
+  struct Impl;  // internal
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tutti::train

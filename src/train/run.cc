@@ -1,0 +1,299 @@
+// train::Run: the step protocol (next, add_loss, end_step) and the ending (finish).
+// Resume and the checkpoint writer are in checkpointing.cc.
+#include <zlib.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+#include "train/run_impl.h"
+#include "tutti/amp/loss_scaler.h"
+#include "tutti/comm/job.h"
+#include "tutti/core/error.h"
+#include "tutti/core/trace.h"
+#include "tutti/ddp/ddp.h"
+#include "tutti/kernels/elementwise.h"
+#include "tutti/nn/loss.h"
+#include "tutti/optim/optimizer.h"
+
+namespace tutti::train {
+namespace {
+
+using Phase = Run::Impl::Phase;
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case 0: return "a stop request";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+  }
+  return "a signal";
+}
+
+// check_same without a Job: the crc32 of the value, its minimum and maximum over the ranks.
+void check_same_over(Communicator& comm, int rank, std::string_view what, std::string_view value) {
+  const auto crc = static_cast<std::int64_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(value.data()), static_cast<uInt>(value.size())));
+  const Tensor vote = Tensor::from_ints({crc, -crc}, {2}, DType::i64);
+  CallOptions call;
+  call.label = "train::Run check_same";
+  comm.allreduce(vote, ReduceOp::min, call).wait();
+  const std::vector<std::int64_t> v = vote.to_ints();
+  TUTTI_CHECK_ARG(v[0] == -v[1], "ranks disagree on ", what, ": '", value, "' on rank ", rank,
+                  " differs from another rank's (every rank must have the same value)");
+}
+
+std::string describe(const RunOptions& o) {
+  std::ostringstream s;
+  s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
+    << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
+    << "'";
+  return s.str();
+}
+
+}  // namespace
+
+Resume parse_resume(std::string_view text) {
+  if (text == "no") return Resume::no;
+  if (text == "yes") return Resume::yes;
+  if (text == "auto") return Resume::automatic;
+  TUTTI_THROW(InvalidArgument, "resume: '", text, "' is none of no, yes, auto");
+}
+
+State::State(ddp::DistributedDataParallel& d, optim::Optimizer& o, amp::LossScaler& s)
+    : ddp(&d), optimizer(&o), scaler(&s) {}
+
+State& State::add(const std::string& prefix, std::function<StateDict()> save,
+                  std::function<void(const StateDict&)> load) {
+  entries.push_back({prefix, std::move(save), std::move(load)});
+  return *this;
+}
+
+State& State::add_scalar(const std::string& name, double& value) {
+  return add(
+      "",
+      [name, &value] {
+        return StateDict{{name, scalar_tensor(value)}};
+      },
+      [name, &value](const StateDict& s) {
+        if (s.count(name)) value = get_scalar(s, name);
+      });
+}
+
+Run::Run(Job& job, State state, RunOptions options)
+    : impl_(std::make_unique<Impl>(std::move(state), std::move(options))) {
+  Impl& m = *impl_;
+  m.comm = &job.communicator();
+  m.cpu_comm = &job.cpu_communicator();
+  m.rank = job.rank();
+  m.world = job.world_size();
+  m.check_same = [&job](std::string_view what, std::string_view value) { job.check_same(what, value); };
+  m.signal = [&job] { return job.stop_signal(); };
+  m.start();
+}
+
+Run::Run(Communicator& comm, State state, RunOptions options)
+    : impl_(std::make_unique<Impl>(std::move(state), std::move(options))) {
+  Impl& m = *impl_;
+  m.comm = &comm;
+  m.cpu_comm = &comm;
+  m.rank = comm.rank();
+  m.world = comm.size();
+  m.check_same = [&m](std::string_view what, std::string_view value) {
+    check_same_over(*m.cpu_comm, m.rank, what, value);
+  };
+  m.signal = [] { return 0; };
+  m.start();
+}
+
+Run::~Run() = default;
+
+void Run::Impl::start() {
+  TUTTI_CHECK_ARG(options.steps > 0, "train::Run: RunOptions::steps must be positive, got ", options.steps);
+  TUTTI_CHECK_ARG(options.checkpoint_every >= 0, "train::Run: RunOptions::checkpoint_every must be >= 0, got ",
+                  options.checkpoint_every);
+  TUTTI_CHECK_ARG(options.resume == Resume::no || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  // A summary that could not be written at the end would lose the run's result: fail now.
+  if (options.summary) options.summary->set_rank(rank);
+  check_same("the run's options (train::RunOptions)", describe(options));
+  path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
+  resume_from_checkpoint();
+  first_step = step;
+  const Device device =
+      state.ddp->module().parameters().empty() ? Device::cpu() : state.ddp->module().parameters()[0]->device();
+  one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
+  sync = Tensor::zeros({2}, DType::f32, device);
+  if (options.summary) {
+    options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
+    options.summary->set_step(step, loss);
+  }
+}
+
+bool Run::next() {
+  Impl& m = *impl_;
+  TUTTI_CHECK(m.phase != Phase::in_step, "train::Run::next: the step before has not ended (end_step())");
+  if (m.phase != Phase::between) return false;
+  if (m.step >= m.options.steps) {
+    m.phase = Phase::completed;
+    return false;
+  }
+  m.phase = Phase::in_step;
+  m.loss_added = false;
+  trace::begin_step(m.step + 1);
+  m.sync.zero(m.options.stream);
+  return true;
+}
+
+void Run::add_loss(const Tensor& loss, float weight) {
+  Impl& m = *impl_;
+  TUTTI_CHECK(m.phase == Phase::in_step, "train::Run::add_loss: outside a step (call next() first)");
+  m.loss_added = true;
+  kernels::add_scaled(loss, weight, m.sync.view(0, {1}), m.options.stream);
+}
+
+Tensor Run::sync_slots(int count) {
+  Impl& m = *impl_;
+  TUTTI_CHECK(m.phase == Phase::in_step, "train::Run::sync_slots: outside a step (call next() first)");
+  TUTTI_CHECK(!m.loss_added, "train::Run::sync_slots: call it before add_loss() in a step");
+  TUTTI_CHECK_ARG(count >= 0, "train::Run::sync_slots: count must be >= 0, got ", count);
+  if (m.sync.numel() != 2 + count) {
+    m.sync = Tensor::zeros({2 + count}, DType::f32, m.sync.device());
+    m.sync.zero(m.options.stream);
+  }
+  return count > 0 ? m.sync.view(2, {count}) : Tensor();
+}
+
+void Run::request_stop(int signal) { impl_->requested_signal = signal; }
+
+const StepEnd& Run::end_step() {
+  Impl& m = *impl_;
+  TUTTI_CHECK(m.phase == Phase::in_step, "train::Run::end_step: outside a step (call next() first)");
+  m.check_background_work();
+  const Stream& stream = m.options.stream;
+  // The mean loss over the whole global batch (the mean of the ranks' equal-sized means), the
+  // stop flag (> 0 when any rank has one) and the program's figures: the step's one collective.
+  const Tensor stop_flag = m.sync.view(1, {1});
+  if (m.stop_requested()) kernels::add_scaled(m.one, 1.0f, stop_flag, stream);
+  CallOptions call;
+  call.label = "train loss and stop flag";
+  call.stream = stream;
+  m.comm->allreduce(m.sync, ReduceOp::avg, call).wait(stream);
+  m.loss = nn::item(m.sync.view(0, {1}), stream);
+  const bool stop = nn::item(stop_flag, stream) > 0;
+  ++m.step;
+  if (m.options.summary) m.options.summary->set_step(m.step, m.loss);
+  trace::end_step();
+
+  m.end = StepEnd{};
+  m.end.step = m.step;
+  m.end.loss = m.loss;
+  m.end.stop = stop;
+  m.end.last = m.step >= m.options.steps;
+  m.phase = Phase::between;
+  // fp16's loss scaler skips non-finite steps (and throws at its floor); without it a
+  // non-finite loss means the run diverged. Every rank sees the same mean loss, so every rank
+  // stops here alike, with no checkpoint of this step.
+  if (!std::isfinite(m.loss) && !m.state.scaler->enabled()) {
+    m.end.diverged = true;
+    m.phase = Phase::diverged;
+    return m.end;
+  }
+  if (!m.path.empty() &&
+      ((m.options.checkpoint_every > 0 && m.step % m.options.checkpoint_every == 0) || m.end.last || stop)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.write_checkpoint();
+    m.end.checkpoint = true;
+    m.end.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.saved_step = m.step;
+    m.saved_loss = m.loss;
+  }
+  if (m.end.last) {
+    m.phase = Phase::completed;
+  } else if (stop) {
+    m.phase = Phase::stopped;
+  }
+  return m.end;
+}
+
+Outcome Run::finish() {
+  Impl& m = *impl_;
+  TUTTI_CHECK(m.phase == Phase::completed || m.phase == Phase::stopped || m.phase == Phase::diverged,
+              "train::Run::finish: the run has not ended (call it once next() returned false, and once)");
+  Outcome out;
+  out.step = m.step;
+  char text[2048];
+  if (m.phase == Phase::stopped) {
+    // Every rank leaves once the checkpoint is written: after a stop signal the Job waits only
+    // briefly in MPI_Finalize (the launcher may be taking the job down).
+    CallOptions barrier;
+    barrier.label = "stopped: the checkpoint is written";
+    m.comm->barrier(barrier).wait();
+    // Which rank asked, and by what: one integer per rank, rank · 256 + signal where one asked
+    // (signals are < 256), else the largest i64; the minimum names the lowest such rank.
+    constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+    const Tensor vote =
+        Tensor::from_ints({m.stop_requested() ? std::int64_t{m.rank} * 256 + m.stop_signal() : kNone}, {1}, DType::i64);
+    CallOptions agree;
+    agree.label = "agree_stop";
+    m.cpu_comm->allreduce(vote, ReduceOp::min, agree).wait();
+    const std::int64_t agreed = vote.to_ints()[0];
+    out.signal = agreed == kNone ? 0 : static_cast<int>(agreed % 256);
+    out.signal_rank = agreed == kNone ? -1 : static_cast<int>(agreed / 256);
+    out.status = Outcome::Status::stopped;
+    if (m.options.summary) m.options.summary->stopped(signal_name(out.signal), m.path);
+    if (m.rank == 0) {
+      out.exit_code = 75;
+      const std::string how = m.path.empty()
+                                  ? "No checkpoint was written (no --checkpoint-dir): the run cannot be resumed."
+                                  : "Checkpoint written to " + m.path + ". " + m.options.resume_advice;
+      std::snprintf(text, sizeof text, "stopped at step %lld of %lld by %s (on rank %d). %s",
+                    static_cast<long long>(m.step), static_cast<long long>(m.options.steps), signal_name(out.signal),
+                    out.signal_rank, how.c_str());
+      out.message = text;
+    }
+  } else if (m.phase == Phase::diverged) {
+    out.status = Outcome::Status::diverged;
+    if (m.options.summary) m.options.summary->diverged();
+    if (m.rank == 0) {
+      out.exit_code = 3;
+      const double lr = m.state.optimizer ? m.state.optimizer->lr() : 0;
+      char where[1024];
+      if (m.saved_step >= 0) {
+        std::snprintf(where, sizeof where,
+                      "The last good checkpoint (written before the loss stopped being finite) is %s, at step %lld "
+                      "with train loss %g: resume from it with a smaller learning rate (the last step's was %g), or "
+                      "from an earlier one.",
+                      m.path.c_str(), static_cast<long long>(m.saved_step), m.saved_loss, lr);
+      } else {
+        std::snprintf(where, sizeof where,
+                      "No checkpoint was written (--checkpoint-dir with --checkpoint-every N keeps one); start again "
+                      "with a smaller learning rate (the last step's was %g).",
+                      lr);
+      }
+      const std::string precision = m.options.precision.empty() ? "" : " (" + m.options.precision + ")";
+      std::snprintf(text, sizeof text, "error: the training loss is %g at step %lld%s: the run diverged. %s", m.loss,
+                    static_cast<long long>(m.step), precision.c_str(), where);
+      out.message = text;
+    }
+  } else {
+    if (m.options.summary) m.options.summary->completed();
+  }
+  m.phase = Phase::finished;
+  return out;
+}
+
+std::int64_t Run::step() const { return impl_->step; }
+std::int64_t Run::first_step() const { return impl_->first_step; }
+bool Run::resumed() const { return impl_->resumed; }
+std::int64_t Run::steps() const { return impl_->options.steps; }
+double Run::loss() const { return impl_->loss; }
+bool Run::completed() const { return impl_->phase == Phase::completed; }
+const std::string& Run::checkpoint_path() const { return impl_->path; }
+const std::string& Run::note() const { return impl_->note; }
+
+}  // namespace tutti::train

@@ -1,0 +1,62 @@
+// The insides of train::Run (include/tutti/train/run.h), shared by its two sources: run.cc
+// (the step protocol, the ending) and checkpointing.cc (resume and the one place a checkpoint
+// is written). Internal header.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "tutti/comm/communicator.h"
+#include "tutti/core/tensor.h"
+#include "tutti/train/run.h"
+
+namespace tutti::train {
+
+struct Run::Impl {
+  // What the Run needs of a Job, so that ranks as threads (no Job) run the same code.
+  Communicator* comm = nullptr;      // the state's device: the step's allreduce
+  Communicator* cpu_comm = nullptr;  // CPU tensors: agreements
+  int rank = 0;
+  int world = 1;
+  std::function<void(std::string_view what, std::string_view value)> check_same;
+  std::function<int()> signal;  // the stop signal this process got (0: none)
+
+  State state;
+  RunOptions options;
+  std::string path;  // the checkpoint's file ("": none)
+  std::string note;
+
+  std::int64_t step = 0, first_step = 0;
+  bool resumed = false;
+  double loss = -1;              // the last step's mean loss (-1: none)
+  std::int64_t saved_step = -1;  // the step of the last checkpoint written or read (-1: none)
+  double saved_loss = -1;        // and its loss
+
+  enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
+  Phase phase = Phase::between;
+  bool loss_added = false;
+  int requested_signal = -1;  // request_stop(): the signal named (-1: not requested)
+
+  Tensor sync;  // f32 [2 + slots]: the step's loss, the stop flag, the program's figures
+  Tensor one;   // f32 [1] = 1 on the device (the stop flag's increment)
+  StepEnd end;
+
+  Impl(State s, RunOptions o) : state(std::move(s)), options(std::move(o)) {}
+
+  // Construction, after the seams above are set: the checks, then the resume.
+  void start();
+  // checkpointing.cc
+  void resume_from_checkpoint();
+  // THE place a checkpoint is written: COLLECTIVE (every rank gathers the whole tensors),
+  // rank 0 writes the file. The asynchronous writer replaces its body.
+  void write_checkpoint();
+  // Once a step, before its collective: where a background write's failure would be thrown.
+  void check_background_work();
+  // Whether this rank was asked to stop, and by what signal (0: request_stop()).
+  bool stop_requested() const { return requested_signal >= 0 || signal() != 0; }
+  int stop_signal() const { return signal() != 0 ? signal() : requested_signal; }
+};
+
+}  // namespace tutti::train

@@ -1,0 +1,324 @@
+// train::Run with ranks as threads (tutti::ThreadGroup, no mpirun): resume (explicit, auto,
+// the refusal to overwrite), a stop asked on one rank that stops every rank after the same
+// step with a checkpoint from which the resumed run ends bit-identical to an uninterrupted
+// one, divergence, the checkpoint cadence, and the JSON summary of each ending. The reference
+// of "bit-identical" is the same program run without interruption (the thread backend sums in
+// rank order, so two runs of one program agree bit for bit).
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "tutti/amp/loss_scaler.h"
+#include "tutti/comm/thread_group.h"
+#include "tutti/data/loader.h"
+#include "tutti/ddp/ddp.h"
+#include "tutti/io/checkpoint.h"
+#include "tutti/kernels/threads.h"
+#include "tutti/nn/layers.h"
+#include "tutti/nn/loss.h"
+#include "tutti/nn/sequential.h"
+#include "tutti/optim/sgd.h"
+#include "tutti/train/run.h"
+
+namespace tutti::train {
+namespace {
+
+constexpr std::int64_t kIn = 12, kClasses = 5, kSamples = 96;
+
+// 96 samples of 12 features, 5 classes: the same on every rank.
+data::Dataset dataset() {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(kSamples * kIn);
+  for (float& v : x) v = normal(rng);
+  std::vector<std::int64_t> y(kSamples);
+  for (auto& v : y) v = static_cast<std::int64_t>(rng() % kClasses);
+  return {Tensor::from_floats(x, {kSamples, kIn}), Tensor::from_ints(y, {kSamples}, DType::i32)};
+}
+
+struct Plan {
+  int ranks = 2;
+  int zero = 0;
+  RunOptions options;
+  int stop_rank = -1;          // this rank calls request_stop(SIGTERM) ...
+  std::int64_t stop_step = 0;  // ... within this step (1-based)
+  std::int64_t inf_step = 0;   // rank 0 adds an inf loss in this step (0: never)
+  std::string summary;         // the JSON summary's path ("": none)
+};
+
+struct Result {
+  std::vector<float> params;                   // rank 0's whole parameters at the end
+  std::vector<Outcome> outcomes;               // per rank
+  std::vector<std::int64_t> steps;             // per rank: steps done
+  std::vector<std::int64_t> checkpoint_steps;  // rank 0: the steps end_step() wrote a checkpoint at
+  std::int64_t first_step = -1;
+  bool resumed = false;
+};
+
+// The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
+// a DistributedLoader (its position too), 2 accumulation steps, under a train::Run.
+Result train(const Plan& plan) {
+  kernels::set_cpu_threads(1);
+  ThreadGroup group(plan.ranks, {.timeout = std::chrono::seconds(20)});
+  Result out;
+  out.outcomes.resize(static_cast<std::size_t>(plan.ranks));
+  out.steps.resize(static_cast<std::size_t>(plan.ranks));
+  group.run([&](int rank) {
+    Communicator& comm = group.communicator(rank);
+    Summary summary(plan.summary);
+    nn::Sequential model;
+    model.add<nn::Linear>(kIn, 16).add<nn::ReLU>().add<nn::Linear>(16, kClasses);
+    model.init(rank == 0 ? 11 : 99);  // rank 0's values reach everyone
+    ddp::DdpOptions o;
+    o.accumulation_steps = 2;
+    o.zero_stage = plan.zero;
+    ddp::DistributedDataParallel ddp(comm, model, o);
+    optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});
+    ddp.attach(optimizer);
+    amp::LossScaler scaler(amp::LossScalerOptions{.mode = amp::ScalerMode::off});
+    data::DistributedLoader loader(dataset(),
+                                   {.global_micro_batch_size = 12, .rank = rank, .world_size = plan.ranks, .seed = 3});
+    nn::CrossEntropyLoss loss;
+    const Tensor inf = Tensor::from_floats({std::numeric_limits<float>::infinity()}, {1});
+
+    RunOptions options = plan.options;
+    options.metadata["model"] = "mlp 12-16-5";
+    if (!plan.summary.empty()) options.summary = &summary;
+    Run run(comm, {ddp, optimizer, scaler, loader}, options);
+    if (rank == 0) {
+      out.first_step = run.first_step();
+      out.resumed = run.resumed();
+    }
+    while (run.next()) {
+      for (int micro = 0; micro < 2; ++micro) {
+        const data::Batch b = loader.next();
+        loss.forward(ddp.forward(b.images), b.labels);
+        ddp.backward(loss.grad());
+        run.add_loss(loss.loss(), 0.5f);
+      }
+      if (rank == 0 && run.step() + 1 == plan.inf_step) run.add_loss(inf);
+      if (rank == plan.stop_rank && run.step() + 1 == plan.stop_step) run.request_stop(SIGTERM);
+      optimizer.step();
+      ddp.zero_grad();
+      const StepEnd& end = run.end_step();
+      if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
+    }
+    out.outcomes[static_cast<std::size_t>(rank)] = run.finish();
+    out.steps[static_cast<std::size_t>(rank)] = run.step();
+    const StateDict state = ddp.model_state_dict();
+    if (rank == 0) {
+      for (const nn::Parameter* p : model.parameters()) {
+        const std::vector<float> v = state.at(p->name).to_floats();
+        out.params.insert(out.params.end(), v.begin(), v.end());
+      }
+    }
+  });
+  return out;
+}
+
+class RunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("tutti_run_test_" + std::to_string(::getpid()) + "_" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string ckpt_dir() const { return (dir_ / "ckpt").string(); }
+  std::string ckpt() const { return ckpt_dir() + "/checkpoint.tckp"; }
+  std::string file(const std::string& name) const {
+    std::filesystem::create_directories(dir_);
+    return (dir_ / name).string();
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  std::filesystem::path dir_;
+};
+
+std::int64_t step_of(const std::string& ckpt) { return get_int_scalar(io::load_checkpoint(ckpt).state, "train.step"); }
+
+TEST_F(RunTest, StopOnOneRankStopsEveryRankAfterTheSameStepAndTheResumeEndsAsAnUninterruptedRun) {
+  for (int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    std::filesystem::remove_all(dir_);
+    const Result whole = train({.ranks = 3, .zero = zero, .options = {.steps = 9}});
+    const Result stopped = train({.ranks = 3,
+                                  .zero = zero,
+                                  .options = {.steps = 9, .checkpoint_dir = ckpt_dir()},
+                                  .stop_rank = 2,
+                                  .stop_step = 4,
+                                  .summary = file("stopped.json")});
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(stopped.steps[r], 4) << "rank " << r;
+      EXPECT_EQ(stopped.outcomes[r].status, Outcome::Status::stopped) << "rank " << r;
+      EXPECT_EQ(stopped.outcomes[r].exit_code, r == 0 ? 75 : 0) << "rank " << r;
+      EXPECT_EQ(stopped.outcomes[r].signal, SIGTERM);
+      EXPECT_EQ(stopped.outcomes[r].signal_rank, 2);
+    }
+    EXPECT_EQ(stopped.outcomes[0].message,
+              "stopped at step 4 of 9 by SIGTERM (on rank 2). Checkpoint written to " + ckpt() +
+                  ". Resume with the same command and --resume (--resume auto also starts afresh when there is no "
+                  "checkpoint).");
+    EXPECT_TRUE(stopped.outcomes[1].message.empty());
+    EXPECT_EQ(stopped.checkpoint_steps, std::vector<std::int64_t>{4});  // the stop's, no other
+    EXPECT_EQ(step_of(ckpt()), 4);
+    const std::string json = read(file("stopped.json"));
+    EXPECT_NE(json.find("\"status\": \"stopped\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"signal\": \"SIGTERM\""), std::string::npos) << json;
+    EXPECT_NE(json.find("\"steps\": 4"), std::string::npos) << json;
+    EXPECT_NE(json.find("\"checkpoint\": \"" + ckpt() + "\""), std::string::npos) << json;
+
+    const Result resumed = train(
+        {.ranks = 3, .zero = zero, .options = {.steps = 9, .checkpoint_dir = ckpt_dir(), .resume = Resume::automatic}});
+    EXPECT_TRUE(resumed.resumed);
+    EXPECT_EQ(resumed.first_step, 4);
+    EXPECT_EQ(resumed.outcomes[0].status, Outcome::Status::completed);
+    EXPECT_EQ(resumed.outcomes[0].exit_code, 0);
+    ASSERT_EQ(resumed.params.size(), whole.params.size());
+    EXPECT_EQ(resumed.params, whole.params) << "the resumed run ends other than the uninterrupted one";
+  }
+}
+
+TEST_F(RunTest, ResumeAcrossWorldSizesContinuesTheSameTraining) {
+  const Result whole = train({.ranks = 2, .options = {.steps = 6}});
+  train({.ranks = 4, .options = {.steps = 3, .checkpoint_dir = ckpt_dir()}});
+  const Result resumed =
+      train({.ranks = 2, .options = {.steps = 6, .checkpoint_dir = ckpt_dir(), .resume = Resume::yes}});
+  EXPECT_EQ(resumed.first_step, 3);
+  ASSERT_EQ(resumed.params.size(), whole.params.size());
+  double diff = 0, ref = 0;
+  for (std::size_t i = 0; i < whole.params.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(resumed.params[i] - whole.params[i])));
+    ref = std::max(ref, static_cast<double>(std::fabs(whole.params[i])));
+  }
+  EXPECT_LE(diff / ref, 1e-5);  // only the order of the sums over ranks differs
+}
+
+TEST_F(RunTest, ResumeExplicitAutoAndTheRefusalToOverwrite) {
+  // --resume without a checkpoint: refused; --resume auto: starts afresh.
+  try {
+    train({.options = {.steps = 2, .checkpoint_dir = ckpt_dir(), .resume = Resume::yes}});
+    ADD_FAILURE() << "resuming without a checkpoint was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no checkpoint at " + ckpt()), std::string::npos) << e.what();
+  }
+  const Result fresh = train({.options = {.steps = 2, .checkpoint_dir = ckpt_dir(), .resume = Resume::automatic}});
+  EXPECT_FALSE(fresh.resumed);
+  EXPECT_EQ(fresh.first_step, 0);
+  EXPECT_EQ(step_of(ckpt()), 2);
+  // A checkpoint exists: starting afresh without --overwrite is refused and leaves it alone.
+  const auto before = std::filesystem::last_write_time(ckpt());
+  try {
+    train({.options = {.steps = 3, .checkpoint_dir = ckpt_dir()}});
+    ADD_FAILURE() << "starting over an existing checkpoint was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a checkpoint exists at " + ckpt()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::last_write_time(ckpt()), before);
+  // auto and yes continue it; overwrite starts afresh and replaces it.
+  const Result continued = train({.options = {.steps = 3, .checkpoint_dir = ckpt_dir(), .resume = Resume::automatic}});
+  EXPECT_TRUE(continued.resumed);
+  EXPECT_EQ(continued.first_step, 2);
+  EXPECT_EQ(step_of(ckpt()), 3);
+  const Result again = train({.options = {.steps = 4, .checkpoint_dir = ckpt_dir(), .resume = Resume::yes}});
+  EXPECT_EQ(again.first_step, 3);
+  const Result over = train({.options = {.steps = 1, .checkpoint_dir = ckpt_dir(), .overwrite = true}});
+  EXPECT_FALSE(over.resumed);
+  EXPECT_EQ(over.first_step, 0);
+  EXPECT_EQ(step_of(ckpt()), 1);
+  // Another model's checkpoint is refused by its metadata.
+  io::Checkpoint other = io::load_checkpoint(ckpt());
+  other.metadata["model"] = "cnn";
+  io::save_checkpoint(ckpt(), other.state, other.metadata);
+  try {
+    train({.options = {.steps = 2, .checkpoint_dir = ckpt_dir(), .resume = Resume::yes}});
+    ADD_FAILURE() << "another model's checkpoint was resumed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(RunTest, CheckpointCadenceEveryNStepsAtTheEndAndAtAStop) {
+  const Result every = train({.options = {.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 4}});
+  EXPECT_EQ(every.checkpoint_steps, (std::vector<std::int64_t>{4, 8, 10}));
+  std::filesystem::remove_all(ckpt_dir());
+  const Result end_only = train({.options = {.steps = 5, .checkpoint_dir = ckpt_dir()}});
+  EXPECT_EQ(end_only.checkpoint_steps, (std::vector<std::int64_t>{5}));
+  std::filesystem::remove_all(ckpt_dir());
+  const Result stop = train(
+      {.options = {.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 3}, .stop_rank = 1, .stop_step = 5});
+  EXPECT_EQ(stop.checkpoint_steps, (std::vector<std::int64_t>{3, 5}));
+  // No folder: no checkpoint, and the stop says it cannot be resumed.
+  const Result none = train({.options = {.steps = 10, .checkpoint_every = 3}, .stop_rank = 0, .stop_step = 2});
+  EXPECT_TRUE(none.checkpoint_steps.empty());
+  EXPECT_EQ(none.outcomes[0].status, Outcome::Status::stopped);
+  EXPECT_NE(none.outcomes[0].message.find("No checkpoint was written"), std::string::npos) << none.outcomes[0].message;
+}
+
+TEST_F(RunTest, ANonFiniteLossEndsTheRunNamingTheLastGoodCheckpoint) {
+  const Result r =
+      train({.options = {.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 2, .precision = "fp32"},
+             .inf_step = 5,
+             .summary = file("diverged.json")});
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(r.outcomes[rank].status, Outcome::Status::diverged);
+    EXPECT_EQ(r.outcomes[rank].exit_code, rank == 0 ? 3 : 0);
+    EXPECT_EQ(r.steps[rank], 5);
+  }
+  const std::string& m = r.outcomes[0].message;
+  EXPECT_EQ(m.rfind("error: the training loss is inf at step 5 (fp32): the run diverged. The last good checkpoint "
+                    "(written before the loss stopped being finite) is " +
+                        ckpt() + ", at step 4 with train loss ",
+                    0),
+            0u)
+      << m;
+  EXPECT_EQ(r.checkpoint_steps, (std::vector<std::int64_t>{2, 4}));  // none of the diverged step
+  EXPECT_EQ(step_of(ckpt()), 4);
+  const std::string json = read(file("diverged.json"));
+  EXPECT_NE(json.find("\"status\": \"diverged\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"loss\": \"inf\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"last_finite_step\": 4"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"steps\": 5"), std::string::npos) << json;
+}
+
+TEST_F(RunTest, ACompletedRunSummarizesItsSteps) {
+  const Result r = train({.options = {.steps = 3}, .summary = file("done.json")});
+  EXPECT_EQ(r.outcomes[0].status, Outcome::Status::completed);
+  EXPECT_TRUE(r.outcomes[0].message.empty());
+  const std::string json = read(file("done.json"));
+  EXPECT_NE(json.find("\"status\": \"completed\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"steps\": 3"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"resumed_from_step\": 0"), std::string::npos) << json;
+}
+
+TEST(Summary, QuotesJsonAndReplacesBytesThatAreNotUtf8) {
+  EXPECT_EQ(json_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+  EXPECT_EQ(json_quote("\xc3\xa9"), "\"\xc3\xa9\"");  // é stays
+  EXPECT_EQ(json_quote("x\xff"
+                       "y"),
+            "\"x\\ufffdy\"");                               // a stray byte
+  EXPECT_EQ(json_quote("\xe2\x82"), "\"\\ufffd\\ufffd\"");  // a cut sequence
+  EXPECT_EQ(json_quote(std::string_view("\x01", 1)), "\"\\u0001\"");
+}
+
+TEST(ParseResume, TakesTheFlagValues) {
+  EXPECT_EQ(parse_resume("no"), Resume::no);
+  EXPECT_EQ(parse_resume("yes"), Resume::yes);
+  EXPECT_EQ(parse_resume("auto"), Resume::automatic);
+  EXPECT_THROW(parse_resume("maybe"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tutti::train
