@@ -3,7 +3,6 @@
 #include <zlib.h>
 
 #include <cstdio>
-#include <filesystem>
 
 namespace example {
 
@@ -32,23 +31,6 @@ void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program) {
   if (job.rank() != 0 || !job.device().is_cpu()) return;
   const std::string warning = tutti::kernels::cpu_blas_info().warning();
   if (!warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", program, warning.c_str());
-}
-
-void save_checkpoint(const tutti::Job& job, tutti::ddp::DistributedDataParallel& ddp,
-                     tutti::optim::Optimizer& optimizer, const std::function<tutti::StateDict()>& rest,
-                     const std::string& path, const tutti::io::Metadata& metadata, std::int64_t step) {
-  tutti::StateDict model_state = ddp.model_state_dict();
-  tutti::StateDict optim_state = ddp.optimizer_state_dict(optimizer);
-  if (job.rank() != 0) return;
-  try {
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    tutti::StateDict state = rest();
-    tutti::io::add_prefixed(state, "model.", std::move(model_state));
-    tutti::io::add_prefixed(state, "optim.", std::move(optim_state));
-    tutti::io::save_checkpoint(path, state, metadata);
-  } catch (const std::exception& e) {
-    TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", path, " failed: ", e.what());
-  }
 }
 
 }  // namespace example

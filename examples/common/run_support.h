@@ -1,10 +1,9 @@
 // What the example trainers (train_fashion_mnist, train_gpt) share beyond the library: the
-// precision flags, the parameters' checksum their JSON reports, start-up warnings, and how a
-// checkpoint is written.
+// precision flags, the parameters' checksum their JSON reports, start-up warnings. (Their
+// shared flags: run_flags.h; run control: tutti::train::Run.)
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include <tutti/tutti.h>
@@ -24,14 +23,5 @@ std::uint32_t parameters_crc32(const tutti::StateDict& model_state);
 // Rank 0 of a job on the CPU: prints "<program>: warning: ..." to stderr when OpenBLAS runs
 // kernels older than the CPU (tutti::kernels::cpu_blas_info()).
 void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program);
-
-// COLLECTIVE. Every rank gathers the model's and the optimizer's whole tensors (under ZeRO,
-// from the shards); rank 0 writes them as "model." and "optim." with what `rest()` gives (the
-// loss scaler, the loader, the trainer's counters; called on rank 0 only) to `path`, making its
-// folder if needed. A failure throws a tutti Error naming `step` and `path` (the other ranks
-// are told its message).
-void save_checkpoint(const tutti::Job& job, tutti::ddp::DistributedDataParallel& ddp,
-                     tutti::optim::Optimizer& optimizer, const std::function<tutti::StateDict()>& rest,
-                     const std::string& path, const tutti::io::Metadata& metadata, std::int64_t step);
 
 }  // namespace example

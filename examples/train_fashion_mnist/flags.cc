@@ -35,38 +35,10 @@ int parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--momentum", f.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay, "weight decay (default 0 for sgd, 0.01 for adamw)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--precision", f.precision, "compute precision: fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  app.add_option("--grad-comm", f.grad_comm,
-                 "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--zero", f.zero,
-                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
-                 "the gradients); checkpoints resume at any stage and number of ranks")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
-  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization and the data order")->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
-  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--resume", f.resume,
-                 "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
-                 "continue if there is one, else start afresh (for a scheduler that reruns the same command)")
-      ->expected(0, 1)
-      ->default_str("yes")
-      ->check(CLI::IsMember({"yes", "auto"}));
-  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--max-steps", f.max_steps, "stop after this many steps in total (0: all epochs)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
-  app.add_flag("--quiet", f.quiet, "no progress output");
   app.add_option("--data", f.data,
                  "directory with Fashion-MNIST's *-ubyte.gz files (default: $TUTTI_FASHION_MNIST_DIR if set, "
                  "else Debian's)")
@@ -75,9 +47,6 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))
       ->capture_default_str();
@@ -102,13 +71,10 @@ int parse_flags(int argc, char** argv, Flags& f) {
                  "fraction slower than the median that makes a straggler")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--peak-tflops", f.peak_tflops,
-                 "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
-                 "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
-      ->check(CLI::PositiveNumber);
   app.add_option("--debug-slow", f.debug_slow,
                  "RANK:MS or RANK:P%: that rank busy-waits MS ms in every step, or P% of its own compute before "
                  "the first collective in the step before (to see a straggler)");
+  example::add_run_flags(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,9 +6,13 @@
 
 #include <tutti/tutti.h>
 
+#include "../common/run_flags.h"
+
 namespace fmnist {
 
-struct Flags {
+// The flags both trainers share (device, precision, ZeRO, checkpoints, --json...) are
+// example::RunFlags's.
+struct Flags : example::RunFlags {
   std::string model = "mlp";
   int epochs = 5;
   std::int64_t batch_size = 128;
@@ -19,23 +23,11 @@ struct Flags {
   std::int64_t warmup_steps = 0;
   double momentum = 0.9;
   double weight_decay = -1;  // per optimizer when not given
-  std::string precision = "fp32";
-  std::string grad_comm;  // the precision policy's when not given
-  double bucket_mb = 25;
-  int zero = 0;  // ZeRO stage
-  std::string device = "auto";
   std::uint64_t seed = 1;
-  std::string checkpoint_dir;
-  std::int64_t checkpoint_every = 0;
-  std::string resume = "no";  // "no", "yes" (--resume) or "auto"
-  bool overwrite = false;
   std::int64_t max_steps = 0;
-  std::string json;
-  bool quiet = false;
   std::string data = tutti::data::fashion_mnist_dir();
   std::int64_t train_subset = 0;
   std::int64_t test_subset = 0;
-  double progress_interval = 2.0;
   std::string progress = "auto";
   // Watching the job (docs/observability.md).
   std::string trace;         // TUTTI_TRACE when empty
@@ -44,7 +36,6 @@ struct Flags {
   int metrics_port = 0;      // /metrics on port + local rank
   int straggler_every = 50;  // 0: off
   double straggler_threshold = 0.2;
-  double peak_tflops = 0;  // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
   std::string debug_slow;  // "R:MS" or "R:P%": rank R busy-waits in every step's compute (tests)
 };
 

@@ -13,8 +13,9 @@
 // Preemption: SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 to any rank (or SIGUSR1/SIGUSR2 to mpirun,
 // which forwards them) stops the run at the next step boundary on every rank: the step's
 // loss allreduce carries a stop flag, so no extra collective is needed. With
-// --checkpoint-dir, rank 0 writes a checkpoint; the run exits with kExitStopped and says how
-// to resume.
+// --checkpoint-dir, rank 0 writes a checkpoint; the run exits with 75 and says how to resume.
+// Resume, checkpoints, the stop, divergence and the summary's ending are tutti::train::Run's
+// (include/tutti/train/run.h); the step, the evaluation and the output are this program's.
 //
 // Exit codes: 0 done; 1 an error; 2 a bad command line; 3 the loss diverged (not finite in
 // fp32/bf16); 75 stopped by a signal, resumable (EX_TEMPFAIL); a job that tutti ends: 13, 14
@@ -25,7 +26,6 @@
 #include <zlib.h>
 
 #include <tutti/tutti.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "../common/progress.h"
+#include "../common/run_flags.h"
 #include "../common/run_support.h"
-#include "../common/summary.h"
 #include "flags.h"
 #include "models.h"
 #include "watch.h"
@@ -47,8 +47,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitDiverged = 3;
-constexpr int kExitStopped = 75;  // EX_TEMPFAIL: stopped early, run the same command again
+// A figure that may not be known (negative): JSON null then.
+void set_or_null(tutti::train::Summary& summary, const std::string& key, double value) {
+  if (value >= 0) {
+    summary.set(key, value);
+  } else {
+    summary.set_null(key);
+  }
+}
+
 // A fingerprint of a data set, cheap to compute: crc32 of every label and of 256 rows spread
 // over the images. Ranks that read different copies of the data almost surely differ in it.
 std::string data_fingerprint(const tutti::data::Dataset& d) {
@@ -94,7 +101,7 @@ double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Da
   return static_cast<double>(correct.to_ints()[0]) / static_cast<double>(test.size());
 }
 
-int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**& argv) {
+int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const auto t_start = Clock::now();
   // The Job first: its deadline covers everything that follows on every rank, the data
   // loading included (a rank that hangs there is named by the others' timeout report).
@@ -175,7 +182,6 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
                   data.train.size(), " samples)");
   std::int64_t total_steps = steps_per_epoch * f.epochs;
   if (f.max_steps > 0) total_steps = std::min(total_steps, f.max_steps);
-  job.check_same("the number of steps planned", total_steps);
   // The schedule spans the epochs asked for (not --max-steps), so a run cut short by
   // --max-steps follows the same learning rates as the whole run up to that step.
   const std::int64_t schedule_steps = steps_per_epoch * f.epochs;
@@ -185,64 +191,12 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
     optimizer->set_schedule(tutti::optim::LrSchedule::linear_warmup(static_cast<float>(lr), f.warmup_steps));
   }
 
-  // Resume: every rank reads the same checkpoint (so every rank must see it).
-  const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
-  const bool ckpt_exists = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
-  job.check_same("whether " + ckpt_path + " exists (every rank reads the checkpoint: is --checkpoint-dir shared?)",
-                 ckpt_exists ? "yes" : "no");
-  TUTTI_CHECK_ARG(f.resume != "yes" || ckpt_exists, "--resume: no checkpoint at ", ckpt_path,
-                  " (--resume auto starts afresh when there is none)");
-  TUTTI_CHECK_ARG(f.resume != "no" || !ckpt_exists || f.overwrite, "a checkpoint exists at ", ckpt_path,
-                  ": pass --resume to continue it (or --resume auto), or --overwrite to start afresh and replace it");
-  const bool resuming = f.resume != "no" && ckpt_exists;
-  tutti::io::Metadata metadata{{"model", spec.fingerprint},
-                               {"optimizer", f.optimizer},
-                               {"precision", f.precision},
-                               {"program", "train_fashion_mnist"}};
-  std::int64_t step = 0;
-  double last_loss = -1;  // the mean loss of the last step (-1: none yet)
-  std::string scaler_note;
-  if (resuming) {
-    const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
-    tutti::io::check_metadata(ckpt, "model", spec.fingerprint, ckpt_path);
-    tutti::io::check_metadata(ckpt, "optimizer", f.optimizer, ckpt_path);
-    // Whole tensors by name, whatever the number of ranks and the ZeRO stage that wrote them.
-    const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
-    tutti::StateDict expected = model->extra_state();
-    for (const tutti::nn::Parameter* p : model->parameters())
-      expected[p->name] = tutti::Tensor::empty(p->shape(), tutti::DType::f32);
-    tutti::io::check_state_matches(model_state, expected, ckpt_path);
-    ddp.load_model_state_dict(model_state);
-    ddp.load_optimizer_state_dict(*optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
-    // The loss scaler's state belongs to the precision it was saved with: an fp32 run's
-    // (off, scale 1) would start an fp16 run at scale 1 instead of the default 2^16.
-    const auto saved_precision = ckpt.metadata.find("precision");
-    if (saved_precision == ckpt.metadata.end() || saved_precision->second == f.precision) {
-      scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
-    } else {
-      scaler_note = " (checkpoint written in " + saved_precision->second + ": the loss scaler starts afresh)";
-    }
-    loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
-    step = tutti::get_int_scalar(ckpt.state, "train.step");
-    if (ckpt.state.count("train.last_loss")) last_loss = tutti::get_scalar(ckpt.state, "train.last_loss");
-  }
-  const std::int64_t first_step = step;
-  std::int64_t saved_step = resuming ? step : -1;  // the step of the last checkpoint written or read
-  double saved_loss = last_loss;                   // and its loss
-
-  auto save = [&] {
-    example::save_checkpoint(
-        job, ddp, *optimizer,
-        [&] {
-          tutti::StateDict rest;
-          tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
-          tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
-          rest["train.step"] = tutti::int_scalar_tensor(step);
-          rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
-          return rest;
-        },
-        ckpt_path, metadata, step);
-  };
+  // Run control (tutti::train::Run): resume (every rank reads the checkpoint), checkpoints,
+  // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
+  tutti::train::RunOptions run_options = example::run_options(f, total_steps, stream, summary);
+  run_options.metadata = {{"model", spec.fingerprint}, {"optimizer", f.optimizer}, {"program", "train_fashion_mnist"}};
+  run_options.must_match = {"model", "optimizer"};
+  tutti::train::Run run(job, {ddp, *optimizer, scaler, loader}, run_options);
 
   std::int64_t params = 0;
   for (auto* p : model->parameters()) params += p->numel();
@@ -256,7 +210,7 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
         scaler.enabled() ? "dynamic" : "off", f.zero, static_cast<long long>(f.batch_size),
         static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.optimizer.c_str(), lr,
         f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
-        resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "", scaler_note.c_str(),
+        run.resumed() ? (" | resumed at step " + std::to_string(run.first_step())).c_str() : "", run.note().c_str(),
         device.is_cpu() && !spec.flat_input ? (" | conv " + tutti::kernels::cpu_blas_info().conv).c_str() : "");
     std::fflush(stdout);
   }
@@ -268,57 +222,40 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
   tutti::obs::PeakFlops peak = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
   fmnist::Watch watch(job, f, peak.flops);
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
-  summary.fields() = {{"ranks", world},
-                      {"nodes", job.node_count()},
-                      {"precision", f.precision},
-                      {"grad_comm", std::string(tutti::name_of(policy.comm))},
-                      {"zero", f.zero},
-                      {"model", f.model},
-                      {"optimizer", f.optimizer},
-                      {"lr", lr},
-                      {"lr_schedule", f.lr_schedule},
-                      {"global_batch_size", f.batch_size},
-                      {"accum_steps", f.accum_steps},
-                      {"epochs", f.epochs},
-                      {"resumed_from_step", resuming ? first_step : 0},
-                      {"device", device.str()},
-                      {"backend", std::string(job.backend())},
-                      {"flops_per_sample", flops_per_sample},
-                      {"peak_tflops", peak.flops > 0 ? nlohmann::json(peak.flops / 1e12) : nlohmann::json()},
-                      {"peak_source", peak.source},
-                      {"cpu_blas_kernels", tutti::kernels::cpu_blas_info().core}};
-  summary.set_step(step, last_loss);
+  summary.set("ranks", world);
+  summary.set("nodes", job.node_count());
+  summary.set("precision", f.precision);
+  summary.set("grad_comm", tutti::name_of(policy.comm));
+  summary.set("zero", f.zero);
+  summary.set("model", f.model);
+  summary.set("optimizer", f.optimizer);
+  summary.set("lr", lr);
+  summary.set("lr_schedule", f.lr_schedule);
+  summary.set("global_batch_size", f.batch_size);
+  summary.set("accum_steps", f.accum_steps);
+  summary.set("epochs", f.epochs);
+  summary.set("device", device.str());
+  summary.set("backend", job.backend());
+  summary.set("flops_per_sample", flops_per_sample);
+  set_or_null(summary, "peak_tflops", peak.flops > 0 ? peak.flops / 1e12 : -1);
+  summary.set("peak_source", peak.source);
+  summary.set("cpu_blas_kernels", tutti::kernels::cpu_blas_info().core);
 
   // Open MPI gives every rank a pseudo-terminal even when mpirun's own output is a pipe or a
   // file, so "auto" draws the bar only outside Open MPI; --progress bar asks for it anyway.
   const bool under_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   const bool bar = f.progress == "bar" || (f.progress == "auto" && !under_open_mpi && isatty(STDOUT_FILENO));
-  example::Progress progress(chatty, f.progress_interval, total_steps, first_step, bar);
-  // What every step reduces anyway, two floats: its mean loss and whether some rank was asked
-  // to stop (a stop flag in a sync the step already has: no extra collective).
-  // (On the steps that check for stragglers, each rank's figures ride along: Watch::sync_slots.)
-  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
-  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
+  example::Progress progress(chatty, f.progress_interval, total_steps, run.first_step(), bar);
   double first_loss = -1, accuracy = -1, train_seconds = 0;
-  bool stopped = false;
-  tutti::CallOptions loss_call;
-  loss_call.label = "train loss and stop flag";
-  loss_call.stream = stream;
-  while (step < total_steps) {
+  while (run.next()) {
     // A step never straddles two epochs: skip the tail of micro-batches that cannot fill one.
     if (loader.position().step + f.accum_steps > loader.steps_per_epoch()) {
       loader.set_position({loader.position().epoch + 1, 0});
     }
     const auto t0 = Clock::now();
-    tutti::trace::begin_step(step + 1);
+    const std::int64_t step = run.step() + 1;
     // Stragglers: every K steps the ranks' figures ride along in this step's loss allreduce.
-    const int straggler_slots = watch.sync_slots(step + 1);
-    if (step_sync.numel() != 2 + straggler_slots) {
-      step_sync = tutti::Tensor::zeros({2 + straggler_slots}, tutti::DType::f32, device);
-    }
-    const tutti::Tensor step_loss = step_sync.view(0, {1});
-    const tutti::Tensor stop_flag = step_sync.view(1, {1});
-    step_sync.zero(stream);
+    const tutti::Tensor straggler_figures = run.sync_slots(watch.sync_slots(step));
     double data_s = 0;
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const auto td = Clock::now();
@@ -329,30 +266,20 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
       const tutti::Tensor& logits = ddp.forward(x);
       watch.debug_slow(micro, stream);
       loss.forward(logits, y, scaler.scale(), stream);
-      tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
+      run.add_loss(loss.loss(), 1.0f / static_cast<float>(f.accum_steps));
       ddp.backward(loss.grad(), scaler.scale());
     }
     const bool stepped = scaler.update(ddp.found_nonfinite());
     if (stepped) optimizer->step();
     const tutti::ddp::StepStats stats = ddp.last_stats();
     ddp.zero_grad();
-    ++step;
-    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
-    const tutti::Tensor straggler_figures =
-        straggler_slots > 0 ? step_sync.view(2, {straggler_slots}) : tutti::Tensor();
     watch.after_step(step, stats, data_s, straggler_figures, stream);
-    // The mean loss over the whole global batch (the mean of the ranks' equal-sized means),
-    // and the stop flag (> 0 when any rank has one).
-    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
-    last_loss = tutti::nn::item(step_loss, stream);
-    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
-    summary.set_step(step, last_loss);
+    const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
     watch.after_sync(step, straggler_figures, stream, progress);
-    if (first_loss < 0) first_loss = last_loss;
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    tutti::trace::end_step();
+    if (first_loss < 0) first_loss = end.loss;
+    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count() - end.checkpoint_seconds;
     train_seconds += step_s;
-    const double samples_per_s = static_cast<double>((step - first_step) * f.batch_size) / train_seconds;
+    const double samples_per_s = static_cast<double>((step - run.first_step()) * f.batch_size) / train_seconds;
     const double mfu = peak.flops > 0 ? tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops) : -1;
     if (watch.metrics) {
       tutti::obs::StepRecord r;
@@ -360,65 +287,29 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
       r.step_seconds = step_s;
       r.data_seconds = data_s;
       r.samples = f.batch_size / world;
-      r.loss = last_loss;
+      r.loss = end.loss;
       r.loss_scale = scaler.scale();
       r.skipped = !stepped;
       r.ddp = stats;
       r.flops = flops_per_sample * static_cast<double>(r.samples);
       watch.metrics->observe_step(r);
       if (device.is_cuda()) watch.metrics->set_device_memory(ddp.memory().total());
+      if (end.checkpoint) watch.metrics->observe_checkpoint(end.checkpoint_seconds);
     }
-    // fp16's loss scaler skips non-finite steps; in fp32 and bf16 a non-finite loss means
-    // the run diverged. Every rank sees the same mean loss, so every rank stops here alike.
-    if (!std::isfinite(last_loss) && f.precision != "fp16") {
-      if (job.rank() == 0) {
-        char where[1024];
-        if (saved_step >= 0) {
-          std::snprintf(where, sizeof where,
-                        "The last good checkpoint (written before the loss stopped being "
-                        "finite) is %s, at step %lld with train loss %g: resume from it with a smaller --lr (now %g), "
-                        "or from an earlier one.",
-                        ckpt_path.c_str(), static_cast<long long>(saved_step), saved_loss, lr);
-        } else {
-          std::snprintf(where, sizeof where,
-                        "No checkpoint was written (--checkpoint-dir with --checkpoint-every N "
-                        "keeps one); start again with a smaller --lr (now %g).",
-                        lr);
-        }
-        std::fprintf(stderr,
-                     "train_fashion_mnist: error: the training loss is %g at step %lld (%s): the run "
-                     "diverged. %s\n",
-                     last_loss, static_cast<long long>(step), f.precision.c_str(), where);
-      }
-      summary.diverged();
-      return job.rank() == 0 ? kExitDiverged : 0;
-    }
-
+    if (end.diverged) break;
     const bool epoch_done = step % steps_per_epoch == 0;
     const int epoch = static_cast<int>((step - 1) / steps_per_epoch) + 1;
-    progress.update(step, epoch, f.epochs, last_loss, samples_per_s, scaler.skipped_steps(), mfu,
-                    epoch_done || step == total_steps || stop_now);
-    if (epoch_done || step == total_steps) {
+    progress.update(step, epoch, f.epochs, end.loss, samples_per_s, scaler.skipped_steps(), mfu,
+                    epoch_done || end.last || end.stop);
+    if (epoch_done || end.last) {
       accuracy = evaluate(job, *model, data.test, stream);
       if (chatty) {
         progress.finish_line();
         std::printf("epoch %d: test accuracy %.4f, train loss %.4f, %.0f samples/s, %s elapsed\n", epoch, accuracy,
-                    last_loss, samples_per_s,
+                    end.loss, samples_per_s,
                     example::format_duration(std::chrono::duration<double>(Clock::now() - t_start).count()).c_str());
         std::fflush(stdout);
       }
-    }
-    if (!ckpt_path.empty() &&
-        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == total_steps || stop_now)) {
-      const auto ts = Clock::now();
-      save();
-      if (watch.metrics) watch.metrics->observe_checkpoint(std::chrono::duration<double>(Clock::now() - ts).count());
-      saved_step = step;
-      saved_loss = last_loss;
-    }
-    if (stop_now && step < total_steps) {
-      stopped = true;
-      break;
     }
   }
   if (watch.trace) {
@@ -430,73 +321,65 @@ int run(const fmnist::Flags& f, example::RunSummary& summary, int& argc, char**&
                   files.back().c_str());
     }
   }
-  if (stopped) {
-    // Every rank leaves once the checkpoint is written: after a stop signal the Job waits only
-    // briefly in MPI_Finalize (the launcher may be taking the job down).
-    job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
-    const tutti::Job::StopAgreement stop = job.agree_stop();  // the signal and the rank it reached
-    summary.stopped(example::signal_name(stop.signal), ckpt_path);
-    if (job.rank() == 0) {
-      progress.finish_line();
-      std::string how = ckpt_path.empty()
-                            ? "No checkpoint was written (no --checkpoint-dir): the run cannot be resumed."
-                            : "Checkpoint written to " + ckpt_path + ". Resume with the same command and --resume " +
-                                  "(--resume auto also starts afresh when there is no checkpoint).";
-      std::fprintf(stderr, "train_fashion_mnist: stopped at step %lld of %lld by %s (on rank %d). %s\n",
-                   static_cast<long long>(step), static_cast<long long>(total_steps), example::signal_name(stop.signal),
-                   stop.rank, how.c_str());
+  if (run.completed()) {
+    // The figures of a completed run (a stopped or diverged one ends with what it had).
+    const std::int64_t step = run.step(), first_step = run.first_step();
+    if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
+    const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
+    const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
+    const double samples_per_s =
+        train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
+    // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
+    peak = tutti::obs::remeasure_peak(peak);
+    const double last_loss = run.loss();
+    if (job.rank() == 0 && !f.quiet) {
+      if (peak.flops > 0 && train_seconds > 0) {
+        std::printf("MFU %.2f%%: %.3g FLOPs per sample (training), %.3f TFLOP/s per rank of a peak of %.3f (%s)\n",
+                    100.0 * tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops), flops_per_sample,
+                    flops_per_sample * samples_per_s / world / 1e12, peak.flops / 1e12, peak.source.c_str());
+      }
+      if (first_step >= total_steps) {
+        std::printf(
+            "done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
+            "test accuracy %.4f\n",
+            static_cast<long long>(step), static_cast<long long>(total_steps),
+            last_loss >= 0 ? std::to_string(last_loss).c_str() : "unknown (not in this checkpoint)", accuracy);
+      } else {
+        std::printf(
+            "done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped "
+            "step(s), %.1f s\n",
+            static_cast<long long>(step), last_loss, accuracy, samples_per_s,
+            static_cast<long long>(scaler.skipped_steps()), wall);
+      }
     }
-    return job.rank() == 0 ? kExitStopped : 0;
-  }
-  const bool nothing_to_do = first_step >= total_steps;
-  if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
-
-  const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
-  const double samples_per_s =
-      train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
-  // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
-  peak = tutti::obs::remeasure_peak(peak);
-  if (job.rank() == 0 && !f.quiet) {
-    if (peak.flops > 0 && train_seconds > 0) {
-      std::printf("MFU %.2f%%: %.3g FLOPs per sample (training), %.3f TFLOP/s per rank of a peak of %.3f (%s)\n",
-                  100.0 * tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops), flops_per_sample,
-                  flops_per_sample * samples_per_s / world / 1e12, peak.flops / 1e12, peak.source.c_str());
-    }
-    if (nothing_to_do) {
-      std::printf(
-          "done: the checkpoint is at step %lld of %lld already, nothing to train; final train loss %s, "
-          "test accuracy %.4f\n",
-          static_cast<long long>(step), static_cast<long long>(total_steps),
-          last_loss >= 0 ? std::to_string(last_loss).c_str() : "unknown (not in this checkpoint)", accuracy);
+    summary.set("steps", step);
+    set_or_null(summary, "final_train_loss", last_loss);
+    set_or_null(summary, "initial_train_loss", first_loss);
+    summary.set("test_accuracy", accuracy);
+    summary.set("wall_s", wall);
+    summary.set("train_s", train_seconds);
+    summary.set("samples_per_s", samples_per_s);
+    summary.set("skipped_steps", scaler.skipped_steps());
+    summary.set("loss_scale", scaler.scale());
+    summary.set("params_crc32", crc);
+    summary.set("tflops_per_rank", train_seconds > 0 ? flops_per_sample * samples_per_s / world / 1e12 : 0.0);
+    set_or_null(summary, "peak_tflops", peak.flops > 0 ? peak.flops / 1e12 : -1);
+    set_or_null(
+        summary, "mfu",
+        peak.flops > 0 && train_seconds > 0 ? tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops) : -1);
+    summary.set("straggler_reports", watch.straggler_reports());
+    if (watch.last_straggler().empty()) {
+      summary.set_null("last_straggler");
     } else {
-      std::printf(
-          "done: %lld steps, final train loss %.6f, test accuracy %.4f, %.0f samples/s, %lld skipped "
-          "step(s), %.1f s\n",
-          static_cast<long long>(step), last_loss, accuracy, samples_per_s,
-          static_cast<long long>(scaler.skipped_steps()), wall);
+      summary.set("last_straggler", watch.last_straggler());
     }
   }
-  nlohmann::json& out = summary.fields();
-  out["steps"] = step;
-  out["final_train_loss"] = last_loss >= 0 ? nlohmann::json(last_loss) : nlohmann::json();
-  out["initial_train_loss"] = first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json();
-  out["test_accuracy"] = accuracy;
-  out["wall_s"] = wall;
-  out["train_s"] = train_seconds;
-  out["samples_per_s"] = samples_per_s;
-  out["skipped_steps"] = scaler.skipped_steps();
-  out["loss_scale"] = scaler.scale();
-  out["params_crc32"] = crc;
-  out["tflops_per_rank"] = train_seconds > 0 ? flops_per_sample * samples_per_s / world / 1e12 : 0.0;
-  out["peak_tflops"] = peak.flops > 0 ? nlohmann::json(peak.flops / 1e12) : nlohmann::json();
-  out["mfu"] = peak.flops > 0 && train_seconds > 0
-                   ? nlohmann::json(tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops))
-                   : nlohmann::json();
-  out["straggler_reports"] = watch.straggler_reports();
-  out["last_straggler"] = watch.last_straggler().empty() ? nlohmann::json() : nlohmann::json(watch.last_straggler());
-  summary.completed();
-  return 0;
+  const tutti::train::Outcome outcome = run.finish();  // stopped: waits for every rank, agrees on the signal
+  if (!outcome.message.empty()) {
+    progress.finish_line();
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", outcome.message.c_str());
+  }
+  return outcome.exit_code;
 }
 
 }  // namespace
@@ -506,7 +389,7 @@ int main(int argc, char** argv) {
   if (const int rc = fmnist::parse_flags(argc, argv, f); rc >= 0) return rc;
   // The error of this rank, printed once; if it is this rank's alone, the Job (gone by now)
   // has told the other ranks, which print that this rank failed and end.
-  example::RunSummary summary(f.json);
+  tutti::train::Summary summary(f.json);
   try {
     return run(f, summary, argc, argv);
   } catch (const std::exception& e) {

@@ -51,39 +51,11 @@ int parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--precision", f.precision, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  app.add_option("--grad-comm", f.grad_comm, "gradient dtype on the wire (default: the precision's)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--zero", f.zero,
-                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters "
-                 "sharded), 2 (gradients too)")
-      ->check(CLI::Range(0, 2))
-      ->capture_default_str();
-  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
   app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
-  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--resume", f.resume, "continue from --checkpoint-dir; --resume auto: if there is a checkpoint")
-      ->expected(0, 1)
-      ->default_str("yes")
-      ->check(CLI::IsMember({"yes", "auto"}));
-  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint");
-  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
-  app.add_flag("--quiet", f.quiet, "no progress output");
-  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
@@ -96,11 +68,7 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
-  app.add_option(
-         "--peak-tflops", f.peak_tflops,
-         "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured GEMM "
-         "ceiling; $TUTTI_PEAK_TFLOPS)")
-      ->check(CLI::PositiveNumber);
+  example::add_run_flags(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,9 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "../common/run_flags.h"
+
 namespace gpt {
 
-struct Flags {
+// The flags both trainers share (device, precision, ZeRO, checkpoints, --json...) are
+// example::RunFlags's.
+struct Flags : example::RunFlags {
+  Flags() { progress_interval = 5.0; }
   std::string model = "gpt-tiny";
   std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
   std::vector<std::string> data, val_data;
@@ -24,26 +29,13 @@ struct Flags {
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.99;
   double grad_clip = 1.0;
-  std::string precision = "fp32";
-  std::string grad_comm;
-  double bucket_mb = 25;
-  int zero = 0;  // ZeRO stage
-  std::string device = "auto";
   std::uint64_t seed = 1;
   std::int64_t eval_every = 100;
   std::int64_t val_tokens = 65536;
-  std::string checkpoint_dir;
-  std::int64_t checkpoint_every = 0;
-  std::string resume = "no";
-  bool overwrite = false;
-  std::string json;
-  bool quiet = false;
-  double progress_interval = 5.0;
   std::int64_t sample_tokens = 300;
   double temperature = 0.8;
   std::int64_t top_k = 40;
   std::string prompt = "\n";
-  double peak_tflops = 0;  // 0: the table's
 };
 
 // Parses the command line into `f`. Returns -1 to go on, else the exit code: 0 after --help,

@@ -12,7 +12,8 @@
 // MFU formula and what was measured.
 //
 // Exit codes as train_fashion_mnist's: 0 done, 1 an error, 2 a bad command line, 3 the loss
-// diverged, 75 stopped by a signal (resumable with --resume).
+// diverged, 75 stopped by a signal (resumable with --resume). Resume, checkpoints, the stop,
+// divergence and the summary's ending are tutti::train::Run's (include/tutti/train/run.h).
 #include <unistd.h>
 #include <zlib.h>
 
@@ -32,16 +33,23 @@
 #include <vector>
 
 #include "../common/progress.h"
+#include "../common/run_flags.h"
 #include "../common/run_support.h"
-#include "../common/summary.h"
 #include "data.h"
 #include "flags.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kExitDiverged = 3;
-constexpr int kExitStopped = 75;
+
+// A figure that may not be known (negative): JSON null then.
+void set_or_null(tutti::train::Summary& summary, const std::string& key, double value) {
+  if (value >= 0) {
+    summary.set(key, value);
+  } else {
+    summary.set_null(key);
+  }
+}
 
 std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   const uLong crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(c.tokens.data()),
@@ -95,7 +103,7 @@ double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::T
   return v[1] > 0 ? v[0] / v[1] : 0.0;
 }
 
-int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
+int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const auto t_start = Clock::now();
   tutti::JobOptions job_options;
   job_options.device = f.device;
@@ -184,49 +192,16 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
   const std::int64_t val_windows = std::max<std::int64_t>(world, f.val_tokens / f.seq_len);
   const std::int64_t tokens_per_step = f.batch_size * f.seq_len;
 
-  // Resume.
-  const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.tckp";
-  const bool ckpt_exists = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
-  job.check_same("whether " + ckpt_path + " exists (is --checkpoint-dir shared?)", ckpt_exists ? "yes" : "no");
-  TUTTI_CHECK_ARG(f.resume != "yes" || ckpt_exists, "--resume: no checkpoint at ", ckpt_path);
-  TUTTI_CHECK_ARG(f.resume != "no" || !ckpt_exists || f.overwrite, "a checkpoint exists at ", ckpt_path,
-                  ": pass --resume (or --resume auto) to continue it, or --overwrite to start afresh");
-  const bool resuming = f.resume != "no" && ckpt_exists;
-  const tutti::io::Metadata metadata{
-      {"model", config.fingerprint()}, {"precision", f.precision}, {"program", "train_gpt"}};
-  std::int64_t step = 0;
-  double last_loss = -1, last_val = -1;
-  if (resuming) {
-    const tutti::io::Checkpoint ckpt = tutti::io::load_checkpoint(ckpt_path);
-    tutti::io::check_metadata(ckpt, "model", config.fingerprint(), ckpt_path);
-    const tutti::StateDict model_state = tutti::io::strip_prefix(ckpt.state, "model.");
-    tutti::io::check_state_matches(model_state, model.state_dict(), ckpt_path);
-    ddp.load_model_state_dict(model_state);
-    ddp.load_optimizer_state_dict(optimizer, tutti::io::strip_prefix(ckpt.state, "optim."));
-    const auto saved_precision = ckpt.metadata.find("precision");
-    if (saved_precision == ckpt.metadata.end() || saved_precision->second == f.precision) {
-      scaler.load_state_dict(tutti::io::strip_prefix(ckpt.state, "scaler."));
-    }
-    loader.load_state_dict(tutti::io::strip_prefix(ckpt.state, "loader."));
-    step = tutti::get_int_scalar(ckpt.state, "train.step");
-    last_loss = tutti::get_scalar(ckpt.state, "train.last_loss");
-    last_val = tutti::get_scalar(ckpt.state, "train.last_val_loss");
-  }
-  const std::int64_t first_step = step;
-  auto save = [&] {
-    example::save_checkpoint(
-        job, ddp, optimizer,
-        [&] {
-          tutti::StateDict rest;
-          tutti::io::add_prefixed(rest, "scaler.", scaler.state_dict());
-          tutti::io::add_prefixed(rest, "loader.", loader.state_dict());
-          rest["train.step"] = tutti::int_scalar_tensor(step);
-          rest["train.last_loss"] = tutti::scalar_tensor(last_loss);
-          rest["train.last_val_loss"] = tutti::scalar_tensor(last_val);
-          return rest;
-        },
-        ckpt_path, metadata, step);
-  };
+  // Run control (tutti::train::Run): resume (every rank reads the checkpoint), checkpoints,
+  // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
+  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
+  tutti::train::RunOptions run_options = example::run_options(f, last_step, stream, summary);
+  run_options.metadata = {{"model", config.fingerprint()}, {"program", "train_gpt"}};
+  double last_val = -1;
+  tutti::train::State state(ddp, optimizer, scaler, loader);
+  state.add_scalar("train.last_val_loss", last_val);
+  tutti::train::Run run(job, state, run_options);
+  const std::int64_t first_step = run.first_step();
 
   std::int64_t params = 0;
   for (auto* p : model.parameters()) params += p->numel();
@@ -249,63 +224,49 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
         std::string(tutti::name_of(policy.comm)).c_str(), f.zero, static_cast<long long>(f.batch_size),
         static_cast<long long>(f.seq_len), static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr,
         f.min_lr, static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
-        static_cast<long long>(f.steps), resuming ? (" | resumed at step " + std::to_string(step)).c_str() : "");
+        static_cast<long long>(f.steps),
+        run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "");
     std::fflush(stdout);
   }
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
-  summary.fields() = {{"ranks", world},
-                      {"precision", f.precision},
-                      {"zero", f.zero},
-                      {"decayed_parameters", decayed},
-                      {"model", f.model},
-                      {"config", config.fingerprint()},
-                      {"parameters", params},
-                      {"global_batch_size", f.batch_size},
-                      {"seq_len", f.seq_len},
-                      {"accum_steps", f.accum_steps},
-                      {"resumed_from_step", resuming ? first_step : 0},
-                      {"device", device_name},
-                      {"backend", std::string(job.backend())},
-                      {"peak_tflops", peak > 0 ? nlohmann::json(peak) : nlohmann::json()},
-                      {"peak_source", peak_info.source},
-                      {"flops_per_token", flops_per_token}};
-  summary.set_step(step, last_loss);
+  summary.set("ranks", world);
+  summary.set("precision", f.precision);
+  summary.set("zero", f.zero);
+  summary.set("decayed_parameters", decayed);
+  summary.set("model", f.model);
+  summary.set("config", config.fingerprint());
+  summary.set("parameters", params);
+  summary.set("global_batch_size", f.batch_size);
+  summary.set("seq_len", f.seq_len);
+  summary.set("accum_steps", f.accum_steps);
+  summary.set("device", device_name);
+  summary.set("backend", job.backend());
+  set_or_null(summary, "peak_tflops", peak > 0 ? peak : -1);
+  summary.set("peak_source", peak_info.source);
+  summary.set("flops_per_token", flops_per_token);
 
-  // One allreduce per step carries the loss and the stop flag (average > 0: some rank got a stop
-  // signal), so that every rank stops after the same step without a collective of its own.
-  tutti::Tensor step_sync = tutti::Tensor::zeros({2}, tutti::DType::f32, device);
-  const tutti::Tensor step_loss = step_sync.view(0, {1}), stop_flag = step_sync.view(1, {1});
-  const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(device, stream);
-  tutti::CallOptions loss_call;
-  loss_call.label = "train loss and stop flag";
-  loss_call.stream = stream;
   double train_seconds = 0, first_loss = -1;
   // The steady rate leaves out the first steps (cuBLAS's heuristics, the allocator's first
   // requests, cold caches): at most 10, a fifth of the run.
-  const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
-  const std::int64_t warm_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(10, (last_step - step) / 5));
+  const std::int64_t warm_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(10, (last_step - first_step) / 5));
   double steady_seconds = 0;
   auto last_print = Clock::now();
-  bool stopped = false;
-  tutti::Job::StopAgreement stop_agreed;
   nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
   // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
   // data in the same order reports the same (benchmarks/peers/torch_gpt.py).
   std::uint32_t first_batch_crc = 0;
-  while (step < last_step) {
+  while (run.next()) {
     const auto t0 = Clock::now();
-    tutti::trace::begin_step(step + 1);
-    step_sync.zero(stream);
     for (int micro = 0; micro < f.accum_steps; ++micro) {
       const tutti::data::TokenBatch b = loader.next();
-      if (step == first_step && micro == 0) {
+      if (run.step() == first_step && micro == 0) {
         first_batch_crc = static_cast<std::uint32_t>(crc32(
             crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(b.inputs.data()), static_cast<uInt>(b.inputs.nbytes())));
       }
       const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
       const tutti::Tensor logits = ddp.forward(x);
       loss.forward(logits, y, scaler.scale(), stream);
-      tutti::kernels::add_scaled(loss.loss(), 1.0f / static_cast<float>(f.accum_steps), step_loss, stream);
+      run.add_loss(loss.loss(), 1.0f / static_cast<float>(f.accum_steps));
       ddp.backward(loss.grad(), scaler.scale());
     }
     if (scaler.update(ddp.found_nonfinite())) {
@@ -314,141 +275,108 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
       optimizer.step(coefficient);
     }
     ddp.zero_grad();
-    ++step;
-    if (job.stop_requested()) tutti::kernels::add_scaled(one, 1.0f, stop_flag, stream);
-    job.communicator().allreduce(step_sync, tutti::ReduceOp::avg, loss_call).wait(stream);
-    last_loss = tutti::nn::item(step_loss, stream);
-    const bool stop_now = tutti::nn::item(stop_flag, stream) > 0;
-    if (first_loss < 0) first_loss = last_loss;
-    summary.set_step(step, last_loss);
-    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    tutti::trace::end_step();
+    const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
+    const std::int64_t step = end.step;
+    if (first_loss < 0) first_loss = end.loss;
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count() - end.checkpoint_seconds;
     train_seconds += step_seconds;
     if (step > first_step + warm_steps) steady_seconds += step_seconds;
-    if (!std::isfinite(last_loss) && f.precision != "fp16") {
-      if (job.rank() == 0)
-        std::fprintf(stderr,
-                     "train_gpt: error: the training loss is %g at step %lld (%s): the run diverged; start "
-                     "again with a smaller --lr (now %g)%s\n",
-                     last_loss, static_cast<long long>(step), f.precision.c_str(), f.lr,
-                     ckpt_path.empty() ? "" : ", or resume an earlier checkpoint");
-      summary.diverged();
-      return job.rank() == 0 ? kExitDiverged : 0;
-    }
+    if (end.diverged) break;
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
-    const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || step == last_step;
+    const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || end.last;
     if (eval_now) {
       ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
-      curve.push_back({step, step * tokens_per_step, last_loss, last_val});
+      curve.push_back({step, step * tokens_per_step, end.loss, last_val});
     }
     const auto now = Clock::now();
     if (chatty && (eval_now || std::chrono::duration<double>(now - last_print).count() >= f.progress_interval)) {
       last_print = now;
       const double eta = train_seconds / static_cast<double>(step - first_step) * static_cast<double>(last_step - step);
       std::printf("step %lld/%lld | loss %.4f%s | lr %.3g | %.0f tokens/s", static_cast<long long>(step),
-                  static_cast<long long>(f.steps), last_loss,
+                  static_cast<long long>(f.steps), end.loss,
                   eval_now ? (" | val " + std::to_string(last_val).substr(0, 6)).c_str() : "",
                   static_cast<double>(optimizer.lr()), tokens_per_s);
       if (peak > 0) std::printf(" | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / (world * peak * 1e12));
       std::printf(" | ETA %s\n", example::format_duration(eta).c_str());
       std::fflush(stdout);
     }
-    if (!ckpt_path.empty() &&
-        ((f.checkpoint_every > 0 && step % f.checkpoint_every == 0) || step == last_step || stop_now)) {
-      save();
-    }
-    if (stop_now && step < last_step) {
-      stopped = true;
-      stop_agreed = job.agree_stop();  // only to name the signal and the rank that got it
-      break;
-    }
   }
   if (trace) {
     const std::vector<std::string> files = trace->write();  // COLLECTIVE
     if (chatty) std::printf("timeline: %s\n", files.back().c_str());
   }
-  if (stopped) {
-    job.communicator().barrier({.label = "stopped: the checkpoint is written"}).wait();
-    summary.stopped(example::signal_name(stop_agreed.signal), ckpt_path);
+  if (run.completed()) {
+    // The figures of a completed run (a stopped or diverged one ends with what it had).
+    const std::int64_t step = run.step();
+    ddp.synchronize_parameters();
+    // Resumed at the end: the checkpoint's validation loss may be of an earlier evaluation.
+    if (curve.empty())
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
+    const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
+    const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
+    const double tokens_per_s =
+        train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
+    const std::int64_t steady_steps = step - first_step - warm_steps;
+    const double steady_tokens_per_s = steady_seconds > 0 && steady_steps > 0
+                                           ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
+                                           : tokens_per_s;
+    // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
+    peak_info = tutti::obs::remeasure_peak(peak_info);
+    peak = peak_info.flops / 1e12;
+    const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
+    const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
+    std::string sample;
     if (job.rank() == 0) {
-      std::fprintf(stderr, "train_gpt: stopped at step %lld of %lld by signal %d (%s) on rank %d. %s\n",
-                   static_cast<long long>(step), static_cast<long long>(f.steps), stop_agreed.signal,
-                   strsignal(stop_agreed.signal), stop_agreed.rank,
-                   ckpt_path.empty() ? "No checkpoint was written (no --checkpoint-dir)."
-                                     : ("Checkpoint written to " + ckpt_path +
-                                        ": resume with the same command and "
-                                        "--resume.")
-                                           .c_str());
+      // What a person looks at first: text from the trained model.
+      if (f.sample_tokens > 0) {
+        tutti::models::SampleOptions so;
+        so.tokens = f.sample_tokens;
+        so.temperature = static_cast<float>(f.temperature);
+        so.top_k = f.top_k;
+        so.seed = f.seed;
+        const example::Detokenizer detok(data.bytes, f.tokenizer);
+        std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
+                                                      : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
+        if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
+        sample = detok.decode(tutti::models::generate(model, prompt, so));
+      }
+      if (!f.quiet) {
+        std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s",
+                    static_cast<long long>(step), static_cast<long long>(step * tokens_per_step), run.loss(), last_val,
+                    tokens_per_s);
+        if (mfu >= 0)
+          std::printf(", MFU %.1f%% of %.3g TFLOP/s per rank (%s)", 100 * mfu, peak, peak_info.source.c_str());
+        else
+          std::printf(", MFU not known (%s: --peak-tflops sets one)", peak_info.source.c_str());
+        std::printf(", %.1f s\n", wall);
+        if (!sample.empty())
+          std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n", f.temperature,
+                      static_cast<long long>(f.top_k), static_cast<unsigned long long>(f.seed), sample.c_str());
+        std::fflush(stdout);
+      }
     }
-    return job.rank() == 0 ? kExitStopped : 0;
+    summary.set("steps", step);
+    summary.set("tokens", step * tokens_per_step);
+    summary.set("final_train_loss", run.loss());
+    summary.set("final_val_loss", last_val);
+    set_or_null(summary, "initial_train_loss", first_loss);
+    summary.set("tokens_per_s", tokens_per_s);
+    set_or_null(summary, "peak_tflops", peak > 0 ? peak : -1);
+    set_or_null(summary, "mfu", mfu);
+    summary.set("tokens_per_s_steady", steady_tokens_per_s);
+    set_or_null(summary, "mfu_steady", steady_mfu);
+    summary.set("warm_steps", warm_steps);
+    summary.set("wall_s", wall);
+    summary.set("train_s", train_seconds);
+    summary.set_json("loss_curve", curve.dump());
+    summary.set("sample", sample);
+    summary.set("first_batch_crc32", first_batch_crc);
+    summary.set("params_crc32", crc);
   }
-  ddp.synchronize_parameters();
-  if (last_val < 0) last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
-
-  const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-  const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
-  const double tokens_per_s =
-      train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
-  const std::int64_t steady_steps = step - first_step - warm_steps;
-  const double steady_tokens_per_s = steady_seconds > 0 && steady_steps > 0
-                                         ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
-                                         : tokens_per_s;
-  // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
-  peak_info = tutti::obs::remeasure_peak(peak_info);
-  peak = peak_info.flops / 1e12;
-  const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
-  const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
-  std::string sample;
-  if (job.rank() == 0) {
-    // What a person looks at first: text from the trained model.
-    if (f.sample_tokens > 0) {
-      tutti::models::SampleOptions so;
-      so.tokens = f.sample_tokens;
-      so.temperature = static_cast<float>(f.temperature);
-      so.top_k = f.top_k;
-      so.seed = f.seed;
-      const example::Detokenizer detok(data.bytes, f.tokenizer);
-      std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
-                                                    : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
-      if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
-      sample = detok.decode(tutti::models::generate(model, prompt, so));
-    }
-    if (!f.quiet) {
-      std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s",
-                  static_cast<long long>(step), static_cast<long long>(step * tokens_per_step), last_loss, last_val,
-                  tokens_per_s);
-      if (mfu >= 0)
-        std::printf(", MFU %.1f%% of %.3g TFLOP/s per rank (%s)", 100 * mfu, peak, peak_info.source.c_str());
-      else
-        std::printf(", MFU not known (%s: --peak-tflops sets one)", peak_info.source.c_str());
-      std::printf(", %.1f s\n", wall);
-      if (!sample.empty())
-        std::printf("--- sample (temperature %g, top-k %lld, seed %llu) ---\n%s\n---\n", f.temperature,
-                    static_cast<long long>(f.top_k), static_cast<unsigned long long>(f.seed), sample.c_str());
-      std::fflush(stdout);
-    }
-  }
-  nlohmann::json& out = summary.fields();
-  out["steps"] = step;
-  out["tokens"] = step * tokens_per_step;
-  out["final_train_loss"] = last_loss;
-  out["final_val_loss"] = last_val;
-  out["initial_train_loss"] = first_loss >= 0 ? nlohmann::json(first_loss) : nlohmann::json();
-  out["tokens_per_s"] = tokens_per_s;
-  out["peak_tflops"] = peak > 0 ? nlohmann::json(peak) : nlohmann::json();
-  out["mfu"] = mfu >= 0 ? nlohmann::json(mfu) : nlohmann::json();
-  out["tokens_per_s_steady"] = steady_tokens_per_s;
-  out["mfu_steady"] = steady_mfu >= 0 ? nlohmann::json(steady_mfu) : nlohmann::json();
-  out["warm_steps"] = warm_steps;
-  out["wall_s"] = wall;
-  out["train_s"] = train_seconds;
-  out["loss_curve"] = curve;
-  out["sample"] = sample;
-  out["first_batch_crc32"] = first_batch_crc;
-  out["params_crc32"] = crc;
-  summary.completed();
-  return 0;
+  const tutti::train::Outcome outcome = run.finish();  // stopped: waits for every rank, agrees on the signal
+  if (!outcome.message.empty()) std::fprintf(stderr, "train_gpt: %s\n", outcome.message.c_str());
+  return outcome.exit_code;
 }
 
 }  // namespace
@@ -456,7 +384,7 @@ int run(gpt::Flags f, example::RunSummary& summary, int& argc, char**& argv) {
 int main(int argc, char** argv) {
   gpt::Flags f;
   if (const int rc = gpt::parse_flags(argc, argv, f); rc >= 0) return rc;
-  example::RunSummary summary(f.json);
+  tutti::train::Summary summary(f.json);
   try {
     return run(f, summary, argc, argv);
   } catch (const std::exception& e) {

@@ -1,0 +1,59 @@
+#include "run_flags.h"
+
+#include <CLI/CLI.hpp>
+
+namespace example {
+
+void add_run_flags(CLI::App& app, RunFlags& f) {
+  app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--precision", f.precision, "compute precision: fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm,
+                 "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--zero", f.zero,
+                 "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
+                 "the gradients); checkpoints resume at any stage and number of ranks")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
+  app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--resume", f.resume,
+                 "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
+                 "continue if there is one, else start afresh (for a scheduler that reruns the same command)")
+      ->expected(0, 1)
+      ->default_str("yes")
+      ->check(CLI::IsMember({"yes", "auto"}));
+  app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
+  app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
+  app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--peak-tflops", f.peak_tflops,
+                 "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
+                 "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
+      ->check(CLI::PositiveNumber);
+}
+
+tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,
+                                     tutti::train::Summary& summary) {
+  tutti::train::RunOptions o;
+  o.steps = steps;
+  o.checkpoint_dir = f.checkpoint_dir;
+  o.resume = tutti::train::parse_resume(f.resume);
+  o.overwrite = f.overwrite;
+  o.checkpoint_every = f.checkpoint_every;
+  o.precision = f.precision;
+  o.stream = stream;
+  o.summary = &summary;
+  return o;
+}
+
+}  // namespace example

@@ -1,0 +1,42 @@
+// The command-line flags both trainers share (train_fashion_mnist, train_gpt): the device and
+// precision, ZeRO, and run control (checkpoints, resume, the JSON summary, progress), and the
+// train::RunOptions they make. A trainer's Flags derive from RunFlags, so that f.checkpoint_dir
+// and its own f.model read alike.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <tutti/tutti.h>
+
+namespace CLI {
+class App;
+}
+
+namespace example {
+
+struct RunFlags {
+  std::string device = "auto";
+  std::string precision = "fp32";
+  std::string grad_comm;  // the precision policy's when not given
+  double bucket_mb = 25;
+  int zero = 0;  // ZeRO stage
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;
+  std::string resume = "no";  // "no", "yes" (--resume) or "auto"
+  bool overwrite = false;
+  std::string json;
+  bool quiet = false;
+  double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags
+  double peak_tflops = 0;          // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
+};
+
+// Adds the flags above to `app`, with f's values as the defaults.
+void add_run_flags(CLI::App& app, RunFlags& f);
+
+// The run control of these flags for a run of `steps` steps (the caller adds its metadata).
+// `summary`: where the run's summary goes (made from --json before the Job).
+tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,
+                                     tutti::train::Summary& summary);
+
+}  // namespace example
