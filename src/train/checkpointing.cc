@@ -93,4 +93,9 @@ void Run::Impl::check_background_work() {
   // job ends with the cause before the step's collective.
 }
 
+void Run::Impl::wait_background_work() {
+  // Nothing in flight (see check_background_work): an asynchronous writer waits for its last
+  // write here, and throws its failure, before the run's ending is agreed.
+}
+
 }  // namespace tutti::train

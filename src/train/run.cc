@@ -224,6 +224,7 @@ Outcome Run::finish() {
   Impl& m = *impl_;
   TUTTI_CHECK(m.phase == Phase::completed || m.phase == Phase::stopped || m.phase == Phase::diverged,
               "train::Run::finish: the run has not ended (call it once next() returned false, and once)");
+  m.wait_background_work();
   Outcome out;
   out.step = m.step;
   char text[2048];

@@ -54,6 +54,9 @@ struct Run::Impl {
   void write_checkpoint();
   // Once a step, before its collective: where a background write's failure would be thrown.
   void check_background_work();
+  // In finish(), before the ending is agreed and summarized: where a write in flight would be
+  // waited for (and its failure thrown), so that "Checkpoint written to" is true.
+  void wait_background_work();
   // Whether this rank was asked to stop, and by what signal (0: request_stop()).
   bool stop_requested() const { return requested_signal >= 0 || signal() != 0; }
   int stop_signal() const { return signal() != 0 ? signal() : requested_signal; }
