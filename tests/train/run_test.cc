@@ -51,6 +51,7 @@ struct Plan {
   std::int64_t stop_step = 0;  // ... within this step (1-based)
   std::int64_t inf_step = 0;   // rank 0 adds an inf loss in this step (0: never)
   std::string summary;         // the JSON summary's path ("": none)
+  bool figures = false;        // every step, 2 figures of the program's own ride in the allreduce
 };
 
 struct Result {
@@ -60,6 +61,7 @@ struct Result {
   std::vector<std::int64_t> checkpoint_steps;  // rank 0: the steps end_step() wrote a checkpoint at
   std::int64_t first_step = -1;
   bool resumed = false;
+  std::vector<std::vector<float>> figures;  // rank 0: the figures after each step's allreduce
 };
 
 // The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
@@ -97,6 +99,11 @@ Result train(const Plan& plan) {
       out.resumed = run.resumed();
     }
     while (run.next()) {
+      // This rank's figures (rank, step), on every other step only: the tensor changes size.
+      Tensor figures = run.sync_slots(plan.figures && run.step() % 2 == 0 ? 2 : 0);
+      if (figures.defined()) {
+        figures.copy_from(Tensor::from_floats({static_cast<float>(rank), static_cast<float>(run.step())}, {2}));
+      }
       for (int micro = 0; micro < 2; ++micro) {
         const data::Batch b = loader.next();
         loss.forward(ddp.forward(b.images), b.labels);
@@ -109,6 +116,7 @@ Result train(const Plan& plan) {
       ddp.zero_grad();
       const StepEnd& end = run.end_step();
       if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
+      if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());
     }
     out.outcomes[static_cast<std::size_t>(rank)] = run.finish();
     out.steps[static_cast<std::size_t>(rank)] = run.step();
@@ -291,6 +299,15 @@ TEST_F(RunTest, ANonFiniteLossEndsTheRunNamingTheLastGoodCheckpoint) {
   EXPECT_NE(json.find("\"loss\": \"inf\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"last_finite_step\": 4"), std::string::npos) << json;
   EXPECT_NE(json.find("\"steps\": 5"), std::string::npos) << json;
+}
+
+TEST_F(RunTest, TheProgramsFiguresAreAveragedInTheStepsAllreduce) {
+  const Result with = train({.ranks = 3, .options = {.steps = 5}, .figures = true});
+  // Steps 1, 3, 5 carry (rank, step before it) from every rank: the mean rank is 1.
+  EXPECT_EQ(with.figures, (std::vector<std::vector<float>>{{1, 0}, {1, 2}, {1, 4}}));
+  // The same training as without them (the loss and the stop flag keep their places).
+  const Result without = train({.ranks = 3, .options = {.steps = 5}});
+  EXPECT_EQ(with.params, without.params);
 }
 
 TEST_F(RunTest, ACompletedRunSummarizesItsSteps) {
