@@ -1,9 +1,10 @@
 // train::Run with ranks as threads (tutti::ThreadGroup, no mpirun): resume (explicit, auto,
 // the refusal to overwrite), a stop asked on one rank that stops every rank after the same
 // step with a checkpoint from which the resumed run ends bit-identical to an uninterrupted
-// one, divergence, the checkpoint cadence, and the JSON summary of each ending. The reference
-// of "bit-identical" is the same program run without interruption (the thread backend sums in
-// rank order, so two runs of one program agree bit for bit).
+// one, divergence, the checkpoint cadence, the program's figures in the step's allreduce, and
+// the JSON summary of each ending. The reference of "bit-identical" is the same program run
+// without interruption (the thread backend sums in rank order, so two runs of one program
+// agree bit for bit).
 #include <gtest/gtest.h>
 
 #include <csignal>
