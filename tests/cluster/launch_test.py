@@ -100,7 +100,9 @@ class Case:
         t = time.monotonic()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "FAKE_STATE": d})
-        if signal_after is not None:
+        if signal_after is not None:  # once the job runs (its attempt is logged), and signal_after s more
+            while not os.path.exists(os.path.join(d, "log")) and p.poll() is None:
+                time.sleep(0.02)
             time.sleep(signal_after)
             p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=timeout)
@@ -184,7 +186,7 @@ def stop_signal():
     expect_said(c, "0 step(s) lost (last step printed 7, checkpoint at step 7)")
     c = Case("ab", [{"rc": 75}, {"rc": 0}]).launch("--on-stop", "exit")
     expect(c.rc == 75 and len(c.attempts) == 1, "--on-stop exit: 75 after one attempt")
-    c = Case("ab", [{"sleep": 30, "rc": 1}, {"rc": 0}]).launch(signal_after=1.5)
+    c = Case("ab", [{"sleep": 30, "rc": 1}, {"rc": 0}]).launch(signal_after=0.5)
     expect(c.rc == 75 and len(c.attempts) == 1, "stopped by SIGTERM: exit %d after %d attempt(s)" % (
         c.rc, len(c.attempts)))
     expect(c.seconds < 10, "the job stopped at once (SIGUSR1), not after its 30 s")
