@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks what a reviewer should not have to: formatting of every tracked C++/CUDA source
-# (clang-format with .clang-format), every tracked shell script (shellcheck), and the subjects
-# of the commits since the rule was set (at most 72 characters). scripts/test.sh runs it first.
+# (clang-format with .clang-format), every tracked shell script (shellcheck: *.sh, *.sbatch),
+# and the subjects of the commits since the rule was set (at most 72 characters).
+# scripts/test.sh runs it first.
 # Fix formatting with: clang-format -i $(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -21,7 +22,7 @@ else
 fi
 rm -f /tmp/tutti-lint-format.$$
 
-mapfile -t sh < <(git ls-files '*.sh')
+mapfile -t sh < <(git ls-files '*.sh' '*.sbatch')
 if shellcheck -f gcc "${sh[@]}"; then
   echo "lint: shellcheck: ${#sh[@]} scripts clean"
 else

@@ -9,14 +9,18 @@ cannot be made, it says why and exits 77 (ctest: skipped).
     multinode_test.py job_and_ddp --cluster scripts/cluster.sh --gtest build/tests/cluster/cluster_test
 """
 import argparse
+import importlib.machinery
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import types
 
 SKIP = 77
 NODES, PER_NODE = 2, 2
@@ -36,8 +40,9 @@ def carried():
 class Cluster:
     """`with Cluster() as c:` a cluster of its own, removed at the end whatever happens."""
 
-    def __init__(self, **up_args):
+    def __init__(self, nodes=NODES, slots=PER_NODE, **up_args):
         self.name = "mt%d" % os.getpid()
+        self.nodes, self.slots = nodes, slots
         self.up_args = up_args
         remove_orphans()
 
@@ -48,7 +53,7 @@ class Cluster:
         extra = []
         for k, v in self.up_args.items():
             extra += ["--" + k.replace("_", "-"), str(v)]
-        p = self.sh("up", "--name", self.name, "--nodes", str(NODES), "--slots", str(PER_NODE), *extra, check=False,
+        p = self.sh("up", "--name", self.name, "--nodes", str(self.nodes), "--slots", str(self.slots), *extra, check=False,
                     env={**os.environ, "TUTTI_CLUSTER_KEEP": carried()})
         if p.returncode != 0:
             raise AssertionError("cluster.sh up failed (%d): %s%s" % (p.returncode, p.stdout, p.stderr))
@@ -79,16 +84,19 @@ class Cluster:
         print("$ %s\n(exit %d)\n--- stdout\n%s--- stderr\n%s" % (" ".join(cmd), p.returncode, out, err))
         return p.returncode, out, err
 
-    def pids(self, node):
-        """Processes in a node other than its holder."""
+    def pids(self, node, holder_too=False):
+        """Processes in a node other than its holder (with holder_too: every one, the node's own too)."""
         ns = "tutti-%s-%s" % (self.name, node)
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
         holder = open("/run/tutti-cluster/%s/%s.pid" % (self.name, node)).read().strip()
-        return [int(p) for p in out if p != holder]
+        return [int(p) for p in out if holder_too or p != holder]
+
+    def hostfile(self):
+        return "/run/tutti-cluster/%s/hostfile" % self.name
 
     def ranks_left(self, program):
         left = []
-        for node in ("node%d" % i for i in range(NODES)):
+        for node in ("node%d" % i for i in range(self.nodes)):
             for pid in self.pids(node):
                 try:  # the ranks themselves, not mpirun (whose command line names the program too)
                     if open("/proc/%d/comm" % pid).read().strip() == program[:15]:
@@ -233,8 +241,203 @@ def node_killed():
     expect_in(r"10\.77\.0\.2|node1", err, "the lost host named")
 
 
+# ---- tutti-launch: relaunching on the survivors --------------------------------------------
+
+LAUNCH_NODES = 4   # x 1 rank each; the global batch divides by 4 and by 3
+FLAGS = ["--train-subset", "19200", "--test-subset", "500", "--batch-size", "96", "--epochs", "2", "--seed", "5"]
+STEPS = 400        # 19200 / 96 x 2 epochs
+KILL_AT = 100      # the step (as printed) after which node1 is killed
+EVERY = 20         # --checkpoint-every
+RELAUNCH_BOUND = 15.0   # s from the kill to the relaunch (the survivors' end, the probes, mpirun)
+STEP_BOUND = 30.0       # s from the kill to the relaunched job's first printed step
+
+
+class Lines:
+    """A process's stdout and stderr as (time, stream, line), read as they come."""
+
+    def __init__(self, p):
+        self.p, self.lines, self.lock = p, [], threading.Lock()
+        self.threads = [threading.Thread(target=self.read, args=(p.stdout, "out"), daemon=True),
+                        threading.Thread(target=self.read, args=(p.stderr, "err"), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def read(self, f, stream):
+        for line in f:
+            with self.lock:
+                self.lines.append((time.time(), stream, line.rstrip("\n")))
+
+    def first(self, pattern, after=0.0):
+        """(time, match) of the first line matching pattern at or after `after`, or None."""
+        with self.lock:
+            for t, _, line in self.lines:
+                m = re.search(pattern, line)
+                if m and t >= after:
+                    return t, m
+        return None
+
+    def wait(self, pattern, timeout, at_least=None):
+        """The first line matching pattern (whose group 1 is at least at_least), waiting for it."""
+        end = time.time() + timeout
+        while time.time() < end:
+            with self.lock:
+                hits = [m for m in (re.search(pattern, line) for _, _, line in self.lines) if m]
+            hits = [m for m in hits if at_least is None or int(m.group(1)) >= at_least]
+            if hits:
+                return hits[0]
+            expect(self.p.poll() is None, "the launcher ended (exit %s) before /%s/" % (self.p.poll(), pattern))
+            time.sleep(0.02)
+        raise AssertionError("no /%s/ within %d s" % (pattern, timeout))
+
+    def text(self, stream):
+        for t in self.threads:
+            t.join(timeout=5)
+        return "\n".join(line for _, s, line in self.lines if s == stream)
+
+
+def launch(c, hostfile, *args, env_extra=None):
+    cmd = [sys.executable, ARGS.launcher, "--hostfile", hostfile, "--mpirun", ARGS.mpiexec, "--probe-timeout", "3",
+           "--retry-delay", "0", "--max-failures", "2", "--", ARGS.trainer, *args]
+    return c.popen(cmd, env_extra)
+
+
+def launcher_node_killed():
+    """tutti-launch runs the trainer on 4 nodes x 1 rank; every process of node1, the node's own
+    holder included (the machine is gone: nothing can be started there again), is killed with
+    SIGKILL after step KILL_AT. The launcher must see node1 gone, relaunch on the 3 others by
+    itself with --resume auto from the last checkpoint, within RELAUNCH_BOUND of the kill, and the
+    run must complete with the model of an uninterrupted 3-rank run from that checkpoint
+    (params_crc32, bit-identical: the trainers are deterministic on the CPU) at the same global
+    batch. The reference rebuilds the checkpoint with an uninterrupted 4-rank run to that step."""
+    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+        ckpt, summary, kept = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json"), os.path.join(tmp, "kept")
+        run_flags = [*FLAGS, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
+                     "--progress-interval", "0.1", "--json", summary]
+        os.mkdir(kept)
+        keeper = CheckpointKeeper(os.path.join(ckpt, "checkpoint.tckp"), kept)
+        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
+            p = launch(c, c.hostfile(), *run_flags)
+            out = Lines(p)
+            try:
+                m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
+                victims = c.pids("node1", holder_too=True)
+                for pid in victims:
+                    os.kill(pid, signal.SIGKILL)
+                killed = time.time()
+                print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
+                p.wait(timeout=120)
+            finally:
+                keeper.stop()
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            err = out.text("err")
+            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
+            expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
+            relaunch = out.first(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\), "
+                                 r"from the checkpoint at step (\d+)", killed)
+            expect(relaunch is not None, "relaunched on node0, node2, node3 from a checkpoint")
+            resumed = int(relaunch[1].group(1))
+            # The reference: the same 3 nodes (the sums' order depends on where the ranks are: 3
+            # ranks on one host end with another crc), from the checkpoint the relaunch read.
+            ref = os.path.join(tmp, "ref")
+            os.mkdir(ref)
+            shutil.copy(keeper.version(resumed), os.path.join(ref, "checkpoint.tckp"))
+            ref_summary = os.path.join(tmp, "ref.json")
+            rc, _, ref_err = c.run([ARGS.mpiexec, "-n", "3", "-H", "node0,node2,node3", ARGS.trainer, *FLAGS, "--quiet",
+                                    "--checkpoint-dir", ref, "--resume", "yes", "--json", ref_summary])
+            expect(rc == 0, "the reference failed: %s" % ref_err)
+        step_after = out.first(r"step \d+/%d" % STEPS, relaunch[0])
+        expect(step_after is not None, "the relaunched job printed a step")
+        to_relaunch, to_step = relaunch[0] - killed, step_after[0] - killed
+        print("kill -> relaunch %.2f s, kill -> first step of the relaunched job %.2f s; resumed at step %d"
+              % (to_relaunch, to_step, resumed))
+        expect_in(r"host node1 does not answer \(exit \d+.*\): skipped", err)
+        expect_in(r"attempt 1 failed \(exit \d+\) after [\d.]+ s; (\d+) step\(s\) lost \(last step printed (\d+), "
+                  r"checkpoint at step %d\)" % resumed, err)
+        expect(to_relaunch <= RELAUNCH_BOUND, "relaunched within %.0f s of the kill (%.2f s)" % (RELAUNCH_BOUND, to_relaunch))
+        expect(to_step <= STEP_BOUND, "a step within %.0f s of the kill (%.2f s)" % (STEP_BOUND, to_step))
+        expect(resumed % EVERY == 0 and KILL_AT - EVERY <= resumed <= STEPS - EVERY,
+               "resumed from a checkpoint near the kill (%d)" % resumed)
+        a, b = json.load(open(summary)), json.load(open(ref_summary))
+    print("relaunched run: %s\nreference: %s" % (a, b))
+    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
+    expect(a["ranks"] == 3 and a["nodes"] == 3 and a["resumed_from_step"] == resumed,
+           "the last attempt: 3 ranks on 3 nodes, from step %d" % resumed)
+    expect(b["resumed_from_step"] == resumed and b["steps"] == STEPS, "the reference resumed at step %d" % resumed)
+    expect(a["params_crc32"] == b["params_crc32"], "the relaunched run's model equals the uninterrupted one from "
+           "the same checkpoint (crc %s vs %s)" % (a["params_crc32"], b["params_crc32"]))
+    expect(a["final_train_loss"] == b["final_train_loss"], "the same final loss")
+
+
+class CheckpointKeeper:
+    """Keeps every version of a checkpoint file as it is replaced (a hard link to each new inode:
+    the trainer writes a temporary file and renames it), to find the one a relaunch read."""
+
+    def __init__(self, path, into):
+        self.path, self.into, self.done = path, into, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        seen = set()
+        while not self.done.is_set():
+            try:
+                ino = os.stat(self.path).st_ino
+                if ino not in seen:
+                    target = os.path.join(self.into, "v%d" % len(seen))
+                    os.link(self.path, target)
+                    seen.add(ino)
+                    seen.add(os.stat(target).st_ino)
+            except OSError:
+                pass
+            time.sleep(0.01)
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+
+    def version(self, step):
+        """The kept version whose train.step is `step` (read as tutti-launch reads it)."""
+        loader = importlib.machinery.SourceFileLoader("tutti_launch", ARGS.launcher)
+        launcher = types.ModuleType(loader.name)
+        loader.exec_module(launcher)
+        for name in sorted(os.listdir(self.into)):
+            d = os.path.join(self.into, name + ".d")
+            os.mkdir(d)
+            os.link(os.path.join(self.into, name), os.path.join(d, "checkpoint.tckp"))
+            if launcher.checkpoint_step(d) == step:
+                return os.path.join(d, "checkpoint.tckp")
+        raise AssertionError("no kept checkpoint of step %d (%s)" % (step, os.listdir(self.into)))
+
+
+def launcher_unreachable_host():
+    """A host file naming a node whose link is down (it cannot answer): tutti-launch skips it with
+    a message, after the probe's deadline, and runs the job on the others."""
+    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+        summary = os.path.join(tmp, "run.json")
+        with Cluster(nodes=3, slots=1) as c:
+            c.sh("link", "--name", c.name, "--node", "node2", "down")
+            started = time.time()
+            p = launch(c, c.hostfile(), "--train-subset", "2048", "--test-subset", "500", "--batch-size", "64",
+                       "--quiet", "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--json", summary)
+            try:
+                out, err = p.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate()
+            took = time.time() - started
+        print("--- launcher stderr\n%s\n--- (exit %d, %.1f s)" % (err, p.returncode, took))
+        expect(p.returncode == 0, "the job ran on the others (exit %d)" % p.returncode)
+        expect_in(r"host node2 does not answer \(no answer within 3 s\): skipped", err)
+        expect_in(r"attempt 1: 2 rank\(s\) on 2 of 3 host\(s\) \(node0, node1\)", err)
+        a = json.load(open(summary))
+    expect(a["status"] == "completed" and a["ranks"] == 2 and a["nodes"] == 2, "completed on 2 ranks, 2 nodes: %s" % a)
+
+
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
-             "node_killed": node_killed}
+             "node_killed": node_killed, "launcher_node_killed": launcher_node_killed,
+             "launcher_unreachable_host": launcher_unreachable_host}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
@@ -243,6 +446,7 @@ if __name__ == "__main__":
     parser.add_argument("--gtest", help="cluster_test")
     parser.add_argument("--fault", help="comm_fault_test")
     parser.add_argument("--trainer", help="train_fashion_mnist")
+    parser.add_argument("--launcher", help="scripts/tutti-launch")
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--workdir", default=os.getcwd(), help="for temporary files (seen by every node)")
     parser.add_argument("--keep", action="append", default=[],

@@ -14,6 +14,9 @@ Checks, each printing PASSED or FAILED with what it saw:
                   trainer checkpoints and exits 75; --resume auto then finishes the run
   sbatch_signal   sbatch --signal=B:USR1@45: the batch script forwards it to mpirun, which
                   forwards it to the ranks: the same checkpoint and exit 75
+  sbatch_elastic  (only when named: it kills a node) scripts/slurm/tutti-elastic.sbatch on every
+                  node; the last node's processes are killed with SIGKILL mid-run: the script
+                  relaunches srun on the others with --resume auto and the run completes
 """
 import argparse
 import json
@@ -146,8 +149,67 @@ exit $rc
                    "the rerun continued from step %d to the end" % stopped)
 
 
+def sbatch_elastic():
+    """scripts/slurm/tutti-elastic.sbatch on every node of the cluster (1 task each); every process
+    of the last node (slurmd, the step, the task, the node's holder: the machine is gone) is killed
+    with SIGKILL mid-run. The script must relaunch srun by itself on the other nodes with --resume
+    auto, from a checkpoint, and the run must complete. Kills a node: run it last (not by default)."""
+    nodes = int(slurm("sinfo", "-h", "-o", "%D", check=True).stdout.split()[0])
+    expect(nodes >= 2, "needs 2 nodes or more (3: cluster.sh up --nodes 3)")
+    victim = "node%d" % (nodes - 1)
+    with tempfile.TemporaryDirectory(dir=os.path.join(ROOT, ARGS.build)) as tmp:
+        out, js, ckpt = os.path.join(tmp, "job.out"), os.path.join(tmp, "run.json"), os.path.join(tmp, "ckpt")
+        flags = ["--train-subset", "19200", "--test-subset", "500", "--batch-size", "96", "--epochs", "2", "--seed", "5",
+                 "--checkpoint-dir", ckpt, "--checkpoint-every", "20", "--progress", "lines", "--progress-interval", "0.2",
+                 "--json", js]
+        cmd = ["bash", os.path.join(ROOT, "scripts/cluster-slurm.sh"), "exec", "--name", ARGS.name, "--", "sbatch", "--wait",
+               "-N", str(nodes), "--ntasks-per-node", "1", "-o", out, os.path.join(ROOT, "scripts/slurm/tutti-elastic.sbatch"),
+               trainer(), *flags]
+        # Under srun no daemon ends the survivors of a lost node (mpirun's do): tutti's deadline does,
+        # before Slurm declares the node down (SlurmdTimeout, 30 s here).
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "TUTTI_TIMEOUT_S": "5"})
+        text = ""
+        for _ in range(1200):
+            text = open(out).read() if os.path.exists(out) else ""
+            m = re.findall(r"step (\d+)/400", text)
+            if m and int(m[-1]) >= 100:
+                break
+            time.sleep(0.1)
+        ns = "tutti-%s-%s" % (ARGS.name, victim)
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            subprocess.run(["kill", "-9", pid])
+        killed = time.time()
+        relaunched = None
+        while p.poll() is None and time.time() - killed < 120:
+            if relaunched is None and "attempt 2:" in (open(out).read() if os.path.exists(out) else ""):
+                relaunched = time.time() - killed
+            time.sleep(0.1)
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+        text = open(out).read()
+        print("\n".join(l for l in text.splitlines() if not l.startswith("epoch"))[-4000:])
+        print("killed %d process(es) of %s after step %s; attempt 2 seen %s s later" % (len(pids), victim, m[-1] if m else
+                                                                                          "?", relaunched))
+        x = json.load(open(js))
+    survivors = ",".join("node%d" % i for i in range(nodes - 1))
+    expect(re.search(r"attempt 1 failed \(exit \d+\); relaunching", text), "attempt 1 failed and was relaunched")
+    expect(re.search(r"attempt 2: %d task\(s\) on %d node\(s\) \(%s\)" % (nodes - 1, nodes - 1, survivors), text),
+           "attempt 2 on %s" % survivors)
+    expect("done after 2 attempt(s)" in text, "done after 2 attempts")
+    # tutti's deadline (5 s) and its 1 s for the answers, srun's wait for the lost node's step (KillWait 5 s
+    # + 2 s), the probe of the lost node (5 s): 20 s measured.
+    expect(relaunched is not None and relaunched < 30, "relaunched within 30 s of the kill (%s)" % relaunched)
+    expect(x["status"] == "completed" and x["steps"] == 400 and x["ranks"] == nodes - 1, "completed on the survivors")
+    expect(x["resumed_from_step"] >= 100 - 20 and x["resumed_from_step"] % 20 == 0, "resumed from a checkpoint")
+
+
 CHECKS = {"srun_ranks": srun_ranks, "srun_trainer": srun_trainer, "sbatch_mpirun": sbatch_mpirun,
           "srun_signal": lambda: signal_run("srun"), "sbatch_signal": lambda: signal_run("sbatch")}
+DEFAULT = list(CHECKS)
+CHECKS["sbatch_elastic"] = sbatch_elastic  # kills a node: only when named
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -157,7 +219,7 @@ if __name__ == "__main__":
     ap.add_argument("checks", nargs="*")
     ARGS = ap.parse_args()
     failed = 0
-    for name in ARGS.checks or CHECKS:
+    for name in ARGS.checks or DEFAULT:
         if ARGS.skip_signals and "signal" in name:
             continue
         try:

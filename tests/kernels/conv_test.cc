@@ -363,7 +363,11 @@ Tensor tie_heavy(const Shape& shape, DType dt, std::uint32_t seed) {
 TEST_P(ConvDtypeTest, MaxpoolMatchesNaiveWithTies) {
   const DType dt = GetParam();
   std::uint32_t seed = 900;
-  for (const Shape& s : std::vector<Shape>{{2, 3, 6, 8}, {1, 1, 2, 2}, {3, 5, 10, 4}, {1, 2, 28, 28}}) {
+  // Widths: 2-8 and 14 (one partial 16-column chunk of the AVX-512 path), 28 and 34 (a full chunk
+  // and a partial one), 32 (two full chunks).
+  const std::vector<Shape> shapes = {{2, 3, 6, 8},  {1, 1, 2, 2},  {3, 5, 10, 4}, {1, 2, 28, 28},
+                                     {2, 3, 4, 14}, {1, 2, 6, 34}, {1, 1, 4, 32}};
+  for (const Shape& s : shapes) {
     for (bool ties : {false, true}) {
       Tensor x = ties ? tie_heavy(s, dt, seed++) : random_tensor(s, dt, seed++);
       const Shape ys = {s[0], s[1], s[2] / 2, s[3] / 2};

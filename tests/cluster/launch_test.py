@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""scripts/tutti-launch's decisions, with a stand-in for mpirun (no cluster, no MPI: seconds).
+
+The stand-in answers the launcher's probes (`-H HOST -np 1 true`) from a file of hosts that are
+down or hang, and plays one scripted attempt per job launch: it records the hosts and ranks it
+was given, prints the trainers' progress lines, writes a checkpoint whose "train.step" is the
+scripted one (tutti's checkpoint format), changes which hosts answer, and exits with the scripted
+code (or 75 on SIGUSR1, as a trainer stopped by a signal). Each case asserts the launcher's exit
+code, the attempts it made (hosts, ranks, arguments) and what it said.
+
+    launch_test.py --launcher scripts/tutti-launch [CASE...]
+"""
+import argparse
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+FAKE_MPIRUN = r'''#!/usr/bin/env python3
+import json, os, signal, struct, sys, time
+state = os.environ["FAKE_STATE"]
+args = sys.argv[1:]
+def down():
+    try:
+        return dict(l.split() for l in open(os.path.join(state, "down")) if l.strip())
+    except FileNotFoundError:
+        return {}
+def set_down(host, how):
+    d = down()
+    if how is None:
+        d.pop(host, None)
+    else:
+        d[host] = how
+    with open(os.path.join(state, "down"), "w") as f:
+        f.writelines("%s %s\n" % kv for kv in d.items())
+if "-H" in args:  # a probe: -H HOST -np 1 true
+    how = down().get(args[args.index("-H") + 1])
+    if how == "hang":
+        time.sleep(60)
+    if how:
+        print("ORTE was unable to reliably start one or more daemons.")
+        sys.exit(1)
+    sys.exit(0)
+hostfile = args[args.index("--hostfile") + 1]
+np_ = int(args[args.index("-np") + 1])
+program = args[args.index("-np") + 2:]
+log = os.path.join(state, "log")
+attempt = sum(1 for _ in open(log)) if os.path.exists(log) else 0
+with open(log, "a") as f:
+    f.write(json.dumps({"hosts": [l.split()[0] for l in open(hostfile)], "np": np_, "args": program}) + "\n")
+script = json.load(open(os.path.join(state, "script.json")))
+a = script[min(attempt, len(script) - 1)]
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+for k in range(a.get("from", 1), a.get("steps", 0) + 1):
+    print("epoch 1/1 step %d/100 loss 1.0 100 samples/s ETA 0:01" % k, flush=True)
+if "ckpt" in a:  # a checkpoint with train.step (src/io/checkpoint.cc's layout)
+    name, meta_k, meta_v = b"train.step", b"program", b"fake"
+    entries = struct.pack("<I", len(name)) + name + struct.pack("<BBHQQ", 4, 0, 0, 256, 8)
+    meta = struct.pack("<I", len(meta_k)) + meta_k + struct.pack("<I", len(meta_v)) + meta_v
+    header = b"TUTTICKP" + struct.pack("<IIII", 1, 1, 1, 0) + struct.pack("<QQII", 256, 268, 0, 0) + meta + entries
+    with open(os.path.join(state, "ckpt", "checkpoint.tckp"), "wb") as f:
+        f.write(header.ljust(256, b"\0") + struct.pack("<q", a["ckpt"]) + b"\0" * 4)
+for h in a.get("down", []):
+    set_down(h, "down")
+for h in a.get("up", []):
+    set_down(h, None)
+if "up_after" in a:
+    time.sleep(a["up_after"])
+    set_down(a["up_host"], None)
+time.sleep(a.get("sleep", 0))
+sys.exit(a.get("rc", 0))
+'''
+
+
+class Case:
+    def __init__(self, hosts, script, down=None):
+        self.dir = tempfile.TemporaryDirectory(prefix="launch_test-")
+        d = self.dir.name
+        os.mkdir(os.path.join(d, "ckpt"))
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write("# a comment\n" + "".join("%s\n" % h for h in hosts))
+        with open(os.path.join(d, "script.json"), "w") as f:
+            json.dump(script, f)
+        with open(os.path.join(d, "down"), "w") as f:
+            f.writelines("%s %s\n" % kv for kv in (down or {}).items())
+        self.mpirun = os.path.join(d, "mpirun")
+        with open(self.mpirun, "w") as f:
+            f.write(FAKE_MPIRUN)
+        os.chmod(self.mpirun, 0o755)
+
+    def launch(self, *opts, program_args=(), timeout=30, signal_after=None):
+        d = self.dir.name
+        cmd = [sys.executable, ARGS.launcher, "--hostfile", os.path.join(d, "hosts"), "--mpirun", self.mpirun,
+               "--retry-delay", "0.05", "--probe-timeout", "2", *opts, "--", "prog", "--checkpoint-dir",
+               os.path.join(d, "ckpt"), *program_args]
+        t = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "FAKE_STATE": d})
+        if signal_after is not None:  # once the job runs (its attempt is logged), and signal_after s more
+            while not os.path.exists(os.path.join(d, "log")) and p.poll() is None:
+                time.sleep(0.02)
+            time.sleep(signal_after)
+            p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=timeout)
+        self.seconds = time.monotonic() - t
+        self.rc, self.out, self.err = p.returncode, out, err
+        try:
+            self.attempts = [json.loads(l) for l in open(os.path.join(d, "log"))]
+        except FileNotFoundError:
+            self.attempts = []
+        print("$ %s\n(exit %d, %.1f s)\n%s" % (" ".join(opts), p.returncode, self.seconds, err))
+        return self
+
+    def hosts(self):
+        return ["".join(a["hosts"]) for a in self.attempts]
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def expect_said(c, text):
+    expect(text in c.err, "the launcher said %r" % text)
+
+
+# ---- cases -----------------------------------------------------------------------------------
+
+def relaunch_on_survivors():
+    """A failure (exit 137) that takes host b away: relaunched on a, c, d with --resume auto,
+    saying that b does not answer and how many steps were lost."""
+    c = Case("abcd", [{"steps": 25, "ckpt": 20, "rc": 137, "down": ["b"]}, {"from": 21, "steps": 30}]).launch()
+    expect(c.rc == 0, "exit 0 once the job completes, got %d" % c.rc)
+    expect(c.hosts() == ["abcd", "acd"], "attempts on abcd, then acd: %s" % c.hosts())
+    expect([a["np"] for a in c.attempts] == [4, 3], "4 ranks, then 3")
+    expect(all(a["args"][-2:] == ["--resume", "auto"] for a in c.attempts), "--resume auto added")
+    expect_said(c, "host b does not answer (exit 1: ORTE was unable")
+    expect_said(c, "attempt 1 failed (exit 137)")
+    expect_said(c, "5 step(s) lost (last step printed 25, checkpoint at step 20)")
+    expect_said(c, "attempt 2: 3 rank(s) on 3 of 4 host(s) (a, c, d), from the checkpoint at step 20")
+    expect("step 30/100" in c.out, "the program's output passed through")
+
+
+def host_comes_back():
+    """b is lost at the first failure and answers again at the second: it rejoins."""
+    c = Case(["a slots=2", "b slots=2"],
+             [{"rc": 1, "down": ["b"]}, {"rc": 1, "up": ["b"]}, {"rc": 0}]).launch()
+    expect(c.rc == 0 and c.hosts() == ["ab", "a", "ab"], "ab, a, ab: %s (exit %d)" % (c.hosts(), c.rc))
+    expect([a["np"] for a in c.attempts] == [4, 2, 4], "ranks from the slots: 4, 2, 4")
+    expect_said(c, "host b answers again: it joins this attempt")
+
+
+def not_relaunched():
+    """Exit 3 (diverged) and 2 (bad command line) end the launcher with the same code, at once;
+    --resume named by the command is left alone."""
+    for code, said in ((3, "the run diverged (exit 3)"), (2, "refused its command line (exit 2)")):
+        c = Case("ab", [{"rc": code}, {"rc": 0}]).launch(program_args=["--resume", "yes"])
+        expect(c.rc == code and len(c.attempts) == 1, "exit %d after one attempt, got %d after %d" % (
+            code, c.rc, len(c.attempts)))
+        expect(c.attempts[0]["args"][-2:] == ["--resume", "yes"] and c.attempts[0]["args"].count("--resume") == 1,
+               "the command's own --resume kept: %s" % c.attempts[0]["args"])
+        expect_said(c, said)
+
+
+def gives_up():
+    """Failures every time: after --max-failures within --window it gives up with exit 1; with
+    failures further apart than the window it keeps going."""
+    c = Case("ab", [{"rc": 1}]).launch("--max-failures", "3", "--window", "10")
+    expect(c.rc == 1 and len(c.attempts) == 3, "exit 1 after 3 attempts, got %d after %d" % (c.rc, len(c.attempts)))
+    expect_said(c, "giving up: 3 failure(s) within 10 minute(s) (--max-failures 3 --window 10): failed (exit 1)")
+    # 0.3 s apart, a window of 0.1 s (0.00167 min): never 2 in the window.
+    c = Case("ab", [{"rc": 1, "sleep": 0.3}] * 4 + [{"rc": 0}]).launch("--max-failures", "2", "--window", "0.00167")
+    expect(c.rc == 0 and len(c.attempts) == 5, "5 attempts, then done: exit %d after %d" % (c.rc, len(c.attempts)))
+
+
+def stop_signal():
+    """Exit 75: relaunched by default; --on-stop exit ends with 75; a stop asked of the launcher
+    (SIGTERM) reaches the job as SIGUSR1 and ends the launcher with 75, with no relaunch."""
+    c = Case("ab", [{"rc": 75, "steps": 7, "ckpt": 7}, {"rc": 0}]).launch()
+    expect(c.rc == 0 and len(c.attempts) == 2, "75 relaunched: exit %d after %d" % (c.rc, len(c.attempts)))
+    expect_said(c, "stopped by a signal with a checkpoint (exit 75)")
+    expect_said(c, "0 step(s) lost (last step printed 7, checkpoint at step 7)")
+    c = Case("ab", [{"rc": 75}, {"rc": 0}]).launch("--on-stop", "exit")
+    expect(c.rc == 75 and len(c.attempts) == 1, "--on-stop exit: 75 after one attempt")
+    c = Case("ab", [{"sleep": 30, "rc": 1}, {"rc": 0}]).launch(signal_after=0.5)
+    expect(c.rc == 75 and len(c.attempts) == 1, "stopped by SIGTERM: exit %d after %d attempt(s)" % (
+        c.rc, len(c.attempts)))
+    expect(c.seconds < 10, "the job stopped at once (SIGUSR1), not after its 30 s")
+    expect_said(c, "SIGTERM: asking the job to stop")
+
+
+def unreachable_host():
+    """A host that never answers (the probe hangs) is skipped after --probe-timeout, with a
+    message, and the job runs on the others."""
+    c = Case("abc", [{"rc": 0}], down={"b": "hang"}).launch()
+    expect(c.rc == 0 and c.hosts() == ["ac"], "ran on a, c: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 2 s): skipped")
+    expect(c.seconds < 8, "the hanging probe was cut at 2 s (took %.1f s)" % c.seconds)
+    c = Case("ab", [{"rc": 0}], down={"a": "down", "b": "down"}).launch("--max-failures", "2")
+    expect(c.rc == 1 and not c.attempts, "no host answers: gave up without launching")
+    expect_said(c, "giving up: 2 failure(s)")
+    expect_said(c, "no host answers")
+
+
+def divides():
+    """--divides B: the most ranks that divide B: 8 of 8 slots, then 4 of 6 for B = 16."""
+    c = Case(["a slots=2", "b slots=2", "c slots=2", "d slots=2"], [{"rc": 1, "down": ["d"]}, {"rc": 0}]).launch(
+        "--divides", "16")
+    expect([a["np"] for a in c.attempts] == [8, 4], "8 ranks, then 4: %s" % [a["np"] for a in c.attempts])
+
+
+def grows():
+    """--grow-every: a host that answers again while the job runs stops it cleanly (SIGUSR1, exit
+    75) and the job is relaunched on every host, without counting a failure."""
+    c = Case("abc", [{"up_after": 0.3, "up_host": "b", "sleep": 30, "rc": 1}, {"rc": 0}], down={"b": "down"}).launch(
+        "--grow-every", "0.2", "--max-failures", "1")
+    expect(c.rc == 0 and c.hosts() == ["ac", "abc"], "ac, then abc: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host(s) b answer again: stopping the job")
+    expect(c.seconds < 10, "grew within seconds (%.1f s)" % c.seconds)
+
+
+CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
+                                 unreachable_host, divides, grows)}
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True, help="scripts/tutti-launch")
+    parser.add_argument("cases", nargs="*", choices=[[]] + sorted(CASES), default=[])
+    ARGS = parser.parse_args()
+    failed = []
+    for name in ARGS.cases or sorted(CASES):
+        print("=== %s" % name)
+        try:
+            CASES[name]()
+            print("--- %s: PASSED" % name)
+        except AssertionError as e:
+            print("--- %s: FAILED: %s" % (name, e))
+            failed.append(name)
+    if failed:
+        print("FAILED: %s" % ", ".join(failed))
+        sys.exit(1)
+    print("PASSED")
