@@ -35,6 +35,10 @@
 //   }
 //   writer.finish();                             // at the end, before exit: waits, throws a failure
 //
+// A checkpoint that must not be skipped (the last one, or the one a stop signal asks for):
+// finish() first, so that no write is in flight, then save(), then finish(). The writer does
+// not create directories.
+//
 // `state` may hold the live tensors themselves (views of a model's parameters or an
 // optimizer's state on its device): save() copies them, so there is no need for the CPU
 // copies that state_dict() functions make. Pass the stream they are produced on.
