@@ -5,7 +5,9 @@
 # (scripts/build.sh); the peer comparison also needs Debian's python3-torch, the plots
 # python3-matplotlib.
 #   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
-#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers
+#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers, checkpoint
+#   bash scripts/benchmarks.sh checkpoint # not in the default run: ~3 minutes, ~25 GB written to
+#                                         # build/bench/checkpoint (each file removed after its mode)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/openblas-env.sh
@@ -68,9 +70,15 @@ for part in $parts; do
             | tee "$out/zero_speed_${name}_${opt}_np2.txt"
         done
       done ;;
+    checkpoint)
+      # The training thread's stall per save, sync against async (docs/benchmarks.md, "Checkpoint
+      # stall"); the checkpoint files go to build/bench/checkpoint whatever BENCH_OUT is.
+      { echo "# measured on: $machine"
+        build/benchmarks/io/checkpoint_bench --saves 7 --saves-large 5 --json "$out/checkpoint_bench.json"; } \
+        | tee "$out/checkpoint_bench.txt" ;;
     peers)
       bash benchmarks/peers/compare.sh -n 2 -e 3 -r 3 --out "$out/peers" | tee "$out/peers.txt" ;;
-    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers)" >&2; exit 2 ;;
+    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers, checkpoint)" >&2; exit 2 ;;
   esac
 done
 /usr/bin/python3 scripts/bench-plots.py "$out" || echo "benchmarks.sh: plots skipped (needs python3-matplotlib)"

@@ -23,6 +23,7 @@
 #include "tutti/data/tokens.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/io/checkpoint.h"
+#include "tutti/io/checkpoint_writer.h"
 #include "tutti/kernels.h"
 #include "tutti/models/gpt.h"
 #include "tutti/nn/flat_plan.h"

@@ -464,6 +464,37 @@ StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimi
   return out;
 }
 
+StateDict DistributedDataParallel::model_state_views() {
+  TUTTI_CHECK_ARG(options_.zero_stage == 0, "model_state_views: zero_stage ", options_.zero_stage,
+                  " keeps only a shard of the fp32 values on each rank: use model_state_dict(), which gathers them");
+  TUTTI_CHECK_ARG(!model_.storage().masters_released(),
+                  "model_state_views: the model's fp32 values were released: use model_state_dict()");
+  StateDict out = model_.extra_state();
+  for (nn::Parameter* p : params_) out[p->name] = p->value;
+  return out;
+}
+
+StateDict DistributedDataParallel::optimizer_state_views(optim::Optimizer& optimizer) {
+  TUTTI_CHECK_ARG(options_.zero_stage == 0 && &optimizer == attached_, "optimizer_state_views: needs zero_stage 0 ",
+                  "and the optimizer attached (whole state tensors in this object's flat layout); here zero_stage ",
+                  options_.zero_stage, ", ", &optimizer == attached_ ? "attached" : "not attached",
+                  ": use optimizer_state_dict()");
+  StateDict out;
+  out["step"] = int_scalar_tensor(optimizer.steps());
+  const std::vector<std::string> names = optimizer.state_names();
+  const nn::FlatPlan& plan = reducer_->plan();
+  const std::vector<nn::Parameter*> mine = optimizer.parameters();
+  // At stage 0 the attached optimizer's state is one span over the whole plan: plan offsets.
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
+      const std::string key = mine[i]->name.empty() ? "param" + std::to_string(i) : mine[i]->name;
+      out[key + "." + names[k]] = optimizer.flat_state(k).view(e.offset, e.shape);
+    }
+  }
+  return out;
+}
+
 void DistributedDataParallel::load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state) {
   optimizer.load_state_dict(state);
 }

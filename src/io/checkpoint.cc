@@ -2,15 +2,14 @@
 
 #include <optional>
 
+#include "io/checkpoint_file.h"
 #include "tutti/core/trace.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,17 +18,16 @@
 namespace tutti::io {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "the checkpoint format stores tensors in little-endian byte order");
-
-constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'C', 'K', 'P'};
-constexpr std::size_t kFixedHeaderBytes = 48;
-constexpr std::size_t kAlign = 64;
-constexpr std::size_t kTrailerBytes = 4;
-constexpr std::uint32_t kMaxNdim = 16;
+using detail::crc_update;
+using detail::Fd;
+using detail::header_crc;
+using detail::kAlign;
+using detail::kFixedHeaderBytes;
+using detail::kMagic;
+using detail::kMaxNdim;
+using detail::kTrailerBytes;
+using detail::throw_errno;
 constexpr int kNumDTypes = 5;  // f32, f16, bf16, i32, i64
-
-std::uint64_t align_up(std::uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 std::string hex32(std::uint32_t v) {
   static const char* kDigits = "0123456789abcdef";
@@ -38,41 +36,6 @@ std::string hex32(std::uint32_t v) {
   return s;
 }
 
-std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, std::size_t{1} << 30));
-    crc = static_cast<std::uint32_t>(crc32(crc, p, chunk));
-    p += chunk;
-    n -= chunk;
-  }
-  return crc;
-}
-
-// ---- little-endian encoding of the header ------------------------------------------------
-
-void put_u8(std::vector<unsigned char>& b, std::uint8_t v) { b.push_back(v); }
-void put_u16(std::vector<unsigned char>& b, std::uint16_t v) {
-  for (int i = 0; i < 2; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
-}
-void put_u32(std::vector<unsigned char>& b, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
-}
-void put_u64(std::vector<unsigned char>& b, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
-}
-void set_u32(std::vector<unsigned char>& b, std::size_t at, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) b[at + i] = static_cast<unsigned char>(v >> (8 * i));
-}
-void set_u64(std::vector<unsigned char>& b, std::size_t at, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) b[at + i] = static_cast<unsigned char>(v >> (8 * i));
-}
-void put_string(std::vector<unsigned char>& b, const std::string& s) {
-  TUTTI_CHECK_ARG(s.size() <= 0xFFFFFFFFu, "save_checkpoint: a name or metadata value of ", s.size(),
-                  " bytes is longer than the format's 4 GiB limit");
-  put_u32(b, static_cast<std::uint32_t>(s.size()));
-  b.insert(b.end(), s.begin(), s.end());
-}
 std::uint64_t get_u64(const unsigned char* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -80,51 +43,6 @@ std::uint64_t get_u64(const unsigned char* p) {
 }
 std::uint32_t get_u32_le(const unsigned char* p) {
   return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
-}
-
-// The header crc covers [0, 40) and [48, H): everything in the header but its own field.
-std::uint32_t header_crc(const unsigned char* header, std::size_t header_size) {
-  std::uint32_t crc = crc_update(0, header, 40);
-  return crc_update(crc, header + kFixedHeaderBytes, header_size - kFixedHeaderBytes);
-}
-
-// ---- POSIX file helpers that throw -------------------------------------------------------
-
-[[noreturn]] void throw_errno(const std::string& call, const std::string& path, int err) {
-  TUTTI_THROW(BackendError, call, "('", path, "') failed: ", std::strerror(err));
-}
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes and reports the error (close can report a delayed write error).
-  void close_checked(const std::string& path) {
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw_errno("close", path, errno);
-  }
-
- private:
-  int fd_;
-};
-
-void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("write", path, errno);
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
 }
 
 // Reads exactly n bytes; `offset` is where the read starts, for the truncation message.
@@ -205,34 +123,6 @@ struct Entry {
   std::uint64_t nbytes;
 };
 
-constexpr const char* kTmpMarker = ".tmp.";
-std::string pid_suffix() { return kTmpMarker + std::to_string(::getpid()); }
-
-// Removes the regular files "<path>.tmp.<digits>": temporaries of saves to `path` that were killed before their
-// rename (a kill -9, a node lost, the job's time limit). Failures are ignored: the file stays
-// for the next save, and this save does not depend on it.
-void remove_stale_temporaries(const std::string& path) {
-  const std::filesystem::path target(path);
-  std::filesystem::path dir = target.parent_path();
-  if (dir.empty()) dir = ".";
-  const std::string prefix = target.filename().string() + kTmpMarker;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    // Only regular files: a save writes nothing else.
-    std::error_code type_error;
-    if (!it->is_regular_file(type_error) || it->is_symlink(type_error)) continue;
-    if (!std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
-                     [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;
-    }
-    std::error_code ignored;
-    std::filesystem::remove(it->path(), ignored);
-  }
-}
-
 }  // namespace
 
 // ---- save ----------------------------------------------------------------------------------
@@ -242,104 +132,24 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
   if (trace::on()) span.emplace("checkpoint save", "checkpoint");
   ErrorContext context("saving checkpoint '" + path + "'");
   TUTTI_CHECK_ARG(!path.empty(), "save_checkpoint: empty path");
-  // Host copies of everything first, so that a bad entry fails before any file is touched.
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  tensors.reserve(state.size());
+  // Every entry checked before anything is copied or any file touched.
+  const detail::FilePlan plan = detail::plan_checkpoint(state, metadata, "save_checkpoint");
+  // Host copies of the GPU tensors (the CPU ones are written from where they are).
+  std::vector<Tensor> host;
+  host.reserve(state.size());
   for (const auto& [name, t] : state) {
-    TUTTI_CHECK_ARG(!name.empty(), "save_checkpoint: a state dict entry has an empty name");
-    TUTTI_CHECK_ARG(t.defined(), "save_checkpoint: state dict entry '", name, "' is an undefined tensor");
-    TUTTI_CHECK_ARG(t.ndim() <= static_cast<int>(kMaxNdim), "save_checkpoint: entry '", name, "' has ", t.ndim(),
-                    " dimensions, at most ", kMaxNdim, " are supported");
     if (t.device().is_cpu()) {
-      tensors.emplace_back(name, t);
+      host.push_back(t);
     } else {
       Stream stream = Stream::default_for(t.device());
-      Tensor host = t.to(Device::cpu(), stream);
+      host.push_back(t.to(Device::cpu(), stream));
       stream.synchronize();
-      tensors.emplace_back(name, host);
     }
   }
-  for (const auto& [key, value] : metadata) {
-    TUTTI_CHECK_ARG(!key.empty(), "save_checkpoint: a metadata entry has an empty key");
-  }
-
-  // The header, with offsets patched in once its size is known.
-  std::vector<unsigned char> header(kMagic, kMagic + 8);
-  put_u32(header, kCheckpointFormatVersion);
-  put_u32(header, static_cast<std::uint32_t>(metadata.size()));
-  put_u32(header, static_cast<std::uint32_t>(tensors.size()));
-  put_u32(header, 0);
-  put_u64(header, 0);  // header size, patched below
-  put_u64(header, 0);  // file size, patched below
-  put_u32(header, 0);  // header crc, patched below
-  put_u32(header, 0);
-  for (const auto& [key, value] : metadata) {
-    put_string(header, key);
-    put_string(header, value);
-  }
-  std::vector<std::size_t> offset_fields;
-  for (const auto& [name, t] : tensors) {
-    put_string(header, name);
-    put_u8(header, static_cast<std::uint8_t>(t.dtype()));
-    put_u8(header, static_cast<std::uint8_t>(t.ndim()));
-    put_u16(header, 0);
-    for (std::int64_t d : t.shape()) put_u64(header, static_cast<std::uint64_t>(d));
-    offset_fields.push_back(header.size());
-    put_u64(header, 0);  // offset, patched below
-    put_u64(header, t.nbytes());
-  }
-  const std::uint64_t header_size = align_up(header.size());
-  header.resize(header_size, 0);
-  std::uint64_t at = header_size;
-  std::vector<std::uint64_t> offsets;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    offsets.push_back(at);
-    set_u64(header, offset_fields[i], at);
-    at = align_up(at + tensors[i].second.nbytes());
-  }
-  const std::uint64_t file_size = at + kTrailerBytes;
-  set_u64(header, 24, header_size);
-  set_u64(header, 32, file_size);
-  set_u32(header, 40, header_crc(header.data(), header.size()));
-
-  // Write the temporary file; on any failure remove it and leave `path` untouched. Killed
-  // saves' temporaries go first, so that their space is free for this one.
-  remove_stale_temporaries(path);
-  const std::string tmp = path + pid_suffix();
-  try {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) throw_errno("open", tmp, errno);
-    std::uint32_t crc = crc_update(0, header.data(), header.size());
-    write_all(fd.get(), header.data(), header.size(), tmp);
-    static const unsigned char kZeros[kAlign] = {};
-    std::uint64_t written = header_size;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const Tensor& t = tensors[i].second;
-      crc = crc_update(crc, t.data(), t.nbytes());
-      write_all(fd.get(), t.data(), t.nbytes(), tmp);
-      written += t.nbytes();
-      const std::uint64_t next = i + 1 < tensors.size() ? offsets[i + 1] : file_size - kTrailerBytes;
-      const std::size_t pad = static_cast<std::size_t>(next - written);
-      crc = crc_update(crc, kZeros, pad);
-      write_all(fd.get(), kZeros, pad, tmp);
-      written = next;
-    }
-    std::vector<unsigned char> trailer;
-    put_u32(trailer, crc);
-    write_all(fd.get(), trailer.data(), trailer.size(), tmp);
-    if (::fsync(fd.get()) != 0) throw_errno("fsync", tmp, errno);
-    fd.close_checked(tmp);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", tmp + "' -> '" + path, errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // The rename is durable once the directory is on disk too.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() < 0) throw_errno("open (directory, to fsync the rename)", dir.string(), errno);
-  if (::fsync(dfd.get()) != 0) throw_errno("fsync (directory, after the rename)", dir.string(), errno);
+  std::vector<const void*> data;
+  data.reserve(host.size());
+  for (const Tensor& t : host) data.push_back(t.nbytes() == 0 ? nullptr : t.data());
+  detail::write_checkpoint_file(path, plan, data);
 }
 
 // ---- load ----------------------------------------------------------------------------------

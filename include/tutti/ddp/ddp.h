@@ -149,6 +149,16 @@ class DistributedDataParallel {
   // stage 0 on one rank. COLLECTIVE (call on every rank; under ZeRO they gather the shards).
   StateDict model_state_dict();
   StateDict optimizer_state_dict(optim::Optimizer& optimizer);
+  // Not collective, no copy: the live tensors behind model_state_dict() and
+  // optimizer_state_dict(optimizer), under the same names and shapes: views of the model's
+  // fp32 values and of the optimizer's state on the model's device (the layers' extra state and
+  // "step" are small CPU tensors). They change with the next step: for a checkpoint, hand them
+  // to io::CheckpointWriter::save (with module().stream()), which copies them into its host
+  // buffers, one copy where the *_state_dict functions make one more. Only where this rank
+  // holds every whole tensor: zero_stage 0, and for the optimizer, attached; otherwise
+  // InvalidArgument (under ZeRO the *_state_dict functions gather the shards).
+  StateDict model_state_views();
+  StateDict optimizer_state_views(optim::Optimizer& optimizer);
   // Not collective: every rank takes its part of the whole tensors (any stage, any world
   // size wrote them).
   void load_model_state_dict(const StateDict& state);

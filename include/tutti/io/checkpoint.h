@@ -39,6 +39,9 @@
 // "checksum mismatch: stored 0x1234abcd != computed 0x..."), before returning anything.
 // I/O failures of the operating system throw tutti::BackendError naming the call and errno.
 //
+// io::CheckpointWriter (tutti/io/checkpoint_writer.h) writes the same files from a background
+// thread, so that training stalls only for a copy of the state to host memory.
+//
 // Neither function is collective: in a data-parallel job rank 0 saves (every rank holds the
 // same model), and every rank loads the same file.
 #pragma once
