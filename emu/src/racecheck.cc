@@ -30,6 +30,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -51,6 +52,7 @@ namespace {
 
 // "kernels/cuda/x.cu:77" for the instruction that called a hook (found at report time only).
 std::string source_line(const void* return_address) {
+  if (return_address == nullptr) return "(a line not recorded)";
   static auto& m = *new std::mutex;
   static auto& cache = *new std::map<const void*, std::string>;
   std::lock_guard l(m);
@@ -111,25 +113,85 @@ constexpr int kWarp = 32;
 // One byte of shared memory in the current barrier interval (threads as linear id + 1, 0: none).
 struct SharedCell {
   std::uint32_t interval;
-  std::uint16_t writer, reader[2];
-  bool atomic_write;                     // the last write was an atomic (atomics do not conflict with each other)
   std::uint32_t write_gen, read_gen[2];  // the block's __syncwarp count at the access
-  const void* write_pc;
-  const void* read_pc[2];
+  std::uint16_t writer, reader[2];
+  std::uint16_t write_pc, read_pc[2];  // interned return addresses (State::pcs)
+  bool atomic_write;                   // the last write was an atomic (atomics do not conflict with each other)
 };
+static_assert(sizeof(SharedCell) == 32);
 
-// One 4-byte granule of a device allocation in the current launch (blocks as linear id + 1).
+// One 4-byte granule of a device allocation: the block that last wrote it and the first block that
+// read it in the current launch, each as the block's stamp (below) shifted left by 4 over the bytes
+// of the granule it accessed, and the lines of those accesses. 12 bytes: kernels stream through
+// these as they stream through their data, so the shadow's size is most of the detector's cost.
 struct GlobalCell {
-  std::uint32_t launch, writer, reader;
-  std::uint8_t write_mask, read_mask;  // the bytes of the granule written / read
-  const void* write_pc;
-  const void* read_pc;
+  std::uint32_t write, read;
+  std::uint16_t write_pc, read_pc;  // interned return addresses (State::pcs)
+};
+static_assert(sizeof(GlobalCell) == 12);
+
+// Block stamps: every block that runs on a host thread gets the next number, the blocks of one
+// launch consecutive, so a cell's record belongs to the current launch when its stamp is at least
+// the launch's first: no cell is ever cleared between launches. 28 bits; when they run out, the
+// shadows are dropped and numbering starts again.
+constexpr std::uint32_t kStampLimit = std::uint32_t{1} << 28;
+
+// Interned return addresses: 16-bit ids in the cells; a direct-mapped cache in front of the map.
+constexpr std::size_t kPcCache = 1024;
+struct PcSlot {
+  const void* pc = nullptr;
+  std::uint16_t id = 0;
 };
 
 struct Shadow {
   std::size_t granules = 0;
   GlobalCell* cells = nullptr;
+  std::size_t bytes = 0;
+  bool mapped = false;  // by map_cells (else calloc'ed)
 };
+
+// Large shadows are mapped 2 MiB-aligned and backed by transparent huge pages where the kernel
+// allows (madvise mode): a thread's grid-stride loop strides through the shadow as through its
+// data, and with 4 KiB pages nearly every access to the shadow of a large array missed the TLB
+// (most of the detector's cost on elementwise kernels over 4 MB arrays). Small ones are
+// calloc'ed, so that a huge page is not spent on a few bytes.
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+void allocate_cells(Shadow& shadow, std::size_t granules) {
+  const std::size_t bytes = granules * sizeof(GlobalCell);
+  shadow = Shadow{};
+  if (bytes < kHugePage / 2) {
+    shadow.cells = static_cast<GlobalCell*>(std::calloc(granules, sizeof(GlobalCell)));
+    shadow.bytes = bytes;
+  } else {
+    const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p =
+        mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return;
+    const auto raw = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t lo = (raw + kHugePage - 1) & ~(kHugePage - 1);
+    if (lo > raw) munmap(p, lo - raw);
+    if (raw + kHugePage > lo) munmap(reinterpret_cast<void*>(lo + size), raw + kHugePage - lo);
+    madvise(reinterpret_cast<void*>(lo), size, MADV_HUGEPAGE);  // a hint: refused, 4 KiB pages do
+    shadow.cells = reinterpret_cast<GlobalCell*>(lo);
+    shadow.bytes = size;
+    shadow.mapped = true;
+  }
+  if (shadow.cells == nullptr) {
+    shadow.bytes = 0;
+  } else {
+    shadow.granules = granules;
+  }
+}
+
+void free_cells(Shadow& shadow) {
+  if (shadow.mapped) {
+    munmap(shadow.cells, shadow.bytes);
+  } else {
+    std::free(shadow.cells);
+  }
+  shadow = Shadow{};
+}
 
 // A recently looked-up range of addresses: a device allocation (cells set) or a gap (null).
 struct Range {
@@ -149,24 +211,44 @@ struct State {
   SharedCell* shared_cells = nullptr;
   std::size_t shared_capacity = 0;
   BlockInfo block;
-  std::uint32_t block_id = 0;  // linear + 1
-  bool stopped = false;        // a hazard was reported: the kernel ends
+  std::uint32_t block_stamp = 0;  // launch_first + the block's linear id
+  bool stopped = false;           // a hazard was reported: the kernel ends
   // The launch.
-  std::uint32_t launch = 0;
+  std::uint32_t launch_first = 1, next_stamp = 1;
+  bool global_off = false;  // a grid with more blocks than stamps: not checked
   Range ranges[8];
   unsigned next_range = 0, last_range = 0;
   std::unordered_map<std::uintptr_t, Shadow> shadows;  // by allocation start
   std::size_t shadow_bytes = 0;
+  // Interned return addresses: pcs[id]; id 0 is none (more than 65535 distinct lines).
+  PcSlot pc_cache[kPcCache];
+  std::unordered_map<const void*, std::uint16_t> pc_ids;
+  std::vector<const void*> pcs = std::vector<const void*>(1, nullptr);
 
   ~State() {
     std::free(shared_cells);
-    for (auto& [base, s] : shadows) std::free(s.cells);
+    for (auto& [base, shadow] : shadows) free_cells(shadow);
   }
 };
 
 thread_local State state;
-// The state while a fiber of a checked block runs, null otherwise: the hooks' first test.
+// The host thread's state (&state, set at each launch: `state` itself is reached through
+// __tls_get_addr), and the same while a fiber of a checked block runs, null otherwise: the
+// hooks' first test.
+TUTTI_EMU_TLS thread_local State* current = nullptr;
 TUTTI_EMU_TLS thread_local State* active = nullptr;
+
+std::uint16_t pc_id(State& s, const void* pc) {
+  PcSlot& slot = s.pc_cache[(reinterpret_cast<std::uintptr_t>(pc) >> 2) % kPcCache];
+  if (slot.pc == pc) return slot.id;
+  auto [it, fresh] = s.pc_ids.try_emplace(pc, std::uint16_t{0});
+  if (fresh && s.pcs.size() <= UINT16_MAX) {
+    it->second = static_cast<std::uint16_t>(s.pcs.size());
+    s.pcs.push_back(pc);
+  }
+  slot = PcSlot{pc, it->second};
+  return it->second;
+}
 
 // Shadows past this size are dropped at the next launch (they only describe launches gone by).
 constexpr std::size_t kShadowBudget = std::size_t{512} << 20;
@@ -198,6 +280,7 @@ void shared_hazard(State& s, bool write, bool atomic, std::size_t size, std::uin
 // An atomic is a write that conflicts with plain accesses only.
 void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write, const void* pc, bool atomic = false) {
   const auto me = static_cast<std::uint16_t>(s.linear + 1);
+  const std::uint16_t id = pc_id(s, pc);
   const std::size_t end = std::min<std::size_t>(offset + size, s.shared_span);
   for (std::size_t i = offset; i < end; ++i) {
     SharedCell& c = s.shared_cells[i];
@@ -207,19 +290,19 @@ void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write
     }
     if (c.writer != 0 && c.writer != me && !(atomic && c.atomic_write) && !ordered(s, c.writer - 1, c.write_gen)) {
       return shared_hazard(s, write, atomic, size, offset, pc, c.atomic_write ? "atomically wrote" : "wrote",
-                           c.writer - 1, c.write_pc);
+                           c.writer - 1, s.pcs[c.write_pc]);
     }
     if (write) {
       for (int r = 0; r < 2; ++r) {
         if (c.reader[r] != 0 && c.reader[r] != me && !ordered(s, c.reader[r] - 1, c.read_gen[r])) {
-          return shared_hazard(s, write, atomic, size, offset, pc, "read", c.reader[r] - 1, c.read_pc[r]);
+          return shared_hazard(s, write, atomic, size, offset, pc, "read", c.reader[r] - 1, s.pcs[c.read_pc[r]]);
         }
       }
       if (!(atomic && c.writer == me && !c.atomic_write)) {  // an own plain write stays: others' atomics conflict
         c.writer = me;
         c.atomic_write = atomic;
         c.write_gen = s.syncwarps;
-        c.write_pc = pc;
+        c.write_pc = id;
       }
       c.reader[0] = c.reader[1] = 0;  // ordered before this write, or reported
     } else {
@@ -228,7 +311,7 @@ void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write
       if (r >= 0) {
         c.reader[r] = me;
         c.read_gen[r] = s.syncwarps;
-        c.read_pc[r] = pc;
+        c.read_pc[r] = id;
       }
     }
   }
@@ -252,55 +335,55 @@ Range& range_of(State& s, std::uintptr_t a) {
   Shadow& shadow = s.shadows[r.lo];
   const std::size_t granules = (r.hi - r.lo + 3) / 4;
   if (shadow.granules < granules) {
-    std::free(shadow.cells);
-    s.shadow_bytes -= shadow.granules * sizeof(GlobalCell);
-    // calloc'ed: the pages of a large shadow are mapped only where kernels touch them.
-    shadow.cells = static_cast<GlobalCell*>(std::calloc(granules, sizeof(GlobalCell)));
-    shadow.granules = shadow.cells == nullptr ? 0 : granules;
-    s.shadow_bytes += shadow.granules * sizeof(GlobalCell);
+    // Zero-filled, and its pages mapped only where kernels touch them.
+    s.shadow_bytes -= shadow.bytes;
+    free_cells(shadow);
+    allocate_cells(shadow, granules);
+    s.shadow_bytes += shadow.bytes;
   }
   r.cells = shadow.cells;
   return r;
 }
 
 void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r, const void* pc,
-                   bool other_wrote, std::uint32_t other_block, const void* other_pc) {
+                   bool other_wrote, std::uint32_t other_stamp, std::uint16_t other_pc) {
   char where[96];
   std::snprintf(where, sizeof where, " of %zu bytes at %#zx (device allocation %#zx + %zu)", size,
                 static_cast<std::size_t>(a), static_cast<std::size_t>(r.lo), static_cast<std::size_t>(a - r.lo));
   report(s, std::string("global-memory hazard between blocks: ") + access_name(write) + where + " at " +
-                source_line(pc) + ", and block " + dims(index_of(other_block - 1, s.block.grid_dim)) + " " +
-                (other_wrote ? "wrote" : "read") + " it at " + source_line(other_pc) +
+                source_line(pc) + ", and block " + dims(index_of(other_stamp - s.launch_first, s.block.grid_dim)) +
+                " " + (other_wrote ? "wrote" : "read") + " it at " + source_line(s.pcs[other_pc]) +
                 " in the same launch (the blocks of a launch are not ordered; only atomics may share an address)");
 }
 
 void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
   const Range& r = range_of(s, a);
   if (r.cells == nullptr) return;
-  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi);
-  const std::uint32_t me = s.block_id;
-  for (std::uintptr_t g = (a - r.lo) / 4; r.lo + g * 4 < end; ++g) {
-    const std::uintptr_t lo = std::max<std::uintptr_t>(a, r.lo + g * 4),
-                         hi = std::min<std::uintptr_t>(end, r.lo + g * 4 + 4);
-    const auto mask = static_cast<std::uint8_t>(((1u << (hi - lo)) - 1) << (lo - r.lo - g * 4));
-    GlobalCell& c = r.cells[g];
-    if (c.launch != s.launch) c = GlobalCell{s.launch, 0, 0, 0, 0, nullptr, nullptr};
-    if (c.writer != 0 && c.writer != me && (c.write_mask & mask) != 0) {
-      return global_hazard(s, write, size, a, r, pc, true, c.writer, c.write_pc);
+  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi) - r.lo;
+  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  const std::uint16_t id = pc_id(s, pc);
+  for (std::uintptr_t at = a - r.lo; at < end; at = (at | 3) + 1) {
+    // The bytes of granule at / 4 in [at, end).
+    const std::uintptr_t n = std::min<std::uintptr_t>(end - at, 4 - (at & 3));
+    const auto mask = static_cast<std::uint32_t>(((1u << n) - 1) << (at & 3));
+    GlobalCell& c = r.cells[at / 4];
+    const std::uint32_t writer = c.write >> 4, reader = c.read >> 4;  // stamps; below `first`: none
+    if (writer >= first && writer != me && (c.write & mask) != 0) {
+      return global_hazard(s, write, size, a, r, pc, true, writer, c.write_pc);
     }
     if (write) {
-      if (c.reader != 0 && c.reader != me && (c.read_mask & mask) != 0) {
-        return global_hazard(s, write, size, a, r, pc, false, c.reader, c.read_pc);
+      if (reader >= first && reader != me && (c.read & mask) != 0) {
+        return global_hazard(s, write, size, a, r, pc, false, reader, c.read_pc);
       }
-      c.write_mask = c.writer == me ? static_cast<std::uint8_t>(c.write_mask | mask) : mask;
-      c.writer = me;
-      c.write_pc = pc;
-    } else if (c.reader == 0 || c.reader == me) {
+      c.write = writer == me ? c.write | mask : me << 4 | mask;
+      c.write_pc = id;
+    } else if (reader == me) {
+      c.read |= mask;
+    } else if (reader < first) {
       // The first reader is kept: blocks run one after another, so if it is not the current
       // block, some other block read the granule.
-      c.read_mask = c.reader == me ? static_cast<std::uint8_t>(c.read_mask | mask) : mask;
-      if (c.reader == 0) c.read_pc = pc;
-      c.reader = me;
+      c.read = me << 4 | mask;
+      c.read_pc = id;
     }
   }
 }
@@ -311,7 +394,7 @@ inline void access(const void* p, std::size_t size, bool write, const void* pc) 
   if (s == nullptr || s->stopped) return;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (a - s->shared_lo < s->shared_span) return shared_access(*s, a - s->shared_lo, size, write, pc);
-  if (a - s->stack_lo < s->stack_span) return;  // the thread's own locals
+  if (a - s->stack_lo < s->stack_span || s->global_off) return;  // the thread's own locals
   global_access(*s, a, size, write, pc);
 }
 
@@ -330,23 +413,31 @@ inline void atomic_access(const volatile void* p, std::size_t size, const void* 
 
 bool enabled() { return settings().racecheck; }
 
-void begin_launch() {
+void drop_shadows(State& s) {
+  for (auto& [base, shadow] : s.shadows) free_cells(shadow);
+  s.shadows.clear();
+  s.shadow_bytes = 0;
+}
+
+void begin_launch(const dim3& grid) {
   State& s = state;
-  ++s.launch;
+  current = &s;
   for (auto& r : s.ranges) r = Range{};  // allocations may have changed since the last launch
-  if (s.shadow_bytes > kShadowBudget || s.launch == 0) {
-    for (auto& [base, shadow] : s.shadows) std::free(shadow.cells);
-    s.shadows.clear();
-    s.shadow_bytes = 0;
-    s.launch = 1;
+  const std::uint64_t blocks = std::uint64_t{grid.x} * grid.y * grid.z;
+  s.global_off = blocks >= kStampLimit;
+  if (s.shadow_bytes > kShadowBudget || s.next_stamp + blocks >= kStampLimit) {
+    drop_shadows(s);
+    s.next_stamp = 1;
   }
+  s.launch_first = s.next_stamp;
+  if (!s.global_off) s.next_stamp += static_cast<std::uint32_t>(blocks);
 }
 
 void begin_block(const BlockInfo& block) {
-  State& s = state;
+  State& s = *current;
   s.block = block;
-  s.block_id = block.block_idx.x + block.block_idx.y * block.grid_dim.x +
-               block.block_idx.z * block.grid_dim.x * block.grid_dim.y + 1;
+  s.block_stamp = s.launch_first + block.block_idx.x + block.block_idx.y * block.grid_dim.x +
+                  block.block_idx.z * block.grid_dim.x * block.grid_dim.y;
   s.shared_lo = reinterpret_cast<std::uintptr_t>(block.shared);
   s.shared_span = block.shared_bytes;
   if (s.shared_capacity < block.shared_bytes) {
@@ -362,7 +453,7 @@ void begin_block(const BlockInfo& block) {
 }
 
 void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
-  State& s = state;
+  State& s = *current;
   s.linear = linear;
   s.stack_lo = stack_lo;
   s.stack_span = stack_hi - stack_lo;
@@ -372,7 +463,7 @@ void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
 void leave() { active = nullptr; }
 
 void barrier() {
-  State& s = state;
+  State& s = *current;
   if (++s.interval == 0) {
     // Wrapped: forget every cell rather than mistake an old interval for the current one.
     std::memset(static_cast<void*>(s.shared_cells), 0, s.shared_capacity * sizeof(SharedCell));
@@ -381,7 +472,7 @@ void barrier() {
 }
 
 void warp_synced(int warp, unsigned mask) {
-  State& s = state;
+  State& s = *current;
   const std::uint32_t gen = ++s.syncwarps;
   for (unsigned lanes = mask; lanes != 0; lanes &= lanes - 1) {
     const auto t = static_cast<std::size_t>(warp * kWarp + __builtin_ctz(lanes));

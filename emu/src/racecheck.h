@@ -13,8 +13,8 @@ namespace tutti::emu::racecheck {
 // Whether the detector runs (settings().racecheck); the calls below are for when it does.
 bool enabled();
 
-// A launch starts on the calling host thread: a new epoch for the global-memory check.
-void begin_launch();
+// A launch of `grid` starts on the calling host thread: a new epoch for the global-memory check.
+void begin_launch(const dim3& grid);
 
 // A block starts on the calling host thread.
 struct BlockInfo {
