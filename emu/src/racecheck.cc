@@ -9,7 +9,10 @@
 //  - Global memory within one launch: per 4-byte granule of a device allocation (with a byte
 //    mask), the block that last wrote it and the first block that read it. A plain access from
 //    another block that overlaps a write, or a write that overlaps another block's read, is a
-//    hazard: blocks of one launch are not ordered. Atomics are not recorded.
+//    hazard: blocks of one launch are not ordered. Atomics are not recorded. (Kept per 64-byte
+//    line while one block alone has touched it, per granule once a second block does; see
+//    GlobalLine: the line the report names for the first block's access is then its last write,
+//    or first read, anywhere in those 64 bytes.)
 //
 // How it sees the accesses: the translated kernels are compiled with GCC's ThreadSanitizer
 // instrumentation (-fsanitize=thread), which calls __tsan_read4(addr), __tsan_write8(addr), ...
@@ -20,16 +23,13 @@
 // code that is not translated (the emulated cuBLAS/cuDNN/NCCL, memcpy/memset calls, which are
 // not instrumented). The hooks return at once outside a kernel's fibers (host code of the same
 // files) and for the fiber's own stack; the report names each access's .cu line, found from the
-// return address with addr2line (the kernels carry line tables, -g1).
+// return address with addr2line (racecheck_lines.cc; the kernels carry line tables, -g1).
 //
 // Both checks record at most what is needed for a report, so some hazards are missed (a third
 // reader of a shared byte; a block that reads other bytes of a granule another block read), but
 // none is reported that the rules above do not define.
 #include "racecheck.h"
 
-#include <dlfcn.h>
-#include <elf.h>
-#include <link.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -37,8 +37,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <map>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -47,55 +45,6 @@
 
 namespace tutti::emu::racecheck {
 namespace {
-
-// ---- naming an access: its .cu line from its return address ----
-
-// "kernels/cuda/x.cu:77" for the instruction that called a hook (found at report time only).
-std::string source_line(const void* return_address) {
-  if (return_address == nullptr) return "(a line not recorded)";
-  static auto& m = *new std::mutex;
-  static auto& cache = *new std::map<const void*, std::string>;
-  std::lock_guard l(m);
-  if (auto it = cache.find(return_address); it != cache.end()) return it->second;
-  const auto pc = reinterpret_cast<std::uintptr_t>(return_address) - 1;  // inside the call
-  char fallback[64];
-  std::snprintf(fallback, sizeof fallback, "pc %#zx", static_cast<std::size_t>(pc));
-  std::string result = fallback;
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_fname != nullptr && info.dli_fbase != nullptr) {
-    // Shared objects and position-independent executables are looked up by offset.
-    const auto* header = static_cast<const ElfW(Ehdr)*>(info.dli_fbase);
-    const std::uintptr_t address = header->e_type == ET_EXEC ? pc : pc - reinterpret_cast<std::uintptr_t>(header);
-    std::string object = info.dli_fname;
-    if (object.empty() || object.find('\'') != std::string::npos) object = "/proc/self/exe";
-    char command[4200];
-    // -i: the chain of inlined calls, innermost first; the access's line is the innermost one
-    // in a .cu or .cuh file (an atomic's own access is inside libstdc++'s std::atomic_ref).
-    std::snprintf(command, sizeof command, "addr2line -i -e '%s' %#zx 2>/dev/null", object.c_str(),
-                  static_cast<std::size_t>(address));
-    if (std::FILE* p = popen(command, "r")) {
-      char line[4096] = {};
-      std::string first, in_cuda;
-      while (std::fgets(line, sizeof line, p) != nullptr) {
-        std::string found = line;
-        found = found.substr(0, found.find_first_of(" \n"));  // drop " (discriminator N)"
-        if (found.rfind("??", 0) == 0) continue;
-        if (first.empty()) first = found;
-        const auto colon = found.rfind(':');
-        const std::string file = found.substr(0, colon);
-        if (in_cuda.empty() && (file.ends_with(".cu") || file.ends_with(".cuh"))) in_cuda = found;
-      }
-      pclose(p);
-      if (!in_cuda.empty()) {
-        result = short_path(in_cuda);
-      } else if (!first.empty()) {
-        result = short_path(first);
-      }
-    }
-  }
-  cache.emplace(return_address, result);
-  return result;
-}
 
 uint3 index_of(unsigned linear, const dim3& d) {
   return uint3{linear % d.x, (linear / d.x) % d.y, linear / (d.x * d.y)};
@@ -120,13 +69,29 @@ struct SharedCell {
 };
 static_assert(sizeof(SharedCell) == 32);
 
-// One 4-byte granule of a device allocation: the block that last wrote it and the first block that
-// read it in the current launch, each as the block's stamp (below) shifted left by 4 over the bytes
-// of the granule it accessed, and the lines of those accesses. 12 bytes: kernels stream through
-// these as they stream through their data, so the shadow's size is most of the detector's cost.
+// Global memory is recorded at two levels. A 64-byte line of a device allocation that one block
+// alone has accessed in the current launch (nearly every line: blocks work on parts of their own)
+// is a GlobalLine: that block, the bytes it wrote and read, and the lines of its last write and
+// first read. When a second block accesses the line, its 16 granules of 4 bytes get a GlobalCell
+// each, made from the GlobalLine, and are checked one by one from then on in that launch. The
+// lines are what kernels stream through as they stream through their data (half a byte per byte),
+// so they are kept small: with a 32-byte cell per granule (8 bytes per byte), the misses on the
+// shadow were most of the detector's cost on elementwise kernels.
+struct GlobalLine {
+  std::uint32_t owner;  // the block's stamp (below)
+  std::uint32_t split;  // the first stamp of the launch in which the line's granules got cells
+  std::uint64_t written, read;
+  std::uint16_t write_pc, read_pc;  // interned return addresses (State::pcs)
+};
+static_assert(sizeof(GlobalLine) == 32);
+constexpr std::size_t kLine = 64;
+
+// One 4-byte granule of a line that two blocks accessed: the block that last wrote it and the
+// first block that read it in the current launch, each as its stamp shifted left by 4 over the
+// bytes of the granule it accessed, and the lines of those accesses.
 struct GlobalCell {
   std::uint32_t write, read;
-  std::uint16_t write_pc, read_pc;  // interned return addresses (State::pcs)
+  std::uint16_t write_pc, read_pc;
 };
 static_assert(sizeof(GlobalCell) == 12);
 
@@ -143,60 +108,64 @@ struct PcSlot {
   std::uint16_t id = 0;
 };
 
-struct Shadow {
-  std::size_t granules = 0;
-  GlobalCell* cells = nullptr;
+// Zero-filled memory whose pages are mapped where touched. Large blocks are 2 MiB-aligned and
+// advised to transparent huge pages (fewer faults and TLB misses; a hint the kernel may refuse);
+// small ones are calloc'ed, so that a huge page is not spent on a few bytes.
+struct Zeroed {
+  void* p = nullptr;
   std::size_t bytes = 0;
-  bool mapped = false;  // by map_cells (else calloc'ed)
+  bool mapped = false;
 };
-
-// Large shadows are mapped 2 MiB-aligned and backed by transparent huge pages where the kernel
-// allows (madvise mode): a thread's grid-stride loop strides through the shadow as through its
-// data, and with 4 KiB pages nearly every access to the shadow of a large array missed the TLB
-// (most of the detector's cost on elementwise kernels over 4 MB arrays). Small ones are
-// calloc'ed, so that a huge page is not spent on a few bytes.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-void allocate_cells(Shadow& shadow, std::size_t granules) {
-  const std::size_t bytes = granules * sizeof(GlobalCell);
-  shadow = Shadow{};
+Zeroed allocate_zeroed(std::size_t bytes) {
+  Zeroed z;
   if (bytes < kHugePage / 2) {
-    shadow.cells = static_cast<GlobalCell*>(std::calloc(granules, sizeof(GlobalCell)));
-    shadow.bytes = bytes;
-  } else {
-    const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* p =
-        mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return;
-    const auto raw = reinterpret_cast<std::uintptr_t>(p);
-    const std::uintptr_t lo = (raw + kHugePage - 1) & ~(kHugePage - 1);
-    if (lo > raw) munmap(p, lo - raw);
-    if (raw + kHugePage > lo) munmap(reinterpret_cast<void*>(lo + size), raw + kHugePage - lo);
-    madvise(reinterpret_cast<void*>(lo), size, MADV_HUGEPAGE);  // a hint: refused, 4 KiB pages do
-    shadow.cells = reinterpret_cast<GlobalCell*>(lo);
-    shadow.bytes = size;
-    shadow.mapped = true;
+    z.p = std::calloc(bytes, 1);
+    z.bytes = z.p == nullptr ? 0 : bytes;
+    return z;
   }
-  if (shadow.cells == nullptr) {
-    shadow.bytes = 0;
-  } else {
-    shadow.granules = granules;
-  }
+  const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return z;
+  const auto raw = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t lo = (raw + kHugePage - 1) & ~(kHugePage - 1);
+  if (lo > raw) munmap(p, lo - raw);
+  munmap(reinterpret_cast<void*>(lo + size), raw + kHugePage - lo);
+  madvise(reinterpret_cast<void*>(lo), size, MADV_HUGEPAGE);
+  z.p = reinterpret_cast<void*>(lo);
+  z.bytes = size;
+  z.mapped = true;
+  return z;
 }
 
-void free_cells(Shadow& shadow) {
-  if (shadow.mapped) {
-    munmap(shadow.cells, shadow.bytes);
+void release(Zeroed& z) {
+  if (z.mapped) {
+    munmap(z.p, z.bytes);
   } else {
-    std::free(shadow.cells);
+    std::free(z.p);
   }
-  shadow = Shadow{};
+  z = Zeroed{};
 }
 
-// A recently looked-up range of addresses: a device allocation (cells set) or a gap (null).
+// The shadow of one device allocation: its lines, and its granules' cells (made at the first split).
+struct Shadow {
+  std::size_t bytes = 0;  // of the allocation covered
+  Zeroed lines, cells;
+  GlobalLine* line() const { return static_cast<GlobalLine*>(lines.p); }
+  GlobalCell* cell() const { return static_cast<GlobalCell*>(cells.p); }
+};
+
+void release(Shadow& shadow) {
+  release(shadow.lines);
+  release(shadow.cells);
+  shadow.bytes = 0;
+}
+
+// A recently looked-up range of addresses: a device allocation (with its shadow) or a gap (null).
 struct Range {
   std::uintptr_t lo = 0, hi = 0;
-  GlobalCell* cells = nullptr;
+  Shadow* shadow = nullptr;
 };
 
 struct State {
@@ -227,7 +196,7 @@ struct State {
 
   ~State() {
     std::free(shared_cells);
-    for (auto& [base, shadow] : shadows) free_cells(shadow);
+    for (auto& [base, shadow] : shadows) release(shadow);
   }
 };
 
@@ -330,18 +299,18 @@ Range& range_of(State& s, std::uintptr_t a) {
   }
   s.last_range = s.next_range++ % std::size(s.ranges);
   Range& r = s.ranges[s.last_range];
-  r.cells = nullptr;
+  r.shadow = nullptr;
   if (!device_range(reinterpret_cast<const void*>(a), &r.lo, &r.hi)) return r;
   Shadow& shadow = s.shadows[r.lo];
-  const std::size_t granules = (r.hi - r.lo + 3) / 4;
-  if (shadow.granules < granules) {
-    // Zero-filled, and its pages mapped only where kernels touch them.
-    s.shadow_bytes -= shadow.bytes;
-    free_cells(shadow);
-    allocate_cells(shadow, granules);
-    s.shadow_bytes += shadow.bytes;
+  if (shadow.bytes < r.hi - r.lo) {
+    s.shadow_bytes -= shadow.lines.bytes + shadow.cells.bytes;
+    release(shadow);
+    shadow.lines = allocate_zeroed((r.hi - r.lo + kLine - 1) / kLine * sizeof(GlobalLine));
+    if (shadow.lines.p == nullptr) return r;
+    shadow.bytes = r.hi - r.lo;
+    s.shadow_bytes += shadow.lines.bytes;
   }
-  r.cells = shadow.cells;
+  r.shadow = &shadow;
   return r;
 }
 
@@ -356,24 +325,44 @@ void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, con
                 " in the same launch (the blocks of a launch are not ordered; only atomics may share an address)");
 }
 
-void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
-  const Range& r = range_of(s, a);
-  if (r.cells == nullptr) return;
-  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi) - r.lo;
+// A second block accessed line `index` in this launch: its granules get cells from its record.
+bool split(State& s, Shadow& shadow, std::size_t index) {
+  const std::size_t granules = (shadow.bytes + 3) / 4;
+  if (shadow.cells.p == nullptr) {
+    shadow.cells = allocate_zeroed(granules * sizeof(GlobalCell));
+    if (shadow.cells.p == nullptr) return false;
+    s.shadow_bytes += shadow.cells.bytes;
+  }
+  GlobalLine& l = shadow.line()[index];
+  const std::size_t per_line = kLine / 4;
+  for (std::size_t g = 0; g < per_line && index * per_line + g < granules; ++g) {
+    const auto written = static_cast<std::uint32_t>(l.written >> (4 * g) & 0xf);
+    const auto read = static_cast<std::uint32_t>(l.read >> (4 * g) & 0xf);
+    shadow.cell()[index * per_line + g] = GlobalCell{written != 0 ? l.owner << 4 | written : 0,
+                                                     read != 0 ? l.owner << 4 | read : 0, l.write_pc, l.read_pc};
+  }
+  l.split = s.launch_first;
+  return true;
+}
+
+// Bytes [at, end) of the allocation, within one line that has cells; false on a hazard.
+bool cell_access(State& s, const Range& r, std::uintptr_t at, std::uintptr_t end, std::uintptr_t a, std::size_t size,
+                 bool write, const void* pc, std::uint16_t id) {
   const std::uint32_t me = s.block_stamp, first = s.launch_first;
-  const std::uint16_t id = pc_id(s, pc);
-  for (std::uintptr_t at = a - r.lo; at < end; at = (at | 3) + 1) {
+  for (; at < end; at = (at | 3) + 1) {
     // The bytes of granule at / 4 in [at, end).
     const std::uintptr_t n = std::min<std::uintptr_t>(end - at, 4 - (at & 3));
     const auto mask = static_cast<std::uint32_t>(((1u << n) - 1) << (at & 3));
-    GlobalCell& c = r.cells[at / 4];
+    GlobalCell& c = r.shadow->cell()[at / 4];
     const std::uint32_t writer = c.write >> 4, reader = c.read >> 4;  // stamps; below `first`: none
     if (writer >= first && writer != me && (c.write & mask) != 0) {
-      return global_hazard(s, write, size, a, r, pc, true, writer, c.write_pc);
+      global_hazard(s, write, size, a, r, pc, true, writer, c.write_pc);
+      return false;
     }
     if (write) {
       if (reader >= first && reader != me && (c.read & mask) != 0) {
-        return global_hazard(s, write, size, a, r, pc, false, reader, c.read_pc);
+        global_hazard(s, write, size, a, r, pc, false, reader, c.read_pc);
+        return false;
       }
       c.write = writer == me ? c.write | mask : me << 4 | mask;
       c.write_pc = id;
@@ -385,6 +374,39 @@ void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, con
       c.read = me << 4 | mask;
       c.read_pc = id;
     }
+  }
+  return true;
+}
+
+void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
+  const Range& r = range_of(s, a);
+  if (r.shadow == nullptr) return;
+  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi) - r.lo;
+  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  const std::uint16_t id = pc_id(s, pc);
+  for (std::uintptr_t at = a - r.lo; at < end; at = (at | (kLine - 1)) + 1) {
+    const std::uintptr_t line_end = std::min<std::uintptr_t>(end, (at | (kLine - 1)) + 1);
+    GlobalLine& l = r.shadow->line()[at / kLine];
+    if (l.split != first) {
+      const std::uintptr_t n = line_end - at;
+      const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
+      if (l.owner < first) {  // the line's first access in this launch
+        l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, id, id};
+        continue;
+      }
+      if (l.owner == me) {
+        if (write) {
+          l.written |= bytes;
+          l.write_pc = id;
+        } else {
+          if (l.read == 0) l.read_pc = id;
+          l.read |= bytes;
+        }
+        continue;
+      }
+      if (!split(s, *r.shadow, at / kLine)) return;
+    }
+    if (!cell_access(s, r, at, line_end, a, size, write, pc, id)) return;
   }
 }
 
@@ -414,7 +436,7 @@ inline void atomic_access(const volatile void* p, std::size_t size, const void* 
 bool enabled() { return settings().racecheck; }
 
 void drop_shadows(State& s) {
-  for (auto& [base, shadow] : s.shadows) free_cells(shadow);
+  for (auto& [base, shadow] : s.shadows) release(shadow);
   s.shadows.clear();
   s.shadow_bytes = 0;
 }

@@ -40,4 +40,8 @@ void barrier();
 // before their later ones.
 void warp_synced(int warp, unsigned mask);
 
+// For reports: "kernels/cuda/x.cu:77" for the instruction that called a hook, given the hook's
+// return address ("(a line not recorded)" for null). Slow (addr2line); cached.
+std::string source_line(const void* return_address);
+
 }  // namespace tutti::emu::racecheck
