@@ -86,6 +86,11 @@ struct GlobalLine {
 static_assert(sizeof(GlobalLine) == 32);
 constexpr std::size_t kLine = 64;
 
+// Where line i is kept: permuted within runs of 64 by a hash of the run. A thread's grid-stride
+// loop steps through its arrays by a power of two (e.g. 8192 threads x 16 bytes), which would put
+// every line it touches into the same few cache sets; skewed, they spread over all of them.
+inline std::size_t skew(std::size_t i) { return i ^ (static_cast<std::uint32_t>(i >> 6) * 0x9E3779B1u >> 26); }
+
 // One 4-byte granule of a line that two blocks accessed: the block that last wrote it and the
 // first block that read it in the current launch, each as its stamp shifted left by 4 over the
 // bytes of the granule it accessed, and the lines of those accesses.
@@ -305,7 +310,8 @@ Range& range_of(State& s, std::uintptr_t a) {
   if (shadow.bytes < r.hi - r.lo) {
     s.shadow_bytes -= shadow.lines.bytes + shadow.cells.bytes;
     release(shadow);
-    shadow.lines = allocate_zeroed((r.hi - r.lo + kLine - 1) / kLine * sizeof(GlobalLine));
+    const std::size_t lines = ((r.hi - r.lo + kLine - 1) / kLine + 63) / 64 * 64;  // whole runs (skew)
+    shadow.lines = allocate_zeroed(lines * sizeof(GlobalLine));
     if (shadow.lines.p == nullptr) return r;
     shadow.bytes = r.hi - r.lo;
     s.shadow_bytes += shadow.lines.bytes;
@@ -333,7 +339,7 @@ bool split(State& s, Shadow& shadow, std::size_t index) {
     if (shadow.cells.p == nullptr) return false;
     s.shadow_bytes += shadow.cells.bytes;
   }
-  GlobalLine& l = shadow.line()[index];
+  GlobalLine& l = shadow.line()[skew(index)];
   const std::size_t per_line = kLine / 4;
   for (std::size_t g = 0; g < per_line && index * per_line + g < granules; ++g) {
     const auto written = static_cast<std::uint32_t>(l.written >> (4 * g) & 0xf);
@@ -386,7 +392,7 @@ void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, con
   const std::uint16_t id = pc_id(s, pc);
   for (std::uintptr_t at = a - r.lo; at < end; at = (at | (kLine - 1)) + 1) {
     const std::uintptr_t line_end = std::min<std::uintptr_t>(end, (at | (kLine - 1)) + 1);
-    GlobalLine& l = r.shadow->line()[at / kLine];
+    GlobalLine& l = r.shadow->line()[skew(at / kLine)];
     if (l.split != first) {
       const std::uintptr_t n = line_end - at;
       const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
