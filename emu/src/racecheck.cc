@@ -69,14 +69,11 @@ struct SharedCell {
 };
 static_assert(sizeof(SharedCell) == 32);
 
-// Global memory is recorded at two levels. A 64-byte line of a device allocation that one block
-// alone has accessed in the current launch (nearly every line: blocks work on parts of their own)
-// is a GlobalLine: that block, the bytes it wrote and read, and the lines of its last write and
-// first read. When a second block accesses the line, its 16 granules of 4 bytes get a GlobalCell
-// each, made from the GlobalLine, and are checked one by one from then on in that launch. The
-// lines are what kernels stream through as they stream through their data (half a byte per byte),
-// so they are kept small: with a 32-byte cell per granule (8 bytes per byte), the misses on the
-// shadow were most of the detector's cost on elementwise kernels.
+// Global memory: a 64-byte line of a device allocation that one block alone has accessed in the
+// launch (nearly all: blocks work on parts of their own) is a GlobalLine: the block, the bytes it
+// wrote and read, the lines of its last write and first read. A second block splits it into 16
+// GlobalCells (4-byte granules), checked one by one from then on. Kernels stream through the lines
+// as through their data, so they are small: misses on the shadow are the detector's main cost.
 struct GlobalLine {
   std::uint32_t owner;  // the block's stamp (below)
   std::uint32_t split;  // the first stamp of the launch in which the line's granules got cells
@@ -86,24 +83,21 @@ struct GlobalLine {
 static_assert(sizeof(GlobalLine) == 32);
 constexpr std::size_t kLine = 64;
 
-// Where line i is kept: permuted within runs of 64 by a hash of the run. A thread's grid-stride
-// loop steps through its arrays by a power of two (e.g. 8192 threads x 16 bytes), which would put
-// every line it touches into the same few cache sets; skewed, they spread over all of them.
+// Where line i is kept: permuted within runs of 64 by a hash of the run, since a grid-stride loop
+// steps by a power of two (8192 threads x 16 bytes) and would use only a few cache sets.
 inline std::size_t skew(std::size_t i) { return i ^ (static_cast<std::uint32_t>(i >> 6) * 0x9E3779B1u >> 26); }
 
-// One 4-byte granule of a line that two blocks accessed: the block that last wrote it and the
-// first block that read it in the current launch, each as its stamp shifted left by 4 over the
-// bytes of the granule it accessed, and the lines of those accesses.
+// A granule of a split line: the block that last wrote it and the first that read it in the launch,
+// each as its stamp shifted left by 4 over the bytes it accessed, and the lines of those accesses.
 struct GlobalCell {
   std::uint32_t write, read;
   std::uint16_t write_pc, read_pc;
 };
 static_assert(sizeof(GlobalCell) == 12);
 
-// Block stamps: every block that runs on a host thread gets the next number, the blocks of one
-// launch consecutive, so a cell's record belongs to the current launch when its stamp is at least
-// the launch's first: no cell is ever cleared between launches. 28 bits; when they run out, the
-// shadows are dropped and numbering starts again.
+// Block stamps: each block run on a host thread gets the next number (a launch's are consecutive),
+// so a record is of the current launch when its stamp is at least the launch's first: nothing is
+// cleared between launches. 28 bits; when they run out, the shadows are dropped.
 constexpr std::uint32_t kStampLimit = std::uint32_t{1} << 28;
 
 // Interned return addresses: 16-bit ids in the cells; a direct-mapped cache in front of the map.
@@ -111,11 +105,11 @@ constexpr std::size_t kPcCache = 1024;
 struct PcSlot {
   const void* pc = nullptr;
   std::uint16_t id = 0;
+  std::uint16_t range = 0;  // State::ranges[range]: where this instruction accessed last
 };
 
-// Zero-filled memory whose pages are mapped where touched. Large blocks are 2 MiB-aligned and
-// advised to transparent huge pages (fewer faults and TLB misses; a hint the kernel may refuse);
-// small ones are calloc'ed, so that a huge page is not spent on a few bytes.
+// Zero-filled memory, pages mapped where touched. Large blocks are 2 MiB-aligned and advised to
+// transparent huge pages (fewer faults and TLB misses); small ones calloc'ed.
 struct Zeroed {
   void* p = nullptr;
   std::size_t bytes = 0;
@@ -206,26 +200,24 @@ struct State {
 };
 
 thread_local State state;
-// The host thread's state (&state, set at each launch: `state` itself is reached through
-// __tls_get_addr), and the same while a fiber of a checked block runs, null otherwise: the
-// hooks' first test.
+// &state (set at each launch: `state` is reached through __tls_get_addr), and the same while a
+// fiber of a checked block runs, null otherwise (the hooks' first test).
 TUTTI_EMU_TLS thread_local State* current = nullptr;
 TUTTI_EMU_TLS thread_local State* active = nullptr;
 
-std::uint16_t pc_id(State& s, const void* pc) {
+PcSlot& pc_slot(State& s, const void* pc) {
   PcSlot& slot = s.pc_cache[(reinterpret_cast<std::uintptr_t>(pc) >> 2) % kPcCache];
-  if (slot.pc == pc) return slot.id;
+  if (slot.pc == pc) return slot;
   auto [it, fresh] = s.pc_ids.try_emplace(pc, std::uint16_t{0});
   if (fresh && s.pcs.size() <= UINT16_MAX) {
     it->second = static_cast<std::uint16_t>(s.pcs.size());
     s.pcs.push_back(pc);
   }
-  slot = PcSlot{pc, it->second};
-  return it->second;
+  slot = PcSlot{pc, it->second, 0};
+  return slot;
 }
 
-// Shadows past this size are dropped at the next launch (they only describe launches gone by).
-constexpr std::size_t kShadowBudget = std::size_t{512} << 20;
+constexpr std::size_t kShadowBudget = std::size_t{512} << 20;  // then dropped at the next launch
 
 void report(State& s, const std::string& what) {
   s.stopped = true;
@@ -254,7 +246,7 @@ void shared_hazard(State& s, bool write, bool atomic, std::size_t size, std::uin
 // An atomic is a write that conflicts with plain accesses only.
 void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write, const void* pc, bool atomic = false) {
   const auto me = static_cast<std::uint16_t>(s.linear + 1);
-  const std::uint16_t id = pc_id(s, pc);
+  const std::uint16_t id = pc_slot(s, pc).id;
   const std::size_t end = std::min<std::size_t>(offset + size, s.shared_span);
   for (std::size_t i = offset; i < end; ++i) {
     SharedCell& c = s.shared_cells[i];
@@ -320,8 +312,9 @@ Range& range_of(State& s, std::uintptr_t a) {
   return r;
 }
 
-void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r, const void* pc,
-                   bool other_wrote, std::uint32_t other_stamp, std::uint16_t other_pc) {
+[[gnu::noinline]] void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r,
+                                     const void* pc, bool other_wrote, std::uint32_t other_stamp,
+                                     std::uint16_t other_pc) {
   char where[96];
   std::snprintf(where, sizeof where, " of %zu bytes at %#zx (device allocation %#zx + %zu)", size,
                 static_cast<std::size_t>(a), static_cast<std::size_t>(r.lo), static_cast<std::size_t>(a - r.lo));
@@ -332,7 +325,7 @@ void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, con
 }
 
 // A second block accessed line `index` in this launch: its granules get cells from its record.
-bool split(State& s, Shadow& shadow, std::size_t index) {
+[[gnu::noinline]] bool split(State& s, Shadow& shadow, std::size_t index) {
   const std::size_t granules = (shadow.bytes + 3) / 4;
   if (shadow.cells.p == nullptr) {
     shadow.cells = allocate_zeroed(granules * sizeof(GlobalCell));
@@ -352,8 +345,8 @@ bool split(State& s, Shadow& shadow, std::size_t index) {
 }
 
 // Bytes [at, end) of the allocation, within one line that has cells; false on a hazard.
-bool cell_access(State& s, const Range& r, std::uintptr_t at, std::uintptr_t end, std::uintptr_t a, std::size_t size,
-                 bool write, const void* pc, std::uint16_t id) {
+[[gnu::noinline]] bool cell_access(State& s, const Range& r, std::uintptr_t at, std::uintptr_t end, std::uintptr_t a,
+                                   std::size_t size, bool write, const void* pc, std::uint16_t id) {
   const std::uint32_t me = s.block_stamp, first = s.launch_first;
   for (; at < end; at = (at | 3) + 1) {
     // The bytes of granule at / 4 in [at, end).
@@ -385,11 +378,18 @@ bool cell_access(State& s, const Range& r, std::uintptr_t at, std::uintptr_t end
 }
 
 void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
-  const Range& r = range_of(s, a);
+  // An instruction mostly accesses one array: the range it found last is tried first.
+  PcSlot& slot = pc_slot(s, pc);
+  const Range* hint = &s.ranges[slot.range];
+  if (a - hint->lo >= hint->hi - hint->lo) {
+    hint = &range_of(s, a);
+    slot.range = static_cast<std::uint16_t>(hint - s.ranges);
+  }
+  const Range& r = *hint;
   if (r.shadow == nullptr) return;
   const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi) - r.lo;
   const std::uint32_t me = s.block_stamp, first = s.launch_first;
-  const std::uint16_t id = pc_id(s, pc);
+  const std::uint16_t id = slot.id;
   for (std::uintptr_t at = a - r.lo; at < end; at = (at | (kLine - 1)) + 1) {
     const std::uintptr_t line_end = std::min<std::uintptr_t>(end, (at | (kLine - 1)) + 1);
     GlobalLine& l = r.shadow->line()[skew(at / kLine)];
