@@ -9,7 +9,10 @@
 //  - Global memory within one launch: per 4-byte granule of a device allocation (with a byte
 //    mask), the block that last wrote it and the first block that read it. A plain access from
 //    another block that overlaps a write, or a write that overlaps another block's read, is a
-//    hazard: blocks of one launch are not ordered. Atomics are not recorded.
+//    hazard: blocks of one launch are not ordered. Atomics are not recorded. (Kept per 64-byte
+//    line while one block alone has touched it, per granule once a second block does; see
+//    GlobalLine: the line the report names for the first block's access is then its last write,
+//    or first read, anywhere in those 64 bytes.)
 //
 // How it sees the accesses: the translated kernels are compiled with GCC's ThreadSanitizer
 // instrumentation (-fsanitize=thread), which calls __tsan_read4(addr), __tsan_write8(addr), ...
@@ -20,24 +23,20 @@
 // code that is not translated (the emulated cuBLAS/cuDNN/NCCL, memcpy/memset calls, which are
 // not instrumented). The hooks return at once outside a kernel's fibers (host code of the same
 // files) and for the fiber's own stack; the report names each access's .cu line, found from the
-// return address with addr2line (the kernels carry line tables, -g1).
+// return address with addr2line (racecheck_lines.cc; the kernels carry line tables, -g1).
 //
 // Both checks record at most what is needed for a report, so some hazards are missed (a third
 // reader of a shared byte; a block that reads other bytes of a granule another block read), but
 // none is reported that the rules above do not define.
 #include "racecheck.h"
 
-#include <dlfcn.h>
-#include <elf.h>
-#include <link.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
-#include <map>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -46,54 +45,6 @@
 
 namespace tutti::emu::racecheck {
 namespace {
-
-// ---- naming an access: its .cu line from its return address ----
-
-// "kernels/cuda/x.cu:77" for the instruction that called a hook (found at report time only).
-std::string source_line(const void* return_address) {
-  static auto& m = *new std::mutex;
-  static auto& cache = *new std::map<const void*, std::string>;
-  std::lock_guard l(m);
-  if (auto it = cache.find(return_address); it != cache.end()) return it->second;
-  const auto pc = reinterpret_cast<std::uintptr_t>(return_address) - 1;  // inside the call
-  char fallback[64];
-  std::snprintf(fallback, sizeof fallback, "pc %#zx", static_cast<std::size_t>(pc));
-  std::string result = fallback;
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_fname != nullptr && info.dli_fbase != nullptr) {
-    // Shared objects and position-independent executables are looked up by offset.
-    const auto* header = static_cast<const ElfW(Ehdr)*>(info.dli_fbase);
-    const std::uintptr_t address = header->e_type == ET_EXEC ? pc : pc - reinterpret_cast<std::uintptr_t>(header);
-    std::string object = info.dli_fname;
-    if (object.empty() || object.find('\'') != std::string::npos) object = "/proc/self/exe";
-    char command[4200];
-    // -i: the chain of inlined calls, innermost first; the access's line is the innermost one
-    // in a .cu or .cuh file (an atomic's own access is inside libstdc++'s std::atomic_ref).
-    std::snprintf(command, sizeof command, "addr2line -i -e '%s' %#zx 2>/dev/null", object.c_str(),
-                  static_cast<std::size_t>(address));
-    if (std::FILE* p = popen(command, "r")) {
-      char line[4096] = {};
-      std::string first, in_cuda;
-      while (std::fgets(line, sizeof line, p) != nullptr) {
-        std::string found = line;
-        found = found.substr(0, found.find_first_of(" \n"));  // drop " (discriminator N)"
-        if (found.rfind("??", 0) == 0) continue;
-        if (first.empty()) first = found;
-        const auto colon = found.rfind(':');
-        const std::string file = found.substr(0, colon);
-        if (in_cuda.empty() && (file.ends_with(".cu") || file.ends_with(".cuh"))) in_cuda = found;
-      }
-      pclose(p);
-      if (!in_cuda.empty()) {
-        result = short_path(in_cuda);
-      } else if (!first.empty()) {
-        result = short_path(first);
-      }
-    }
-  }
-  cache.emplace(return_address, result);
-  return result;
-}
 
 uint3 index_of(unsigned linear, const dim3& d) {
   return uint3{linear % d.x, (linear / d.x) % d.y, linear / (d.x * d.y)};
@@ -111,30 +62,109 @@ constexpr int kWarp = 32;
 // One byte of shared memory in the current barrier interval (threads as linear id + 1, 0: none).
 struct SharedCell {
   std::uint32_t interval;
-  std::uint16_t writer, reader[2];
-  bool atomic_write;                     // the last write was an atomic (atomics do not conflict with each other)
   std::uint32_t write_gen, read_gen[2];  // the block's __syncwarp count at the access
-  const void* write_pc;
-  const void* read_pc[2];
+  std::uint16_t writer, reader[2];
+  std::uint16_t write_pc, read_pc[2];  // interned return addresses (State::pcs)
+  bool atomic_write;                   // the last write was an atomic (atomics do not conflict with each other)
 };
+static_assert(sizeof(SharedCell) == 32);
 
-// One 4-byte granule of a device allocation in the current launch (blocks as linear id + 1).
+// Global memory: a 64-byte line of a device allocation that one block alone has accessed in the
+// launch (nearly all: blocks work on parts of their own) is a GlobalLine: the block, the bytes it
+// wrote and read, the lines of its last write and first read. A second block splits it into 16
+// GlobalCells (4-byte granules), checked one by one from then on. Kernels stream through the lines
+// as through their data, so they are small: misses on the shadow are the detector's main cost.
+struct GlobalLine {
+  std::uint32_t owner;  // the block's stamp (below)
+  std::uint32_t split;  // the first stamp of the launch in which the line's granules got cells
+  std::uint64_t written, read;
+  std::uint16_t write_pc, read_pc;  // interned return addresses (State::pcs)
+};
+static_assert(sizeof(GlobalLine) == 32);
+constexpr std::size_t kLine = 64;
+
+// Where line i is kept: permuted within runs of 64 by a hash of the run, since a grid-stride loop
+// steps by a power of two (8192 threads x 16 bytes) and would use only a few cache sets.
+inline std::size_t skew(std::size_t i) { return i ^ (static_cast<std::uint32_t>(i >> 6) * 0x9E3779B1u >> 26); }
+
+// A granule of a split line: the block that last wrote it and the first that read it in the launch,
+// each as its stamp shifted left by 4 over the bytes it accessed, and the lines of those accesses.
 struct GlobalCell {
-  std::uint32_t launch, writer, reader;
-  std::uint8_t write_mask, read_mask;  // the bytes of the granule written / read
-  const void* write_pc;
-  const void* read_pc;
+  std::uint32_t write, read;
+  std::uint16_t write_pc, read_pc;
+};
+static_assert(sizeof(GlobalCell) == 12);
+
+// Block stamps: each block run on a host thread gets the next number (a launch's are consecutive),
+// so a record is of the current launch when its stamp is at least the launch's first: nothing is
+// cleared between launches. 28 bits; when they run out, the shadows are dropped.
+constexpr std::uint32_t kStampLimit = std::uint32_t{1} << 28;
+
+// Interned return addresses: 16-bit ids in the cells; a direct-mapped cache in front of the map.
+constexpr std::size_t kPcCache = 1024;
+struct PcSlot {
+  const void* pc = nullptr;
+  std::uint16_t id = 0;
+  std::uint16_t range = 0;  // State::ranges[range]: where this instruction accessed last
 };
 
+// Zero-filled memory, pages mapped where touched. Large blocks are 2 MiB-aligned and advised to
+// transparent huge pages (fewer faults and TLB misses); small ones calloc'ed.
+struct Zeroed {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  bool mapped = false;
+};
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+Zeroed allocate_zeroed(std::size_t bytes) {
+  Zeroed z;
+  if (bytes < kHugePage / 2) {
+    z.p = std::calloc(bytes, 1);
+    z.bytes = z.p == nullptr ? 0 : bytes;
+    return z;
+  }
+  const std::size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return z;
+  const auto raw = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t lo = (raw + kHugePage - 1) & ~(kHugePage - 1);
+  if (lo > raw) munmap(p, lo - raw);
+  munmap(reinterpret_cast<void*>(lo + size), raw + kHugePage - lo);
+  madvise(reinterpret_cast<void*>(lo), size, MADV_HUGEPAGE);
+  z.p = reinterpret_cast<void*>(lo);
+  z.bytes = size;
+  z.mapped = true;
+  return z;
+}
+
+void release(Zeroed& z) {
+  if (z.mapped) {
+    munmap(z.p, z.bytes);
+  } else {
+    std::free(z.p);
+  }
+  z = Zeroed{};
+}
+
+// The shadow of one device allocation: its lines, and its granules' cells (made at the first split).
 struct Shadow {
-  std::size_t granules = 0;
-  GlobalCell* cells = nullptr;
+  std::size_t bytes = 0;  // of the allocation covered
+  Zeroed lines, cells;
+  GlobalLine* line() const { return static_cast<GlobalLine*>(lines.p); }
+  GlobalCell* cell() const { return static_cast<GlobalCell*>(cells.p); }
 };
 
-// A recently looked-up range of addresses: a device allocation (cells set) or a gap (null).
+void release(Shadow& shadow) {
+  release(shadow.lines);
+  release(shadow.cells);
+  shadow.bytes = 0;
+}
+
+// A recently looked-up range of addresses: a device allocation (with its shadow) or a gap (null).
 struct Range {
   std::uintptr_t lo = 0, hi = 0;
-  GlobalCell* cells = nullptr;
+  Shadow* shadow = nullptr;
 };
 
 struct State {
@@ -149,27 +179,45 @@ struct State {
   SharedCell* shared_cells = nullptr;
   std::size_t shared_capacity = 0;
   BlockInfo block;
-  std::uint32_t block_id = 0;  // linear + 1
-  bool stopped = false;        // a hazard was reported: the kernel ends
+  std::uint32_t block_stamp = 0;  // launch_first + the block's linear id
+  bool stopped = false;           // a hazard was reported: the kernel ends
   // The launch.
-  std::uint32_t launch = 0;
+  std::uint32_t launch_first = 1, next_stamp = 1;
+  bool global_off = false;  // a grid with more blocks than stamps: not checked
   Range ranges[8];
   unsigned next_range = 0, last_range = 0;
   std::unordered_map<std::uintptr_t, Shadow> shadows;  // by allocation start
   std::size_t shadow_bytes = 0;
+  // Interned return addresses: pcs[id]; id 0 is none (more than 65535 distinct lines).
+  PcSlot pc_cache[kPcCache];
+  std::unordered_map<const void*, std::uint16_t> pc_ids;
+  std::vector<const void*> pcs = std::vector<const void*>(1, nullptr);
 
   ~State() {
     std::free(shared_cells);
-    for (auto& [base, s] : shadows) std::free(s.cells);
+    for (auto& [base, shadow] : shadows) release(shadow);
   }
 };
 
 thread_local State state;
-// The state while a fiber of a checked block runs, null otherwise: the hooks' first test.
+// &state (set at each launch: `state` is reached through __tls_get_addr), and the same while a
+// fiber of a checked block runs, null otherwise (the hooks' first test).
+TUTTI_EMU_TLS thread_local State* current = nullptr;
 TUTTI_EMU_TLS thread_local State* active = nullptr;
 
-// Shadows past this size are dropped at the next launch (they only describe launches gone by).
-constexpr std::size_t kShadowBudget = std::size_t{512} << 20;
+PcSlot& pc_slot(State& s, const void* pc) {
+  PcSlot& slot = s.pc_cache[(reinterpret_cast<std::uintptr_t>(pc) >> 2) % kPcCache];
+  if (slot.pc == pc) return slot;
+  auto [it, fresh] = s.pc_ids.try_emplace(pc, std::uint16_t{0});
+  if (fresh && s.pcs.size() <= UINT16_MAX) {
+    it->second = static_cast<std::uint16_t>(s.pcs.size());
+    s.pcs.push_back(pc);
+  }
+  slot = PcSlot{pc, it->second, 0};
+  return slot;
+}
+
+constexpr std::size_t kShadowBudget = std::size_t{512} << 20;  // then dropped at the next launch
 
 void report(State& s, const std::string& what) {
   s.stopped = true;
@@ -198,6 +246,7 @@ void shared_hazard(State& s, bool write, bool atomic, std::size_t size, std::uin
 // An atomic is a write that conflicts with plain accesses only.
 void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write, const void* pc, bool atomic = false) {
   const auto me = static_cast<std::uint16_t>(s.linear + 1);
+  const std::uint16_t id = pc_slot(s, pc).id;
   const std::size_t end = std::min<std::size_t>(offset + size, s.shared_span);
   for (std::size_t i = offset; i < end; ++i) {
     SharedCell& c = s.shared_cells[i];
@@ -207,19 +256,19 @@ void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write
     }
     if (c.writer != 0 && c.writer != me && !(atomic && c.atomic_write) && !ordered(s, c.writer - 1, c.write_gen)) {
       return shared_hazard(s, write, atomic, size, offset, pc, c.atomic_write ? "atomically wrote" : "wrote",
-                           c.writer - 1, c.write_pc);
+                           c.writer - 1, s.pcs[c.write_pc]);
     }
     if (write) {
       for (int r = 0; r < 2; ++r) {
         if (c.reader[r] != 0 && c.reader[r] != me && !ordered(s, c.reader[r] - 1, c.read_gen[r])) {
-          return shared_hazard(s, write, atomic, size, offset, pc, "read", c.reader[r] - 1, c.read_pc[r]);
+          return shared_hazard(s, write, atomic, size, offset, pc, "read", c.reader[r] - 1, s.pcs[c.read_pc[r]]);
         }
       }
       if (!(atomic && c.writer == me && !c.atomic_write)) {  // an own plain write stays: others' atomics conflict
         c.writer = me;
         c.atomic_write = atomic;
         c.write_gen = s.syncwarps;
-        c.write_pc = pc;
+        c.write_pc = id;
       }
       c.reader[0] = c.reader[1] = 0;  // ordered before this write, or reported
     } else {
@@ -228,7 +277,7 @@ void shared_access(State& s, std::uintptr_t offset, std::size_t size, bool write
       if (r >= 0) {
         c.reader[r] = me;
         c.read_gen[r] = s.syncwarps;
-        c.read_pc[r] = pc;
+        c.read_pc[r] = id;
       }
     }
   }
@@ -247,61 +296,123 @@ Range& range_of(State& s, std::uintptr_t a) {
   }
   s.last_range = s.next_range++ % std::size(s.ranges);
   Range& r = s.ranges[s.last_range];
-  r.cells = nullptr;
+  r.shadow = nullptr;
   if (!device_range(reinterpret_cast<const void*>(a), &r.lo, &r.hi)) return r;
   Shadow& shadow = s.shadows[r.lo];
-  const std::size_t granules = (r.hi - r.lo + 3) / 4;
-  if (shadow.granules < granules) {
-    std::free(shadow.cells);
-    s.shadow_bytes -= shadow.granules * sizeof(GlobalCell);
-    // calloc'ed: the pages of a large shadow are mapped only where kernels touch them.
-    shadow.cells = static_cast<GlobalCell*>(std::calloc(granules, sizeof(GlobalCell)));
-    shadow.granules = shadow.cells == nullptr ? 0 : granules;
-    s.shadow_bytes += shadow.granules * sizeof(GlobalCell);
+  if (shadow.bytes < r.hi - r.lo) {
+    s.shadow_bytes -= shadow.lines.bytes + shadow.cells.bytes;
+    release(shadow);
+    const std::size_t lines = ((r.hi - r.lo + kLine - 1) / kLine + 63) / 64 * 64;  // whole runs (skew)
+    shadow.lines = allocate_zeroed(lines * sizeof(GlobalLine));
+    if (shadow.lines.p == nullptr) return r;
+    shadow.bytes = r.hi - r.lo;
+    s.shadow_bytes += shadow.lines.bytes;
   }
-  r.cells = shadow.cells;
+  r.shadow = &shadow;
   return r;
 }
 
-void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r, const void* pc,
-                   bool other_wrote, std::uint32_t other_block, const void* other_pc) {
+[[gnu::noinline]] void global_hazard(State& s, bool write, std::size_t size, std::uintptr_t a, const Range& r,
+                                     const void* pc, bool other_wrote, std::uint32_t other_stamp,
+                                     std::uint16_t other_pc) {
   char where[96];
   std::snprintf(where, sizeof where, " of %zu bytes at %#zx (device allocation %#zx + %zu)", size,
                 static_cast<std::size_t>(a), static_cast<std::size_t>(r.lo), static_cast<std::size_t>(a - r.lo));
   report(s, std::string("global-memory hazard between blocks: ") + access_name(write) + where + " at " +
-                source_line(pc) + ", and block " + dims(index_of(other_block - 1, s.block.grid_dim)) + " " +
-                (other_wrote ? "wrote" : "read") + " it at " + source_line(other_pc) +
+                source_line(pc) + ", and block " + dims(index_of(other_stamp - s.launch_first, s.block.grid_dim)) +
+                " " + (other_wrote ? "wrote" : "read") + " it at " + source_line(s.pcs[other_pc]) +
                 " in the same launch (the blocks of a launch are not ordered; only atomics may share an address)");
 }
 
-void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
-  const Range& r = range_of(s, a);
-  if (r.cells == nullptr) return;
-  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi);
-  const std::uint32_t me = s.block_id;
-  for (std::uintptr_t g = (a - r.lo) / 4; r.lo + g * 4 < end; ++g) {
-    const std::uintptr_t lo = std::max<std::uintptr_t>(a, r.lo + g * 4),
-                         hi = std::min<std::uintptr_t>(end, r.lo + g * 4 + 4);
-    const auto mask = static_cast<std::uint8_t>(((1u << (hi - lo)) - 1) << (lo - r.lo - g * 4));
-    GlobalCell& c = r.cells[g];
-    if (c.launch != s.launch) c = GlobalCell{s.launch, 0, 0, 0, 0, nullptr, nullptr};
-    if (c.writer != 0 && c.writer != me && (c.write_mask & mask) != 0) {
-      return global_hazard(s, write, size, a, r, pc, true, c.writer, c.write_pc);
+// A second block accessed line `index` in this launch: its granules get cells from its record.
+[[gnu::noinline]] bool split(State& s, Shadow& shadow, std::size_t index) {
+  const std::size_t granules = (shadow.bytes + 3) / 4;
+  if (shadow.cells.p == nullptr) {
+    shadow.cells = allocate_zeroed(granules * sizeof(GlobalCell));
+    if (shadow.cells.p == nullptr) return false;
+    s.shadow_bytes += shadow.cells.bytes;
+  }
+  GlobalLine& l = shadow.line()[skew(index)];
+  const std::size_t per_line = kLine / 4;
+  for (std::size_t g = 0; g < per_line && index * per_line + g < granules; ++g) {
+    const auto written = static_cast<std::uint32_t>(l.written >> (4 * g) & 0xf);
+    const auto read = static_cast<std::uint32_t>(l.read >> (4 * g) & 0xf);
+    shadow.cell()[index * per_line + g] = GlobalCell{written != 0 ? l.owner << 4 | written : 0,
+                                                     read != 0 ? l.owner << 4 | read : 0, l.write_pc, l.read_pc};
+  }
+  l.split = s.launch_first;
+  return true;
+}
+
+// Bytes [at, end) of the allocation, within one line that has cells; false on a hazard.
+[[gnu::noinline]] bool cell_access(State& s, const Range& r, std::uintptr_t at, std::uintptr_t end, std::uintptr_t a,
+                                   std::size_t size, bool write, const void* pc, std::uint16_t id) {
+  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  for (; at < end; at = (at | 3) + 1) {
+    // The bytes of granule at / 4 in [at, end).
+    const std::uintptr_t n = std::min<std::uintptr_t>(end - at, 4 - (at & 3));
+    const auto mask = static_cast<std::uint32_t>(((1u << n) - 1) << (at & 3));
+    GlobalCell& c = r.shadow->cell()[at / 4];
+    const std::uint32_t writer = c.write >> 4, reader = c.read >> 4;  // stamps; below `first`: none
+    if (writer >= first && writer != me && (c.write & mask) != 0) {
+      global_hazard(s, write, size, a, r, pc, true, writer, c.write_pc);
+      return false;
     }
     if (write) {
-      if (c.reader != 0 && c.reader != me && (c.read_mask & mask) != 0) {
-        return global_hazard(s, write, size, a, r, pc, false, c.reader, c.read_pc);
+      if (reader >= first && reader != me && (c.read & mask) != 0) {
+        global_hazard(s, write, size, a, r, pc, false, reader, c.read_pc);
+        return false;
       }
-      c.write_mask = c.writer == me ? static_cast<std::uint8_t>(c.write_mask | mask) : mask;
-      c.writer = me;
-      c.write_pc = pc;
-    } else if (c.reader == 0 || c.reader == me) {
+      c.write = writer == me ? c.write | mask : me << 4 | mask;
+      c.write_pc = id;
+    } else if (reader == me) {
+      c.read |= mask;
+    } else if (reader < first) {
       // The first reader is kept: blocks run one after another, so if it is not the current
       // block, some other block read the granule.
-      c.read_mask = c.reader == me ? static_cast<std::uint8_t>(c.read_mask | mask) : mask;
-      if (c.reader == 0) c.read_pc = pc;
-      c.reader = me;
+      c.read = me << 4 | mask;
+      c.read_pc = id;
     }
+  }
+  return true;
+}
+
+void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
+  // An instruction mostly accesses one array: the range it found last is tried first.
+  PcSlot& slot = pc_slot(s, pc);
+  const Range* hint = &s.ranges[slot.range];
+  if (a - hint->lo >= hint->hi - hint->lo) {
+    hint = &range_of(s, a);
+    slot.range = static_cast<std::uint16_t>(hint - s.ranges);
+  }
+  const Range& r = *hint;
+  if (r.shadow == nullptr) return;
+  const std::uintptr_t end = std::min<std::uintptr_t>(a + size, r.hi) - r.lo;
+  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  const std::uint16_t id = slot.id;
+  for (std::uintptr_t at = a - r.lo; at < end; at = (at | (kLine - 1)) + 1) {
+    const std::uintptr_t line_end = std::min<std::uintptr_t>(end, (at | (kLine - 1)) + 1);
+    GlobalLine& l = r.shadow->line()[skew(at / kLine)];
+    if (l.split != first) {
+      const std::uintptr_t n = line_end - at;
+      const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
+      if (l.owner < first) {  // the line's first access in this launch
+        l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, id, id};
+        continue;
+      }
+      if (l.owner == me) {
+        if (write) {
+          l.written |= bytes;
+          l.write_pc = id;
+        } else {
+          if (l.read == 0) l.read_pc = id;
+          l.read |= bytes;
+        }
+        continue;
+      }
+      if (!split(s, *r.shadow, at / kLine)) return;
+    }
+    if (!cell_access(s, r, at, line_end, a, size, write, pc, id)) return;
   }
 }
 
@@ -311,7 +422,7 @@ inline void access(const void* p, std::size_t size, bool write, const void* pc) 
   if (s == nullptr || s->stopped) return;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (a - s->shared_lo < s->shared_span) return shared_access(*s, a - s->shared_lo, size, write, pc);
-  if (a - s->stack_lo < s->stack_span) return;  // the thread's own locals
+  if (a - s->stack_lo < s->stack_span || s->global_off) return;  // the thread's own locals
   global_access(*s, a, size, write, pc);
 }
 
@@ -330,23 +441,31 @@ inline void atomic_access(const volatile void* p, std::size_t size, const void* 
 
 bool enabled() { return settings().racecheck; }
 
-void begin_launch() {
+void drop_shadows(State& s) {
+  for (auto& [base, shadow] : s.shadows) release(shadow);
+  s.shadows.clear();
+  s.shadow_bytes = 0;
+}
+
+void begin_launch(const dim3& grid) {
   State& s = state;
-  ++s.launch;
+  current = &s;
   for (auto& r : s.ranges) r = Range{};  // allocations may have changed since the last launch
-  if (s.shadow_bytes > kShadowBudget || s.launch == 0) {
-    for (auto& [base, shadow] : s.shadows) std::free(shadow.cells);
-    s.shadows.clear();
-    s.shadow_bytes = 0;
-    s.launch = 1;
+  const std::uint64_t blocks = std::uint64_t{grid.x} * grid.y * grid.z;
+  s.global_off = blocks >= kStampLimit;
+  if (s.shadow_bytes > kShadowBudget || s.next_stamp + blocks >= kStampLimit) {
+    drop_shadows(s);
+    s.next_stamp = 1;
   }
+  s.launch_first = s.next_stamp;
+  if (!s.global_off) s.next_stamp += static_cast<std::uint32_t>(blocks);
 }
 
 void begin_block(const BlockInfo& block) {
-  State& s = state;
+  State& s = *current;
   s.block = block;
-  s.block_id = block.block_idx.x + block.block_idx.y * block.grid_dim.x +
-               block.block_idx.z * block.grid_dim.x * block.grid_dim.y + 1;
+  s.block_stamp = s.launch_first + block.block_idx.x + block.block_idx.y * block.grid_dim.x +
+                  block.block_idx.z * block.grid_dim.x * block.grid_dim.y;
   s.shared_lo = reinterpret_cast<std::uintptr_t>(block.shared);
   s.shared_span = block.shared_bytes;
   if (s.shared_capacity < block.shared_bytes) {
@@ -362,7 +481,7 @@ void begin_block(const BlockInfo& block) {
 }
 
 void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
-  State& s = state;
+  State& s = *current;
   s.linear = linear;
   s.stack_lo = stack_lo;
   s.stack_span = stack_hi - stack_lo;
@@ -372,7 +491,7 @@ void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
 void leave() { active = nullptr; }
 
 void barrier() {
-  State& s = state;
+  State& s = *current;
   if (++s.interval == 0) {
     // Wrapped: forget every cell rather than mistake an old interval for the current one.
     std::memset(static_cast<void*>(s.shared_cells), 0, s.shared_capacity * sizeof(SharedCell));
@@ -381,7 +500,7 @@ void barrier() {
 }
 
 void warp_synced(int warp, unsigned mask) {
-  State& s = state;
+  State& s = *current;
   const std::uint32_t gen = ++s.syncwarps;
   for (unsigned lanes = mask; lanes != 0; lanes &= lanes - 1) {
     const auto t = static_cast<std::size_t>(warp * kWarp + __builtin_ctz(lanes));

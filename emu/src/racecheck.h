@@ -13,8 +13,8 @@ namespace tutti::emu::racecheck {
 // Whether the detector runs (settings().racecheck); the calls below are for when it does.
 bool enabled();
 
-// A launch starts on the calling host thread: a new epoch for the global-memory check.
-void begin_launch();
+// A launch of `grid` starts on the calling host thread: a new epoch for the global-memory check.
+void begin_launch(const dim3& grid);
 
 // A block starts on the calling host thread.
 struct BlockInfo {
@@ -39,5 +39,9 @@ void barrier();
 // A __syncwarp of `mask` completed in warp `warp`: its lanes' earlier accesses are ordered
 // before their later ones.
 void warp_synced(int warp, unsigned mask);
+
+// For reports: "kernels/cuda/x.cu:77" for the instruction that called a hook, given the hook's
+// return address ("(a line not recorded)" for null). Slow (addr2line); cached.
+std::string source_line(const void* return_address);
 
 }  // namespace tutti::emu::racecheck

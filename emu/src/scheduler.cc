@@ -87,13 +87,16 @@ class StackPool {
   }
   std::vector<bctx::stack_context> free_;
 };
+// The host thread's pool, reached through an initial-exec pointer (set at each launch): a
+// thread_local with a destructor is reached through __tls_get_addr, twice per CUDA thread.
 thread_local StackPool stack_pool;
-thread_local bctx::stack_context last_stack;  // the one allocate() gave last, for ASan
+TUTTI_EMU_TLS thread_local StackPool* tls_stack_pool = nullptr;
+TUTTI_EMU_TLS thread_local bctx::stack_context last_stack;  // the one allocate() gave last
 
 // Boost.Context's StackAllocator concept over the pool.
 struct PooledStack {
-  bctx::stack_context allocate() { return last_stack = stack_pool.take(); }
-  void deallocate(bctx::stack_context& s) noexcept { stack_pool.give(s); }
+  bctx::stack_context allocate() { return last_stack = tls_stack_pool->take(); }
+  void deallocate(bctx::stack_context& s) noexcept { tls_stack_pool->give(s); }
 };
 
 // ---- ASan's fiber annotations (no-ops without ASan) ----
@@ -392,10 +395,11 @@ std::string kernel_header(const KernelLaunch& k, const uint3& block_idx) {
 
 // ---- one block ----
 
-thread_local Block block_state;  // reused: its vectors keep their capacity
+thread_local Block block_state;                               // reused: its vectors keep their capacity
+TUTTI_EMU_TLS thread_local Block* tls_block_state = nullptr;  // &block_state, set at each launch
 
 void run_block(const KernelLaunch& k, uint3 block_idx) {
-  Block& b = block_state;
+  Block& b = *tls_block_state;
   const dim3 bd = k.config.block;
   const int n = static_cast<int>(bd.x * bd.y * bd.z);
   b.launch = &k;
@@ -579,7 +583,9 @@ void* shared_variable(const void* site_key, std::size_t size, std::size_t align,
 void* dynamic_shared_memory() { return tls_block->base; }
 
 void run_kernel(const KernelLaunch& launch) {
-  if (racecheck::enabled()) racecheck::begin_launch();
+  tls_stack_pool = &stack_pool;
+  tls_block_state = &block_state;
+  if (racecheck::enabled()) racecheck::begin_launch(launch.config.grid);
   const dim3 g = launch.config.grid;
   for (unsigned z = 0; z < g.z; ++z)
     for (unsigned y = 0; y < g.y; ++y)
