@@ -8,7 +8,9 @@
 // than the median of the other ranks by more than `threshold` and by more than `min_seconds` per
 // step, and ahead of the next slowest rank by more than `noise_factor` times the noise, the
 // ranks' typical step-to-step scatter (the median over the ranks of each rank's robust standard
-// deviation, 1.4826 x its median absolute deviation). Medians, not means: a step that another
+// deviation, 1.4826 x its median absolute deviation), or the slowest rank's own scatter where that
+// is larger (a rank that another process preempts on part of its steps scatters by about as much
+// as its median moved; a rank slower on every step does not). Medians, not means: a step that another
 // process preempted moves a mean, not a median. (On a 2-core machine shared with other jobs,
 // one window of 50 steps measured one rank 27% "slower" than the other while both ran the same
 // code: means over one window; see docs/observability.md.)
