@@ -230,7 +230,13 @@ def run(c, args, label, chaos):
         fails = [FAILED.search(line) for t, _, line in lines if t > e["t_kill"] and FAILED.search(line)]
         e["launcher_steps_lost"] = int(fails[0].group(3)) if fails and fails[0].group(3) else None
         e["launcher_says"] = next((line for t, _, line in lines if t > e["t_kill"] and FAILED.search(line)), None)
-    grows = [{"t": t, "line": line} for t, _, line in lines if GROW.search(line)]
+    grows = []
+    for r in returns:  # the node back -> the launcher stops the job -> the grown job's first step
+        stop = next((t for t, _, line in lines if t > r["t"] and "answer again: stopping the job" in line), None)
+        relaunch = next((t for t, line in attempts if stop is not None and t > stop), None)
+        first = next((t for t, _ in steps if relaunch is not None and t > relaunch), None)
+        grows.append({"node": r["node"], "t_back": r["t"], "noticed_s": None if stop is None else stop - r["t"],
+                      "paused_s": None if stop is None or first is None else first - stop})
     return {"label": label, "exit": p.returncode, "wall_s": t_end, "steps": steps[-1][1] if steps else 0,
             "summary": result, "failures": events, "returns": returns, "grow_restarts": grows,
             "attempts": len(attempts), "progress": steps, "command": " ".join(shlex.quote(a) for a in cmd)}
@@ -291,16 +297,19 @@ def table(base, chaos, args):
         rows.append("| %d | %s | %.1f | %d | %s | %s | %s | %s | %s |" % (
             i, e["node"], e["t_kill"], e["step_at_kill"], fmt(e["t_relaunch"]), fmt(e["recovery_first_step_s"]),
             fmt(e["recovery_caught_up_s"]), fmt(e["resumed_step"], "%d"), fmt(e["launcher_steps_lost"], "%d")))
+    rows += ["", "| node back | at (s) | noticed by the launcher (s) | training paused to grow (s) |", "|---|---|---|---|"]
+    for g in chaos["grow_restarts"]:
+        rows.append("| %s | %.1f | %s | %s |" % (g["node"], g["t_back"], fmt(g["noticed_s"]), fmt(g["paused_s"])))
     b, c = base["summary"] or {}, chaos["summary"] or {}
     gp_b = base["steps"] / base["wall_s"] if base["wall_s"] else None
     gp_c = chaos["steps"] / chaos["wall_s"] if chaos["wall_s"] else None
-    rows += ["", "| run | exit | steps | wall (s) | steps/s | goodput | attempts | final train loss | test accuracy |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    rows += ["", "| run | exit | steps | wall (s) | steps/s | goodput | attempts | final train loss | test accuracy "
+             "| params crc32 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r, s, gp in ((base, b, gp_b), (chaos, c, gp_c)):
-        rows.append("| %s | %s | %d | %.1f | %s | %s | %d | %s | %s |" % (
+        rows.append("| %s | %s | %d | %.1f | %s | %s | %d | %s | %s | %s |" % (
             r["label"], r["exit"], r["steps"], r["wall_s"], fmt(gp, "%.2f"),
             fmt(gp / gp_b * 100 if gp and gp_b else None, "%.0f%%"), r["attempts"],
-            fmt(s.get("final_train_loss"), "%.4f"), fmt(s.get("test_accuracy"), "%.4f")))
+            fmt(s.get("final_train_loss"), "%.6f"), fmt(s.get("test_accuracy"), "%.4f"), s.get("params_crc32", "-")))
     return "\n".join(rows), (gp_c / gp_b if gp_b and gp_c else None)
 
 
@@ -313,15 +322,15 @@ def main():
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1, help="the kills' times and nodes, and the training's seed")
     ap.add_argument("--failures", type=int, default=3)
-    ap.add_argument("--gap-min", type=float, default=15, help="seconds of running job before a kill: at least ...")
-    ap.add_argument("--gap-max", type=float, default=30, help="... at most (uniform, seeded)")
+    ap.add_argument("--gap-min", type=float, default=10, help="seconds of running job before a kill: at least ...")
+    ap.add_argument("--gap-max", type=float, default=20, help="... at most (uniform, seeded)")
     ap.add_argument("--down-s", type=float, default=15, help="seconds a killed node stays away (link down)")
     ap.add_argument("--grow-every", type=float, default=5, help="tutti-launch --grow-every")
     ap.add_argument("--probe-timeout", type=float, default=3, help="tutti-launch --probe-timeout")
     ap.add_argument("--last-kill-fraction", type=float, default=0.9, help="no kill past this fraction of the steps")
     ap.add_argument("--train-subset", type=int, default=57600)
     ap.add_argument("--batch-size", type=int, default=96, help="the global batch (divides by 4, 3 and 2)")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=240, help="seconds a run may take")
     ap.add_argument("--json", help="the summary (default OUT/chaos.json)")
