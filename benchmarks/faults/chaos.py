@@ -229,14 +229,20 @@ def run(c, args, label, chaos):
         e["recovery_caught_up_s"] = caught[0] - e["t_kill"] if caught else None
         fails = [FAILED.search(line) for t, _, line in lines if t > e["t_kill"] and FAILED.search(line)]
         e["launcher_steps_lost"] = int(fails[0].group(3)) if fails and fails[0].group(3) else None
-        e["launcher_says"] = next((line for t, _, line in lines if t > e["t_kill"] and FAILED.search(line)), None)
+        ended = next(((t, line) for t, _, line in lines if t > e["t_kill"] and FAILED.search(line)), None)
+        e["launcher_says"] = ended[1] if ended else None
+        e["t_ended"] = ended[0] - e["t_kill"] if ended else None  # mpirun returned
     grows = []
     for r in returns:  # the node back -> the launcher stops the job -> the grown job's first step
         stop = next((t for t, _, line in lines if t > r["t"] and "answer again: stopping the job" in line), None)
         relaunch = next((t for t, line in attempts if stop is not None and t > stop), None)
         first = next((t for t, _ in steps if relaunch is not None and t > relaunch), None)
+        # A kill while the job stops to grow: that attempt fails, and the grow is part of the relaunch.
+        end = next((line for t, _, line in lines if stop is not None and t > stop and ENDING.search(line)), "")
+        merged = FAILED.search(end) is not None
         grows.append({"node": r["node"], "t_back": r["t"], "noticed_s": None if stop is None else stop - r["t"],
-                      "paused_s": None if stop is None or first is None else first - stop})
+                      "paused_s": None if stop is None or first is None or merged else first - stop,
+                      "merged_with_failure": merged})
     return {"label": label, "exit": p.returncode, "wall_s": t_end, "steps": steps[-1][1] if steps else 0,
             "summary": result, "failures": events, "returns": returns, "grow_restarts": grows,
             "attempts": len(attempts), "progress": steps, "command": " ".join(shlex.quote(a) for a in cmd)}
@@ -291,15 +297,17 @@ def fmt(v, spec="%.1f"):
 
 
 def table(base, chaos, args):
-    rows = ["| failure | node | at (s) | step at kill | relaunch (s) | first step (s) | caught up (s) | "
-            "resumed at | steps lost |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| failure | node | at (s) | step at kill | job ended (s) | relaunch (s) | first step (s) | "
+            "caught up (s) | resumed at | steps lost |", "|---|---|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(chaos["failures"], 1):
-        rows.append("| %d | %s | %.1f | %d | %s | %s | %s | %s | %s |" % (
-            i, e["node"], e["t_kill"], e["step_at_kill"], fmt(e["t_relaunch"]), fmt(e["recovery_first_step_s"]),
+        rows.append("| %d | %s | %.1f | %d | %s | %s | %s | %s | %s | %s |" % (
+            i, e["node"], e["t_kill"], e["step_at_kill"], fmt(e["t_ended"]), fmt(e["t_relaunch"]),
+            fmt(e["recovery_first_step_s"]),
             fmt(e["recovery_caught_up_s"]), fmt(e["resumed_step"], "%d"), fmt(e["launcher_steps_lost"], "%d")))
     rows += ["", "| node back | at (s) | noticed by the launcher (s) | training paused to grow (s) |", "|---|---|---|---|"]
     for g in chaos["grow_restarts"]:
-        rows.append("| %s | %.1f | %s | %s |" % (g["node"], g["t_back"], fmt(g["noticed_s"]), fmt(g["paused_s"])))
+        paused = "(a node killed meanwhile: one relaunch)" if g["merged_with_failure"] else fmt(g["paused_s"])
+        rows.append("| %s | %.1f | %s | %s |" % (g["node"], g["t_back"], fmt(g["noticed_s"]), paused))
     b, c = base["summary"] or {}, chaos["summary"] or {}
     gp_b = base["steps"] / base["wall_s"] if base["wall_s"] else None
     gp_c = chaos["steps"] / chaos["wall_s"] if chaos["wall_s"] else None
