@@ -307,6 +307,8 @@ def table(base, chaos, args):
     rows += ["", "| node back | at (s) | noticed by the launcher (s) | training paused to grow (s) |", "|---|---|---|---|"]
     for g in chaos["grow_restarts"]:
         paused = "(a node killed meanwhile: one relaunch)" if g["merged_with_failure"] else fmt(g["paused_s"])
+        if g["noticed_s"] is None:
+            paused = "(back before a relaunch, or after the end: no stop of its own)"
         rows.append("| %s | %.1f | %s | %s |" % (g["node"], g["t_back"], fmt(g["noticed_s"]), paused))
     b, c = base["summary"] or {}, chaos["summary"] or {}
     gp_b = base["steps"] / base["wall_s"] if base["wall_s"] else None
