@@ -5,9 +5,11 @@
 # (scripts/build.sh); the peer comparison also needs Debian's python3-torch, the plots
 # python3-matplotlib.
 #   bash scripts/benchmarks.sh            # everything, ~10 minutes on 2 cores
-#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers, checkpoint
+#   bash scripts/benchmarks.sh ddp        # one part: kernels, allreduce, ddp, zero, peers, checkpoint,
+#                                         # chaos
 #   bash scripts/benchmarks.sh checkpoint # not in the default run: ~3 minutes, ~25 GB written to
 #                                         # build/bench/checkpoint (each file removed after its mode)
+#   bash scripts/benchmarks.sh chaos      # not in the default run: ~3 minutes, needs root
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/openblas-env.sh
@@ -78,7 +80,12 @@ for part in $parts; do
         | tee "$out/checkpoint_bench.txt" ;;
     peers)
       bash benchmarks/peers/compare.sh -n 2 -e 3 -r 3 --out "$out/peers" | tee "$out/peers.txt" ;;
-    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers, checkpoint)" >&2; exit 2 ;;
+    chaos)
+      # Not run by default (needs root for scripts/cluster.sh; ~3 minutes): nodes killed under
+      # scripts/tutti-launch, against the same job without failures (docs/benchmarks.md).
+      python3 benchmarks/faults/chaos.py --out "$out/chaos" ;;
+    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers, checkpoint, chaos)" >&2
+       exit 2 ;;
   esac
 done
 /usr/bin/python3 scripts/bench-plots.py "$out" || echo "benchmarks.sh: plots skipped (needs python3-matplotlib)"
