@@ -149,7 +149,8 @@ struct RunOptions {
   // sync: the step waits until the file is written (the examples' --checkpoint-mode).
   io::CheckpointMode checkpoint_mode = io::CheckpointMode::async;
   // Async: what a checkpoint every N steps does when the previous one is still being written:
-  // wait for it, or skip this one (never the last step's or a stop's). --checkpoint-busy.
+  // wait for it, or skip this one (never the last step's or a stop's). --checkpoint-busy. skip with
+  // sync: InvalidArgument.
   io::WhenBusy checkpoint_busy = io::WhenBusy::wait;
   // For tests and instrumentation: the writer's hooks (io::CheckpointHooks), on rank 0.
   io::CheckpointHooks checkpoint_hooks{};
