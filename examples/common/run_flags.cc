@@ -30,6 +30,16 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->expected(0, 1)
       ->default_str("yes")
       ->check(CLI::IsMember({"yes", "auto"}));
+  app.add_option("--checkpoint-mode", f.checkpoint_mode,
+                 "async: rank 0 copies the state to memory and writes the file in the background (the step waits "
+                 "only for the copy); sync: the step waits until the file is written")
+      ->check(CLI::IsMember({"async", "sync"}))
+      ->capture_default_str();
+  app.add_option("--checkpoint-busy", f.checkpoint_busy,
+                 "async: a checkpoint due while the previous one is still being written waits for it or is skipped "
+                 "(never the last one or a stop's)")
+      ->check(CLI::IsMember({"wait", "skip"}))
+      ->capture_default_str();
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
@@ -50,6 +60,8 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.resume = tutti::train::parse_resume(f.resume);
   o.overwrite = f.overwrite;
   o.checkpoint_every = f.checkpoint_every;
+  o.checkpoint_mode = f.checkpoint_mode == "sync" ? tutti::io::CheckpointMode::sync : tutti::io::CheckpointMode::async;
+  o.checkpoint_busy = f.checkpoint_busy == "skip" ? tutti::io::WhenBusy::skip : tutti::io::WhenBusy::wait;
   o.precision = f.precision;
   o.stream = stream;
   o.summary = &summary;

@@ -25,6 +25,8 @@ struct RunFlags {
   std::int64_t checkpoint_every = 0;
   std::string resume = "no";  // "no", "yes" (--resume) or "auto"
   bool overwrite = false;
+  std::string checkpoint_mode = "async";  // "async" or "sync"
+  std::string checkpoint_busy = "wait";   // "wait" or "skip"
   std::string json;
   bool quiet = false;
   double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace example {
@@ -31,6 +32,39 @@ void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program) {
   if (job.rank() != 0 || !job.device().is_cpu()) return;
   const std::string warning = tutti::kernels::cpu_blas_info().warning();
   if (!warning.empty()) std::fprintf(stderr, "%s: warning: %s\n", program, warning.c_str());
+}
+
+std::string CheckpointLog::observe(const tutti::train::StepEnd& end) {
+  if (!end.checkpoint) return "";
+  stalls_.push_back(end.checkpoint_seconds);
+  char text[256];
+  if (end.checkpoint_skipped) {
+    ++skipped_;
+    std::snprintf(text, sizeof text, "checkpoint of step %lld skipped: the one of step %lld is still being written",
+                  static_cast<long long>(end.step), static_cast<long long>(end.checkpoint_busy_step));
+    return text;
+  }
+  if (end.checkpoint_busy_step >= 0 && end.checkpoint_waited_seconds > 0) {
+    std::snprintf(text, sizeof text, "checkpoint of step %lld waited %.2f s for the write of step %lld",
+                  static_cast<long long>(end.step), end.checkpoint_waited_seconds,
+                  static_cast<long long>(end.checkpoint_busy_step));
+    return text;
+  }
+  return "";
+}
+
+void CheckpointLog::summarize(tutti::train::Summary& summary) const {
+  summary.set("checkpoints", static_cast<std::int64_t>(stalls_.size()));
+  summary.set("checkpoints_skipped", skipped_);
+  std::vector<double> s = stalls_;
+  std::sort(s.begin(), s.end());
+  if (s.empty()) {
+    summary.set_null("checkpoint_stall_median_s");
+    summary.set_null("checkpoint_stall_max_s");
+    return;
+  }
+  summary.set("checkpoint_stall_median_s", s[s.size() / 2]);
+  summary.set("checkpoint_stall_max_s", s.back());
 }
 
 }  // namespace example

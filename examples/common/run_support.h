@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <tutti/tutti.h>
 
@@ -23,5 +24,22 @@ std::uint32_t parameters_crc32(const tutti::StateDict& model_state);
 // Rank 0 of a job on the CPU: prints "<program>: warning: ..." to stderr when OpenBLAS runs
 // kernels older than the CPU (tutti::kernels::cpu_blas_info()).
 void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program);
+
+// Rank 0's account of the run's checkpoints (train::StepEnd's checkpoint fields): what to say
+// when one was skipped or waited for the write in flight, and the figures for the summary.
+class CheckpointLog {
+ public:
+  // After each end_step(): "" or a line for the log, e.g. "checkpoint of step 40 skipped: the
+  // one of step 30 is still being written" or "checkpoint of step 40 waited 1.2 s for the write
+  // of step 30".
+  std::string observe(const tutti::train::StepEnd& end);
+  // "checkpoints", "checkpoints_skipped", "checkpoint_stall_median_s" (the step's hold,
+  // median over the checkpoints of this run), "checkpoint_stall_max_s".
+  void summarize(tutti::train::Summary& summary) const;
+
+ private:
+  std::vector<double> stalls_;
+  std::int64_t skipped_ = 0;
+};
 
 }  // namespace example

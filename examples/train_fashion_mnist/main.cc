@@ -222,6 +222,7 @@ int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char*
   tutti::obs::PeakFlops peak = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
   fmnist::Watch watch(job, f, peak.flops);
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
+  example::CheckpointLog checkpoints;  // rank 0: checkpoints skipped or waited, their stall
   summary.set("ranks", world);
   summary.set("nodes", job.node_count());
   summary.set("precision", f.precision);
@@ -275,6 +276,12 @@ int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char*
     ddp.zero_grad();
     watch.after_step(step, stats, data_s, straggler_figures, stream);
     const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
+    // A checkpoint skipped, or waiting for the previous one's write (async): said in the log.
+    if (const std::string note = checkpoints.observe(end); chatty && !note.empty()) {
+      progress.finish_line();
+      std::printf("%s\n", note.c_str());
+      std::fflush(stdout);
+    }
     watch.after_sync(step, straggler_figures, stream, progress);
     if (first_loss < 0) first_loss = end.loss;
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count() - end.checkpoint_seconds;
@@ -374,6 +381,7 @@ int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char*
       summary.set("last_straggler", watch.last_straggler());
     }
   }
+  checkpoints.summarize(summary);
   const tutti::train::Outcome outcome = run.finish();  // stopped: waits for every rank, agrees on the signal
   if (!outcome.message.empty()) {
     progress.finish_line();

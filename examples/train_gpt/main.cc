@@ -229,6 +229,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     std::fflush(stdout);
   }
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
+  example::CheckpointLog checkpoints;  // rank 0: checkpoints skipped or waited, their stall
   summary.set("ranks", world);
   summary.set("precision", f.precision);
   summary.set("zero", f.zero);
@@ -276,6 +277,11 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     }
     ddp.zero_grad();
     const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
+    // A checkpoint skipped, or waiting for the previous one's write (async): said in the log.
+    if (const std::string note = checkpoints.observe(end); chatty && !note.empty()) {
+      std::printf("%s\n", note.c_str());
+      std::fflush(stdout);
+    }
     const std::int64_t step = end.step;
     if (first_loss < 0) first_loss = end.loss;
     const double step_seconds = std::chrono::duration<double>(Clock::now() - t0).count() - end.checkpoint_seconds;
@@ -374,6 +380,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     summary.set("first_batch_crc32", first_batch_crc);
     summary.set("params_crc32", crc);
   }
+  checkpoints.summarize(summary);
   const tutti::train::Outcome outcome = run.finish();  // stopped: waits for every rank, agrees on the signal
   if (!outcome.message.empty()) std::fprintf(stderr, "train_gpt: %s\n", outcome.message.c_str());
   return outcome.exit_code;

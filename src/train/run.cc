@@ -52,7 +52,7 @@ std::string describe(const RunOptions& o) {
   std::ostringstream s;
   s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
     << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
-    << "'";
+    << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy);
   return s.str();
 }
 
@@ -120,10 +120,17 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.resume == Resume::no || !options.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   // A summary that could not be written at the end would lose the run's result: fail now.
   if (options.summary) options.summary->set_rank(rank);
+  TUTTI_CHECK_ARG(options.checkpoint_busy == io::WhenBusy::wait || options.checkpoint_mode == io::CheckpointMode::async,
+                  "train::Run: RunOptions::checkpoint_busy skip needs checkpoint_mode async (--checkpoint-busy skip "
+                  "needs --checkpoint-mode async)");
   check_same("the run's options (train::RunOptions)", describe(options));
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
   resume_from_checkpoint();
   first_step = step;
+  if (rank == 0 && !path.empty()) {
+    writer = std::make_unique<io::CheckpointWriter>(io::CheckpointWriterOptions{
+        .mode = options.checkpoint_mode, .when_busy = options.checkpoint_busy, .hooks = options.checkpoint_hooks});
+  }
   const Device device =
       state.ddp->module().parameters().empty() ? Device::cpu() : state.ddp->module().parameters()[0]->device();
   one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
@@ -206,11 +213,13 @@ const StepEnd& Run::end_step() {
   if (!m.path.empty() &&
       ((m.options.checkpoint_every > 0 && m.step % m.options.checkpoint_every == 0) || m.end.last || stop)) {
     const auto t0 = std::chrono::steady_clock::now();
-    m.write_checkpoint();
+    m.write_checkpoint(m.end.last || stop);
     m.end.checkpoint = true;
     m.end.checkpoint_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    m.saved_step = m.step;
-    m.saved_loss = m.loss;
+    if (m.rank != 0) {  // rank 0 counts a checkpoint once its writer completed it
+      m.saved_step = m.step;
+      m.saved_loss = m.loss;
+    }
   }
   if (m.end.last) {
     m.phase = Phase::completed;
@@ -295,6 +304,7 @@ std::int64_t Run::steps() const { return impl_->options.steps; }
 double Run::loss() const { return impl_->loss; }
 bool Run::completed() const { return impl_->phase == Phase::completed; }
 const std::string& Run::checkpoint_path() const { return impl_->path; }
+std::int64_t Run::checkpoint_written_step() const { return impl_->saved_step; }
 const std::string& Run::note() const { return impl_->note; }
 
 }  // namespace tutti::train

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "tutti/comm/communicator.h"
 #include "tutti/core/tensor.h"
+#include "tutti/io/checkpoint_writer.h"
 #include "tutti/train/run.h"
 
 namespace tutti::train {
@@ -30,9 +32,13 @@ struct Run::Impl {
 
   std::int64_t step = 0, first_step = 0;
   bool resumed = false;
-  double loss = -1;              // the last step's mean loss (-1: none)
-  std::int64_t saved_step = -1;  // the step of the last checkpoint written or read (-1: none)
-  double saved_loss = -1;        // and its loss
+  double loss = -1;                // the last step's mean loss (-1: none)
+  std::int64_t saved_step = -1;    // the step of the last checkpoint written completely or read (-1: none)
+  double saved_loss = -1;          // and its loss
+  std::int64_t pending_step = -1;  // rank 0: the step whose write was started last and is not known complete
+  double pending_loss = -1;
+
+  std::unique_ptr<io::CheckpointWriter> writer;  // rank 0, with a checkpoint_dir
 
   enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
   Phase phase = Phase::between;
@@ -49,13 +55,16 @@ struct Run::Impl {
   void start();
   // checkpointing.cc
   void resume_from_checkpoint();
-  // THE place a checkpoint is written: COLLECTIVE (every rank gathers the whole tensors),
-  // rank 0 writes the file. The asynchronous writer replaces its body.
-  void write_checkpoint();
-  // Once a step, before its collective: where a background write's failure would be thrown.
+  // THE place a checkpoint is written: COLLECTIVE under ZeRO (every rank gathers the whole
+  // tensors), rank 0 saves with `writer`. `must`: the last step's or a stop's (never skipped,
+  // complete on return). Fills end's checkpoint fields.
+  void write_checkpoint(bool must);
+  // Rank 0: moves pending_step to saved_step once the writer completed it.
+  void note_written();
+  // Once a step, before its collective: rank 0 throws a background write's failure.
   void check_background_work();
-  // In finish(), before the ending is agreed and summarized: where a write in flight would be
-  // waited for (and its failure thrown), so that "Checkpoint written to" is true.
+  // In finish(), before the ending is agreed and summarized: rank 0 waits for a write in
+  // flight (and throws its failure), so that "Checkpoint written to" is true.
   void wait_background_work();
   // Whether this rank was asked to stop, and by what signal (0: request_stop()).
   bool stop_requested() const { return requested_signal >= 0 || signal() != 0; }

@@ -7,12 +7,15 @@
 // agree bit for bit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <unistd.h>
 
@@ -53,6 +56,7 @@ struct Plan {
   std::int64_t inf_step = 0;   // rank 0 adds an inf loss in this step (0: never)
   std::string summary;         // the JSON summary's path ("": none)
   bool figures = false;        // every step, 2 figures of the program's own ride in the allreduce
+  bool watchdog = false;       // the ranks are watched as a Job's: a rank that throws ends the others
 };
 
 struct Result {
@@ -60,6 +64,7 @@ struct Result {
   std::vector<Outcome> outcomes;               // per rank
   std::vector<std::int64_t> steps;             // per rank: steps done
   std::vector<std::int64_t> checkpoint_steps;  // rank 0: the steps end_step() wrote a checkpoint at
+  std::vector<std::int64_t> skipped_steps;     // rank 0: ... whose checkpoint was skipped (a write in flight)
   std::int64_t first_step = -1;
   bool resumed = false;
   std::vector<std::vector<float>> figures;  // rank 0: the figures after each step's allreduce
@@ -69,7 +74,10 @@ struct Result {
 // a DistributedLoader (its position too), 2 accumulation steps, under a train::Run.
 Result train(const Plan& plan) {
   kernels::set_cpu_threads(1);
-  ThreadGroup group(plan.ranks, {.timeout = std::chrono::seconds(20)});
+  ThreadGroupOptions group_options;
+  group_options.comm.timeout = std::chrono::seconds(20);
+  group_options.watchdog = plan.watchdog;
+  ThreadGroup group(plan.ranks, group_options);
   Result out;
   out.outcomes.resize(static_cast<std::size_t>(plan.ranks));
   out.steps.resize(static_cast<std::size_t>(plan.ranks));
@@ -117,6 +125,7 @@ Result train(const Plan& plan) {
       ddp.zero_grad();
       const StepEnd& end = run.end_step();
       if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
+      if (rank == 0 && end.checkpoint_skipped) out.skipped_steps.push_back(end.step);
       if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());
     }
     out.outcomes[static_cast<std::size_t>(rank)] = run.finish();
@@ -319,6 +328,99 @@ TEST_F(RunTest, ACompletedRunSummarizesItsSteps) {
   EXPECT_NE(json.find("\"status\": \"completed\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"steps\": 3"), std::string::npos) << json;
   EXPECT_NE(json.find("\"resumed_from_step\": 0"), std::string::npos) << json;
+}
+
+// The asynchronous checkpoint writer (the default; RunOptions::checkpoint_mode) under the Run.
+// A slow disk is a before_write hook that sleeps: writes stay in flight over later steps.
+io::CheckpointHooks slow_writes(std::chrono::milliseconds each, std::int64_t only_step = -1) {
+  return {.before_write = [each, only_step](std::int64_t step, const std::string&) {
+    if (only_step < 0 || step == only_step) std::this_thread::sleep_for(each);
+  }};
+}
+
+TEST_F(RunTest, AsyncCheckpointsResumeToTheSameModelAsSyncOnes) {
+  const Result whole = train({.options = {.steps = 9}});
+  std::vector<std::vector<float>> ends;
+  for (const io::CheckpointMode mode : {io::CheckpointMode::sync, io::CheckpointMode::async}) {
+    SCOPED_TRACE(mode == io::CheckpointMode::sync ? "sync" : "async");
+    std::filesystem::remove_all(ckpt_dir());
+    // Writes in flight over the next steps: the file must hold the state of its own step.
+    RunOptions o{.steps = 9, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 2, .checkpoint_mode = mode};
+    o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(30));
+    const Result stopped = train({.options = o, .stop_rank = 1, .stop_step = 5});
+    EXPECT_EQ(stopped.checkpoint_steps, (std::vector<std::int64_t>{2, 4, 5}));
+    EXPECT_EQ(step_of(ckpt()), 5);
+    o.resume = Resume::yes;
+    const Result resumed = train({.options = o});
+    EXPECT_EQ(resumed.first_step, 5);
+    EXPECT_EQ(resumed.params, whole.params) << "the resumed run ends other than the uninterrupted one";
+    ends.push_back(resumed.params);
+  }
+  EXPECT_EQ(ends[0], ends[1]);
+}
+
+TEST_F(RunTest, AFailedBackgroundWriteEndsTheRunNamingTheFileAndTheStep) {
+  // The disk fails while the checkpoint of step 4 is written in the background: the run ends
+  // with that error (rank 0 throws at its next end_step; the other ranks are ended, not left
+  // waiting in the step's allreduce until the 20 s timeout).
+  RunOptions o{.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 2};
+  o.checkpoint_hooks.before_write = [](std::int64_t step, const std::string&) {
+    if (step == 4) throw std::runtime_error("No space left on device (test)");
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    train({.options = o, .watchdog = true});
+    ADD_FAILURE() << "a failed background write went unnoticed";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("No space left on device (test)"), std::string::npos) << m;
+    EXPECT_NE(m.find(ckpt()), std::string::npos) << m;
+    EXPECT_NE(m.find("step 4"), std::string::npos) << m;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(step_of(ckpt()), 2);  // the last good one is left as it was
+  // A folder that cannot be made (under a regular file): the error names the file and the step.
+  std::ofstream(file("plain")) << "x";
+  o = {.steps = 3, .checkpoint_dir = (dir_ / "plain" / "ckpt").string(), .checkpoint_every = 2};
+  try {
+    train({.options = o, .watchdog = true});
+    ADD_FAILURE() << "a checkpoint folder under a regular file went unnoticed";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(o.checkpoint_dir + "/checkpoint.tckp"), std::string::npos) << m;
+    EXPECT_NE(m.find("step 2"), std::string::npos) << m;
+  }
+}
+
+TEST_F(RunTest, TheLastAndTheStopCheckpointAreNeverSkipped) {
+  // A checkpoint every step, each write slower than several steps, and skip when busy: most
+  // are skipped, but not the last step's nor a stop's, which are complete when the run ends.
+  RunOptions o{.steps = 8, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 1, .checkpoint_busy = io::WhenBusy::skip};
+  o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(300), 1);
+  const Result done = train({.options = o});
+  EXPECT_FALSE(done.skipped_steps.empty()) << "nothing was skipped: the test shows nothing";
+  EXPECT_EQ(std::count(done.skipped_steps.begin(), done.skipped_steps.end(), 8), 0);
+  EXPECT_EQ(step_of(ckpt()), 8);
+  std::filesystem::remove_all(ckpt_dir());
+  const Result stopped = train({.options = o, .stop_rank = 1, .stop_step = 4});
+  EXPECT_FALSE(stopped.skipped_steps.empty());
+  EXPECT_EQ(std::count(stopped.skipped_steps.begin(), stopped.skipped_steps.end(), 4), 0);
+  EXPECT_EQ(step_of(ckpt()), 4);
+  EXPECT_NE(stopped.outcomes[0].message.find("Checkpoint written to " + ckpt()), std::string::npos);
+}
+
+TEST_F(RunTest, TheDivergenceMessageNamesACheckpointWrittenCompletely) {
+  // Step 1's write is slow, steps 2-4's are skipped, step 5 diverges: the last good checkpoint
+  // is step 1's (on disk when finish() returns), not step 4's, which was never written.
+  RunOptions o{.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 1, .checkpoint_busy = io::WhenBusy::skip};
+  o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(500), 1);
+  const Result r = train({.options = o, .inf_step = 5});
+  ASSERT_EQ(r.outcomes[0].status, Outcome::Status::diverged);
+  EXPECT_FALSE(r.skipped_steps.empty()) << "nothing was skipped: the test shows nothing";
+  const std::int64_t on_disk = step_of(ckpt());
+  EXPECT_EQ(std::count(r.skipped_steps.begin(), r.skipped_steps.end(), on_disk), 0);
+  EXPECT_NE(r.outcomes[0].message.find(ckpt() + ", at step " + std::to_string(on_disk) + " with"), std::string::npos)
+      << r.outcomes[0].message << " (the file holds step " << on_disk << ")";
 }
 
 TEST(Summary, QuotesJsonAndReplacesBytesThatAreNotUtf8) {

@@ -38,8 +38,19 @@
 // The checkpoint is one file, <checkpoint_dir>/checkpoint.tckp (io/checkpoint.h: written
 // atomically, checked on reading), holding "model." and "optim." (whole tensors: it resumes at
 // any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss" and the
-// program's entries (State::add). Every rank reads it on resume; rank 0 writes it, after
-// every rank has gathered the state (collective).
+// program's entries (State::add). Every rank reads it on resume; rank 0 writes it with an
+// io::CheckpointWriter (io/checkpoint_writer.h) that the Run holds. At ZeRO stage 0 rank 0
+// alone takes the live tensors (DDP's *_state_views, not collective); under ZeRO every rank
+// gathers the whole tensors first (collective). RunOptions::checkpoint_mode async (the
+// default): the step is held only for the copy to host memory and a background thread writes
+// the file; a checkpoint due while the previous one is still being written waits for it or is
+// skipped (RunOptions::checkpoint_busy; StepEnd says which). The last step's checkpoint and a
+// stop's are never skipped: the Run waits for the write in flight, saves, and waits for this
+// one too, so that the file is complete when end_step() returns. A background write that
+// failed is thrown by rank 0's next end_step() (before the step's collective) or by finish():
+// tutti::Error naming the step and the file; the Job (or ThreadGroup) ends the other ranks.
+// The divergence message names the last checkpoint written completely, never one in flight
+// or skipped.
 //
 // Exit codes (Outcome::exit_code): 0 completed; 3 diverged and 75 (EX_TEMPFAIL, "run the same
 // command again") stopped, on rank 0 only, 0 on the others: mpirun drops the output of the
@@ -57,6 +68,7 @@
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
 #include "tutti/io/checkpoint.h"
+#include "tutti/io/checkpoint_writer.h"
 #include "tutti/train/summary.h"
 
 namespace tutti {
@@ -133,6 +145,15 @@ struct RunOptions {
   bool overwrite = false;
   // Also checkpoint after every N-th step (0: only after the last step and on a stop).
   std::int64_t checkpoint_every = 0;
+  // async: rank 0 copies the state to host memory and a background thread writes the file;
+  // sync: the step waits until the file is written (the examples' --checkpoint-mode).
+  io::CheckpointMode checkpoint_mode = io::CheckpointMode::async;
+  // Async: what a checkpoint every N steps does when the previous one is still being written:
+  // wait for it, or skip this one (never the last step's or a stop's). --checkpoint-busy. skip with
+  // sync: InvalidArgument.
+  io::WhenBusy checkpoint_busy = io::WhenBusy::wait;
+  // For tests and instrumentation: the writer's hooks (io::CheckpointHooks), on rank 0.
+  io::CheckpointHooks checkpoint_hooks{};
   // Strings stored in the checkpoint: the model's fingerprint ("model"), the program...
   io::Metadata metadata;
   // Keys of `metadata` a checkpoint must hold alike to be resumed ("... is for another model").
@@ -153,13 +174,19 @@ struct RunOptions {
 
 // What end_step() found.
 struct StepEnd {
-  std::int64_t step = 0;          // the steps done (this step's number, counting from 1)
-  double loss = 0;                // the step's mean loss over every rank (as add_loss() summed it)
-  bool diverged = false;          // the loss is not finite (and the loss scaler is off): the run ends
-  bool stop = false;              // some rank asked to stop: the run ends after this step
-  bool last = false;              // step == RunOptions::steps
-  bool checkpoint = false;        // a checkpoint of this step was written
-  double checkpoint_seconds = 0;  // how long writing it blocked this step
+  std::int64_t step = 0;  // the steps done (this step's number, counting from 1)
+  double loss = 0;        // the step's mean loss over every rank (as add_loss() summed it)
+  bool diverged = false;  // the loss is not finite (and the loss scaler is off): the run ends
+  bool stop = false;      // some rank asked to stop: the run ends after this step
+  bool last = false;      // step == RunOptions::steps
+  // A checkpoint of this step was due: written (sync), or its write started (async; complete
+  // at the latest when a later end_step() or finish() returns without throwing), or skipped.
+  bool checkpoint = false;
+  double checkpoint_seconds = 0;  // how long it held this step (gathering, waiting, copying, writing)
+  // Rank 0's writer (the other ranks: false, -1, 0):
+  bool checkpoint_skipped = false;         // skipped: the write of checkpoint_busy_step was in flight
+  std::int64_t checkpoint_busy_step = -1;  // the step whose write in flight made this one wait or skip (-1: none)
+  double checkpoint_waited_seconds = 0;    // of checkpoint_seconds, waiting for that write
 };
 
 struct Outcome {
@@ -203,7 +230,8 @@ class Run {
   void request_stop(int signal = 0);
   // COLLECTIVE, ends the step: the allreduce of the loss and the stop flag (one collective),
   // the divergence check, the checkpoint when one is due. Throws what a failed save threw
-  // (tutti::Error naming the step and the file; the other ranks are told by the Job).
+  // (tutti::Error naming the step and the file; the other ranks are told by the Job), and, on
+  // rank 0, the failure of a background write of an earlier checkpoint.
   const StepEnd& end_step();
   // COLLECTIVE, after next() returned false: a stopped run waits until every rank is there
   // (the checkpoint is written) and agrees on the signal and the rank that got it; writes the
@@ -218,6 +246,9 @@ class Run {
   bool completed() const;      // next() returned false with every step done (not stopped, not diverged)
   // The checkpoint's file ("" without a checkpoint_dir).
   const std::string& checkpoint_path() const;
+  // The step of the last checkpoint this run read or wrote completely (-1: none); on rank 0,
+  // a write in flight is not counted until it is complete.
+  std::int64_t checkpoint_written_step() const;
   // A note on the resume for the program's start-up line ("" when none), e.g. " (checkpoint
   // written in fp32: the loss scaler starts afresh)".
   const std::string& note() const;
