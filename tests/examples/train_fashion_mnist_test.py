@@ -33,7 +33,7 @@ WEIGHTS = {
     "test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages": 9,
     "test_resume_after_kill_9_is_bit_identical": 6, "test_bad_checkpoints_are_refused_and_the_good_one_stays": 10,
     "test_bad_flags_and_missing_data_fail_clearly": 13,  # a launch whose rank fails costs mpirun ~2 s
-    "test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical": 12,
+    "test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical": 20,
     "test_an_existing_checkpoint_needs_resume_or_overwrite": 10,
     "test_a_diverged_loss_ends_the_run_naming_the_step_and_the_last_good_checkpoint": 7,
     "test_sigterm_to_mpirun_checkpoints_within_its_kill_delay": 5, "test_ranks_with_different_data_fail_at_start": 3,
