@@ -22,8 +22,25 @@ import sys
 import time
 import unittest
 
+import sharding
+
 ARGS = None
 SUBSET = ["--train-subset", "4096", "--test-subset", "1000", "--batch-size", "64", "--quiet"]
+# Seconds each test takes (2 shared cores, ctest -j4), for sharding.shard (the rest: 1).
+WEIGHTS = {
+    "test_learns_and_writes_a_complete_summary": 2, "test_one_and_two_ranks_train_alike": 3,
+    "test_accumulation_trains_like_the_whole_batch": 3, "test_resume_is_bit_identical": 4,
+    "test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages": 9,
+    "test_resume_after_kill_9_is_bit_identical": 6, "test_bad_checkpoints_are_refused_and_the_good_one_stays": 10,
+    "test_bad_flags_and_missing_data_fail_clearly": 13,  # a launch whose rank fails costs mpirun ~2 s
+    "test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical": 20,
+    "test_an_existing_checkpoint_needs_resume_or_overwrite": 10,
+    "test_a_diverged_loss_ends_the_run_naming_the_step_and_the_last_good_checkpoint": 7,
+    "test_sigterm_to_mpirun_checkpoints_within_its_kill_delay": 5, "test_ranks_with_different_data_fail_at_start": 3,
+    "test_a_run_resumed_at_its_end_says_so": 3, "test_fp16_resumed_from_fp32_starts_at_the_default_loss_scale": 3,
+    "test_a_failed_save_ends_every_rank_with_its_cause": 2.5, "test_unwritable_json_fails_at_start": 2.5,
+    "test_skipped_steps_show_in_progress_lines": 2,
+}
 
 
 def run(ranks, *flags, check=True, timeout=300):
@@ -53,21 +70,31 @@ def ranks_of(mpirun_pid):
     return [int(x) for x in out.split()]
 
 
+FASHION_MNIST_DIR_ENV = "TUTTI_FASHION_MNIST_DIR"
+FULL_DATA_DIR = os.environ.get(FASHION_MNIST_DIR_ENV) or "/usr/share/datasets/fashion-mnist"
+
+
 def data_dir():
-    return os.environ.get("TUTTI_FASHION_MNIST_DIR") or "/usr/share/datasets/fashion-mnist"
+    return os.environ.get(FASHION_MNIST_DIR_ENV) or FULL_DATA_DIR
 
 
-def write_smaller_copy(dest, train_samples):
-    """A copy of Fashion-MNIST whose training set has only `train_samples` samples (a stale copy)."""
+def write_smaller_copy(dest, train_samples, test_samples=None, source=None):
+    """A copy of Fashion-MNIST (from `source`, the data set the trainer reads by default) whose
+    training set has only its first `train_samples` samples (a stale copy), and its test set the
+    first `test_samples` (all when None)."""
+    source = source or data_dir()
     os.makedirs(dest, exist_ok=True)
-    for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
-        with gzip.open(os.path.join(data_dir(), "train-%s.gz" % kind), "rb") as f:
-            data = f.read()
-        count = train_samples.to_bytes(4, "big")
-        row = (len(data) - header) // int.from_bytes(data[4:8], "big")
-        with gzip.open(os.path.join(dest, "train-%s.gz" % kind), "wb", compresslevel=1) as f:
-            f.write(data[:4] + count + data[8:header] + data[header:header + train_samples * row])
-        shutil.copy(os.path.join(data_dir(), "t10k-%s.gz" % kind), dest)
+    for split, samples in (("train", train_samples), ("t10k", test_samples)):
+        for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
+            name = "%s-%s.gz" % (split, kind)
+            if samples is None:
+                shutil.copy(os.path.join(source, name), dest)
+                continue
+            with gzip.open(os.path.join(source, name), "rb") as f:
+                data = f.read()
+            row = (len(data) - header) // int.from_bytes(data[4:8], "big")
+            with gzip.open(os.path.join(dest, name), "wb", compresslevel=1) as f:
+                f.write(data[:4] + samples.to_bytes(4, "big") + data[8:header] + data[header:header + samples * row])
 
 
 def read_bytes(path):
@@ -287,13 +314,14 @@ class WhenThingsGoWrong(Case):
 
     def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical(self):
         # Preemption: SIGTERM to one rank, SIGUSR1 to mpirun (which forwards it to every rank).
-        # 600 steps: the signal is sent once step 10's checkpoint exists, and 200 steps (0.3 s
-        # here) could end before a test process starved by others running beside it sent it.
-        run(2, *SUBSET, "--max-steps", "600", "--epochs", "13", "--json", self.path("whole.json"))
+        # 800 steps (13 epochs): the signal is sent once step 10's checkpoint exists, and 200
+        # steps (0.3 s here) could end before a test process starved by others running beside it
+        # sent it; 600 ended once under ctest -j4 before mpirun forwarded SIGUSR1.
+        run(2, *SUBSET, "--max-steps", "800", "--epochs", "13", "--json", self.path("whole.json"))
         whole = summary(self.path("whole.json"))
         for name, target, sig in (("rank", "rank", signal.SIGTERM), ("usr1", "mpirun", signal.SIGUSR1)):
-            stopped_at = self.stop(name, target, sig, "600")
-            run(2, *SUBSET, "--max-steps", "600", "--epochs", "13", "--checkpoint-dir", self.path(name),
+            stopped_at = self.stop(name, target, sig, "800")
+            run(2, *SUBSET, "--max-steps", "800", "--epochs", "13", "--checkpoint-dir", self.path(name),
                 "--checkpoint-every", "10", "--resume", "auto", "--json", self.path(name + ".json"))
             resumed = summary(self.path(name + ".json"))
             self.assertEqual(resumed["resumed_from_step"], stopped_at, name)
@@ -439,9 +467,15 @@ if __name__ == "__main__":
     parser.add_argument("suites", nargs="*", default=["TrainFashionMnist", "WhenThingsGoWrong"])
     ARGS = parser.parse_args()
     os.makedirs(ARGS.workdir, exist_ok=True)
-    index, count = (int(v) for v in ARGS.shard.split("/"))
+    # Every run trains on at most the first 8192 samples and tests on the first 1000: the
+    # trainer reads them from a copy that holds only those (bit for bit the same samples: the
+    # standardization is a constant), not the whole set of 60,000, which each rank of each of
+    # the ~70 runs would decompress and convert (most of a short run's time).
+    small = os.path.join(ARGS.workdir, "data-" + ARGS.shard.replace("/", "-of-"))
+    write_smaller_copy(small, 8192, 1000)
+    os.environ[FASHION_MNIST_DIR_ENV] = small
     tests = [t for s in unittest.defaultTestLoader.loadTestsFromNames(ARGS.suites, sys.modules[__name__]) for t in s]
-    shard = unittest.TestSuite(t for i, t in enumerate(tests) if i % count == index)
+    shard = sharding.shard(tests, ARGS.shard, WEIGHTS)
     if shard.countTestCases() == 0:
         sys.exit(f"shard {ARGS.shard} of {ARGS.suites} has no tests")
     sys.exit(0 if unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful() else 1)

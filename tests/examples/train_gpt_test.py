@@ -16,10 +16,19 @@ import sys
 import time
 import unittest
 
+import sharding
+
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks", "peers"))
 import gpt_data  # noqa: E402
+
+# Seconds each test takes (2 shared cores, ctest -j4), for sharding.shard (the rest: 1).
+WEIGHTS = {
+    "test_fp32_follows_the_cpu": 8, "test_one_two_and_four_ranks_train_alike": 6,
+    "test_zero_stages_and_resume_across_them": 6, "test_resume_is_bit_identical": 4,
+    "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 3,
+}
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
         "--warmup-steps", "2", "--eval-every", "3", "--val-tokens", "256", "--sample-tokens", "16", "--quiet"]
@@ -245,6 +254,13 @@ if __name__ == "__main__":
     parser.add_argument("--emu-binary", default="")
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--workdir", required=True)
-    ARGS, rest = parser.parse_known_args()
+    parser.add_argument("--shard", default="0/1",
+                        help="I/N: the I-th of N shards of about equal length (ctest runs them side by side)")
+    parser.add_argument("tests", nargs="*", default=["TrainGpt", "TrainGptOnEmulatedGpu"])
+    ARGS = parser.parse_args()
     os.makedirs(ARGS.workdir, exist_ok=True)
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    tests = [t for s in unittest.defaultTestLoader.loadTestsFromNames(ARGS.tests, sys.modules[__name__]) for t in s]
+    shard = sharding.shard(tests, ARGS.shard, WEIGHTS)
+    if shard.countTestCases() == 0:
+        sys.exit(f"shard {ARGS.shard} of {ARGS.tests} has no tests")
+    sys.exit(0 if unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful() else 1)

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import unittest
 
+from train_fashion_mnist_test import FASHION_MNIST_DIR_ENV, write_smaller_copy
+
 ARGS = None
 SUBSET = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--max-steps", "12", "--quiet"]
 
@@ -71,6 +73,11 @@ def main():
     parser.add_argument("--mpiexec", required=True)
     parser.add_argument("--workdir", required=True)
     ARGS, rest = parser.parse_known_args()
+    # The runs read a copy of Fashion-MNIST with only the samples they use (as
+    # train_fashion_mnist_test.py does), not the whole set that each rank would decompress.
+    small = os.path.join(ARGS.workdir, "data")
+    write_smaller_copy(small, 2048, 512)
+    os.environ[FASHION_MNIST_DIR_ENV] = small
     unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
 
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gpu_runtime.h"
 #include "tutti/core/tensor.h"
 
 namespace tutti::testing {
@@ -90,6 +91,13 @@ inline std::vector<double> numeric_gradient(const Tensor& x, const std::function
     grad[static_cast<std::size_t>(i)] = (plus - minus) / (2 * h);
   }
   return grad;
+}
+
+// True where the CUDA twins run on the emulated device (kernels_*_test_emu: CPU fibers, with the
+// hazard detector checking every access), where a few tests take smaller shapes that still go
+// through every code path of the kernel.
+inline bool on_emulated_device() {
+  return ::tutti::cuda_available() && ::tutti::gpu::device_name(0).find("emulated") != std::string::npos;
 }
 
 // Skips the calling test when no GPU is visible, with a message that says so.
