@@ -134,22 +134,7 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
   TUTTI_CHECK_ARG(!path.empty(), "save_checkpoint: empty path");
   // Every entry checked before anything is copied or any file touched.
   const detail::FilePlan plan = detail::plan_checkpoint(state, metadata, "save_checkpoint");
-  // Host copies of the GPU tensors (the CPU ones are written from where they are).
-  std::vector<Tensor> host;
-  host.reserve(state.size());
-  for (const auto& [name, t] : state) {
-    if (t.device().is_cpu()) {
-      host.push_back(t);
-    } else {
-      Stream stream = Stream::default_for(t.device());
-      host.push_back(t.to(Device::cpu(), stream));
-      stream.synchronize();
-    }
-  }
-  std::vector<const void*> data;
-  data.reserve(host.size());
-  for (const Tensor& t : host) data.push_back(t.nbytes() == 0 ? nullptr : t.data());
-  detail::write_checkpoint_file(path, plan, data);
+  detail::write_checkpoint_file(path, plan, detail::host_data(state).data);
 }
 
 // ---- load ----------------------------------------------------------------------------------

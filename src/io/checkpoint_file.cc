@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "tutti/core/stream.h"
+
 namespace tutti::io::detail {
 
 static_assert(std::endian::native == std::endian::little,
@@ -223,6 +225,23 @@ void write_checkpoint_file(const std::string& path, const FilePlan& plan, const 
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) throw_errno("open (directory, to fsync the rename)", dir.string(), errno);
   if (::fsync(dfd.get()) != 0) throw_errno("fsync (directory, after the rename)", dir.string(), errno);
+}
+
+HostData host_data(const StateDict& state) {
+  HostData out;
+  out.tensors.reserve(state.size());
+  for (const auto& [name, t] : state) {
+    if (t.device().is_cpu()) {
+      out.tensors.push_back(t);
+    } else {
+      Stream stream = Stream::default_for(t.device());
+      out.tensors.push_back(t.to(Device::cpu(), stream));
+      stream.synchronize();
+    }
+  }
+  out.data.reserve(out.tensors.size());
+  for (const Tensor& t : out.tensors) out.data.push_back(t.nbytes() == 0 ? nullptr : t.data());
+  return out;
 }
 
 }  // namespace tutti::io::detail

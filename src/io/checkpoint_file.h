@@ -62,6 +62,16 @@ struct FilePlan {
 // encodes the header. Reads only names, shapes and dtypes: the tensors may be on any device.
 FilePlan plan_checkpoint(const StateDict& state, const Metadata& metadata, const char* call);
 
+// The state's bytes in host memory, in the StateDict's order, for write_checkpoint_file: CPU
+// tensors from where they are, GPU ones copied (synchronously, on their device's default
+// stream). `tensors` keeps the copies alive while `data` points into them (nullptr for an
+// empty tensor).
+struct HostData {
+  std::vector<Tensor> tensors;
+  std::vector<const void*> data;
+};
+HostData host_data(const StateDict& state);
+
 // Writes the file atomically (header, data[i] for plan.nbytes[i] bytes at plan.offsets[i],
 // zero padding, trailer crc), as the format's header describes; data[i] is host memory.
 // Throws BackendError naming the call, the file and errno; on failure the temporary is

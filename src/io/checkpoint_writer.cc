@@ -171,25 +171,11 @@ SaveResult CheckpointWriter::Impl::save_sync(const std::string& path, std::int64
   r.step = step;
   r.file_bytes = plan.file_size;
   auto t0 = std::chrono::steady_clock::now();
-  // As save_checkpoint: the CPU tensors are written from where they are, GPU ones copied.
-  std::vector<Tensor> host;
-  host.reserve(state.size());
-  for (const auto& [name, t] : state) {
-    if (t.device().is_cpu()) {
-      host.push_back(t);
-    } else {
-      Stream s = Stream::default_for(t.device());
-      host.push_back(t.to(Device::cpu(), s));
-      s.synchronize();
-    }
-  }
-  std::vector<const void*> data;
-  data.reserve(host.size());
-  for (const Tensor& t : host) data.push_back(t.data());
+  const detail::HostData host = detail::host_data(state);  // as save_checkpoint
   r.copy_s = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   if (options.hooks.before_write) options.hooks.before_write(step, path);
-  detail::write_checkpoint_file(path, plan, data);
+  detail::write_checkpoint_file(path, plan, host.data);
   r.write_s = seconds_since(t0);
   last_written.store(step, std::memory_order_release);
   r.started = true;
