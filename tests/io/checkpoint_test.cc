@@ -18,54 +18,17 @@
 #include <random>
 #include <thread>
 
+#include "io/io_test_util.h"
+
 namespace tutti::io {
 namespace {
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<unsigned char>;
+using namespace tutti::testing;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tutti_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
-
-Bytes read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return Bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 void write_file(const std::string& path, const Bytes& b) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
-// A tensor of random bit patterns (NaN payloads, infinities, denormals and all).
-Tensor random_bits(Shape shape, DType dtype, std::uint32_t seed) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  std::mt19937 rng(seed);
-  auto* p = static_cast<unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<unsigned char>(rng());
-  return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
 StateDict sample_state(std::uint32_t seed, std::int64_t big_rows = 64) {

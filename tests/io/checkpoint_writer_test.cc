@@ -16,44 +16,13 @@
 #include <random>
 #include <thread>
 
+#include "io/io_test_util.h"
+
 namespace tutti::io {
 namespace {
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<unsigned char>;
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("tutti_ckpt_writer_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
-
-Bytes read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return Bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
-
-Tensor random_bits(Shape shape, DType dtype, std::uint32_t seed) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  std::mt19937 rng(seed);
-  auto* p = static_cast<unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<unsigned char>(rng());
-  return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
+using namespace tutti::testing;
 
 StateDict sample_state(std::uint32_t seed) {
   StateDict s;
