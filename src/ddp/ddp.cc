@@ -456,8 +456,7 @@ StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimi
     const Tensor full = gather_full(optimizer.flat_state(k));
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
-      const std::string key = mine[i]->name.empty() ? "param" + std::to_string(i) : mine[i]->name;
-      out[key + "." + names[k]] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+      out[optimizer.key_of(i) + "." + names[k]] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
     }
   }
   model_.stream().synchronize();
@@ -488,8 +487,7 @@ StateDict DistributedDataParallel::optimizer_state_views(optim::Optimizer& optim
   for (std::size_t k = 0; k < names.size(); ++k) {
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
-      const std::string key = mine[i]->name.empty() ? "param" + std::to_string(i) : mine[i]->name;
-      out[key + "." + names[k]] = optimizer.flat_state(k).view(e.offset, e.shape);
+      out[optimizer.key_of(i) + "." + names[k]] = optimizer.flat_state(k).view(e.offset, e.shape);
     }
   }
   return out;

@@ -147,6 +147,8 @@ class Optimizer {
   // holds (for a shard, its part of every tensor).
   StateDict state_dict();
   void load_state_dict(const StateDict& state);
+  // The "<param name>" of parameters()[i] in those keys ("param<i>" for a nameless one).
+  std::string key_of(std::size_t i) const;
   // The step count alone (what load_state_dict sets from "step").
   void set_steps(std::int64_t steps);
 
@@ -172,7 +174,6 @@ class Optimizer {
     std::int64_t begin = 0, end = 0;
     float weight_decay = 0;
   };
-  std::string key_of(std::size_t i) const;
   void ensure_per_parameter_state();
   // Copies the state of parameter i (whole tensors, CPU or device) into the current storage
   // where it holds the parameter (all of it, or its part within the spans).
