@@ -75,3 +75,10 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, std::size_t sen
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, std::size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream);
+// Point to point. Between ncclGroupStart and ncclGroupEnd they are only collected; ncclGroupEnd
+// queues those of each stream as one operation that posts all of them before waiting for any
+// (so a rank may send to and receive from its peers in one group, and to itself).
+ncclResult_t ncclSend(const void* sendbuff, std::size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t ncclRecv(void* recvbuff, std::size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -162,6 +163,47 @@ void complete(CommState& c, MPI_Request& request, int mpi_result, const char* wh
   }
 }
 
+// A send or receive of ncclSend/ncclRecv, collected while a group is open.
+struct P2p {
+  bool send;
+  void* buffer;
+  int bytes;
+  int peer;
+  std::shared_ptr<CommState> comm;
+  std::shared_ptr<Stream> stream;
+};
+
+thread_local int group_depth = 0;     // ncclGroupStart minus ncclGroupEnd on this thread
+thread_local std::vector<P2p> group;  // what the open group collected
+
+constexpr int kTagP2p = 7;
+
+// Posts every transfer, then waits for each: a send never waits for a receive of its group.
+void run_p2p(const std::vector<P2p>& ops) {
+  std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+  std::vector<int> results(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2p& o = ops[i];
+    results[i] = o.send ? MPI_Isend(o.buffer, o.bytes, MPI_BYTE, o.peer, kTagP2p, o.comm->mpi, &requests[i])
+                        : MPI_Irecv(o.buffer, o.bytes, MPI_BYTE, o.peer, kTagP2p, o.comm->mpi, &requests[i]);
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    complete(*ops[i].comm, requests[i], results[i], ops[i].send ? "ncclSend" : "ncclRecv");
+  }
+}
+
+// Queues `ops` as one operation per stream.
+void launch_p2p(std::vector<P2p> ops) {
+  while (!ops.empty()) {
+    const std::shared_ptr<Stream> stream = ops.front().stream;
+    std::vector<P2p> mine;
+    std::vector<P2p> rest;
+    for (P2p& o : ops) (o.stream == stream ? mine : rest).push_back(std::move(o));
+    enqueue(stream, [mine = std::move(mine)] { run_p2p(mine); });
+    ops = std::move(rest);
+  }
+}
+
 ncclResult_t check_call(ncclComm_t comm, ncclDataType_t type, cudaStream_t stream, std::shared_ptr<Stream>& s) {
   if (comm == nullptr || !comm->state) return ncclInvalidArgument;
   if (size_of(type) == 0) return ncclInvalidArgument;
@@ -284,8 +326,20 @@ ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclGroupStart() { return ncclSuccess; }
-ncclResult_t ncclGroupEnd() { return ncclSuccess; }
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth == 0 && !group.empty()) {
+    std::vector<P2p> ops = std::move(group);
+    group.clear();
+    launch_p2p(std::move(ops));
+  }
+  return ncclSuccess;
+}
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, std::size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
@@ -364,4 +418,32 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, std::size_t cou
     complete(*c, request, rc, "ncclBroadcast");
   });
   return ncclSuccess;
+}
+
+namespace {
+ncclResult_t point_to_point(bool send, const void* buffer, std::size_t count, ncclDataType_t datatype, int peer,
+                            ncclComm_t comm, cudaStream_t stream) {
+  std::shared_ptr<Stream> s;
+  if (const ncclResult_t r = check_call(comm, datatype, stream, s); r != ncclSuccess) return r;
+  if (peer < 0 || peer >= comm->state->size) return ncclInvalidArgument;
+  const std::size_t bytes = count * size_of(datatype);
+  if (bytes > static_cast<std::size_t>(INT_MAX)) return ncclInvalidArgument;
+  P2p op{send, const_cast<void*>(buffer), static_cast<int>(bytes), peer, comm->state, std::move(s)};
+  if (group_depth > 0) {
+    group.push_back(std::move(op));
+  } else {
+    launch_p2p({std::move(op)});
+  }
+  return ncclSuccess;
+}
+}  // namespace
+
+ncclResult_t ncclSend(const void* sendbuff, std::size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return point_to_point(true, sendbuff, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, std::size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return point_to_point(false, recvbuff, count, datatype, peer, comm, stream);
 }

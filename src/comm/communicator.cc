@@ -34,6 +34,7 @@ std::string_view name_of(CollectiveKind kind) {
     case CollectiveKind::allgather: return "allgather";
     case CollectiveKind::broadcast: return "broadcast";
     case CollectiveKind::barrier: return "barrier";
+    case CollectiveKind::sendrecv: return "sendrecv";
   }
   return "?";
 }
@@ -53,12 +54,15 @@ std::string bytes_str(double bytes) {
   return buf;
 }
 
-// What every rank must agree on (the label may differ).
-std::string describe(std::uint64_t seq, CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root) {
+// What every rank must agree on (the label may differ), and sendrecv's peers where known
+// (they differ per rank; a fingerprint does not carry them).
+std::string describe(std::uint64_t seq, CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root,
+                     int send_to = -1, int recv_from = -1) {
   std::ostringstream s;
   s << '#' << seq << ' ' << name_of(kind);
   if (kind == CollectiveKind::allreduce || kind == CollectiveKind::reduce_scatter) s << '(' << name_of(op) << ')';
   if (kind == CollectiveKind::broadcast) s << "(root " << root << ')';
+  if (kind == CollectiveKind::sendrecv && send_to >= 0) s << "(to " << send_to << ", from " << recv_from << ')';
   if (kind != CollectiveKind::barrier) {
     s << ' ' << count << " x " << name_of(dtype) << " ("
       << bytes_str(static_cast<double>(count) * static_cast<double>(size_of(dtype))) << ')';
@@ -80,7 +84,7 @@ std::optional<double> env_double(const char* name) {
 }  // namespace
 
 std::string CollectiveInfo::str() const {
-  std::string s = describe(seq, kind, op, dtype, count, root);
+  std::string s = describe(seq, kind, op, dtype, count, root, send_to, recv_from);
   if (!label.empty()) s += " issued by '" + label + "'";
   return s;
 }
@@ -132,6 +136,9 @@ std::string collective_args(const CollectiveInfo& info, std::string_view backend
   std::string args = "\"seq\":" + std::to_string(info.seq) + ",\"kind\":\"" + std::string(name_of(info.kind)) + "\"";
   if (info.kind == CollectiveKind::allreduce || info.kind == CollectiveKind::reduce_scatter) {
     args += ",\"op\":\"" + std::string(name_of(info.op)) + "\"";
+  }
+  if (info.kind == CollectiveKind::sendrecv) {
+    args += ",\"send_to\":" + std::to_string(info.send_to) + ",\"recv_from\":" + std::to_string(info.recv_from);
   }
   args += ",\"count\":" + std::to_string(info.count) + ",\"dtype\":\"" + std::string(name_of(info.dtype)) +
           "\",\"bytes\":" + std::to_string(bytes) + ",\"backend\":\"" + std::string(backend) + "\"";
@@ -261,7 +268,7 @@ bool same(const Fingerprint& a, const Fingerprint& b) {
 }
 
 std::string describe(const Fingerprint& f) {
-  if (f.kind < 0 || f.kind > static_cast<int>(CollectiveKind::barrier) || f.dtype < 0 ||
+  if (f.kind < 0 || f.kind > static_cast<int>(CollectiveKind::sendrecv) || f.dtype < 0 ||
       f.dtype > static_cast<int>(DType::i64) || f.op < 0 || f.op > static_cast<int>(ReduceOp::min)) {
     return "an unknown collective";
   }
@@ -291,7 +298,8 @@ std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size) {
   const auto n = static_cast<std::size_t>(std::max<std::int64_t>(info.count, 0));
   switch (info.kind) {
     case CollectiveKind::allreduce:
-    case CollectiveKind::broadcast: return n * es;
+    case CollectiveKind::broadcast:
+    case CollectiveKind::sendrecv: return n * es;
     case CollectiveKind::reduce_scatter:
     case CollectiveKind::allgather: return n * es * static_cast<std::size_t>(std::max(world_size, 1));
     case CollectiveKind::barrier: return 0;
@@ -343,6 +351,7 @@ Work Communicator::do_reduce_scatter(Collective) { unsupported("reduce_scatter")
 Work Communicator::do_allgather(Collective) { unsupported("allgather"); }
 Work Communicator::do_broadcast(Collective) { unsupported("broadcast"); }
 Work Communicator::do_barrier(Collective) { unsupported("barrier"); }
+Work Communicator::do_sendrecv(Collective) { unsupported("sendrecv"); }
 void Communicator::check_device(Device, const CollectiveInfo&) const {}
 
 CollectiveInfo Communicator::make_info(CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root,
@@ -447,6 +456,34 @@ Work Communicator::broadcast(const Tensor& input, const Tensor& output, int root
 Work Communicator::barrier(const CallOptions& call) {
   CollectiveInfo info = make_info(CollectiveKind::barrier, ReduceOp::sum, DType::f32, 0, -1, call);
   return issue(make_collective(std::move(info), Tensor(), Tensor(), call), &Communicator::do_barrier);
+}
+
+// The peers are checked here as far as one rank can; that they form a permutation is the
+// backend's to find (the thread backend sees every rank's call; mpi and nccl hang until the
+// deadline). The fingerprint leaves them out (root stays -1), so ranks agree on kind, count
+// and dtype only.
+Work Communicator::sendrecv(const Tensor& input, const Tensor& output, int send_to, int recv_from,
+                            const CallOptions& call) {
+  CollectiveInfo info = make_info(CollectiveKind::sendrecv, ReduceOp::sum, output.dtype(), output.numel(), -1, call);
+  info.send_to = send_to;
+  info.recv_from = recv_from;
+  TUTTI_CHECK_ARG(send_to >= 0 && send_to < size_, "sendrecv: send_to ", send_to, " is not a rank of a world of ",
+                  size_);
+  TUTTI_CHECK_ARG(recv_from >= 0 && recv_from < size_, "sendrecv: recv_from ", recv_from,
+                  " is not a rank of a world of ", size_);
+  TUTTI_CHECK_ARG((send_to == rank_) == (recv_from == rank_), "sendrecv: rank ", rank_, " sends to rank ", send_to,
+                  " but receives from rank ", recv_from,
+                  " (a rank sends to itself exactly when it receives from itself)");
+  check_tensor("input", input, info);
+  check_tensor("output", output, info);
+  TUTTI_CHECK_ARG(input.numel() == output.numel(), "sendrecv: input ", input.str(), " and output ", output.str(),
+                  " differ in size");
+  const char* in = static_cast<const char*>(input.data());
+  const char* out = static_cast<const char*>(output.data());
+  const bool overlapping = input.nbytes() > 0 && in < out + output.nbytes() && out < in + input.nbytes();
+  TUTTI_CHECK_ARG(!overlapping, "sendrecv: input ", input.str(), " and output ", output.str(),
+                  " overlap (they must be distinct buffers)");
+  return issue(make_collective(std::move(info), input, output, call), &Communicator::do_sendrecv);
 }
 
 }  // namespace tutti

@@ -22,7 +22,7 @@
 // - f16, bf16 reductions: converted to fp32 in chunks of kHalfChunk elements, reduced in fp32
 //   (MPI_FLOAT), divided for avg, and rounded back once. Never summed as 16-bit integers. (A
 //   user-defined MPI_Op on halves would round at every hop of the reduction tree.)
-// - allgather and broadcast move bits and need no conversion.
+// - allgather, broadcast and sendrecv move bits and need no conversion.
 // - GPU tensors: staged through a pinned host buffer (device -> host after the caller's
 //   stream has produced the input, the CPU path, host -> device), on the thread's own stream.
 #include <algorithm>
@@ -296,6 +296,7 @@ class MpiBackend final : public Backend {
   Work do_allgather(Collective c) override { return enqueue(std::move(c)); }
   Work do_broadcast(Collective c) override { return enqueue(std::move(c)); }
   Work do_barrier(Collective c) override { return enqueue(std::move(c)); }
+  Work do_sendrecv(Collective c) override { return enqueue(std::move(c)); }
 
   void check_device(Device device, const CollectiveInfo& info) const override {
     if (device.is_cpu()) return;

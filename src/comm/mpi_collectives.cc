@@ -88,6 +88,7 @@ void Engine::run_host(const Communicator::Collective& c) {
     case CollectiveKind::allgather: return allgather(c.input, c.output);
     case CollectiveKind::broadcast: return broadcast(c.input, c.output, c.info.root);
     case CollectiveKind::barrier: TUTTI_MPI_CHECK(MPI_Barrier(comm)); return;
+    case CollectiveKind::sendrecv: return sendrecv(c.input, c.output, c.info);
   }
 }
 
@@ -180,6 +181,27 @@ void Engine::broadcast(const Tensor& in, const Tensor& out, int root) {
                               mpi_type(out.dtype()), root, comm));
     if (n == 0) break;
   }
+}
+
+// Moves bits, no conversion. The tag is the sequence number (mod the smallest tag bound MPI
+// guarantees), so that a message left unmatched by inconsistent peers cannot be taken by a
+// later sendrecv. A message shorter than the output (a count that differs below the agreement's
+// threshold) fails here; a longer one fails in MPI (MPI_ERR_TRUNCATE).
+void Engine::sendrecv(const Tensor& in, const Tensor& out, const CollectiveInfo& info) {
+  const int count = as_count(out.numel(), "sendrecv");
+  if (info.send_to == rank) {
+    std::memcpy(out.data(), in.data(), out.nbytes());
+    return;
+  }
+  const MPI_Datatype type = mpi_type(out.dtype());
+  const int tag = static_cast<int>(info.seq % 32768);
+  MPI_Status status;
+  TUTTI_MPI_CHECK(MPI_Sendrecv(in.data(), count, type, info.send_to, tag, out.data(), count, type, info.recv_from, tag,
+                               comm, &status));
+  int received = 0;
+  TUTTI_MPI_CHECK(MPI_Get_count(&status, type, &received));
+  TUTTI_CHECK_ARG(received == count, "sendrecv: rank ", rank, " received ", received, " elements from rank ",
+                  info.recv_from, " but expected ", count, " (every rank must pass the same count)");
 }
 
 // GPU tensors: one pinned host buffer holds host twins of input and output. Where the two

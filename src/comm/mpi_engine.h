@@ -100,6 +100,7 @@ struct Engine final : WorkRunner, Watched {
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op);
   void allgather(const Tensor& in, const Tensor& out);
   void broadcast(const Tensor& in, const Tensor& out, int root);
+  void sendrecv(const Tensor& in, const Tensor& out, const CollectiveInfo& info);
   std::exception_ptr broken_error();
   // The collective in progress missed its deadline and the job goes on (abort_on_timeout =
   // false): fail it and everything queued behind it and mark the communicator broken. Call

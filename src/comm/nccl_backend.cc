@@ -383,6 +383,20 @@ class NcclBackend final : public Backend {
       return ncclAllReduce(c.input.data(), c.output.data(), 1, ncclFloat32, ncclSum, comm, s);
     });
   }
+  // One NCCL group of a send and a receive (to itself too, which NCCL allows). UNVERIFIED on a
+  // real GPU so far: checked on the emulated device only (its ncclSend/ncclRecv over MPI).
+  Work do_sendrecv(Collective c) override {
+    return run(std::move(c), [](const Collective& c, ncclComm_t comm, cudaStream_t s) {
+      const auto n = static_cast<std::size_t>(c.output.numel());
+      const ncclDataType_t type = nccl_type(c.output.dtype());
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      r = ncclSend(c.input.data(), n, type, c.info.send_to, comm, s);
+      if (r == ncclSuccess) r = ncclRecv(c.output.data(), n, type, c.info.recv_from, comm, s);
+      const ncclResult_t end = ncclGroupEnd();  // always closes the group
+      return r != ncclSuccess ? r : end;
+    });
+  }
 
  private:
   template <typename Launch>

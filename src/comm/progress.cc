@@ -129,7 +129,7 @@ std::int64_t monotonic_ns() {
 
 std::string CommSnapshot::describe() const {
   if (info_seq == 0) return "none";
-  if (kind < 0 || kind > static_cast<int>(CollectiveKind::barrier) || dtype < 0 ||
+  if (kind < 0 || kind > static_cast<int>(CollectiveKind::sendrecv) || dtype < 0 ||
       dtype > static_cast<int>(DType::i64) || op < 0 || op > static_cast<int>(ReduceOp::min)) {
     std::string out = "#";  // (appended, not '"#" + ...': GCC 12 warns falsely on that)
     out += std::to_string(info_seq);

@@ -108,6 +108,12 @@ void ThreadGroup::Impl::execute(std::uint64_t seq, Pending& p) {
           "thread_group.cc", -1));
     }
   }
+  if (!mismatch && p.calls[0].info.kind == CollectiveKind::sendrecv) {
+    if (std::string why = detail::sendrecv_peers_mismatch(p.calls); !why.empty()) {
+      if (watched) return;  // as above: a real transport leaves a receive unmatched
+      mismatch = std::make_exception_ptr(InvalidArgument(why, "thread_group.cc", -1));
+    }
+  }
   std::vector<Tensor> inputs;
   for (const auto& c : p.calls) inputs.push_back(c.input);
   const CollectiveInfo& info = p.calls[0].info;
@@ -141,6 +147,11 @@ void ThreadGroup::Impl::execute(std::uint64_t seq, Pending& p) {
           break;
         }
         case CollectiveKind::barrier: break;
+        case CollectiveKind::sendrecv: {
+          const Tensor& src = inputs[static_cast<std::size_t>(p.calls[ri].info.recv_from)];
+          done.result.assign(static_cast<const char*>(src.data()), static_cast<const char*>(src.data()) + src.nbytes());
+          break;
+        }
       }
     }
     for (const CollectiveFault& f : faults) {
@@ -237,6 +248,7 @@ class ThreadCommunicator final : public Communicator {
   Work do_allgather(Collective c) override { return group_->submit(rank(), std::move(c)); }
   Work do_broadcast(Collective c) override { return group_->submit(rank(), std::move(c)); }
   Work do_barrier(Collective c) override { return group_->submit(rank(), std::move(c)); }
+  Work do_sendrecv(Collective c) override { return group_->submit(rank(), std::move(c)); }
 
  private:
   std::shared_ptr<ThreadGroup::Impl> group_;

@@ -103,6 +103,21 @@ inline std::string info_without_label(CollectiveInfo info) {
   return info.str();
 }
 
+// Every rank's sendrecv call (index = rank): "" when the peers form a permutation (rank r sends
+// to s exactly when s receives from r), else an error naming the first pair that disagrees.
+inline std::string sendrecv_peers_mismatch(const std::vector<Communicator::Collective>& calls) {
+  for (std::size_t r = 0; r < calls.size(); ++r) {
+    const int to = calls[r].info.send_to;
+    const int back = calls[static_cast<std::size_t>(to)].info.recv_from;
+    if (back == static_cast<int>(r)) continue;
+    return "sendrecv peers inconsistent: rank " + std::to_string(r) + " issued " + info_without_label(calls[r].info) +
+           " but rank " + std::to_string(to) + " issued " +
+           info_without_label(calls[static_cast<std::size_t>(to)].info) + " (rank r must send to s exactly when " +
+           "s receives from r)";
+  }
+  return "";
+}
+
 class RankWatch;
 
 }  // namespace detail

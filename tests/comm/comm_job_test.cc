@@ -289,6 +289,7 @@ TEST(CommErrors, BaseMethodsFailLoudlyWithTheBackendName) {
   expect_unsupported([&] { comm.allgather(x, x); }, "allgather");
   expect_unsupported([&] { comm.broadcast(x, 0); }, "broadcast");
   expect_unsupported([&] { comm.barrier(); }, "barrier");
+  expect_unsupported([&] { comm.sendrecv(x, Tensor::zeros({4}, DType::f32), 0, 0); }, "sendrecv");
 }
 
 // Halves are summed in fp32 and rounded once: 1 + (n-1) tiny values, each below half a unit

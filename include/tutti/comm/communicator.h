@@ -1,6 +1,7 @@
 // Communicator: the five collectives that data parallelism needs (allreduce, reduce_scatter,
-// allgather, broadcast, barrier), over Tensors, behind one interface whose backend is chosen
-// at run time (tutti::Job picks it; see job.h):
+// allgather, broadcast, barrier) and one point-to-point exchange (sendrecv, for replicating
+// state to another rank), over Tensors, behind one interface whose backend is chosen at run
+// time (tutti::Job picks it; see job.h):
 //
 //   "nccl"  GPU tensors, NCCL on a dedicated high-priority CUDA stream of the communicator.
 //   "mpi"   CPU tensors, MPI on a dedicated communication thread of the communicator; GPU
@@ -9,9 +10,10 @@
 //
 // Promises every backend keeps:
 // - Every collective is COLLECTIVE over the communicator: every rank must issue the same
-//   collectives, with the same counts, dtypes, ops and roots, in the same order. They are
-//   carried out in the order they are issued, identically on every rank. Issue them from one
-//   thread (or order the issuing threads yourself).
+//   collectives, with the same counts, dtypes, ops and roots, in the same order (sendrecv's
+//   peers differ per rank: see there). They are carried out in the order they are issued,
+//   identically on every rank. Issue them from one thread (or order the issuing threads
+//   yourself).
 // - Every collective is ASYNCHRONOUS: the call returns at once with a Work handle and never
 //   blocks on other ranks (debug mode on the nccl backend is the one exception, see
 //   CommOptions::debug). The tensors must stay unchanged (inputs) and unread (outputs) until
@@ -25,9 +27,10 @@
 // - Counts or dtypes that differ between ranks never make a backend write past a buffer: the
 //   mpi backend agrees on every collective that can move more than 1 KiB in one message
 //   before moving its data (one small allreduce; a mismatch fails the collective on every rank
-//   with an InvalidArgument naming both), and smaller ones travel as MPI eager messages, whose
-//   size MPI checks (MPI_ERR_TRUNCATE, or the deadline when the ranks wait for each other).
-//   NCCL writes each rank's output within its own count. Debug mode agrees on every collective.
+//   with an InvalidArgument naming both; sendrecv's peers are not part of it), and smaller
+//   ones travel as MPI eager messages, whose size MPI checks (MPI_ERR_TRUNCATE, or the
+//   deadline when the ranks wait for each other). NCCL writes each rank's output within its
+//   own count. Debug mode agrees on every collective.
 //   LIMIT: below 1 KiB, without debug mode, calls that differ only in what their bytes mean
 //   are NOT detected: 10 x f32 on one rank and 10 x i32 on another (40 B each) complete with
 //   meaningless values and no error (the check would cost a round trip on every small
@@ -56,7 +59,7 @@ namespace tutti {
 enum class ReduceOp : std::uint8_t { sum, avg, max, min };
 std::string_view name_of(ReduceOp op);
 
-enum class CollectiveKind : std::uint8_t { allreduce, reduce_scatter, allgather, broadcast, barrier };
+enum class CollectiveKind : std::uint8_t { allreduce, reduce_scatter, allgather, broadcast, barrier, sendrecv };
 std::string_view name_of(CollectiveKind kind);
 
 // What a collective is; carried into its Work, its error messages and its timeout report.
@@ -66,9 +69,14 @@ struct CollectiveInfo {
   ReduceOp op = ReduceOp::sum;  // allreduce and reduce_scatter only
   DType dtype = DType::f32;
   // Elements per rank that every rank must agree on: the tensor's for allreduce and
-  // broadcast, the output's for reduce_scatter, the input's for allgather, 0 for barrier.
+  // broadcast, the output's for reduce_scatter, the input's for allgather and sendrecv (input
+  // and output have it), 0 for barrier.
   std::int64_t count = 0;
-  int root = -1;      // broadcast only
+  int root = -1;  // broadcast only
+  // sendrecv only (else -1): this rank's peers. They differ per rank, so unlike the fields
+  // above they are not compared across ranks (not in the agreement nor in debug mode).
+  int send_to = -1;
+  int recv_from = -1;
   std::string label;  // who issued it ("ddp bucket 3"); may be empty
   // When it was issued (steady clock, ns) while a trace was recording (trace::on()), else 0:
   // the backends then record its span (docs/observability.md).
@@ -189,6 +197,19 @@ class Communicator {
   // Collective. Completes when every rank has issued it (and everything issued before it
   // has completed on this rank).
   Work barrier(const CallOptions& call = {});
+  // Collective: every rank calls it (at the same point of its sequence), with an input and an
+  // output of the same dtype and count, the same on every rank. Each rank sends `input` to rank
+  // `send_to` and receives into `output` the input of rank `recv_from`. The peers must form a
+  // permutation: rank r sends to s exactly when s receives from r (a ring rotation, pairwise
+  // swaps, or a rank exchanging with itself: send_to == recv_from == rank() copies input to
+  // output). input and output must not overlap. Checked at the call (InvalidArgument): peers
+  // are ranks of the communicator, and send_to == rank() exactly when recv_from == rank().
+  // Checked across ranks like any collective: the kind, count and dtype (agreed on above 1 KiB,
+  // or always in debug mode; below, mpi fails the rank that receives a message of another
+  // size). NOT checked across ranks on mpi and nccl: that the peers form a permutation;
+  // inconsistent peers leave a receive unmatched, and the deadline ends the job (a ThreadGroup
+  // without watchdogs fails every rank's Work with InvalidArgument instead).
+  Work sendrecv(const Tensor& input, const Tensor& output, int send_to, int recv_from, const CallOptions& call = {});
 
   // For backends: one validated collective as they get it: its info (seq is the next sequence
   // number), its tensors (undefined where the collective has none; for broadcast off the
@@ -212,6 +233,7 @@ class Communicator {
   virtual Work do_allgather(Collective c);
   virtual Work do_broadcast(Collective c);
   virtual Work do_barrier(Collective c);
+  virtual Work do_sendrecv(Collective c);
   // Throws BackendError unless the backend serves tensors on `device`; the default accepts all.
   virtual void check_device(Device device, const CollectiveInfo& info) const;
   [[noreturn]] void unsupported(std::string_view what) const;

@@ -18,7 +18,8 @@
 // written, and its Work completed, at that rank's completion time (at once, or as a fault
 // says). A Work that is waited on longer than the communicator's timeout fails with
 // TimeoutError naming the ranks that never issued the collective. Ranks that issue different
-// collectives at one sequence number all fail with InvalidArgument naming both.
+// collectives at one sequence number all fail with InvalidArgument naming both, as do ranks
+// whose sendrecv peers do not form a permutation (which the real backends do not check).
 //
 // With ThreadGroupOptions::watchdog, each rank gets instead what a Job gives a rank under
 // mpirun: a watchdog (the same code), a slot on a progress board, and a control channel to the
