@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+
 namespace example {
 
 void add_run_flags(CLI::App& app, RunFlags& f) {
@@ -40,6 +42,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "(never the last one or a stop's)")
       ->check(CLI::IsMember({"wait", "skip"}))
       ->capture_default_str();
+  app.add_option("--snapshot-every", f.snapshot_every,
+                 "also keep the state in the nodes' memory (and, with --zero, a buddy's copy on another node) every "
+                 "N steps: a resume after a lost node takes it when newer than the checkpoint file (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
@@ -62,10 +70,26 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.checkpoint_every = f.checkpoint_every;
   o.checkpoint_mode = f.checkpoint_mode == "sync" ? tutti::io::CheckpointMode::sync : tutti::io::CheckpointMode::async;
   o.checkpoint_busy = f.checkpoint_busy == "skip" ? tutti::io::WhenBusy::skip : tutti::io::WhenBusy::wait;
+  o.snapshot_every = f.snapshot_every;
+  o.snapshot_dir = f.snapshot_dir;
   o.precision = f.precision;
   o.stream = stream;
   o.summary = &summary;
   return o;
+}
+
+std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int nodes) {
+  if (f.snapshot_every <= 0) return "";
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "memory snapshots: every %lld steps, %.1f MiB per node (at most; twice that while one "
+                "replaces the last) in %s%s",
+                static_cast<long long>(f.snapshot_every),
+                static_cast<double>(run.snapshot_bytes_per_node()) / (1 << 20), run.snapshot_dir().c_str(),
+                nodes < 2    ? ": one node, so they outlive the processes, not the node"
+                : f.zero > 0 ? ", each rank's part also on a buddy node"
+                             : ", one copy per node");
+  return text;
 }
 
 }  // namespace example

@@ -27,6 +27,8 @@ struct RunFlags {
   bool overwrite = false;
   std::string checkpoint_mode = "async";  // "async" or "sync"
   std::string checkpoint_busy = "wait";   // "wait" or "skip"
+  std::int64_t snapshot_every = 0;        // memory snapshots (0: none)
+  std::string snapshot_dir;               // node-local folder ("": /dev/shm)
   std::string json;
   bool quiet = false;
   double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags
@@ -40,5 +42,9 @@ void add_run_flags(CLI::App& app, RunFlags& f);
 // `summary`: where the run's summary goes (made from --json before the Job).
 tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,
                                      tutti::train::Summary& summary);
+
+// The start-up line on memory snapshots ("" when off): how often, the memory per node, where,
+// and what they survive (`nodes`: the job's).
+std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int nodes);
 
 }  // namespace example

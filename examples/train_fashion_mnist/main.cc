@@ -212,6 +212,8 @@ int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char*
         f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
         run.resumed() ? (" | resumed at step " + std::to_string(run.first_step())).c_str() : "", run.note().c_str(),
         device.is_cpu() && !spec.flat_input ? (" | conv " + tutti::kernels::cpu_blas_info().conv).c_str() : "");
+    const std::string snapshots = example::snapshot_line(f, run, job.node_count());
+    if (!snapshots.empty()) std::printf("train_fashion_mnist: %s\n", snapshots.c_str());
     std::fflush(stdout);
   }
 

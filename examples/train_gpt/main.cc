@@ -218,14 +218,16 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
         "train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
         "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
-        "%lld steps%s\n",
+        "%lld steps%s%s\n",
         world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), config.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
         std::string(tutti::name_of(policy.comm)).c_str(), f.zero, static_cast<long long>(f.batch_size),
         static_cast<long long>(f.seq_len), static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr,
         f.min_lr, static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
         static_cast<long long>(f.steps),
-        run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "");
+        run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "", run.note().c_str());
+    const std::string snapshots = example::snapshot_line(f, run, job.node_count());
+    if (!snapshots.empty()) std::printf("train_gpt: %s\n", snapshots.c_str());
     std::fflush(stdout);
   }
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").

@@ -45,25 +45,56 @@ std::uint32_t get_u32_le(const unsigned char* p) {
   return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
 }
 
-// Reads exactly n bytes; `offset` is where the read starts, for the truncation message.
-void read_all(int fd, void* data, std::size_t n, const std::string& path, std::uint64_t offset,
-              std::uint64_t expected_size) {
-  auto* p = static_cast<unsigned char*>(data);
-  std::uint64_t at = offset;
-  while (n > 0) {
-    const ssize_t r = ::read(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("read", path, errno);
+// Where a checkpoint is read from: a file (sequentially) or bytes in memory. read() takes exactly
+// n bytes at `offset` (where the previous read ended), else throws the truncation message.
+class Source {
+ public:
+  virtual ~Source() = default;
+  virtual void read(void* data, std::size_t n, std::uint64_t offset, std::uint64_t expected_size) = 0;
+};
+
+class FileSource final : public Source {
+ public:
+  FileSource(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  void read(void* data, std::size_t n, std::uint64_t offset, std::uint64_t expected_size) override {
+    auto* p = static_cast<unsigned char*>(data);
+    std::uint64_t at = offset;
+    while (n > 0) {
+      const ssize_t r = ::read(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw_errno("read", path_, errno);
+      }
+      if (r == 0) {
+        TUTTI_THROW(InvalidArgument, "checkpoint '", path_, "' is truncated at byte ", at, " of ", expected_size);
+      }
+      p += r;
+      at += static_cast<std::uint64_t>(r);
+      n -= static_cast<std::size_t>(r);
     }
-    if (r == 0) {
-      TUTTI_THROW(InvalidArgument, "checkpoint '", path, "' is truncated at byte ", at, " of ", expected_size);
-    }
-    p += r;
-    at += static_cast<std::uint64_t>(r);
-    n -= static_cast<std::size_t>(r);
   }
-}
+
+ private:
+  int fd_;
+  const std::string& path_;
+};
+
+class MemorySource final : public Source {
+ public:
+  MemorySource(const unsigned char* bytes, std::uint64_t size, const std::string& name)
+      : bytes_(bytes), size_(size), name_(name) {}
+  void read(void* data, std::size_t n, std::uint64_t offset, std::uint64_t expected_size) override {
+    if (offset > size_ || n > size_ - offset) {
+      TUTTI_THROW(InvalidArgument, "checkpoint '", name_, "' is truncated at byte ", size_, " of ", expected_size);
+    }
+    if (n > 0) std::memcpy(data, bytes_ + offset, n);
+  }
+
+ private:
+  const unsigned char* bytes_;
+  std::uint64_t size_;
+  const std::string& name_;
+};
 
 // Bounds-checked reading of the header's variable part.
 class HeaderCursor {
@@ -139,22 +170,15 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
 
 // ---- load ----------------------------------------------------------------------------------
 
-Checkpoint load_checkpoint(const std::string& path) {
-  ErrorContext context("loading checkpoint '" + path + "'");
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) TUTTI_THROW(InvalidArgument, "checkpoint '", path, "' does not exist");
-    throw_errno("open", path, errno);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", path, errno);
-  TUTTI_CHECK_ARG(S_ISREG(st.st_mode), "checkpoint '", path, "' is not a regular file");
-  const std::uint64_t actual_size = static_cast<std::uint64_t>(st.st_size);
+namespace {
 
+// The reading half: `actual_size` bytes from `source`; `path` names them in messages. With
+// metadata_only, returns once the header is verified (no tensors).
+Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std::string& path, bool metadata_only) {
   // Fixed header: magic, version, sizes.
   std::vector<unsigned char> header(kFixedHeaderBytes);
   const std::size_t fixed_available = static_cast<std::size_t>(std::min<std::uint64_t>(actual_size, kFixedHeaderBytes));
-  read_all(fd.get(), header.data(), fixed_available, path, 0, actual_size);
+  source.read(header.data(), fixed_available, 0, actual_size);
   const std::size_t magic_available = std::min<std::size_t>(fixed_available, 8);
   TUTTI_CHECK_ARG(std::memcmp(header.data(), kMagic, magic_available) == 0, "'", path,
                   "' is not a tutti checkpoint (it does not start with \"TUTTICKP\")");
@@ -176,8 +200,7 @@ Checkpoint load_checkpoint(const std::string& path) {
                 " does not fit in the file's ", actual_size, " bytes");
   }
   header.resize(static_cast<std::size_t>(header_size));
-  read_all(fd.get(), header.data() + kFixedHeaderBytes, header_size - kFixedHeaderBytes, path, kFixedHeaderBytes,
-           actual_size);
+  source.read(header.data() + kFixedHeaderBytes, header_size - kFixedHeaderBytes, kFixedHeaderBytes, actual_size);
   const std::uint32_t computed_header_crc = header_crc(header.data(), header.size());
   TUTTI_CHECK_ARG(stored_header_crc == computed_header_crc, "checkpoint '", path,
                   "' is corrupt: header checksum mismatch: stored ", hex32(stored_header_crc), " != computed ",
@@ -194,6 +217,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     std::string key = cur.str("a metadata key");
     out.metadata[key] = cur.str("a metadata value");
   }
+  if (metadata_only) return out;
   std::vector<Entry> entries;
   std::uint64_t data_end = header_size;
   const std::uint64_t data_limit = file_size - kTrailerBytes;
@@ -232,7 +256,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   auto read_gap = [&](std::uint64_t to) {
     while (at < to) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(to - at, skip.size()));
-      read_all(fd.get(), skip.data(), n, path, at, file_size);
+      source.read(skip.data(), n, at, file_size);
       crc = crc_update(crc, skip.data(), n);
       at += n;
     }
@@ -240,20 +264,47 @@ Checkpoint load_checkpoint(const std::string& path) {
   for (const Entry& e : entries) {
     read_gap(e.offset);
     Tensor t = Tensor::empty(e.shape, e.dtype);
-    read_all(fd.get(), t.data(), e.nbytes, path, at, file_size);
+    source.read(t.data(), e.nbytes, at, file_size);
     crc = crc_update(crc, t.data(), e.nbytes);
     at += e.nbytes;
     out.state[e.name] = std::move(t);
   }
   read_gap(data_limit);
   unsigned char trailer[kTrailerBytes];
-  read_all(fd.get(), trailer, kTrailerBytes, path, at, file_size);
+  source.read(trailer, kTrailerBytes, at, file_size);
   const std::uint32_t stored_crc = get_u32_le(trailer);
   TUTTI_CHECK_ARG(stored_crc == crc, "checkpoint '", path, "' is corrupt: checksum mismatch: stored ",
                   hex32(stored_crc), " != computed ", hex32(crc));
   TUTTI_CHECK_ARG(out.state.size() == entries.size(), "checkpoint '", path, "' is corrupt: it names an entry twice");
   return out;
 }
+
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& path) { return detail::load_checkpoint_file(path, false); }
+
+namespace detail {
+
+Checkpoint load_checkpoint_file(const std::string& path, bool metadata_only) {
+  ErrorContext context("loading checkpoint '" + path + "'");
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) TUTTI_THROW(InvalidArgument, "checkpoint '", path, "' does not exist");
+    throw_errno("open", path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", path, errno);
+  TUTTI_CHECK_ARG(S_ISREG(st.st_mode), "checkpoint '", path, "' is not a regular file");
+  FileSource source(fd.get(), path);
+  return parse_checkpoint(source, static_cast<std::uint64_t>(st.st_size), path, metadata_only);
+}
+
+Checkpoint parse_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name) {
+  MemorySource source(static_cast<const unsigned char*>(bytes), size, name);
+  return parse_checkpoint(source, size, name, false);
+}
+
+}  // namespace detail
 
 // ---- compatibility checks ---------------------------------------------------------------
 

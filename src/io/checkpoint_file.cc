@@ -184,34 +184,19 @@ FilePlan plan_checkpoint(const StateDict& state, const Metadata& metadata, const
 
 // ---- write ---------------------------------------------------------------------------------
 
-void write_checkpoint_file(const std::string& path, const FilePlan& plan, const std::vector<const void*>& data) {
-  TUTTI_CHECK(data.size() == plan.nbytes.size(), "write_checkpoint_file: ", data.size(), " buffers for ",
-              plan.nbytes.size(), " entries");
-  // Write the temporary file; on any failure remove it and leave `path` untouched. Killed
-  // saves' temporaries go first, so that their space is free for this one.
+namespace {
+
+// Writes a temporary file with `fill` (which writes to the descriptor), fsyncs it and renames it
+// over `path`, then fsyncs the directory. On failure the temporary is removed and `path` left.
+template <class Fill>
+void write_atomically(const std::string& path, Fill fill) {
+  // Killed saves' temporaries go first, so that their space is free for this one.
   remove_stale_temporaries(path);
   const std::string tmp = path + pid_suffix();
   try {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) throw_errno("open", tmp, errno);
-    std::uint32_t crc = crc_update(0, plan.header.data(), plan.header.size());
-    write_all(fd.get(), plan.header.data(), plan.header.size(), tmp);
-    static const unsigned char kZeros[kAlign] = {};
-    std::uint64_t written = plan.header.size();
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      const auto n = static_cast<std::size_t>(plan.nbytes[i]);
-      crc = crc_update(crc, data[i], n);
-      write_all(fd.get(), data[i], n, tmp);
-      written += n;
-      const std::uint64_t next = i + 1 < data.size() ? plan.offsets[i + 1] : plan.file_size - kTrailerBytes;
-      const std::size_t pad = static_cast<std::size_t>(next - written);
-      crc = crc_update(crc, kZeros, pad);
-      write_all(fd.get(), kZeros, pad, tmp);
-      written = next;
-    }
-    std::vector<unsigned char> trailer;
-    put_u32(trailer, crc);
-    write_all(fd.get(), trailer.data(), trailer.size(), tmp);
+    fill(fd.get(), tmp);
     if (::fsync(fd.get()) != 0) throw_errno("fsync", tmp, errno);
     fd.close_checked(tmp);
     if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename", tmp + "' -> '" + path, errno);
@@ -225,6 +210,53 @@ void write_checkpoint_file(const std::string& path, const FilePlan& plan, const 
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) throw_errno("open (directory, to fsync the rename)", dir.string(), errno);
   if (::fsync(dfd.get()) != 0) throw_errno("fsync (directory, after the rename)", dir.string(), errno);
+}
+
+// The file's pieces in order, each as (pointer, bytes): header, data and padding, trailer.
+template <class Put>
+void put_file(const FilePlan& plan, const std::vector<const void*>& data, Put put) {
+  TUTTI_CHECK(data.size() == plan.nbytes.size(), "checkpoint file: ", data.size(), " buffers for ", plan.nbytes.size(),
+              " entries");
+  static const unsigned char kZeros[kAlign] = {};
+  std::uint32_t crc = crc_update(0, plan.header.data(), plan.header.size());
+  put(plan.header.data(), plan.header.size());
+  std::uint64_t written = plan.header.size();
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto n = static_cast<std::size_t>(plan.nbytes[i]);
+    crc = crc_update(crc, data[i], n);
+    put(data[i], n);
+    written += n;
+    const std::uint64_t next = i + 1 < data.size() ? plan.offsets[i + 1] : plan.file_size - kTrailerBytes;
+    const std::size_t pad = static_cast<std::size_t>(next - written);
+    crc = crc_update(crc, kZeros, pad);
+    put(kZeros, pad);
+    written = next;
+  }
+  std::vector<unsigned char> trailer;
+  put_u32(trailer, crc);
+  put(trailer.data(), trailer.size());
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const FilePlan& plan, const std::vector<const void*>& data) {
+  write_atomically(path, [&](int fd, const std::string& tmp) {
+    put_file(plan, data, [&](const void* p, std::size_t n) { write_all(fd, p, n, tmp); });
+  });
+}
+
+std::vector<unsigned char> encode_checkpoint(const FilePlan& plan, const std::vector<const void*>& data) {
+  std::vector<unsigned char> out;
+  out.reserve(static_cast<std::size_t>(plan.file_size));
+  put_file(plan, data, [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    if (n > 0) out.insert(out.end(), b, b + n);
+  });
+  return out;
+}
+
+void write_file_atomically(const std::string& path, const void* bytes, std::size_t n) {
+  write_atomically(path, [&](int fd, const std::string& tmp) { write_all(fd, bytes, n, tmp); });
 }
 
 HostData host_data(const StateDict& state) {

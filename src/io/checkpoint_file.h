@@ -78,4 +78,18 @@ HostData host_data(const StateDict& state);
 // removed and `path` is left as it was. Touches no tensor: safe on any thread.
 void write_checkpoint_file(const std::string& path, const FilePlan& plan, const std::vector<const void*>& data);
 
+// The same file's bytes in memory (what write_checkpoint_file would write), for a copy that
+// goes elsewhere first (train::Run's memory snapshots go to a buddy rank).
+std::vector<unsigned char> encode_checkpoint(const FilePlan& plan, const std::vector<const void*>& data);
+// Writes `n` bytes to `path` as write_checkpoint_file writes a file: temporary, fsync, atomic
+// rename, directory fsync; the same errors.
+void write_file_atomically(const std::string& path, const void* bytes, std::size_t n);
+
+// The reading half (checkpoint.cc). load_checkpoint_file is io::load_checkpoint; with
+// metadata_only it verifies the sizes and the header's crc and returns the metadata alone (no
+// tensors, no data read). parse_checkpoint_bytes reads a file's bytes from memory, with every
+// check load_checkpoint makes; `name` names them in messages.
+Checkpoint load_checkpoint_file(const std::string& path, bool metadata_only);
+Checkpoint parse_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name);
+
 }  // namespace tutti::io::detail

@@ -2,8 +2,10 @@
 // writes one (write_checkpoint), with its once-a-step hook (check_background_work).
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 
+#include "io/checkpoint_file.h"
 #include "train/run_impl.h"
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/core/error.h"
@@ -13,18 +15,11 @@
 #include "tutti/optim/optimizer.h"
 
 namespace tutti::train {
-namespace {
-
-constexpr const char* kStep = "train.step";
-constexpr const char* kLastLoss = "train.last_loss";
-
 io::Metadata metadata_of(const RunOptions& o) {
   io::Metadata m = o.metadata;
   if (!o.precision.empty()) m["precision"] = o.precision;
   return m;
 }
-
-}  // namespace
 
 void Run::Impl::resume_from_checkpoint() {
   const bool exists = !path.empty() && std::filesystem::exists(path);
@@ -32,23 +27,71 @@ void Run::Impl::resume_from_checkpoint() {
     check_same("whether " + path + " exists (every rank reads the checkpoint: is --checkpoint-dir shared?)",
                exists ? "yes" : "no");
   }
-  TUTTI_CHECK_ARG(options.resume != Resume::yes || exists, "--resume: no checkpoint at ", path,
-                  " (--resume auto starts afresh when there is none)");
   TUTTI_CHECK_ARG(options.resume != Resume::no || !exists || options.overwrite, "a checkpoint exists at ", path,
                   ": pass --resume to continue it (or --resume auto), or --overwrite to start afresh and replace it");
-  if (options.resume == Resume::no || !exists) return;
+  // Memory snapshots of this run (its id is in the checkpoint folder), when at least as new
+  // as the file: the survivors of a lost node hold every part between them.
+  const std::string run_id = options.snapshot_every > 0 ? read_run_id() : "";
+  std::optional<io::Checkpoint> memory;
+  std::string memory_note;
+  if (options.resume != Resume::no && !run_id.empty()) {
+    snapshots = make_snapshots(run_id);
+    const detail::SnapshotFound found = snapshots->find();
+    std::int64_t disk_step = -1;
+    if (exists) {
+      const io::Metadata md = io::detail::load_checkpoint_file(path, true).metadata;
+      const auto it = md.find(kStep);
+      disk_step = it != md.end() ? std::stoll(it->second) : get_int_scalar(io::load_checkpoint(path).state, kStep);
+    }
+    const std::string problems = found.problems.empty() ? "" : "; not used: " + found.problems;
+    if (found.step >= 0 && found.step >= disk_step) {
+      memory = snapshots->fetch(found);
+      int buddies = 0;
+      for (const bool b : found.from_buddy) buddies += b ? 1 : 0;
+      memory_note = " from memory (" + snapshots->dir() + ", step " + std::to_string(found.step) + ": " +
+                    std::to_string(found.parts) + " part(s), " + std::to_string(buddies) + " of them a buddy's copy; " +
+                    (exists ? "the checkpoint file is at step " + std::to_string(disk_step) : "no checkpoint file") +
+                    problems + ")";
+    } else if (found.newest_seen > disk_step) {
+      memory_note = " (memory snapshots reach step " + std::to_string(found.newest_seen) +
+                    " but some part of every one of them is lost (a node and its buddy, or no buddy): " +
+                    (exists ? "the checkpoint file at step " + std::to_string(disk_step) + " is used, " +
+                                  std::to_string(found.newest_seen - disk_step) + " step(s) lost"
+                            : "no checkpoint file: starting afresh") +
+                    problems + ")";
+    } else if (!problems.empty()) {
+      memory_note = " (memory snapshots" + problems + ")";
+    }
+  }
+  TUTTI_CHECK_ARG(options.resume != Resume::yes || exists || memory, "--resume: no checkpoint at ", path,
+                  " (--resume auto starts afresh when there is none)");
+  if (options.resume == Resume::no || (!exists && !memory)) {
+    if (options.snapshot_every > 0) snapshots = make_snapshots(new_run_id(run_id));
+    note = memory_note;
+    return;
+  }
+  from_memory = memory.has_value();
+  if (from_memory) {
+    load_state(*memory, snapshots->dir());
+    memory.reset();
+  } else {
+    load_state(io::load_checkpoint(path), path);
+  }
+  note = memory_note + note;
+  if (options.snapshot_every > 0 && !snapshots) snapshots = make_snapshots(run_id.empty() ? new_run_id("") : run_id);
+}
 
-  const io::Checkpoint ckpt = io::load_checkpoint(path);
+void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source) {
   for (const std::string& key : options.must_match) {
     const auto mine = options.metadata.find(key);
-    if (mine != options.metadata.end()) io::check_metadata(ckpt, key, mine->second, path);
+    if (mine != options.metadata.end()) io::check_metadata(ckpt, key, mine->second, source);
   }
   // Whole tensors by name, whatever the number of ranks and the ZeRO stage that wrote them.
   ddp::DistributedDataParallel& ddp = *state.ddp;
   const StateDict model_state = io::strip_prefix(ckpt.state, "model.");
   StateDict expected = ddp.module().extra_state();
   for (const nn::Parameter* p : ddp.module().parameters()) expected[p->name] = Tensor::empty(p->shape(), DType::f32);
-  io::check_state_matches(model_state, expected, path);
+  io::check_state_matches(model_state, expected, source);
   ddp.load_model_state_dict(model_state);
   ddp.load_optimizer_state_dict(*state.optimizer, io::strip_prefix(ckpt.state, "optim."));
   // The loss scaler's state belongs to the precision it was saved with: an fp32 run's (off,
@@ -99,6 +142,8 @@ void Run::Impl::write_checkpoint(bool must) {
     io::add_prefixed(all, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
     io::add_prefixed(all, "model.", model_state);
     io::add_prefixed(all, "optim.", optim_state);
+    io::Metadata metadata = metadata_of(options);
+    metadata[kStep] = std::to_string(step);  // read alone on a resume, to compare with memory snapshots
     if (must) {
       // The last step's checkpoint or a stop's: never skipped, and complete on return.
       const auto t0 = std::chrono::steady_clock::now();
@@ -106,13 +151,13 @@ void Run::Impl::write_checkpoint(bool must) {
       writer->finish();
       note_written();
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r = writer->save(path, step, all, metadata_of(options), ddp.module().stream());
+      r = writer->save(path, step, all, metadata, ddp.module().stream());
       writer->finish();
       r.busy_step = busy;
       r.waited_s += waited;
     } else {
       note_written();
-      r = writer->save(path, step, all, metadata_of(options), ddp.module().stream());
+      r = writer->save(path, step, all, metadata, ddp.module().stream());
       note_written();  // the write this one waited for
     }
   } catch (const Error& e) {

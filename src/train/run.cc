@@ -52,7 +52,8 @@ std::string describe(const RunOptions& o) {
   std::ostringstream s;
   s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
     << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
-    << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy);
+    << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy)
+    << ", snapshot every " << o.snapshot_every << " in '" << o.snapshot_dir << "'";
   return s.str();
 }
 
@@ -94,6 +95,7 @@ Run::Run(Job& job, State state, RunOptions options)
   m.world = job.world_size();
   m.check_same = [&job](std::string_view what, std::string_view value) { job.check_same(what, value); };
   m.signal = [&job] { return job.stop_signal(); };
+  m.hostname = job.hostname();
   m.start();
 }
 
@@ -123,9 +125,18 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.checkpoint_busy == io::WhenBusy::wait || options.checkpoint_mode == io::CheckpointMode::async,
                   "train::Run: RunOptions::checkpoint_busy skip needs checkpoint_mode async (--checkpoint-busy skip "
                   "needs --checkpoint-mode async)");
+  TUTTI_CHECK_ARG(options.snapshot_every >= 0, "train::Run: RunOptions::snapshot_every must be >= 0, got ",
+                  options.snapshot_every);
+  TUTTI_CHECK_ARG(options.snapshot_every == 0 || !options.checkpoint_dir.empty(),
+                  "--snapshot-every needs --checkpoint-dir (the run id, and the file the snapshots fall back on)");
+  TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
+                  "train::Run: RunOptions::snapshot_nodes names ", options.snapshot_nodes.size(), " nodes for ", world,
+                  " ranks");
   check_same("the run's options (train::RunOptions)", describe(options));
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
+  if (options.snapshot_every > 0) nodes = snapshot_nodes();
   resume_from_checkpoint();
+  if (snapshots) start_snapshots();
   first_step = step;
   if (rank == 0 && !path.empty()) {
     writer = std::make_unique<io::CheckpointWriter>(io::CheckpointWriterOptions{
@@ -137,6 +148,7 @@ void Run::Impl::start() {
   sync = Tensor::zeros({2}, DType::f32, device);
   if (options.summary) {
     options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
+    if (resumed) options.summary->set("resumed_from", from_memory ? "memory" : "checkpoint file");
     options.summary->set_step(step, loss);
   }
 }
@@ -221,6 +233,13 @@ const StepEnd& Run::end_step() {
       m.saved_loss = m.loss;
     }
   }
+  // A memory snapshot (not of the last step or a stop's: the checkpoint file has those).
+  if (m.snapshots && m.step % m.options.snapshot_every == 0 && !m.end.last && !stop) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.write_snapshot();
+    m.end.snapshot = true;
+    m.end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   if (m.end.last) {
     m.phase = Phase::completed;
   } else if (stop) {
@@ -293,6 +312,9 @@ Outcome Run::finish() {
   } else {
     if (m.options.summary) m.options.summary->completed();
   }
+  // The checkpoint file holds the end (or, diverged, the last good state): the run's memory is
+  // free again.
+  if (m.snapshots) m.snapshots->remove_folder();
   m.phase = Phase::finished;
   return out;
 }
@@ -306,5 +328,8 @@ bool Run::completed() const { return impl_->phase == Phase::completed; }
 const std::string& Run::checkpoint_path() const { return impl_->path; }
 std::int64_t Run::checkpoint_written_step() const { return impl_->saved_step; }
 const std::string& Run::note() const { return impl_->note; }
+bool Run::resumed_from_memory() const { return impl_->from_memory; }
+const std::string& Run::snapshot_dir() const { return impl_->snapshot_folder; }
+std::uint64_t Run::snapshot_bytes_per_node() const { return impl_->snapshot_node_bytes; }
 
 }  // namespace tutti::train

@@ -9,12 +9,18 @@
 #include <string>
 #include <string_view>
 
+#include "train/snapshots.h"
 #include "tutti/comm/communicator.h"
 #include "tutti/core/tensor.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/train/run.h"
 
 namespace tutti::train {
+
+inline constexpr const char* kStep = "train.step";
+inline constexpr const char* kLastLoss = "train.last_loss";
+// The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
+io::Metadata metadata_of(const RunOptions& options);
 
 struct Run::Impl {
   // What the Run needs of a Job, so that ranks as threads (no Job) run the same code.
@@ -24,6 +30,7 @@ struct Run::Impl {
   int world = 1;
   std::function<void(std::string_view what, std::string_view value)> check_same;
   std::function<int()> signal;  // the stop signal this process got (0: none)
+  std::string hostname;         // with a Job: this rank's host (the snapshots' nodes)
 
   State state;
   RunOptions options;
@@ -40,6 +47,13 @@ struct Run::Impl {
 
   std::unique_ptr<io::CheckpointWriter> writer;  // rank 0, with a checkpoint_dir
 
+  // Memory snapshots (RunOptions::snapshot_every).
+  std::unique_ptr<detail::MemorySnapshots> snapshots;
+  std::uint64_t snapshot_node_bytes = 0;
+  bool from_memory = false;
+  std::string snapshot_folder;
+  std::vector<int> nodes;  // per rank: its node (snapshot_nodes())
+
   enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
   Phase phase = Phase::between;
   bool loss_added = false;
@@ -55,6 +69,20 @@ struct Run::Impl {
   void start();
   // checkpointing.cc
   void resume_from_checkpoint();
+  // The loading half of a resume: every part of `state` from a checkpoint (the file's, or one
+  // assembled from memory snapshots), `source` naming it in errors.
+  void load_state(const io::Checkpoint& ckpt, const std::string& source);
+  // snapshots.cc's seams: the nodes of the ranks, the run id (<checkpoint_dir>/run-id; a new
+  // one when the run starts afresh), this run's snapshots, the state as parts, and one write.
+  std::vector<int> snapshot_nodes() const;
+  std::string node_dir() const;
+  std::string read_run_id() const;
+  std::string new_run_id(const std::string& old);
+  std::unique_ptr<detail::MemorySnapshots> make_snapshots(const std::string& run_id) const;
+  StateDict snapshot_part() const;
+  // After the resume: the free-space check (COLLECTIVE), the figures for the start-up line.
+  void start_snapshots();
+  void write_snapshot();
   // THE place a checkpoint is written: COLLECTIVE under ZeRO (every rank gathers the whole
   // tensors), rank 0 saves with `writer`. `must`: the last step's or a stop's (never skipped,
   // complete on return). Fills end's checkpoint fields.

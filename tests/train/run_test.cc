@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include "train/train_program.h"
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/comm/thread_group.h"
 #include "tutti/data/loader.h"
@@ -34,112 +35,9 @@
 namespace tutti::train {
 namespace {
 
-constexpr std::int64_t kIn = 12, kClasses = 5, kSamples = 96;
-
-// 96 samples of 12 features, 5 classes: the same on every rank.
-data::Dataset dataset() {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> x(kSamples * kIn);
-  for (float& v : x) v = normal(rng);
-  std::vector<std::int64_t> y(kSamples);
-  for (auto& v : y) v = static_cast<std::int64_t>(rng() % kClasses);
-  return {Tensor::from_floats(x, {kSamples, kIn}), Tensor::from_ints(y, {kSamples}, DType::i32)};
-}
-
-struct Plan {
-  int ranks = 2;
-  int zero = 0;
-  RunOptions options;
-  int stop_rank = -1;          // this rank calls request_stop(SIGTERM) ...
-  std::int64_t stop_step = 0;  // ... within this step (1-based)
-  std::int64_t inf_step = 0;   // rank 0 adds an inf loss in this step (0: never)
-  std::string summary;         // the JSON summary's path ("": none)
-  bool figures = false;        // every step, 2 figures of the program's own ride in the allreduce
-  bool watchdog = false;       // the ranks are watched as a Job's: a rank that throws ends the others
-};
-
-struct Result {
-  std::vector<float> params;                   // rank 0's whole parameters at the end
-  std::vector<Outcome> outcomes;               // per rank
-  std::vector<std::int64_t> steps;             // per rank: steps done
-  std::vector<std::int64_t> checkpoint_steps;  // rank 0: the steps end_step() wrote a checkpoint at
-  std::vector<std::int64_t> skipped_steps;     // rank 0: ... whose checkpoint was skipped (a write in flight)
-  std::int64_t first_step = -1;
-  bool resumed = false;
-  std::vector<std::vector<float>> figures;  // rank 0: the figures after each step's allreduce
-};
-
-// The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
-// a DistributedLoader (its position too), 2 accumulation steps, under a train::Run.
-Result train(const Plan& plan) {
-  kernels::set_cpu_threads(1);
-  ThreadGroupOptions group_options;
-  group_options.comm.timeout = std::chrono::seconds(20);
-  group_options.watchdog = plan.watchdog;
-  ThreadGroup group(plan.ranks, group_options);
-  Result out;
-  out.outcomes.resize(static_cast<std::size_t>(plan.ranks));
-  out.steps.resize(static_cast<std::size_t>(plan.ranks));
-  group.run([&](int rank) {
-    Communicator& comm = group.communicator(rank);
-    Summary summary(plan.summary);
-    nn::Sequential model;
-    model.add<nn::Linear>(kIn, 16).add<nn::ReLU>().add<nn::Linear>(16, kClasses);
-    model.init(rank == 0 ? 11 : 99);  // rank 0's values reach everyone
-    ddp::DdpOptions o;
-    o.accumulation_steps = 2;
-    o.zero_stage = plan.zero;
-    ddp::DistributedDataParallel ddp(comm, model, o);
-    optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});
-    ddp.attach(optimizer);
-    amp::LossScaler scaler(amp::LossScalerOptions{.mode = amp::ScalerMode::off});
-    data::DistributedLoader loader(dataset(),
-                                   {.global_micro_batch_size = 12, .rank = rank, .world_size = plan.ranks, .seed = 3});
-    nn::CrossEntropyLoss loss;
-    const Tensor inf = Tensor::from_floats({std::numeric_limits<float>::infinity()}, {1});
-
-    RunOptions options = plan.options;
-    options.metadata["model"] = "mlp 12-16-5";
-    if (!plan.summary.empty()) options.summary = &summary;
-    Run run(comm, {ddp, optimizer, scaler, loader}, options);
-    if (rank == 0) {
-      out.first_step = run.first_step();
-      out.resumed = run.resumed();
-    }
-    while (run.next()) {
-      // This rank's figures (rank, step), on every other step only: the tensor changes size.
-      Tensor figures = run.sync_slots(plan.figures && run.step() % 2 == 0 ? 2 : 0);
-      if (figures.defined()) {
-        figures.copy_from(Tensor::from_floats({static_cast<float>(rank), static_cast<float>(run.step())}, {2}));
-      }
-      for (int micro = 0; micro < 2; ++micro) {
-        const data::Batch b = loader.next();
-        loss.forward(ddp.forward(b.images), b.labels);
-        ddp.backward(loss.grad());
-        run.add_loss(loss.loss(), 0.5f);
-      }
-      if (rank == 0 && run.step() + 1 == plan.inf_step) run.add_loss(inf);
-      if (rank == plan.stop_rank && run.step() + 1 == plan.stop_step) run.request_stop(SIGTERM);
-      optimizer.step();
-      ddp.zero_grad();
-      const StepEnd& end = run.end_step();
-      if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
-      if (rank == 0 && end.checkpoint_skipped) out.skipped_steps.push_back(end.step);
-      if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());
-    }
-    out.outcomes[static_cast<std::size_t>(rank)] = run.finish();
-    out.steps[static_cast<std::size_t>(rank)] = run.step();
-    const StateDict state = ddp.model_state_dict();
-    if (rank == 0) {
-      for (const nn::Parameter* p : model.parameters()) {
-        const std::vector<float> v = state.at(p->name).to_floats();
-        out.params.insert(out.params.end(), v.begin(), v.end());
-      }
-    }
-  });
-  return out;
-}
+using testing::Plan;
+using testing::Result;
+using testing::train;
 
 class RunTest : public ::testing::Test {
  protected:

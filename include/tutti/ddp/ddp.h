@@ -49,6 +49,7 @@
 // and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -91,6 +92,16 @@ struct DdpMemory {
   std::int64_t communication = 0;    // staging in the wire dtype, ZeRO-2's pool
   std::int64_t total() const { return parameters + master_weights + gradients + optimizer_state + communication; }
 };
+
+// A part of a whole state tensor, as one rank holds it: elements [begin, begin + part.numel())
+// of the tensor of shape `shape`, flattened in row-major order (train::Run's memory snapshots,
+// which every rank writes alone).
+struct StatePart {
+  Tensor part;  // 1-D, contiguous: a view of a live buffer on its device, or a small CPU tensor
+  std::int64_t begin = 0;
+  Shape shape;  // the whole tensor's
+};
+using StateParts = std::map<std::string, StatePart>;
 
 class DistributedDataParallel {
  public:
@@ -159,6 +170,16 @@ class DistributedDataParallel {
   // InvalidArgument (under ZeRO the *_state_dict functions gather the shards).
   StateDict model_state_views();
   StateDict optimizer_state_views(optim::Optimizer& optimizer);
+  // Not collective, no copy: this rank's parts of model_state_dict() and of
+  // optimizer_state_dict(optimizer), under the same names. Under ZeRO, the elements of its
+  // shard (views of the live fp32 values or masters and of the attached optimizer's state; a
+  // tensor with no element in the shard is left out) and, whole, the small entries every rank
+  // holds (the layers' extra state, "step"): the parts of all ranks of one step hold every
+  // element of every tensor once. At stage 0, every tensor whole (begin 0), as the *_views
+  // (an optimizer not attached: a copy of its state). They change with the next step: copy
+  // them before (on module().stream()).
+  StateParts model_state_parts();
+  StateParts optimizer_state_parts(optim::Optimizer& optimizer);
   // Not collective: every rank takes its part of the whole tensors (any stage, any world
   // size wrote them).
   void load_model_state_dict(const StateDict& state);

@@ -154,6 +154,27 @@ struct RunOptions {
   io::WhenBusy checkpoint_busy = io::WhenBusy::wait;
   // For tests and instrumentation: the writer's hooks (io::CheckpointHooks), on rank 0.
   io::CheckpointHooks checkpoint_hooks{};
+  // Memory snapshots (spot-proof training; need checkpoint_dir): after every N-th step (0:
+  // none; not the last step's or a stop's, which go to the checkpoint file) each rank's part of
+  // the state goes to a file in its node's memory, which outlives the process (not the node):
+  // under ZeRO every rank writes its shard and sends it to a buddy rank on another node, so
+  // that the survivors of any one lost node hold every part; at stage 0 the lowest rank of
+  // each node writes the whole state. A resume (Resume::yes or automatic) takes the newest
+  // snapshot whose every part some rank holds when it is at least as new as the checkpoint
+  // file, on any number of ranks and any stage; note() says which source it used and what was
+  // lost. The construction refuses (InvalidArgument, before any step) when a node's folder has
+  // too little free space. The snapshot holds what the checkpoint file does. COLLECTIVE, a
+  // blocking copy to host memory and one exchange with the buddy: see docs/user-guide.md for
+  // the cost. --snapshot-every.
+  std::int64_t snapshot_every = 0;
+  // The node-local folder ("": /dev/shm); the snapshots go in its sub-folder tutti-<run id>,
+  // the run id being kept in <checkpoint_dir>/run-id. --snapshot-dir.
+  std::string snapshot_dir;
+  // Ranks without a Job (Run over a Communicator, e.g. threads): the node of each rank, whose
+  // folder is then snapshot_dir/node<i> (empty: a node per rank). With a Job: the hosts.
+  std::vector<int> snapshot_nodes;
+  // For tests: the free bytes of a node's folder (empty: statvfs).
+  std::function<std::uint64_t(const std::string& dir)> snapshot_free_bytes;
   // Strings stored in the checkpoint: the model's fingerprint ("model"), the program...
   io::Metadata metadata;
   // Keys of `metadata` a checkpoint must hold alike to be resumed ("... is for another model").
@@ -187,6 +208,8 @@ struct StepEnd {
   bool checkpoint_skipped = false;         // skipped: the write of checkpoint_busy_step was in flight
   std::int64_t checkpoint_busy_step = -1;  // the step whose write in flight made this one wait or skip (-1: none)
   double checkpoint_waited_seconds = 0;    // of checkpoint_seconds, waiting for that write
+  bool snapshot = false;                   // a memory snapshot of this step was written (every rank)
+  double snapshot_seconds = 0;             // how long it held this step
 };
 
 struct Outcome {
@@ -250,8 +273,15 @@ class Run {
   // a write in flight is not counted until it is complete.
   std::int64_t checkpoint_written_step() const;
   // A note on the resume for the program's start-up line ("" when none), e.g. " (checkpoint
-  // written in fp32: the loss scaler starts afresh)".
+  // written in fp32: the loss scaler starts afresh)", " from memory (step 120: 4 parts, 1 of
+  // them a buddy's copy; the checkpoint file is at step 100)".
   const std::string& note() const;
+  // Whether the resume took a memory snapshot (RunOptions::snapshot_every) rather than the file.
+  bool resumed_from_memory() const;
+  // Memory snapshots: this rank's node's folder ("" when off), and the bytes the fullest node
+  // keeps there (its parts and buddy copies; twice that while a snapshot replaces the last).
+  const std::string& snapshot_dir() const;
+  std::uint64_t snapshot_bytes_per_node() const;
 
   struct Impl;  // internal
 

@@ -1,0 +1,151 @@
+// train::Run's side of the memory snapshots (train/snapshots.h): where the ranks' nodes and
+// folders are, the run id that ties a snapshot to its run, and the state as parts.
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "io/checkpoint_file.h"
+#include "train/run_impl.h"
+#include "tutti/amp/loss_scaler.h"
+#include "tutti/core/error.h"
+#include "tutti/ddp/ddp.h"
+#include "tutti/nn/module.h"
+
+namespace tutti::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+detail::MemorySnapshots::Piece whole(const Tensor& t) { return {t.view(0, {t.numel()}), 0, t.shape()}; }
+
+void add_parts(std::map<std::string, detail::MemorySnapshots::Piece>& into, const std::string& prefix,
+               const ddp::StateParts& parts) {
+  for (const auto& [key, p] : parts) into[prefix + key] = {p.part, p.begin, p.shape};
+}
+
+void add_whole(std::map<std::string, detail::MemorySnapshots::Piece>& into, const std::string& prefix,
+               const StateDict& state) {
+  for (const auto& [key, t] : state) into[prefix + key] = whole(t);
+}
+
+}  // namespace
+
+std::vector<int> Run::Impl::snapshot_nodes() const {
+  std::vector<int> nodes;
+  if (!hostname.empty()) {
+    // With a Job: ranks with the same host name share a node (COLLECTIVE).
+    const auto crc = static_cast<std::int64_t>(crc32(
+        crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(hostname.data()), static_cast<uInt>(hostname.size())));
+    const Tensor mine = Tensor::from_ints({crc}, {1}, DType::i64);
+    const Tensor all = Tensor::empty({world}, DType::i64);
+    CallOptions call;
+    call.label = "memory snapshot nodes";
+    cpu_comm->allgather(mine, all, call).wait();
+    std::vector<std::int64_t> hashes = all.to_ints();
+    for (const std::int64_t h : hashes) {
+      nodes.push_back(static_cast<int>(std::find(hashes.begin(), hashes.end(), h) - hashes.begin()));
+    }
+    return nodes;
+  }
+  if (!options.snapshot_nodes.empty()) return options.snapshot_nodes;
+  nodes.resize(static_cast<std::size_t>(world));
+  std::iota(nodes.begin(), nodes.end(), 0);
+  return nodes;
+}
+
+std::string Run::Impl::node_dir() const {
+  const std::string base = options.snapshot_dir.empty() ? "/dev/shm" : options.snapshot_dir;
+  if (!hostname.empty()) return base;
+  return base + "/node" + std::to_string(nodes[static_cast<std::size_t>(rank)]);
+}
+
+std::string Run::Impl::read_run_id() const {
+  const std::string file = options.checkpoint_dir + "/run-id";
+  std::string id;
+  std::ifstream in(file);
+  if (in) std::getline(in, id);
+  check_same("the run id in " + file + " (is --checkpoint-dir shared?)", id);
+  return id;
+}
+
+std::string Run::Impl::new_run_id(const std::string& old) {
+  std::int64_t value = 0;
+  if (rank == 0) {
+    std::random_device random;
+    value = (static_cast<std::int64_t>(random()) << 32 | random()) & 0x7fffffffffffffff;
+  }
+  const Tensor t = Tensor::from_ints({value}, {1}, DType::i64);
+  CallOptions call;
+  call.label = "run id";
+  cpu_comm->broadcast(t, 0, call).wait();
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(t.to_ints()[0]));
+  const std::string id = text;
+  if (rank == 0) {
+    fs::create_directories(options.checkpoint_dir);
+    const std::string line = id + "\n";
+    io::detail::write_file_atomically(options.checkpoint_dir + "/run-id", line.data(), line.size());
+  }
+  // An earlier run's snapshots in this node's memory are nobody's now.
+  if (!old.empty()) {
+    std::error_code ignored;
+    fs::remove_all(node_dir() + "/tutti-" + old, ignored);
+  }
+  return id;
+}
+
+std::unique_ptr<detail::MemorySnapshots> Run::Impl::make_snapshots(const std::string& run_id) const {
+  detail::SnapshotPlace place;
+  place.comm = cpu_comm;
+  place.rank = rank;
+  place.world = world;
+  place.node_of_rank = nodes;
+  place.node_dir = node_dir();
+  place.run_id = run_id;
+  place.free_bytes = options.snapshot_free_bytes;
+  return std::make_unique<detail::MemorySnapshots>(std::move(place));
+}
+
+StateDict Run::Impl::snapshot_part() const {
+  ddp::DistributedDataParallel& ddp = *state.ddp;
+  std::map<std::string, detail::MemorySnapshots::Piece> pieces;
+  add_parts(pieces, "model.", ddp.model_state_parts());
+  add_parts(pieces, "optim.", ddp.optimizer_state_parts(*state.optimizer));
+  add_whole(pieces, "scaler.", state.scaler->state_dict());
+  for (const State::Entry& e : state.entries) add_whole(pieces, e.prefix, e.save());
+  add_whole(pieces, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
+  return detail::MemorySnapshots::encode(pieces);
+}
+
+void Run::Impl::start_snapshots() {
+  const bool sharded = state.ddp->zero_stage() > 0;
+  std::uint64_t bytes = 0;
+  if (snapshots->writes(sharded)) {
+    io::Metadata md = metadata_of(options);
+    md["snapshot.step"] = md["snapshot.part"] = md["snapshot.parts"] = std::string(20, '0');
+    md["snapshot.run"] = std::string(20, '0');
+    bytes = io::detail::plan_checkpoint(snapshot_part(), md, "memory snapshot").file_size;
+  }
+  snapshot_node_bytes = snapshots->check_space(bytes, sharded);
+  snapshot_folder = snapshots->dir();
+}
+
+void Run::Impl::write_snapshot() {
+  const bool sharded = state.ddp->zero_stage() > 0;
+  StateDict part;
+  if (snapshots->writes(sharded)) {
+    // The parts are views of the live buffers: the step's kernels must be done with them.
+    state.ddp->module().stream().synchronize();
+    part = snapshot_part();
+  }
+  try {
+    snapshots->write(part, metadata_of(options), step, sharded);
+  } catch (const Error& e) {
+    TUTTI_THROW(Error, "writing the memory snapshot of step ", step, " to ", snapshots->dir(), " failed: ", e.what());
+  }
+}
+
+}  // namespace tutti::train
