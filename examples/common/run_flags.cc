@@ -44,8 +44,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->capture_default_str();
   app.add_option("--snapshot-every", f.snapshot_every,
                  "also keep the state in the nodes' memory (and, with --zero, a buddy's copy on another node) every "
-                 "N steps: a resume after a lost node takes it when newer than the checkpoint file (0: off)")
-      ->check(CLI::NonNegativeNumber)
+                 "N steps: a resume after a lost node takes it when newer than the checkpoint file (0: off; auto: N "
+                 "such that snapshots take at most 2% of the time)")
+      ->check(CLI::IsMember({"auto"}) | CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
@@ -70,7 +71,7 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.checkpoint_every = f.checkpoint_every;
   o.checkpoint_mode = f.checkpoint_mode == "sync" ? tutti::io::CheckpointMode::sync : tutti::io::CheckpointMode::async;
   o.checkpoint_busy = f.checkpoint_busy == "skip" ? tutti::io::WhenBusy::skip : tutti::io::WhenBusy::wait;
-  o.snapshot_every = f.snapshot_every;
+  o.snapshot_every = f.snapshot_every == "auto" ? tutti::train::kSnapshotAuto : std::stoll(f.snapshot_every);
   o.snapshot_dir = f.snapshot_dir;
   o.precision = f.precision;
   o.stream = stream;
@@ -79,13 +80,15 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
 }
 
 std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int nodes) {
-  if (f.snapshot_every <= 0) return "";
+  if (f.snapshot_every == "0") return "";
+  const std::string every = f.snapshot_every == "auto"
+                                ? "auto (the first after step 5, then every N steps for at most 2% of the time)"
+                                : "every " + f.snapshot_every + " steps";
   char text[512];
   std::snprintf(text, sizeof text,
-                "memory snapshots: every %lld steps, %.1f MiB per node (at most; twice that while one "
-                "replaces the last) in %s%s",
-                static_cast<long long>(f.snapshot_every),
-                static_cast<double>(run.snapshot_bytes_per_node()) / (1 << 20), run.snapshot_dir().c_str(),
+                "memory snapshots: %s, %.1f MiB per node (at most; twice that while one replaces the last) in %s%s",
+                every.c_str(), static_cast<double>(run.snapshot_bytes_per_node()) / (1 << 20),
+                run.snapshot_dir().c_str(),
                 nodes < 2    ? ": one node, so they outlive the processes, not the node"
                 : f.zero > 0 ? ", each rank's part also on a buddy node"
                              : ", one copy per node");

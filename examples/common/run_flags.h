@@ -27,7 +27,7 @@ struct RunFlags {
   bool overwrite = false;
   std::string checkpoint_mode = "async";  // "async" or "sync"
   std::string checkpoint_busy = "wait";   // "wait" or "skip"
-  std::int64_t snapshot_every = 0;        // memory snapshots (0: none)
+  std::string snapshot_every = "0";       // memory snapshots: "0" (none), "auto" or N steps
   std::string snapshot_dir;               // node-local folder ("": /dev/shm)
   std::string json;
   bool quiet = false;

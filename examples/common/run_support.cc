@@ -35,9 +35,17 @@ void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program) {
 }
 
 std::string CheckpointLog::observe(const tutti::train::StepEnd& end) {
+  char text[256];
+  if (end.snapshot) snapshot_stalls_.push_back(end.snapshot_seconds);
+  if (end.snapshot_every != snapshot_every_) {
+    // --snapshot-every auto chose K after its first snapshot.
+    snapshot_every_ = end.snapshot_every;
+    std::snprintf(text, sizeof text, "memory snapshots: every %lld steps (auto: one took %.1f ms)",
+                  static_cast<long long>(end.snapshot_every), end.snapshot_seconds * 1e3);
+    return text;
+  }
   if (!end.checkpoint) return "";
   stalls_.push_back(end.checkpoint_seconds);
-  char text[256];
   if (end.checkpoint_skipped) {
     ++skipped_;
     std::snprintf(text, sizeof text, "checkpoint of step %lld skipped: the one of step %lld is still being written",
@@ -54,6 +62,15 @@ std::string CheckpointLog::observe(const tutti::train::StepEnd& end) {
 }
 
 void CheckpointLog::summarize(tutti::train::Summary& summary) const {
+  std::vector<double> m = snapshot_stalls_;
+  std::sort(m.begin(), m.end());
+  summary.set("snapshots", static_cast<std::int64_t>(m.size()));
+  summary.set("snapshot_every", snapshot_every_);
+  if (m.empty()) {
+    summary.set_null("snapshot_stall_median_s");
+  } else {
+    summary.set("snapshot_stall_median_s", m[m.size() / 2]);
+  }
   summary.set("checkpoints", static_cast<std::int64_t>(stalls_.size()));
   summary.set("checkpoints_skipped", skipped_);
   std::vector<double> s = stalls_;

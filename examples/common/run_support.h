@@ -25,8 +25,9 @@ std::uint32_t parameters_crc32(const tutti::StateDict& model_state);
 // kernels older than the CPU (tutti::kernels::cpu_blas_info()).
 void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program);
 
-// Rank 0's account of the run's checkpoints (train::StepEnd's checkpoint fields): what to say
-// when one was skipped or waited for the write in flight, and the figures for the summary.
+// Rank 0's account of the run's checkpoints and memory snapshots (train::StepEnd's fields): what
+// to say when one was skipped or waited for the write in flight, or when --snapshot-every auto
+// chose its interval, and the figures for the summary.
 class CheckpointLog {
  public:
   // After each end_step(): "" or a line for the log, e.g. "checkpoint of step 40 skipped: the
@@ -34,12 +35,15 @@ class CheckpointLog {
   // of step 30".
   std::string observe(const tutti::train::StepEnd& end);
   // "checkpoints", "checkpoints_skipped", "checkpoint_stall_median_s" (the step's hold,
-  // median over the checkpoints of this run), "checkpoint_stall_max_s".
+  // median over the checkpoints of this run), "checkpoint_stall_max_s"; "snapshots",
+  // "snapshot_every", "snapshot_stall_median_s".
   void summarize(tutti::train::Summary& summary) const;
 
  private:
   std::vector<double> stalls_;
   std::int64_t skipped_ = 0;
+  std::vector<double> snapshot_stalls_;
+  std::int64_t snapshot_every_ = 0;
 };
 
 }  // namespace example

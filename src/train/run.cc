@@ -53,7 +53,7 @@ std::string describe(const RunOptions& o) {
   s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
     << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
     << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy)
-    << ", snapshot every " << o.snapshot_every << " in '" << o.snapshot_dir << "'";
+    << ", snapshot every " << o.snapshot_every << " (cost " << o.snapshot_cost << ") in '" << o.snapshot_dir << "'";
   return s.str();
 }
 
@@ -125,8 +125,10 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.checkpoint_busy == io::WhenBusy::wait || options.checkpoint_mode == io::CheckpointMode::async,
                   "train::Run: RunOptions::checkpoint_busy skip needs checkpoint_mode async (--checkpoint-busy skip "
                   "needs --checkpoint-mode async)");
-  TUTTI_CHECK_ARG(options.snapshot_every >= 0, "train::Run: RunOptions::snapshot_every must be >= 0, got ",
-                  options.snapshot_every);
+  TUTTI_CHECK_ARG(options.snapshot_every >= 0 || options.snapshot_every == kSnapshotAuto,
+                  "train::Run: RunOptions::snapshot_every must be >= 0 or kSnapshotAuto, got ", options.snapshot_every);
+  TUTTI_CHECK_ARG(options.snapshot_cost > 0 && options.snapshot_cost < 1,
+                  "train::Run: RunOptions::snapshot_cost must be in (0, 1), got ", options.snapshot_cost);
   TUTTI_CHECK_ARG(options.snapshot_every == 0 || !options.checkpoint_dir.empty(),
                   "--snapshot-every needs --checkpoint-dir (the run id, and the file the snapshots fall back on)");
   TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
@@ -134,7 +136,8 @@ void Run::Impl::start() {
                   " ranks");
   check_same("the run's options (train::RunOptions)", describe(options));
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
-  if (options.snapshot_every > 0) nodes = snapshot_nodes();
+  if (options.snapshot_every != 0) nodes = snapshot_nodes();
+  snapshot_every = std::max<std::int64_t>(options.snapshot_every, 0);
   resume_from_checkpoint();
   if (snapshots) start_snapshots();
   first_step = step;
@@ -233,13 +236,7 @@ const StepEnd& Run::end_step() {
       m.saved_loss = m.loss;
     }
   }
-  // A memory snapshot (not of the last step or a stop's: the checkpoint file has those).
-  if (m.snapshots && m.step % m.options.snapshot_every == 0 && !m.end.last && !stop) {
-    const auto t0 = std::chrono::steady_clock::now();
-    m.write_snapshot();
-    m.end.snapshot = true;
-    m.end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  m.maybe_snapshot(m.end.last, stop);
   if (m.end.last) {
     m.phase = Phase::completed;
   } else if (stop) {

@@ -3,6 +3,7 @@
 // is written). Internal header.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,7 +53,12 @@ struct Run::Impl {
   std::uint64_t snapshot_node_bytes = 0;
   bool from_memory = false;
   std::string snapshot_folder;
-  std::vector<int> nodes;  // per rank: its node (snapshot_nodes())
+  std::vector<int> nodes;           // per rank: its node (snapshot_nodes())
+  std::int64_t snapshot_every = 0;  // K in effect (auto: 0 until chosen)
+  // Auto: the training time between end_step()s before the first snapshot.
+  std::chrono::steady_clock::time_point last_step_end{};
+  double timed_seconds = 0;
+  int timed_steps = 0;
 
   enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
   Phase phase = Phase::between;
@@ -83,6 +89,9 @@ struct Run::Impl {
   // After the resume: the free-space check (COLLECTIVE), the figures for the start-up line.
   void start_snapshots();
   void write_snapshot();
+  // Once a step, after the step's allreduce: a snapshot when one is due (auto: the first one
+  // after the 5th step, then K chosen from its cost; COLLECTIVE then).
+  void maybe_snapshot(bool last, bool stop);
   // THE place a checkpoint is written: COLLECTIVE under ZeRO (every rank gathers the whole
   // tensors), rank 0 saves with `writer`. `must`: the last step's or a stop's (never skipped,
   // complete on return). Fills end's checkpoint fields.

@@ -2,6 +2,9 @@
 // folders are, the run id that ties a snapshot to its run, and the state as parts.
 #include <zlib.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -146,6 +149,36 @@ void Run::Impl::write_snapshot() {
   } catch (const Error& e) {
     TUTTI_THROW(Error, "writing the memory snapshot of step ", step, " to ", snapshots->dir(), " failed: ", e.what());
   }
+}
+
+void Run::Impl::maybe_snapshot(bool last, bool stop) {
+  if (!snapshots) return;
+  constexpr std::int64_t kAutoAfter = 5;  // steps of the run before auto's first snapshot
+  const auto now = std::chrono::steady_clock::now();
+  if (snapshot_every == 0 && step > first_step + 1) {
+    // Auto, not chosen yet: the training time between end_step()s (the first step warms up).
+    timed_seconds += std::chrono::duration<double>(now - last_step_end).count();
+    ++timed_steps;
+  }
+  const bool due = snapshot_every > 0 ? step % snapshot_every == 0 : step == first_step + kAutoAfter;
+  if (due && !last && !stop) {
+    write_snapshot();
+    end.snapshot = true;
+    end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+    if (snapshot_every == 0) {
+      // K such that one snapshot every K steps takes at most snapshot_cost of the time; the
+      // ranks take the largest (COLLECTIVE: every rank is here after the same step).
+      const double step_seconds = timed_steps > 0 ? timed_seconds / timed_steps : end.snapshot_seconds;
+      const double k = std::ceil(end.snapshot_seconds / (options.snapshot_cost * std::max(step_seconds, 1e-9)));
+      const Tensor vote = Tensor::from_ints({static_cast<std::int64_t>(std::clamp(k, 1.0, 1e9))}, {1}, DType::i64);
+      CallOptions call;
+      call.label = "memory snapshot interval";
+      cpu_comm->allreduce(vote, ReduceOp::max, call).wait();
+      snapshot_every = vote.to_ints()[0];
+    }
+  }
+  end.snapshot_every = snapshot_every;
+  last_step_end = std::chrono::steady_clock::now();
 }
 
 }  // namespace tutti::train

@@ -189,6 +189,22 @@ TEST_F(SnapshotTest, ANewRunNeverTakesAnOlderRunsMemory) {
   EXPECT_EQ(fresh.params, whole.params);
 }
 
+TEST_F(SnapshotTest, AutoTakesTheFirstAfterStep5AndThenEveryKStepsAgreedByTheRanks) {
+  Plan p = plan(3, 1, {0, 1, 2});
+  p.options.steps = 40;
+  p.options.snapshot_every = kSnapshotAuto;
+  const Result r = train(p);
+  ASSERT_FALSE(r.snapshot_steps.empty());
+  EXPECT_EQ(r.snapshot_steps[0], 5);
+  const std::int64_t k = r.snapshot_every[0];
+  EXPECT_GE(k, 1);
+  for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(r.snapshot_every[rank], k) << "rank " << rank;
+  for (std::size_t i = 1; i < r.snapshot_steps.size(); ++i) EXPECT_EQ(r.snapshot_steps[i] % k, 0) << "K " << k;
+  // A snapshot every K steps costs at most 2% of the training time, so it is never each step
+  // for a model this small (a step is a few hundred microseconds, a snapshot more).
+  EXPECT_GT(k, 1);
+}
+
 TEST(MemorySnapshots, AssembleRefusesPartsThatDoNotCoverTheWhole) {
   using detail::MemorySnapshots;
   const Tensor a = Tensor::from_floats({1, 2, 3, 4, 5, 6}, {2, 3});

@@ -64,6 +64,7 @@ struct Result {
   std::vector<std::int64_t> snapshot_steps;  // rank 0: the steps end_step() wrote a memory snapshot at
   std::string snapshot_dir;                  // rank 0: Run::snapshot_dir()
   std::uint64_t snapshot_bytes = 0;          // rank 0: Run::snapshot_bytes_per_node()
+  std::vector<std::int64_t> snapshot_every;  // per rank: StepEnd::snapshot_every after the last step
 };
 
 // The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
@@ -77,6 +78,8 @@ inline Result train(const Plan& plan) {
   Result out;
   out.outcomes.resize(static_cast<std::size_t>(plan.ranks));
   out.steps.resize(static_cast<std::size_t>(plan.ranks));
+  std::vector<std::int64_t>& snapshot_every = out.snapshot_every;
+  snapshot_every.resize(static_cast<std::size_t>(plan.ranks));
   group.run([&](int rank) {
     Communicator& comm = group.communicator(rank);
     Summary summary(plan.summary);
@@ -128,6 +131,7 @@ inline Result train(const Plan& plan) {
       if (rank == 0 && end.checkpoint_skipped) out.skipped_steps.push_back(end.step);
       if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());
       if (rank == 0 && end.snapshot) out.snapshot_steps.push_back(end.step);
+      snapshot_every[static_cast<std::size_t>(rank)] = end.snapshot_every;
       if (end.step == plan.crash_step) break;
     }
     if (plan.crash_step > 0 && run.step() == plan.crash_step) {

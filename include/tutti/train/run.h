@@ -87,6 +87,9 @@ class LossScaler;
 
 namespace tutti::train {
 
+// RunOptions::snapshot_every: chosen by the Run ("--snapshot-every auto").
+inline constexpr std::int64_t kSnapshotAuto = -1;
+
 // Whether a run continues the checkpoint in RunOptions::checkpoint_dir.
 enum class Resume : std::uint8_t {
   no,         // start afresh; an existing checkpoint is an error unless RunOptions::overwrite
@@ -166,7 +169,12 @@ struct RunOptions {
   // too little free space. The snapshot holds what the checkpoint file does. COLLECTIVE, a
   // blocking copy to host memory and one exchange with the buddy: see docs/user-guide.md for
   // the cost. --snapshot-every.
+  // kSnapshotAuto: K chosen by the Run so that snapshots take at most snapshot_cost of the
+  // training time: the first snapshot is after the 5th step of the run, timed against the
+  // steps before it, and the ranks take the largest K any of them asks for (StepEnd::
+  // snapshot_every says it from then on).
   std::int64_t snapshot_every = 0;
+  double snapshot_cost = 0.02;
   // The node-local folder ("": /dev/shm); the snapshots go in its sub-folder tutti-<run id>,
   // the run id being kept in <checkpoint_dir>/run-id. --snapshot-dir.
   std::string snapshot_dir;
@@ -210,6 +218,7 @@ struct StepEnd {
   double checkpoint_waited_seconds = 0;    // of checkpoint_seconds, waiting for that write
   bool snapshot = false;                   // a memory snapshot of this step was written (every rank)
   double snapshot_seconds = 0;             // how long it held this step
+  std::int64_t snapshot_every = 0;         // the K in effect after this step (0: none, or auto and not chosen yet)
 };
 
 struct Outcome {
