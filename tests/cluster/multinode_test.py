@@ -370,6 +370,61 @@ def launcher_node_killed():
     expect(a["final_train_loss"] == b["final_train_loss"], "the same final loss")
 
 
+def launcher_node_killed_memory():
+    """As launcher_node_killed, with memory snapshots under ZeRO-1 (--snapshot-every SNAP_EVERY, no
+    checkpoint file before the end): every process of node1 is killed with SIGKILL after step
+    KILL_AT, and the relaunch on the 3 others must take the model and optimizer from memory (node1's
+    part from its buddy's copy on another node), losing at most SNAP_EVERY steps, within
+    RELAUNCH_BOUND of the kill, and complete."""
+    snap_every = 10
+    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+        ckpt, summary = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json")
+        run_flags = [*FLAGS, "--zero", "1", "--checkpoint-dir", ckpt, "--snapshot-every", str(snap_every),
+                     "--progress", "lines", "--progress-interval", "0.1", "--json", summary]
+        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
+            p = launch(c, c.hostfile(), *run_flags)
+            out = Lines(p)
+            try:
+                m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
+                victims = c.pids("node1", holder_too=True)
+                for pid in victims:
+                    os.kill(pid, signal.SIGKILL)
+                killed = time.time()
+                print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
+                p.wait(timeout=120)
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            err = out.text("err")
+            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
+            expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
+        relaunch = out.first(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\)", killed)
+        expect(relaunch is not None, "relaunched on node0, node2, node3")
+        resumed = out.first(r"resumed at step (\d+) from memory \(.*step \d+: 4 part\(s\), 1 of them a buddy's copy; "
+                            r"no checkpoint file\)", killed)
+        expect(resumed is not None, "the relaunched job resumed from memory, node1's part from its buddy")
+        step = int(resumed[1].group(1))
+        last = out.first(r"the job resumed at step %d from memory .*: (\d+) step\(s\) lost \(last step printed "
+                         r"before (\d+)\)" % step, killed)
+        expect(last is not None, "the launcher said how many steps were lost")
+        lost = int(last[1].group(1))
+        step_after = out.first(r"step \d+/%d" % STEPS, relaunch[0])
+        expect(step_after is not None, "the relaunched job printed a step")
+        to_relaunch, to_step = relaunch[0] - killed, step_after[0] - killed
+        print("kill -> relaunch %.2f s, kill -> first step of the relaunched job %.2f s; resumed from memory at "
+              "step %d, %d step(s) lost" % (to_relaunch, to_step, step, lost))
+        expect(step % snap_every == 0 and step >= KILL_AT - snap_every, "resumed from a snapshot near the kill (%d)" % step)
+        expect(lost <= snap_every, "at most %d steps lost (%d)" % (snap_every, lost))
+        expect(to_relaunch <= RELAUNCH_BOUND, "relaunched within %.0f s of the kill (%.2f s)" % (RELAUNCH_BOUND, to_relaunch))
+        expect(to_step <= STEP_BOUND, "a step within %.0f s of the kill (%.2f s)" % (STEP_BOUND, to_step))
+        a = json.load(open(summary))
+    print("relaunched run: %s" % a)
+    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
+    expect(a["ranks"] == 3 and a["resumed_from_step"] == step and a["resumed_from"] == "memory",
+           "the last attempt: 3 ranks, from memory at step %d" % step)
+
+
 class CheckpointKeeper:
     """Keeps every version of a checkpoint file as it is replaced (a hard link to each new inode:
     the trainer writes a temporary file and renames it), to find the one a relaunch read."""
@@ -437,6 +492,7 @@ def launcher_unreachable_host():
 
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
              "node_killed": node_killed, "launcher_node_killed": launcher_node_killed,
+             "launcher_node_killed_memory": launcher_node_killed_memory,
              "launcher_unreachable_host": launcher_unreachable_host}
 
 if __name__ == "__main__":
