@@ -48,6 +48,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "such that snapshots take at most 2% of the time)")
       ->check(CLI::IsMember({"auto"}) | CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--max-micro-batch", f.max_micro_batch,
+                 "samples per rank and micro-step at most: the accumulation steps (at least --accum-steps) rise when "
+                 "ranks fall, so that a job relaunched on fewer ranks keeps its global batch and fits (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
@@ -77,6 +81,25 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.stream = stream;
   o.summary = &summary;
   return o;
+}
+
+int accumulation_steps(const RunFlags& f, std::int64_t global_batch, int accum, int world) {
+  if (f.max_micro_batch > 0) {
+    for (int k = accum; k <= global_batch; ++k) {
+      if (global_batch % (static_cast<std::int64_t>(k) * world) == 0 && global_batch / (k * world) <= f.max_micro_batch)
+        return k;
+    }
+    TUTTI_CHECK_ARG(false, "--batch-size ", global_batch, " over ", world,
+                    " rank(s): no number of accumulation steps "
+                    "(from --accum-steps ",
+                    accum, ") divides it into micro-batches of at most --max-micro-batch ", f.max_micro_batch,
+                    " per rank");
+  }
+  TUTTI_CHECK_ARG(global_batch % (static_cast<std::int64_t>(accum) * world) == 0, "--batch-size ", global_batch,
+                  " must be divisible by --accum-steps x ranks = ", accum, " x ", world,
+                  " (every rank computes batch / (accum-steps x ranks) samples per micro-step; --max-micro-batch "
+                  "picks the accumulation steps)");
+  return accum;
 }
 
 std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int nodes) {

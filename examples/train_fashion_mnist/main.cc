@@ -101,7 +101,7 @@ double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Da
   return static_cast<double>(correct.to_ints()[0]) / static_cast<double>(test.size());
 }
 
-int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char**& argv) {
+int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const auto t_start = Clock::now();
   // The Job first: its deadline covers everything that follows on every rank, the data
   // loading included (a rank that hangs there is named by the others' timeout report).
@@ -112,9 +112,7 @@ int run(const fmnist::Flags& f, tutti::train::Summary& summary, int& argc, char*
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
   example::warn_if_blas_kernels_are_old(job, "train_fashion_mnist");
-  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
-                  " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world,
-                  " (every rank computes batch / (accum-steps x ranks) samples per micro-step)");
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   // A summary that could not be written at the end would lose the run's result: fail now.
   summary.set_rank(job.rank());

@@ -122,8 +122,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (f.seq_len == 0) f.seq_len = config.context;
   if (f.min_lr < 0) f.min_lr = f.lr / 10;
   TUTTI_CHECK_ARG(f.seq_len <= config.context, "--seq-len ", f.seq_len, " is longer than the context ", config.context);
-  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
-                  " must be divisible by --accum-steps x ranks = ", f.accum_steps, " x ", world);
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   summary.set_rank(job.rank());  // a summary that cannot be written fails now, not at the end
 

@@ -128,14 +128,22 @@ void DistributedLoader::load_state_dict(const StateDict& state) {
   const std::int64_t size = get_int_scalar(state, "dataset_size");
   TUTTI_CHECK_ARG(seed == options_.seed, "cannot resume the data order: it was saved with seed ", seed,
                   ", this run uses seed ", options_.seed);
-  TUTTI_CHECK_ARG(batch == options_.global_micro_batch_size, "cannot resume the data order: it was saved with ",
-                  "global micro-batch size ", batch, ", this run uses ", options_.global_micro_batch_size);
+  // Another micro-batch size (accumulation steps that changed with the world size, at the same
+  // global batch) serves the same samples in the same order: the position is converted when it
+  // falls on a boundary of the new size.
+  const std::int64_t mine = options_.global_micro_batch_size;
+  const std::int64_t samples = get_int_scalar(state, "step") * batch;
+  TUTTI_CHECK_ARG(batch == mine || samples % mine == 0, "cannot resume the data order: it was saved with ",
+                  "global micro-batch size ", batch, " at sample ", samples,
+                  " of the epoch, which is not a whole "
+                  "number of this run's micro-batches of ",
+                  mine);
   TUTTI_CHECK_ARG(size == dataset_.size(), "cannot resume the data order: it was saved for a dataset of ", size,
                   " samples, this one has ", dataset_.size());
   const bool shuffle = get_int_scalar(state, "shuffle") != 0;
   TUTTI_CHECK_ARG(shuffle == options_.shuffle, "cannot resume the data order: it was saved with shuffling ",
                   shuffle ? "on" : "off", ", this run has it ", options_.shuffle ? "on" : "off");
-  set_position({get_int_scalar(state, "epoch"), get_int_scalar(state, "step")});
+  set_position({get_int_scalar(state, "epoch"), samples / mine});
 }
 
 }  // namespace tutti::data

@@ -200,11 +200,18 @@ void TokenLoader::load_state_dict(const StateDict& state) {
                     ", this run has ", mine);
   };
   same("seed", std::bit_cast<std::int64_t>(options_.seed));
-  same("global_micro_batch_size", options_.global_micro_batch_size);
   same("sequence_length", options_.sequence_length);
   same("windows", windows());
   same("shuffle", options_.shuffle ? 1 : 0);
-  set_position({get_int_scalar(state, "epoch"), get_int_scalar(state, "step")});
+  // Another micro-batch size (accumulation steps that changed with the world size) serves the
+  // same windows in the same order: the position is converted on a boundary of the new size.
+  const std::int64_t batch = get_int_scalar(state, "global_micro_batch_size");
+  const std::int64_t mine = options_.global_micro_batch_size;
+  const std::int64_t samples = get_int_scalar(state, "step") * batch;
+  TUTTI_CHECK_ARG(batch == mine || samples % mine == 0, "cannot resume the data order: it was saved with ",
+                  "global_micro_batch_size ", batch, " at sequence ", samples, " of the epoch, which is not a whole ",
+                  "number of this run's micro-batches of ", mine);
+  set_position({get_int_scalar(state, "epoch"), samples / mine});
 }
 
 }  // namespace tutti::data

@@ -251,13 +251,43 @@ TEST(DistributedLoader, RefusesAStateFromAnotherOrder) {
     }
   };
   expect_refused(DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 78}), "seed");
-  expect_refused(DistributedLoader(data, {.global_micro_batch_size = 8, .seed = 77}), "batch size");
+  // Another micro-batch size is refused where the position is not a whole number of its batches.
+  DistributedLoader one_in(data, {.global_micro_batch_size = 6, .seed = 77});
+  one_in.next();
+  const StateDict after_one = one_in.state_dict();
+  try {
+    DistributedLoader(data, {.global_micro_batch_size = 8, .seed = 77}).load_state_dict(after_one);
+    ADD_FAILURE() << "a position of 6 samples was accepted for micro-batches of 8";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("global micro-batch size 6 at sample 6"), std::string::npos) << e.what();
+  }
   expect_refused(DistributedLoader(data.slice(0, 39), {.global_micro_batch_size = 6, .seed = 77}), "dataset");
   expect_refused(DistributedLoader(data, {.global_micro_batch_size = 6, .seed = 77, .shuffle = false}), "shuffling");
   DistributedLoader l(data, {.global_micro_batch_size = 6, .seed = 77});
   EXPECT_THROW(l.load_state_dict({}), InvalidArgument);   // entries missing
   EXPECT_THROW(l.set_position({0, 7}), InvalidArgument);  // past the epoch's end
   EXPECT_THROW(l.set_position({-1, 0}), InvalidArgument);
+}
+
+// Accumulation steps that rise when ranks fall (at the same global batch of 12): a position
+// saved with micro-batches of 6 continues with micro-batches of 3 on the same samples.
+TEST(DistributedLoader, AnotherMicroBatchSizeContinuesWithTheSameSamples) {
+  const Dataset data = random_dataset(40, {3}, 6);
+  DistributedLoader before(data, {.global_micro_batch_size = 6, .seed = 77});
+  for (int i = 0; i < 4; ++i) before.next();  // 2 optimizer steps of 2 micro-batches
+  DistributedLoader after(data, {.global_micro_batch_size = 3, .rank = 0, .world_size = 1, .seed = 77});
+  after.load_state_dict(before.state_dict());
+  EXPECT_EQ(after.position().step, 8);
+  std::vector<float> expected, got;
+  for (int i = 0; i < 2; ++i) {
+    const auto v = before.next().images.to_floats();
+    expected.insert(expected.end(), v.begin(), v.end());
+  }
+  for (int i = 0; i < 4; ++i) {
+    const auto v = after.next().images.to_floats();
+    got.insert(got.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(got, expected);
 }
 
 TEST(DistributedLoader, BadOptionsAreRefusedWithTheNumbers) {

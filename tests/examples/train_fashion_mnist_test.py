@@ -29,7 +29,8 @@ SUBSET = ["--train-subset", "4096", "--test-subset", "1000", "--batch-size", "64
 # Seconds each test takes (2 shared cores, ctest -j4), for sharding.shard (the rest: 1).
 WEIGHTS = {
     "test_learns_and_writes_a_complete_summary": 2, "test_one_and_two_ranks_train_alike": 3,
-    "test_accumulation_trains_like_the_whole_batch": 3, "test_resume_is_bit_identical": 4,
+    "test_accumulation_trains_like_the_whole_batch": 3,
+    "test_fewer_ranks_raise_the_accumulation_steps_at_the_same_global_batch": 3, "test_resume_is_bit_identical": 4,
     "test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages": 9,
     "test_resume_after_kill_9_is_bit_identical": 6, "test_bad_checkpoints_are_refused_and_the_good_one_stays": 10,
     "test_bad_flags_and_missing_data_fail_clearly": 13,  # a launch whose rank fails costs mpirun ~2 s
@@ -153,6 +154,21 @@ class TrainFashionMnist(Case):
         run(2, *SUBSET, "--max-steps", "10", "--accum-steps", "2", "--json", self.path("k2.json"))
         a, b = summary(self.path("k1.json")), summary(self.path("k2.json"))
         self.assertAlmostEqual(a["final_train_loss"], b["final_train_loss"], delta=1e-4 * abs(a["final_train_loss"]))
+
+    def test_fewer_ranks_raise_the_accumulation_steps_at_the_same_global_batch(self):
+        # --max-micro-batch 16 of a global batch 64: 4 ranks take 1 micro-step, 2 ranks 2.
+        d = self.path("shrunk")
+        run(4, *SUBSET, "--max-micro-batch", "16", "--max-steps", "6", "--checkpoint-dir", d)
+        run(2, *SUBSET, "--max-micro-batch", "16", "--max-steps", "12", "--checkpoint-dir", d, "--resume",
+            "--json", self.path("shrunk.json"))
+        run(1, *SUBSET, "--max-steps", "12", "--json", self.path("whole.json"))
+        a, b = summary(self.path("shrunk.json")), summary(self.path("whole.json"))
+        self.assertEqual((a["ranks"], a["accum_steps"], a["resumed_from_step"]), (2, 2, 6))
+        self.assertEqual(a["global_batch_size"], 64)
+        self.assertAlmostEqual(a["final_train_loss"], b["final_train_loss"], delta=1e-4 * abs(b["final_train_loss"]))
+        p = run(3, *SUBSET, "--max-micro-batch", "16", "--max-steps", "2", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--batch-size 64 over 3 rank(s): no number of accumulation steps", p.stderr)
 
     def test_resume_is_bit_identical(self):
         whole = self.path("whole")

@@ -109,9 +109,11 @@ class DistributedLoader {
   // io::add_prefixed(state, "loader.", loader.state_dict()).
   StateDict state_dict() const;
   // Restores the position from state_dict() (unprefixed: io::strip_prefix(state, "loader.")).
-  // Throws InvalidArgument when the saved seed, global micro-batch size, dataset size or
-  // shuffle flag differ from this loader's, since the position would then point at other
-  // samples. The world size may differ: the global order does not depend on it.
+  // Throws InvalidArgument when the saved seed, dataset size or shuffle flag differ from this
+  // loader's, since the position would then point at other samples. The world size may
+  // differ: the global order does not depend on it. So may the global micro-batch size (the
+  // accumulation steps, at the same global batch), when the position falls on a whole number
+  // of this loader's micro-batches: it is converted (else InvalidArgument).
   void load_state_dict(const StateDict& state);
 
  private:

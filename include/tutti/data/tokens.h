@@ -96,7 +96,8 @@ class TokenLoader {
 
   // "epoch", "step", and what the position depends on ("seed", "global_micro_batch_size",
   // "sequence_length", "windows", "shuffle"), i64 scalars; load_state_dict refuses a state
-  // saved with different ones (the world size may differ).
+  // saved with different ones (the world size may differ; so may global_micro_batch_size when
+  // the position falls on a whole number of this loader's micro-batches: it is converted).
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
 
