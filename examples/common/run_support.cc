@@ -37,10 +37,10 @@ void warn_if_blas_kernels_are_old(const tutti::Job& job, const char* program) {
 std::string CheckpointLog::observe(const tutti::train::StepEnd& end) {
   char text[256];
   if (end.snapshot) snapshot_stalls_.push_back(end.snapshot_seconds);
-  if (end.snapshot_every != snapshot_every_) {
-    // --snapshot-every auto chose K after its first snapshot.
+  if (end.snapshot && snapshot_stalls_.size() == 1) {
+    // The first snapshot: what it cost, and the interval (--snapshot-every auto chose it now).
     snapshot_every_ = end.snapshot_every;
-    std::snprintf(text, sizeof text, "memory snapshots: every %lld steps (auto: one took %.1f ms)",
+    std::snprintf(text, sizeof text, "memory snapshots: every %lld steps (one took %.1f ms)",
                   static_cast<long long>(end.snapshot_every), end.snapshot_seconds * 1e3);
     return text;
   }

@@ -10,7 +10,9 @@ printed digits; fp16 (loss scaling on the device) within a small tolerance.
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import unittest
@@ -63,6 +65,59 @@ class TrainOnEmulatedGpu(unittest.TestCase):
     def test_fp16_with_loss_scaling_stays_close(self):
         cpu, gpu = self.compare(["--precision", "fp16"], devices=2, tolerance=5e-3)
         self.assertEqual(gpu["skipped_steps"], cpu["skipped_steps"])
+
+
+class SnapshotsOnEmulatedGpu(unittest.TestCase):
+    def test_a_killed_run_resumes_from_a_memory_snapshot_bit_for_bit(self):
+        """bf16 ZeRO-1 on 2 emulated GPUs (nccl) with --snapshot-every 5: the parts are views of the
+        device's master shards, copied after the model's stream; killed with SIGKILL after step 12,
+        the run resumes from memory and ends bit for bit as the uninterrupted one."""
+        d = os.path.join(ARGS.workdir, "snap")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        flags = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--precision", "bf16",
+                 "--zero", "1", "--max-steps", "40"]
+        ckpt = os.path.join(d, "ckpt")
+        cmd = [ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.emu_binary, *flags, "--device", "cuda",
+               "--checkpoint-dir", ckpt, "--snapshot-every", "5", "--progress", "lines", "--progress-interval", "0.01"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "TUTTI_EMU_DEVICES": "2"}, start_new_session=True)
+        reached = 0
+        try:
+            for line in p.stdout:
+                m = re.search(r"step (\d+)/40", line)
+                if m and int(m.group(1)) >= 12:
+                    reached = int(m.group(1))
+                    os.killpg(p.pid, signal.SIGKILL)  # mpirun and the ranks: no checkpoint file, no finish()
+                    break
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            p.stdout.close()
+        self.assertGreaterEqual(reached, 12, "the emulated run never reached step 12")
+        self.assertFalse(os.path.exists(os.path.join(ckpt, "checkpoint.tckp")))
+        # Resumed on the emulated GPUs: bit for bit the uninterrupted run (same device, same ranks).
+        out = os.path.join(d, "resumed.json")
+        gpu_env = {**os.environ, "TUTTI_EMU_DEVICES": "2"}
+        r = subprocess.run([ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.emu_binary, *flags, "--device", "cuda",
+                            "--checkpoint-dir", ckpt, "--snapshot-every", "5", "--resume", "auto", "--json", out],
+                           capture_output=True, text=True, timeout=300, env=gpu_env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        m = re.search(r"resumed at step (\d+) from memory", r.stdout)
+        self.assertIsNotNone(m, r.stdout)
+        self.assertTrue(int(m.group(1)) % 5 == 0 and int(m.group(1)) >= 10, r.stdout)
+        ref = os.path.join(d, "whole.json")
+        r = subprocess.run([ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.emu_binary, *flags, "--device", "cuda",
+                            "--quiet", "--json", ref], capture_output=True, text=True, timeout=300, env=gpu_env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            resumed = json.load(f)
+        with open(ref) as f:
+            whole = json.load(f)
+        self.assertEqual(resumed["resumed_from"], "memory")
+        self.assertEqual(resumed["params_crc32"], whole["params_crc32"])
+        self.assertEqual(resumed["final_train_loss"], whole["final_train_loss"])
 
 
 def main():
