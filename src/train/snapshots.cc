@@ -158,6 +158,12 @@ std::uint64_t MemorySnapshots::check_space(std::uint64_t part_bytes, bool sharde
     if (e.is_regular_file(size_error)) replaced += e.file_size(size_error);
   }
   const std::uint64_t free = place_.free_bytes(dir_) + replaced;
+  // Every rank refuses alike (a rank left training would wait for the others at its next
+  // collective): the lowest rank whose node lacks the space is named everywhere.
+  const std::int64_t short_rank =
+      -allreduce_max(comm, 2 * mine <= free ? std::int64_t{-place_.world} : -place_.rank, "memory snapshot space");
+  TUTTI_CHECK_ARG(short_rank == place_.world || short_rank == place_.rank, "memory snapshots: rank ", short_rank,
+                  "'s node has too little free space in '", dir_, "' (its message says how much); nothing was written");
   // A write replaces the last one: the new file and the old one are there together.
   TUTTI_CHECK_ARG(2 * mine <= free, "memory snapshots need ", mib(2 * mine), " in '", dir_, "' on rank ", place_.rank,
                   "'s node (", mib(mine), " of snapshots, twice while one replaces the last) but only ", mib(free),

@@ -172,6 +172,17 @@ TEST_F(SnapshotTest, TooLittleMemoryIsRefusedBeforeTheFirstStep) {
   }
   EXPECT_TRUE(files(0).empty());
   EXPECT_FALSE(fs::exists(ckpt_dir() + "/checkpoint.tckp"));
+  // One node short: every rank refuses (none is left to wait at its next collective).
+  p.options.snapshot_free_bytes = [](const std::string& dir) {
+    return dir.find("/node1/") != std::string::npos ? std::uint64_t{4096} : std::uint64_t{1} << 40;
+  };
+  p.options.overwrite = true;
+  try {
+    train(p);
+    ADD_FAILURE() << "one node's too little memory was not refused";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("memory snapshots"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(SnapshotTest, ANewRunNeverTakesAnOlderRunsMemory) {
