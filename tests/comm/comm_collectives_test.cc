@@ -41,27 +41,8 @@ std::string case_name(const char* what, DType dtype, std::int64_t n, bool in_pla
          (in_place ? " in place" : " out of place") + extra;
 }
 
-class Collectives : public ::testing::TestWithParam<std::string> {
+class Collectives : public DataPathTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "cpu") {
-      comm_ = &job().cpu_communicator();
-      device_ = Device::cpu();
-      return;
-    }
-    TUTTI_COMM_REQUIRE_GPU();
-    if (!job().device().is_cuda()) GTEST_SKIP() << "the job runs on the CPU: GPU path not run";
-    device_ = job().device();
-    if (GetParam() == "gpu") {
-      comm_ = &job().communicator();
-    } else {
-      // Created on every rank in the same test, so collectively.
-      static std::shared_ptr<Communicator> staging = job().new_communicator({}, "mpi");
-      comm_ = staging.get();
-    }
-    ASSERT_EQ(comm_->backend() == "nccl", GetParam() == "gpu" && job().backend() == "nccl");
-  }
-
   Tensor on_device(const Tensor& t) const { return t.to(device_); }
 
   void check_allreduce(DType dtype, ReduceOp op, std::int64_t n, bool in_place, std::uint32_t seed) {
@@ -130,9 +111,6 @@ class Collectives : public ::testing::TestWithParam<std::string> {
     }
     expect_values(values_of(result), values_of(make_input(dtype, root, n, seed)), dtype, true, what);
   }
-
-  Communicator* comm_ = nullptr;
-  Device device_;
 };
 
 TEST_P(Collectives, AllreduceEveryOpDtypeAndSize) {

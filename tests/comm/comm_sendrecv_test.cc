@@ -12,27 +12,8 @@ namespace {
 
 const DType kAllDtypes[] = {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64};
 
-class Sendrecv : public ::testing::TestWithParam<std::string> {
+class Sendrecv : public DataPathTest {
  protected:
-  void SetUp() override {
-    if (GetParam() == "cpu") {
-      comm_ = &job().cpu_communicator();
-      device_ = Device::cpu();
-      return;
-    }
-    TUTTI_COMM_REQUIRE_GPU();
-    if (!job().device().is_cuda()) GTEST_SKIP() << "the job runs on the CPU: GPU path not run";
-    device_ = job().device();
-    if (GetParam() == "gpu") {
-      comm_ = &job().communicator();
-    } else {
-      // Created on every rank in the same test, so collectively.
-      static std::shared_ptr<Communicator> staging = job().new_communicator({}, "mpi");
-      comm_ = staging.get();
-    }
-    ASSERT_EQ(comm_->backend() == "nccl", GetParam() == "gpu" && job().backend() == "nccl");
-  }
-
   // Sends this rank's input of test case `seed` to `to`, receives from `from`: the output is
   // `from`'s input, bit for bit, and the input is kept.
   void check(DType dtype, std::int64_t n, int to, int from, std::uint32_t seed, const std::string& what) {
@@ -47,9 +28,6 @@ class Sendrecv : public ::testing::TestWithParam<std::string> {
                   label + " on rank " + std::to_string(r));
     expect_values(values_of(in), values_of(make_input(dtype, r, n, seed)), dtype, true, label + " (input kept)");
   }
-
-  Communicator* comm_ = nullptr;
-  Device device_;
 };
 
 TEST_P(Sendrecv, RotationsEveryDtypeAndSize) {

@@ -10,10 +10,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tutti/comm/communicator.h"
 #include "tutti/comm/job.h"
+#include "tutti/core/device.h"
 #include "tutti/core/tensor.h"
 
 namespace tutti::testing {
@@ -99,3 +102,34 @@ inline void expect_values(const std::vector<double>& actual, const std::vector<d
   do {                                                                                                  \
     if (!::tutti::cuda_available()) GTEST_SKIP() << "no GPU visible to this process: GPU path not run"; \
   } while (0)
+
+namespace tutti::testing {
+
+// Tests of one data path, the parameter: "cpu" (the job's CPU communicator, mpi), "gpu" (the
+// job's communicator on the device: nccl with a GPU per rank) or "staging" (mpi on device
+// tensors, through the host). comm_ and device_ are the path's.
+class DataPathTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cpu") {
+      comm_ = &job().cpu_communicator();
+      device_ = Device::cpu();
+      return;
+    }
+    TUTTI_COMM_REQUIRE_GPU();
+    if (!job().device().is_cuda()) GTEST_SKIP() << "the job runs on the CPU: GPU path not run";
+    device_ = job().device();
+    if (GetParam() == "gpu") {
+      comm_ = &job().communicator();
+    } else {
+      // Created on every rank in the same test, so collectively.
+      static std::shared_ptr<Communicator> staging = job().new_communicator({}, "mpi");
+      comm_ = staging.get();
+    }
+    ASSERT_EQ(comm_->backend() == "nccl", GetParam() == "gpu" && job().backend() == "nccl");
+  }
+  Communicator* comm_ = nullptr;
+  Device device_ = Device::cpu();
+};
+
+}  // namespace tutti::testing

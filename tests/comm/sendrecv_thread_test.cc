@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_test_util.h"
 #include "tutti/comm/thread_group.h"
 
 namespace tutti {
@@ -28,15 +29,7 @@ Tensor input(int r, std::int64_t n, DType dtype) {
   return Tensor::from_ints(std::vector<std::int64_t>(v.begin(), v.end()), {n}, dtype);
 }
 
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> out;
-  if (is_floating(t.dtype())) {
-    for (float f : t.to_floats()) out.push_back(f);
-  } else {
-    for (std::int64_t i : t.to_ints()) out.push_back(static_cast<double>(i));
-  }
-  return out;
-}
+using testing::values_of;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -55,9 +48,9 @@ void check_exchange(int world, DType dtype, std::int64_t n, Peers peers, const s
     EXPECT_EQ(work.info().send_to, to);
     EXPECT_EQ(work.info().recv_from, from);
     work.wait();
-    EXPECT_EQ(values(out), values(input(from, n, dtype)))
+    EXPECT_EQ(values_of(out), values_of(input(from, n, dtype)))
         << what << " " << name_of(dtype) << " n=" << n << " world " << world << ": rank " << r;
-    EXPECT_EQ(values(in), values(input(r, n, dtype))) << what << ": the input is kept";
+    EXPECT_EQ(values_of(in), values_of(input(r, n, dtype))) << what << ": the input is kept";
   });
 }
 
@@ -125,7 +118,7 @@ TEST(ThreadSendrecv, BadArgumentsThrowAtTheCall) {
     Work ok = c.sendrecv(input(r, 4, DType::f32), out, 1 - r, 1 - r);
     EXPECT_EQ(ok.info().seq, 1u);
     ok.wait();
-    EXPECT_EQ(values(out), values(input(1 - r, 4, DType::f32)));
+    EXPECT_EQ(values_of(out), values_of(input(1 - r, 4, DType::f32)));
   });
 }
 
@@ -192,7 +185,7 @@ TEST(ThreadSendrecv, AgreementComparesCountNotPeers) {
     Communicator& c = group.communicator(r);
     const Tensor out = Tensor::zeros({n}, DType::f32);
     c.sendrecv(input(r, n, DType::f32), out, (r + 1) % 3, (r + 2) % 3, {.label = "snapshot"}).wait();
-    EXPECT_EQ(values(out), values(input((r + 2) % 3, n, DType::f32))) << "rank " << r;
+    EXPECT_EQ(values_of(out), values_of(input((r + 2) % 3, n, DType::f32))) << "rank " << r;
   });
   ASSERT_FALSE(group.job_end().has_value()) << group.job_end()->cause;
 
@@ -225,7 +218,7 @@ TEST(ThreadSendrecv, AgreementComparesCountNotPeers) {
 // missing allreduce.
 TEST(ThreadSendrecv, RankThatNeverCallsItIsNamedByTheDeadline) {
   ThreadGroup group(3, watched(0.3));
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   EXPECT_THROW(group.run([&](int r) {
     Communicator& c = group.communicator(r);
     const Tensor out = Tensor::zeros({10}, DType::f32);
@@ -238,7 +231,7 @@ TEST(ThreadSendrecv, RankThatNeverCallsItIsNamedByTheDeadline) {
     c.sendrecv(input(r, 10, DType::f32), out, (r + 1) % 3, (r + 2) % 3, {.label = "buddy snapshot"}).wait();
   }),
                TimeoutError);
-  (void)testing::internal::GetCapturedStderr();
+  (void)::testing::internal::GetCapturedStderr();
   const auto end = group.job_end();
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->rank, 0);

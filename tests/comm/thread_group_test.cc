@@ -3,6 +3,7 @@
 // out of order) behave as documented; a mismatch and a missing rank are clear errors; the
 // bootstrap exchanges bytes.
 #include "tutti/comm/thread_group.h"
+#include "comm/comm_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -25,15 +26,7 @@ Tensor input(int r, std::int64_t n, DType dtype) {
   return Tensor::from_ints(iv, {n}, dtype);
 }
 
-std::vector<double> values(const Tensor& t) {
-  std::vector<double> out;
-  if (is_floating(t.dtype())) {
-    for (float f : t.to_floats()) out.push_back(f);
-  } else {
-    for (std::int64_t i : t.to_ints()) out.push_back(static_cast<double>(i));
-  }
-  return out;
-}
+using testing::values_of;
 
 TEST(ThreadGroup, CollectivesAgainstTheirDefinitions) {
   for (int n = 1; n <= 4; ++n) {
@@ -49,7 +42,7 @@ TEST(ThreadGroup, CollectivesAgainstTheirDefinitions) {
         c.allreduce(a).wait();
         Tensor m = Tensor::zeros({n * chunk}, dtype);
         c.allreduce(input(r, n * chunk, dtype), m, ReduceOp::max).wait();
-        const auto av = values(a), mv = values(m);
+        const auto av = values_of(a), mv = values_of(m);
         for (std::int64_t i = 0; i < n * chunk; ++i) {
           double sum = 0, max = -1e9;
           for (int q = 0; q < n; ++q) {
@@ -62,7 +55,7 @@ TEST(ThreadGroup, CollectivesAgainstTheirDefinitions) {
         // reduce_scatter in place: output = input's rank-th chunk.
         Tensor rs = input(r, n * chunk, dtype);
         c.reduce_scatter(rs, rs.view(r * chunk, {chunk})).wait();
-        const auto rv = values(rs);
+        const auto rv = values_of(rs);
         for (std::int64_t i = 0; i < chunk; ++i) {
           double sum = 0;
           for (int q = 0; q < n; ++q) sum += value(q, r * chunk + i);
@@ -72,14 +65,14 @@ TEST(ThreadGroup, CollectivesAgainstTheirDefinitions) {
         Tensor all = Tensor::zeros({n * chunk}, dtype);
         all.view(r * chunk, {chunk}).copy_from(input(r, chunk, dtype));
         c.allgather(all.view(r * chunk, {chunk}), all).wait();
-        const auto gv = values(all);
+        const auto gv = values_of(all);
         for (int q = 0; q < n; ++q) {
           for (std::int64_t i = 0; i < chunk; ++i) ASSERT_EQ(gv[static_cast<std::size_t>(q * chunk + i)], value(q, i));
         }
         // broadcast from the last rank; barrier.
         Tensor b = input(r, chunk, dtype);
         c.broadcast(b, n - 1).wait();
-        const auto bv = values(b);
+        const auto bv = values_of(b);
         for (std::int64_t i = 0; i < chunk; ++i) ASSERT_EQ(bv[static_cast<std::size_t>(i)], value(n - 1, i));
         c.barrier().wait();
       });
