@@ -74,6 +74,8 @@ if "ckpt" in a:  # a checkpoint with train.step (src/io/checkpoint.cc's layout)
         f.write(header.ljust(256, b"\0") + struct.pack("<q", a["ckpt"]) + b"\0" * 4)
 for h in a.get("down", []):
     set_down(h, "down")
+for h in a.get("hang", []):
+    set_down(h, "hang")
 for h in a.get("up", []):
     set_down(h, None)
 if "up_after" in a:
@@ -223,6 +225,14 @@ def probe_cut():
     expect(c.seconds < 5, "the probe was cut at 2 s, not at the orphan's end (took %.1f s)" % c.seconds)
 
 
+def relaunch_probe_timeout():
+    """--relaunch-probe-timeout: a host lost in a failure (its probe hangs) is given up after that
+    timeout before the relaunch, not after --probe-timeout (2 s)."""
+    c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "0.4")
+    expect(c.rc == 0 and c.hosts() == ["abc", "ac"], "abc, then ac: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 0.4 s): skipped")
+
+
 def kill_grace():
     """Open MPI's odls_base_sigkill_timeout for the job: --kill-grace (0 by default), none with
     --kill-grace -1 or when --mpirun-arg sets it, and never for the probes."""
@@ -256,7 +266,8 @@ def grows():
 
 
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
-                                 unreachable_host, probe_cut, kill_grace, divides, grows)}
+                                 unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
+                                 divides, grows)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
