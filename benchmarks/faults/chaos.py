@@ -37,7 +37,9 @@ Figures, all from lines stamped by this script as the launcher prints them:
   goodput    the steps of the run / its wall time, against the same for the run without
              failures (launcher start -> exit, both); and the wall time a failure cost,
              (wall - steps / the run without failures' steps per second) / failures, with the
-             goodput that cost gives at one failure every --every seconds (1 - cost / S);
+             goodput that cost gives at one failure every --every seconds (1 - cost / S); and
+             "stalled", the seconds without progress (the failures' kill -> caught up, the
+             grows' stop -> first step): what the rest of the cost is not (the steps' speed);
   loss       the final training loss (and accuracy, the parameters' crc) of every run, at the
              same global batch (the trainer splits --batch-size over the ranks it gets).
 Writes OUT/<label>.log (every line, stamped), OUT/chaos.json, OUT/chaos.txt (the tables) and
@@ -157,7 +159,8 @@ def trainer_flags(args, ckpt, summary, extra=()):
 
 def launcher_cmd(args, ckpt, summary, hostfile, extra=(), launcher_extra=()):
     return [sys.executable, args.launcher, "--hostfile", hostfile, "--probe-timeout", str(args.probe_timeout),
-            "--retry-delay", "0", "--max-failures", "100", "--grow-every", str(args.grow_every),
+            "--relaunch-probe-timeout", str(args.relaunch_probe_timeout), "--retry-delay", "0", "--max-failures", "100",
+            "--grow-every", str(args.grow_every),
             "--divides", str(args.batch_size), *args.launcher_arg, *launcher_extra, "--",
             args.trainer, *trainer_flags(args, ckpt, summary, extra)]
 
@@ -361,6 +364,14 @@ def fmt(v, spec="%.1f"):
     return "-" if v is None else spec % v
 
 
+def stalled(r):
+    """Seconds without new progress: each failure's kill -> caught up, each grow's stop -> its
+    first step (None when one is unknown)."""
+    parts = [e["recovery_caught_up_s"] for e in r["failures"]]
+    parts += [g["paused_s"] for g in r["grow_restarts"] if g["noticed_s"] is not None and not g["merged_with_failure"]]
+    return None if any(p is None for p in parts) else sum(parts)
+
+
 def goodput(base, r, every):
     """(steps/s, against the run without failures, wall s a failure cost, the goodput at one
     failure every `every` s from that cost)."""
@@ -395,17 +406,17 @@ def table(base, variants, args):
                                                              fmt(g["ended_s"]), fmt(g["relaunch_s"]), paused))
         rows.append("")
     rows += ["| run | exit | steps | wall (s) | steps/s | goodput | s lost per failure | goodput at 1 failure / %s s "
-             "| attempts | final train loss | test accuracy | params crc32 |" % fmt(args.every, "%.0f"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| stalled (s) | attempts | final train loss | test accuracy | params crc32 |" % fmt(args.every, "%.0f"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios = {}
     for r in (base, *variants):
         s = r["summary"] or {}
         rate, ratio, cost, at_every = goodput(base, r, args.every)
         ratios[r["label"]] = ratio
-        rows.append("| %s | %s | %d | %.1f | %s | %s | %s | %s | %d | %s | %s | %s |" % (
+        rows.append("| %s | %s | %d | %.1f | %s | %s | %s | %s | %s | %d | %s | %s | %s |" % (
             r["label"], r["exit"], r["steps"], r["wall_s"], fmt(rate, "%.2f"),
             fmt(ratio * 100 if ratio else None, "%.0f%%"), fmt(cost), fmt(at_every * 100 if at_every else None, "%.0f%%"),
-            r["attempts"], fmt(s.get("final_train_loss"), "%.6f"), fmt(s.get("test_accuracy"), "%.4f"),
+            fmt(stalled(r)), r["attempts"], fmt(s.get("final_train_loss"), "%.6f"), fmt(s.get("test_accuracy"), "%.4f"),
             s.get("params_crc32", "-")))
     return "\n".join(rows), ratios
 
@@ -440,7 +451,10 @@ def main():
     ap.add_argument("--gap-max", type=float, default=20, help="... at most (uniform, seeded)")
     ap.add_argument("--down-s", type=float, default=15, help="seconds a killed node stays away (link down)")
     ap.add_argument("--grow-every", type=float, default=5, help="tutti-launch --grow-every")
-    ap.add_argument("--probe-timeout", type=float, default=3, help="tutti-launch --probe-timeout")
+    ap.add_argument("--probe-timeout", type=float, default=3, help="tutti-launch --probe-timeout (the probes while "
+                    "the job runs: it loads the 2 cores)")
+    ap.add_argument("--relaunch-probe-timeout", type=float, default=1, help="tutti-launch --relaunch-probe-timeout "
+                    "(a host answers within 0.3 s when no job runs)")
     ap.add_argument("--last-kill-fraction", type=float, default=0.9, help="no kill past this fraction of the steps")
     ap.add_argument("--train-subset", type=int, default=57600)
     ap.add_argument("--batch-size", type=int, default=96, help="the global batch (divides by 4, 3 and 2)")
@@ -488,7 +502,7 @@ def main():
             summary["final_loss_relative_difference"][r["label"]] = (
                 (cs["final_train_loss"] - b["final_train_loss"]) / b["final_train_loss"])
         _, _, cost, at_every = goodput(base, r, args.every)
-        r["seconds_lost_per_failure"], r["goodput_at_every"] = cost, at_every
+        r["seconds_lost_per_failure"], r["goodput_at_every"], r["stalled_s"] = cost, at_every, stalled(r)
     for r in (base, *runs):
         summary[r["label"]] = {k: v for k, v in r.items() if k != "progress"}
     with open(args.json or os.path.join(args.out, "chaos.json"), "w") as f:
