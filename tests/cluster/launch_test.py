@@ -37,8 +37,15 @@ def set_down(host, how):
         d[host] = how
     with open(os.path.join(state, "down"), "w") as f:
         f.writelines("%s %s\n" % kv for kv in d.items())
+if args == ["--version"]:
+    print("mpirun (Open MPI) 4.1.4")
+    sys.exit(0)
 if "-H" in args:  # a probe: -H HOST -np 1 true
     how = down().get(args[args.index("-H") + 1])
+    if how == "orphan":  # a daemon started elsewhere (in its own session) keeps the output open
+        import subprocess
+        subprocess.Popen(["sleep", "8"], start_new_session=True)
+        time.sleep(60)
     if how == "hang":
         time.sleep(60)
     if how:
@@ -51,7 +58,8 @@ program = args[args.index("-np") + 2:]
 log = os.path.join(state, "log")
 attempt = sum(1 for _ in open(log)) if os.path.exists(log) else 0
 with open(log, "a") as f:
-    f.write(json.dumps({"hosts": [l.split()[0] for l in open(hostfile)], "np": np_, "args": program}) + "\n")
+    f.write(json.dumps({"hosts": [l.split()[0] for l in open(hostfile)], "np": np_, "args": program,
+                        "mpirun_args": args[:args.index("--hostfile")]}) + "\n")
 script = json.load(open(os.path.join(state, "script.json")))
 a = script[min(attempt, len(script) - 1)]
 signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
@@ -66,6 +74,8 @@ if "ckpt" in a:  # a checkpoint with train.step (src/io/checkpoint.cc's layout)
         f.write(header.ljust(256, b"\0") + struct.pack("<q", a["ckpt"]) + b"\0" * 4)
 for h in a.get("down", []):
     set_down(h, "down")
+for h in a.get("hang", []):
+    set_down(h, "hang")
 for h in a.get("up", []):
     set_down(h, None)
 if "up_after" in a:
@@ -206,6 +216,38 @@ def unreachable_host():
     expect_said(c, "no host answers")
 
 
+def probe_cut():
+    """A probe whose host left a process holding its output (Open MPI's daemon, started there in
+    a session of its own) still ends at --probe-timeout, not when that process does (8 s)."""
+    c = Case("ab", [{"rc": 0}], down={"b": "orphan"}).launch()
+    expect(c.rc == 0 and c.hosts() == ["a"], "ran on a: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 2 s): skipped")
+    expect(c.seconds < 5, "the probe was cut at 2 s, not at the orphan's end (took %.1f s)" % c.seconds)
+
+
+def relaunch_probe_timeout():
+    """--relaunch-probe-timeout: a host lost in a failure (its probe hangs) is given up after that
+    timeout before the relaunch, not after --probe-timeout (2 s)."""
+    c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "0.4")
+    expect(c.rc == 0 and c.hosts() == ["abc", "ac"], "abc, then ac: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 0.4 s): skipped")
+
+
+def kill_grace():
+    """Open MPI's odls_base_sigkill_timeout for the job: --kill-grace (0 by default), none with
+    --kill-grace -1 or when --mpirun-arg sets it, and never for the probes."""
+    def grace(*opts):
+        c = Case("ab", [{"rc": 0}]).launch(*opts)
+        expect(c.rc == 0 and len(c.attempts) == 1, "ran once (exit %d)" % c.rc)
+        return c.attempts[0]["mpirun_args"]
+
+    expect(grace() == ["--mca", "odls_base_sigkill_timeout", "0"], "0 by default: %s" % grace())
+    expect(grace("--kill-grace", "1.5") == ["--mca", "odls_base_sigkill_timeout", "1.5"], "--kill-grace 1.5")
+    expect(grace("--kill-grace", "-1") == [], "none with --kill-grace -1")
+    own = ["--mpirun-arg=--mca", "--mpirun-arg=odls_base_sigkill_timeout", "--mpirun-arg=2"]
+    expect(grace(*own) == ["--mca", "odls_base_sigkill_timeout", "2"], "the caller's own: %s" % grace(*own))
+
+
 def divides():
     """--divides B: the most ranks that divide B: 8 of 8 slots, then 4 of 6 for B = 16."""
     c = Case(["a slots=2", "b slots=2", "c slots=2", "d slots=2"], [{"rc": 1, "down": ["d"]}, {"rc": 0}]).launch(
@@ -224,7 +266,8 @@ def grows():
 
 
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
-                                 unreachable_host, divides, grows)}
+                                 unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
+                                 divides, grows)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
