@@ -17,6 +17,7 @@ import time
 import unittest
 
 import sharding
+from train_fashion_mnist_test import ENDS_AT_ONCE
 
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,7 +28,7 @@ import gpt_data  # noqa: E402
 WEIGHTS = {
     "test_fp32_follows_the_cpu": 8, "test_one_two_and_four_ranks_train_alike": 6,
     "test_zero_stages_and_resume_across_them": 6, "test_resume_is_bit_identical": 4,
-    "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 3,
+    "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 2, "test_default_corpus_is_debians_fortunes": 1.5,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -108,7 +109,7 @@ class TrainGpt(unittest.TestCase):
         first = train(2, self.dir, "first", *self.data, "--checkpoint-dir", ckpt, "--max-steps", "4")
         self.assertEqual(first["steps"], 4)
         # A checkpoint is there: starting again without --resume is refused.
-        p = train(2, self.dir, "refused", *self.data, "--checkpoint-dir", ckpt, expect=1)
+        p = train(2, self.dir, "refused", *self.data, "--checkpoint-dir", ckpt, env=ENDS_AT_ONCE, expect=1)
         self.assertIn("--resume", p.stderr)
         resumed = train(2, self.dir, "resumed", *self.data, "--checkpoint-dir", ckpt, "--resume")
         self.assertEqual(resumed["resumed_from_step"], 4)
@@ -166,7 +167,8 @@ class TrainGpt(unittest.TestCase):
     def test_summary_says_how_the_run_ended(self):
         # Diverged: a learning rate that overflows the weights; the summary names the step, the
         # loss and the last finite one (exit code 3).
-        train(2, self.dir, "diverged", *self.data, "--lr", "1e30", "--grad-clip", "0", "--steps", "20", expect=3)
+        train(2, self.dir, "diverged", *self.data, "--lr", "1e30", "--grad-clip", "0", "--steps", "20",
+              env=ENDS_AT_ONCE, expect=3)
         with open(os.path.join(self.dir, "diverged.json")) as f:
             s = json.load(f)
         self.assertEqual(s["status"], "diverged", s)
@@ -215,7 +217,7 @@ class TrainGpt(unittest.TestCase):
         bad = os.path.join(self.dir, "bad.bin")
         with open(bad, "wb") as f:
             f.write(b"not a shard" * 200)
-        p = train(1, self.dir, "bad", "--data", bad, expect=1)
+        p = train(1, self.dir, "bad", "--data", bad, env=ENDS_AT_ONCE, expect=1)
         self.assertIn("magic", p.stderr)
         with open(os.path.join(self.dir, "bad.json")) as f:
             s = json.load(f)
@@ -225,7 +227,8 @@ class TrainGpt(unittest.TestCase):
     def test_default_corpus_is_debians_fortunes(self):
         r = train(1, self.dir, "fortunes", "--steps", "1", "--sample-tokens", "0")
         self.assertEqual(r["steps"], 1)
-        p = train(1, self.dir, "nofortunes", "--steps", "1", env={"TUTTI_FORTUNES_DIR": self.dir + "/none"}, expect=1)
+        p = train(1, self.dir, "nofortunes", "--steps", "1",
+                  env={**ENDS_AT_ONCE, "TUTTI_FORTUNES_DIR": self.dir + "/none"}, expect=1)
         self.assertIn("apt-get install fortunes", p.stderr)
 
 
