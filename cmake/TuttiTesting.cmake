@@ -22,6 +22,19 @@ set(TUTTI_MPI_TEST_ENV
   OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_btl_vader_single_copy_mechanism=none)
 
+# ctest's slots (PROCESSORS) of a test of k processes: k, at most 2. ctest -j4 on 2 cores gives 4
+# slots and starts a test only once all of its slots are free; as single-slot tests take each slot
+# that frees up, tests of 3 and 4 slots waited until every other test had run and then ran one at
+# a time (120 of 284 s of the suite, with mostly one core busy). Ranks beyond the 2 cores share
+# them in any case (mpi_yield_when_idle).
+set(TUTTI_TEST_MAX_SLOTS 2)
+function(tutti_test_slots out k)
+  if(k GREATER TUTTI_TEST_MAX_SLOTS)
+    set(k ${TUTTI_TEST_MAX_SLOTS})
+  endif()
+  set(${out} ${k} PARENT_SCOPE)
+endfunction()
+
 # Registers executable <target> as test <name> (one process, or once per rank count), with
 # extra program arguments `args`.
 function(tutti_register_test name target timeout labels ranks env args)
@@ -34,8 +47,9 @@ function(tutti_register_test name target timeout labels ranks env args)
     add_test(NAME ${name}.np${k}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${k} --oversubscribe
                      ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${args})
+    tutti_test_slots(slots ${k})
     set_tests_properties(${name}.np${k} PROPERTIES
-      TIMEOUT ${timeout} PROCESSORS ${k} LABELS "mpi;${labels}"
+      TIMEOUT ${timeout} PROCESSORS ${slots} LABELS "mpi;${labels}"
       ENVIRONMENT "${TUTTI_MPI_TEST_ENV};${env}")
   endforeach()
 endfunction()
