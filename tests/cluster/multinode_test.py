@@ -230,13 +230,21 @@ def node_killed():
             os.killpg(p.pid, signal.SIGKILL)
             out, err = p.communicate()
         took = time.time() - killed
+        # A rank on node0 may still be exiting when mpirun returns (under load, a few ms): every
+        # process must be gone within BOUND of the kill, not at the instant mpirun returns.
         left = c.ranks_left(os.path.basename(ARGS.fault))
+        while left and time.time() - killed < BOUND:
+            time.sleep(0.05)
+            left = c.ranks_left(os.path.basename(ARGS.fault))
+        gone = time.time() - killed
     print("--- stderr\n%s" % err)
-    print("killed %d process(es) of node1; mpirun returned after %.2f s with %s" % (len(victims), took, p.returncode))
+    print("killed %d process(es) of node1; mpirun returned after %.2f s with %s, every rank gone after %.2f s" % (
+        len(victims), took, p.returncode, gone))
     expect(len(victims) >= 3, "orted and 2 ranks on node1")
-    expect(not left, "no rank left: %s" % left)
+    expect(not left, "no rank left %.1f s after the kill: %s" % (BOUND, left))
     expect(p.returncode != 0, "the job failed")
-    expect(took <= BOUND, "every process gone within %.1f s of the kill (%.2f s)" % (BOUND, took))
+    expect(took <= BOUND and gone <= BOUND + 0.1,
+           "every process gone within %.1f s of the kill (mpirun %.2f s, ranks %.2f s)" % (BOUND, took, gone))
     # Open MPI ends the job (before tutti's deadline) and names node1 by its address.
     expect_in(r"10\.77\.0\.2|node1", err, "the lost host named")
 
