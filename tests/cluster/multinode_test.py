@@ -309,6 +309,27 @@ def launch(c, hostfile, *args, env_extra=None):
     return c.popen(cmd, env_extra)
 
 
+def launch_and_kill_node1(c, run_flags):
+    """tutti-launch runs the trainer with run_flags on cluster c; after step KILL_AT every process
+    of node1, its holder too (the machine is gone), gets SIGKILL. Returns the launcher's process
+    (ended), its Lines and the time of the kill."""
+    p = launch(c, c.hostfile(), *run_flags)
+    out = Lines(p)
+    try:
+        m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
+        victims = c.pids("node1", holder_too=True)
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.time()
+        print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p, out, killed
+
+
 def launcher_node_killed():
     """tutti-launch runs the trainer on 4 nodes x 1 rank; every process of node1, the node's own
     holder included (the machine is gone: nothing can be started there again), is killed with
@@ -324,21 +345,10 @@ def launcher_node_killed():
         os.mkdir(kept)
         keeper = CheckpointKeeper(os.path.join(ckpt, "checkpoint.tckp"), kept)
         with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
-            p = launch(c, c.hostfile(), *run_flags)
-            out = Lines(p)
             try:
-                m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
-                victims = c.pids("node1", holder_too=True)
-                for pid in victims:
-                    os.kill(pid, signal.SIGKILL)
-                killed = time.time()
-                print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
-                p.wait(timeout=120)
+                p, out, killed = launch_and_kill_node1(c, run_flags)
             finally:
                 keeper.stop()
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
             err = out.text("err")
             print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
             expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
@@ -390,20 +400,7 @@ def launcher_node_killed_memory():
         run_flags = [*FLAGS, "--zero", "1", "--checkpoint-dir", ckpt, "--snapshot-every", str(snap_every),
                      "--progress", "lines", "--progress-interval", "0.1", "--json", summary]
         with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
-            p = launch(c, c.hostfile(), *run_flags)
-            out = Lines(p)
-            try:
-                m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
-                victims = c.pids("node1", holder_too=True)
-                for pid in victims:
-                    os.kill(pid, signal.SIGKILL)
-                killed = time.time()
-                print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
-                p.wait(timeout=120)
-            finally:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            p, out, killed = launch_and_kill_node1(c, run_flags)
             err = out.text("err")
             print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
             expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
