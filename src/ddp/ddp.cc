@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -449,18 +450,31 @@ StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimi
   if (options_.zero_stage == 0 || comm_.size() == 1) return optimizer.state_dict();
   StateDict out;
   out["step"] = int_scalar_tensor(optimizer.steps());
+  // One state at a time gathered whole (collective, the same order on every rank).
+  Tensor full;
+  std::size_t gathered = SIZE_MAX;
+  for_each_optimizer_state(optimizer, [&](const std::string& key, std::size_t k, const nn::PlanEntry& e) {
+    if (k != gathered) {
+      full = gather_full(optimizer.flat_state(k));
+      gathered = k;
+    }
+    out[key] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+  });
+  model_.stream().synchronize();
+  return out;
+}
+
+void DistributedDataParallel::for_each_optimizer_state(
+    optim::Optimizer& optimizer,
+    const std::function<void(const std::string& key, std::size_t k, const nn::PlanEntry& entry)>& fn) const {
   const std::vector<std::string> names = optimizer.state_names();
   const nn::FlatPlan& plan = reducer_->plan();
   const std::vector<nn::Parameter*> mine = optimizer.parameters();
   for (std::size_t k = 0; k < names.size(); ++k) {
-    const Tensor full = gather_full(optimizer.flat_state(k));
     for (std::size_t i = 0; i < mine.size(); ++i) {
-      const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
-      out[optimizer.key_of(i) + "." + names[k]] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+      fn(optimizer.key_of(i) + "." + names[k], k, plan.entries[index_.at(mine[i])]);
     }
   }
-  model_.stream().synchronize();
-  return out;
 }
 
 StateDict DistributedDataParallel::model_state_views() {
@@ -480,16 +494,10 @@ StateDict DistributedDataParallel::optimizer_state_views(optim::Optimizer& optim
                   ": use optimizer_state_dict()");
   StateDict out;
   out["step"] = int_scalar_tensor(optimizer.steps());
-  const std::vector<std::string> names = optimizer.state_names();
-  const nn::FlatPlan& plan = reducer_->plan();
-  const std::vector<nn::Parameter*> mine = optimizer.parameters();
   // At stage 0 the attached optimizer's state is one span over the whole plan: plan offsets.
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
-      out[optimizer.key_of(i) + "." + names[k]] = optimizer.flat_state(k).view(e.offset, e.shape);
-    }
-  }
+  for_each_optimizer_state(optimizer, [&](const std::string& key, std::size_t k, const nn::PlanEntry& e) {
+    out[key] = optimizer.flat_state(k).view(e.offset, e.shape);
+  });
   return out;
 }
 

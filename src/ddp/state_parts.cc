@@ -62,19 +62,11 @@ StateParts DistributedDataParallel::optimizer_state_parts(optim::Optimizer& opti
                   "DistributedDataParallel (under ZeRO each rank's state is its shard of the attached one's)");
   StateParts out;
   out["step"] = whole(int_scalar_tensor(optimizer.steps()));
-  const std::vector<std::string> names = optimizer.state_names();
   const nn::FlatPlan& plan = reducer_->plan();
-  const std::vector<nn::Parameter*> mine = optimizer.parameters();
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    const Tensor& state = optimizer.flat_state(k);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const nn::PlanEntry& e = plan.entries[index_.at(mine[i])];
-      StatePart p;
-      if (part_of(plan, e, comm_.rank(), state, Tensor(), p)) {  // the shard's layout
-        out[optimizer.key_of(i) + "." + names[k]] = std::move(p);
-      }
-    }
-  }
+  for_each_optimizer_state(optimizer, [&](const std::string& key, std::size_t k, const nn::PlanEntry& e) {
+    StatePart p;
+    if (part_of(plan, e, comm_.rank(), optimizer.flat_state(k), Tensor(), p)) out[key] = std::move(p);  // shard layout
+  });
   return out;
 }
 

@@ -49,6 +49,7 @@
 // and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -202,6 +203,12 @@ class DistributedDataParallel {
   void wait_gather(int bucket);
   Tensor gather_full(const Tensor& shard);
   bool half_masters() const { return master_shard_.defined(); }
+  // The optimizer's state tensors as its checkpoints name them: fn(key, k, entry) for state k
+  // (state_names()[k], in order) of each of its parameters (plan entry `entry`), key
+  // "<key_of(i)>.<state name>".
+  void for_each_optimizer_state(
+      optim::Optimizer& optimizer,
+      const std::function<void(const std::string& key, std::size_t k, const nn::PlanEntry& entry)>& fn) const;
 
   Communicator& comm_;
   nn::Module& model_;
