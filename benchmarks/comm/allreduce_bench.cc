@@ -41,6 +41,8 @@
 #include <nccl.h>
 #endif
 
+#include "common/stats.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -74,11 +76,7 @@ MPI_Datatype mpi_type(tutti::DType d) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 // Element i of rank r: small integers, so that every sum is exact in every dtype.
 float input_value(int rank, std::int64_t i) { return static_cast<float>((i % 7) + rank % 3); }

@@ -42,16 +42,13 @@
 #include <string>
 #include <vector>
 
+#include "common/stats.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
