@@ -1,7 +1,5 @@
 // train::Run: the step protocol (next, add_loss, end_step) and the ending (finish).
 // Resume and the checkpoint writer are in checkpointing.cc.
-#include <zlib.h>
-
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -37,8 +35,7 @@ const char* signal_name(int sig) {
 
 // check_same without a Job: the crc32 of the value, its minimum and maximum over the ranks.
 void check_same_over(Communicator& comm, int rank, std::string_view what, std::string_view value) {
-  const auto crc = static_cast<std::int64_t>(
-      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(value.data()), static_cast<uInt>(value.size())));
+  const std::int64_t crc = crc_of(value);
   const Tensor vote = Tensor::from_ints({crc, -crc}, {2}, DType::i64);
   CallOptions call;
   call.label = "train::Run check_same";

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "io/checkpoint_file.h"
 #include "train/snapshots.h"
 #include "tutti/comm/communicator.h"
 #include "tutti/core/tensor.h"
@@ -22,6 +23,8 @@ inline constexpr const char* kStep = "train.step";
 inline constexpr const char* kLastLoss = "train.last_loss";
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
+// crc32 of a string (check_same without a Job, the snapshots' node of a host name).
+inline std::int64_t crc_of(std::string_view text) { return io::detail::crc_update(0, text.data(), text.size()); }
 
 struct Run::Impl {
   // What the Run needs of a Job, so that ranks as threads (no Job) run the same code.

@@ -1,7 +1,5 @@
 // train::Run's side of the memory snapshots (train/snapshots.h): where the ranks' nodes and
 // folders are, the run id that ties a snapshot to its run, and the state as parts.
-#include <zlib.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,9 +38,7 @@ std::vector<int> Run::Impl::snapshot_nodes() const {
   std::vector<int> nodes;
   if (!hostname.empty()) {
     // With a Job: ranks with the same host name share a node (COLLECTIVE).
-    const auto crc = static_cast<std::int64_t>(crc32(
-        crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(hostname.data()), static_cast<uInt>(hostname.size())));
-    const Tensor mine = Tensor::from_ints({crc}, {1}, DType::i64);
+    const Tensor mine = Tensor::from_ints({crc_of(hostname)}, {1}, DType::i64);
     const Tensor all = Tensor::empty({world}, DType::i64);
     CallOptions call;
     call.label = "memory snapshot nodes";
@@ -127,6 +123,7 @@ void Run::Impl::start_snapshots() {
   const bool sharded = state.ddp->zero_stage() > 0;
   std::uint64_t bytes = 0;
   if (snapshots->writes(sharded)) {
+    // The file a write makes, its metadata's values stood in for by 20 digits (an i64's most).
     io::Metadata md = metadata_of(options);
     md["snapshot.step"] = md["snapshot.part"] = md["snapshot.parts"] = std::string(20, '0');
     md["snapshot.run"] = std::string(20, '0');

@@ -46,11 +46,11 @@ std::vector<std::int64_t> allgather_ints(Communicator& comm, const std::vector<s
   return out.to_ints();
 }
 
-std::int64_t allreduce_max(Communicator& comm, std::int64_t v, const char* label) {
+std::int64_t allreduce_one(Communicator& comm, std::int64_t v, ReduceOp op, const char* label) {
   const Tensor t = Tensor::from_ints({v}, {1}, DType::i64);
   CallOptions call;
   call.label = label;
-  comm.allreduce(t, ReduceOp::max, call).wait();
+  comm.allreduce(t, op, call).wait();
   return t.to_ints()[0];
 }
 
@@ -72,10 +72,14 @@ std::vector<std::string> allgather_strings(Communicator& comm, const std::string
   return out;
 }
 
+// A whole file in one read (a part of a large model's state is hundreds of MB).
 std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   TUTTI_CHECK_ARG(in.good(), "cannot open '", path, "'");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(in.tellg()));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  TUTTI_CHECK_ARG(in.good() || bytes.empty(), "cannot read '", path, "'");
   return bytes;
 }
 
@@ -161,7 +165,7 @@ std::uint64_t MemorySnapshots::check_space(std::uint64_t part_bytes, bool sharde
   // Every rank refuses alike (a rank left training would wait for the others at its next
   // collective): the lowest rank whose node lacks the space is named everywhere.
   const std::int64_t short_rank =
-      -allreduce_max(comm, 2 * mine <= free ? std::int64_t{-place_.world} : -place_.rank, "memory snapshot space");
+      allreduce_one(comm, 2 * mine <= free ? place_.world : place_.rank, ReduceOp::min, "memory snapshot space");
   TUTTI_CHECK_ARG(short_rank == place_.world || short_rank == place_.rank, "memory snapshots: rank ", short_rank,
                   "'s node has too little free space in '", dir_, "' (its message says how much); nothing was written");
   // A write replaces the last one: the new file and the old one are there together.
@@ -190,7 +194,8 @@ void MemorySnapshots::write(const StateDict& encoded, const io::Metadata& metada
   if (sharded && buddies_cover_) {
     // Every rank sends its file to its buddy on another node (a permutation), the size first.
     Communicator& comm = *place_.comm;
-    const std::int64_t largest = allreduce_max(comm, static_cast<std::int64_t>(image.size()), "memory snapshot size");
+    const std::int64_t largest =
+        allreduce_one(comm, static_cast<std::int64_t>(image.size()), ReduceOp::max, "memory snapshot size");
     const std::int64_t words = (largest + 8 + 3) / 4;
     const Tensor out = Tensor::zeros({words}, DType::i32);
     const Tensor in = Tensor::empty({words}, DType::i32);
@@ -252,9 +257,10 @@ SnapshotFound MemorySnapshots::find() {
     }
   }
   constexpr std::int64_t kFields = 5;
-  const std::int64_t most = allreduce_max(comm, static_cast<std::int64_t>(records.size()), "memory snapshot scan");
-  records.resize(static_cast<std::size_t>(std::max<std::int64_t>(most, kFields)), -1);
-  const std::int64_t width = std::max<std::int64_t>(most, kFields);
+  // Every rank's records padded to the longest (-1: none), at least one record wide.
+  const std::int64_t width = std::max<std::int64_t>(
+      allreduce_one(comm, static_cast<std::int64_t>(records.size()), ReduceOp::max, "memory snapshot scan"), kFields);
+  records.resize(static_cast<std::size_t>(width), -1);
   const std::vector<std::int64_t> all = allgather_ints(comm, records, "memory snapshot scan");
 
   SnapshotFound found;
