@@ -135,6 +135,23 @@ std::shared_ptr<Backend> MpiWorld::make_mpi_backend(Device device, CommOptions o
   return detail::make_mpi_backend(impl_->world, device, std::move(options), board_comm);
 }
 
+std::shared_ptr<Backend> MpiWorld::make_split_backend(int color, int key, bool nccl, Device device, CommOptions options,
+                                                      int board_comm) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  TUTTI_MPI_CHECK(MPI_Comm_split(impl_->world, color, key, &sub));
+  // The backends keep duplicates of it.
+  struct Free {
+    MPI_Comm* comm;
+    ~Free() {
+      if (*comm != MPI_COMM_NULL && usable()) MPI_Comm_free(comm);
+    }
+  } free_sub{&sub};
+  TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  if (!nccl) return detail::make_mpi_backend(sub, device, std::move(options), board_comm);
+  MpiBootstrap boot(sub);
+  return make_nccl_backend(boot, make_mpi_control(sub), device, std::move(options), board_comm);
+}
+
 void MpiWorld::release(bool free) noexcept {
   Impl& m = *impl_;
   m.local_boot.reset();

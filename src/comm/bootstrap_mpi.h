@@ -45,6 +45,10 @@ class MpiWorld {
   std::unique_ptr<ControlChannel> control();
   // COLLECTIVE: the mpi backend over duplicates of the world.
   std::shared_ptr<Backend> make_mpi_backend(Device device, CommOptions options, int board_comm);
+  // COLLECTIVE over the world: a backend (nccl, else mpi) over the ranks that pass the same
+  // `color`, ranked by `key` (MPI_Comm_split).
+  std::shared_ptr<Backend> make_split_backend(int color, int key, bool nccl, Device device, CommOptions options,
+                                              int board_comm);
   // Frees the Job's communicators now (before MPI_Finalize), or (free = false) forgets them:
   // another thread may still be inside MPI.
   void release(bool free) noexcept;

@@ -406,6 +406,47 @@ std::shared_ptr<Communicator> Job::new_communicator(CommOptions options, std::st
   return b;
 }
 
+NodeGroups Job::node_groups(CommOptions options, int ranks_per_node) {
+  Impl& j = *impl_;
+  TUTTI_CHECK_ARG(ranks_per_node >= 0, "Job::node_groups: ranks_per_node must be >= 0, got ", ranks_per_node);
+  auto region = j.watchdog->region("Job::node_groups (every rank waits there for all the others)", j.timeout_s);
+  NodeGroups g;
+  int local = j.local_rank;
+  if (ranks_per_node > 0) {
+    g.node = j.rank / ranks_per_node;
+    local = j.rank % ranks_per_node;
+    for (int r = 0; r < j.size; r += ranks_per_node) g.node_sizes.push_back(std::min(ranks_per_node, j.size - r));
+  } else {
+    // Each rank's node is named by its lowest rank (local rank 0's); nodes numbered in rank order.
+    const std::vector<std::string> leaders = j.boot->allgather(j.local_boot->broadcast(std::to_string(j.rank), 0));
+    std::vector<std::string> seen;
+    for (int r = 0; r < j.size; ++r) {
+      const std::string& leader = leaders[static_cast<std::size_t>(r)];
+      auto it = std::find(seen.begin(), seen.end(), leader);
+      if (it == seen.end()) {
+        seen.push_back(leader);
+        g.node_sizes.push_back(0);
+        it = seen.end() - 1;
+      }
+      ++g.node_sizes[static_cast<std::size_t>(it - seen.begin())];
+      if (r == j.rank) g.node = static_cast<int>(it - seen.begin());
+    }
+  }
+  const bool nccl = j.comm->backend() == "nccl";
+  std::shared_ptr<detail::Backend> intra =
+      j.mpi->make_split_backend(g.node, local, nccl, j.device, options, j.take_board_comm());
+  std::shared_ptr<detail::Backend> inter =
+      j.mpi->make_split_backend(local, g.node, nccl, j.device, std::move(options), j.take_board_comm());
+  {
+    std::lock_guard lock(j.extra_mutex);
+    j.extra.push_back(intra);
+    j.extra.push_back(inter);
+  }
+  g.intra = std::move(intra);
+  g.inter = std::move(inter);
+  return g;
+}
+
 std::string Job::summary() const {
   const Impl& j = *impl_;
   auto region = j.watchdog->region("Job::summary (every rank waits there for all the others)", j.timeout_s);

@@ -283,6 +283,7 @@ ThreadGroup::ThreadGroup(int size, ThreadGroupOptions group_options) : impl_(std
   g.completed_up_to.assign(static_cast<std::size_t>(size), 0);
   g.completed_above.resize(static_cast<std::size_t>(size));
   g.exchange_count.assign(static_cast<std::size_t>(size), 0);
+  g.node_group_calls.assign(static_cast<std::size_t>(size), 0);
   for (int r = 0; r < size; ++r) {
     g.comms.push_back(std::make_unique<ThreadCommunicator>(impl_, r));
     g.boots.push_back(std::make_unique<ThreadBootstrap>(&g, r));
@@ -301,6 +302,43 @@ ThreadGroup::~ThreadGroup() {
   impl_->helper.join();
   // The communicators hold the Impl: break the cycle.
   impl_->comms.clear();
+  impl_->subgroups.clear();
+}
+
+NodeGroups ThreadGroup::node_groups(int rank, const std::vector<int>& node_sizes) {
+  Impl& g = *impl_;
+  TUTTI_CHECK_ARG(rank >= 0 && rank < g.size, "ThreadGroup::node_groups: rank ", rank, " of ", g.size);
+  NodeGroups out;
+  out.node_sizes = node_sizes;
+  int total = 0, local = -1;
+  for (int i = 0; i < out.node_count(); ++i) {
+    TUTTI_CHECK_ARG(node_sizes[static_cast<std::size_t>(i)] > 0, "ThreadGroup::node_groups: node ", i, " has ",
+                    node_sizes[static_cast<std::size_t>(i)], " ranks");
+    if (rank >= total && rank < total + node_sizes[static_cast<std::size_t>(i)]) {
+      out.node = i;
+      local = rank - total;
+    }
+    total += node_sizes[static_cast<std::size_t>(i)];
+  }
+  TUTTI_CHECK_ARG(total == g.size, "ThreadGroup::node_groups: nodes of ", out.sizes_str(), " ranks hold ", total,
+                  " ranks, the group has ", g.size);
+  // Across nodes: the nodes that have a rank of this local index, in node order.
+  int inter_size = 0, inter_rank = 0;
+  for (int i = 0; i < out.node_count(); ++i) {
+    if (node_sizes[static_cast<std::size_t>(i)] <= local) continue;
+    if (i == out.node) inter_rank = inter_size;
+    ++inter_size;
+  }
+  std::lock_guard lock(g.mutex);
+  const std::uint64_t call = g.node_group_calls[static_cast<std::size_t>(rank)]++;
+  auto group = [&](int kind, int color, int size, int sub_rank) {
+    std::shared_ptr<ThreadGroup>& sub = g.subgroups[{call, kind, color}];
+    if (!sub) sub = std::make_shared<ThreadGroup>(size, g.options);
+    return std::shared_ptr<Communicator>(sub, &sub->communicator(sub_rank));
+  };
+  out.intra = group(0, out.node, node_sizes[static_cast<std::size_t>(out.node)], local);
+  out.inter = group(1, local, inter_size, inter_rank);
+  return out;
 }
 
 int ThreadGroup::size() const { return impl_->size; }

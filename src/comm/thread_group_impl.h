@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/backend.h"
@@ -158,6 +159,9 @@ struct ThreadGroup::Impl {
   std::thread helper;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<Bootstrap>> boots;
+  // node_groups: the k-th call's groups, by (k, 0 intra / 1 inter, color); per rank its calls.
+  std::map<std::tuple<std::uint64_t, int, int>, std::shared_ptr<ThreadGroup>> subgroups;
+  std::vector<std::uint64_t> node_group_calls;
   // The bootstrap's rendezvous: the k-th allgather of every rank meets the others' k-th.
   struct Exchange {
     std::vector<std::string> values;

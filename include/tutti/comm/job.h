@@ -40,6 +40,7 @@
 #include <string_view>
 
 #include "tutti/comm/communicator.h"
+#include "tutti/comm/groups.h"
 #include "tutti/core/device.h"
 
 namespace tutti {
@@ -144,6 +145,17 @@ class Job {
   // sequence numbers (backend as in JobOptions::backend). The Job shuts it down before it
   // finalizes MPI; using it after that throws.
   std::shared_ptr<Communicator> new_communicator(CommOptions options, std::string_view backend = "auto");
+
+  // COLLECTIVE: the node groups (groups.h): two new communicators, over the ranks of this node
+  // (by local index) and over the ranks with this local index (by node), with `options` and
+  // communicator()'s backend (nccl: ncclCommInitRank per group, its id broadcast over the
+  // group's MPI communicator). Nodes are numbered by their lowest rank. ranks_per_node > 0
+  // fakes the node map instead: consecutive blocks of that many ranks are the nodes (the last
+  // may be smaller), to try the two levels on one machine and in tests. Their collectives have
+  // deadlines and end the job on a failure like communicator()'s (the reports of a missed
+  // deadline list every rank of the job); the Job shuts them down as it does
+  // new_communicator()'s.
+  NodeGroups node_groups(CommOptions options = {}, int ranks_per_node = 0);
 
   // COLLECTIVE, blocks: every rank's line (rank, host, local rank, device, backend) and the
   // versions of tutti, MPI, NCCL and CUDA, the same text on every rank. Print it on one rank.

@@ -38,9 +38,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
+#include "tutti/comm/groups.h"
 
 namespace tutti {
 
@@ -97,6 +99,12 @@ class ThreadGroup {
   void run(const std::function<void(int rank)>& body);
   // With watchdogs: how the job ended, once a rank's watchdog ended it (else nullopt).
   std::optional<ThreadJobEnd> job_end() const;
+  // COLLECTIVE over the group's ranks (each rank's thread calls it, with the same node_sizes):
+  // rank `rank`'s node groups (groups.h) for a faked node map: node i holds node_sizes[i]
+  // consecutive ranks (they must add up to size()). Each group is a ThreadGroup of its own,
+  // made with this group's CommOptions (no watchdogs, no faults); the communicators keep it
+  // alive.
+  NodeGroups node_groups(int rank, const std::vector<int>& node_sizes);
 
   struct Impl;  // internal
 
