@@ -10,6 +10,9 @@
 //   local        each rank alone, no communication: the per-rank throughput of one rank
 //   overlap      DistributedDataParallel (zero 0), each bucket's allreduce started during backward
 //   after        the same with every allreduce after backward (overlap off)
+//   hier         overlap with the hierarchical allreduce (comm/groups.h): reduce-scatter in the
+//                node, allreduce across nodes, all-gather in the node (--ranks-per-node fakes
+//                the node map)
 //   zero1        ZeRO-1: reduce-scatter, sharded update, all-gather in the next forward
 //   zero2        ZeRO-2: as zero1, without a full-size gradient buffer
 //   traced       overlap with the timeline recording (docs/observability.md): its steps record
@@ -72,6 +75,7 @@ struct Config {
   std::string optimizer = "sgd";
   std::string precision = "fp32";
   std::string modes = "local,overlap,after,zero1,zero2";
+  int ranks_per_node = 0;  // hier: 0 = the real node map
   bool memory_only = false;
   std::string json;
   std::string trace_dir;  // empty: ddp_bench_trace/ beside the program (in the build tree)
@@ -149,7 +153,10 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", c.optimizer, "sgd (momentum) or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
   app.add_option("--precision", c.precision, "fp32, or bf16 (bf16 compute, gradients and wire; fp32 masters)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--modes", c.modes, "comma list of local, overlap, after, zero0, zero1, zero2");
+  app.add_option("--modes", c.modes, "comma list of local, overlap, after, hier, zero0, zero1, zero2");
+  app.add_option("--ranks-per-node", c.ranks_per_node,
+                 "hier: fake nodes of this many consecutive ranks (0: the real node map)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--memory-only", c.memory_only, "set up each mode and run two steps: memory, no timing");
   app.add_option("--json", c.json, "write the results as JSON to this path");
   app.add_option("--trace", c.trace_dir,
@@ -191,13 +198,19 @@ int main(int argc, char** argv) {
       stream.synchronize();
     };
 
+    // The hierarchical allreduce's communicator, if a mode needs it.
+    std::shared_ptr<tutti::Communicator> hier;
+    if (c.modes.find("hier") != std::string::npos) {
+      hier = tutti::hierarchical_communicator(job.communicator(), job.node_groups({}, c.ranks_per_node));
+    }
+
     // Set up every mode, one after another, measuring what each allocates.
     std::vector<std::unique_ptr<Instance>> all;
     std::int64_t params = 0;
     for (const std::string& mode : split(c.modes)) {
       auto m = std::make_unique<Instance>();
       m->mode = mode;
-      if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced")
+      if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced" || mode == "hier")
         m->zero = 0;
       else if (mode == "zero1")
         m->zero = 1;
@@ -216,7 +229,8 @@ int main(int argc, char** argv) {
         o.bucket_cap_mb = c.bucket_mb;
         o.reducer.overlap = mode != "after";
         o.zero_stage = m->zero;
-        m->ddp = std::make_unique<tutti::ddp::DistributedDataParallel>(job.communicator(), *m->model, o);
+        tutti::Communicator& comm = mode == "hier" ? *hier : job.communicator();
+        m->ddp = std::make_unique<tutti::ddp::DistributedDataParallel>(comm, *m->model, o);
       } else {
         m->model->storage().flatten();
         m->model->storage().allocate_grads();
@@ -321,17 +335,23 @@ int main(int argc, char** argv) {
     for (Result& r : results) r.efficiency = r.zero < 0 ? 1.0 : (local > 0 ? r.samples_per_s / (n * local) : 0);
 
     // The allreduce of the whole gradient buffer alone, for reference.
-    double allreduce_ms = 0;
+    double allreduce_ms = 0, hier_allreduce_ms = 0;
     if (!c.memory_only) {
       tutti::Tensor grads = tutti::Tensor::zeros({params}, policy.grad, device);
-      std::vector<double> ar;
+      std::vector<double> ar, hier_ar;
       for (int it = 0; it < c.warmup + c.steps; ++it) {
         job.cpu_communicator().barrier().wait();
-        const auto t0 = Clock::now();
+        auto t0 = Clock::now();
         job.communicator().allreduce(grads).wait();
         if (it >= c.warmup) ar.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        if (!hier) continue;
+        job.cpu_communicator().barrier().wait();
+        t0 = Clock::now();
+        hier->allreduce(grads).wait();
+        if (it >= c.warmup) hier_ar.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       }
       allreduce_ms = median(ar);
+      if (hier) hier_allreduce_ms = median(hier_ar);
     }
 
     if (job.rank() == 0) {
@@ -343,6 +363,7 @@ int main(int argc, char** argv) {
           c.optimizer.c_str(), c.precision.c_str(), static_cast<long long>(c.batch), c.bucket_mb, c.steps);
       if (!c.memory_only) {
         std::printf("# allreduce of all gradients alone: %.2f ms\n", allreduce_ms);
+        if (hier) std::printf("# hierarchical allreduce of all gradients alone: %.2f ms\n", hier_allreduce_ms);
         std::printf("%-8s %10s %11s %11s %9s %12s %10s %9s %9s\n", "mode", "step_ms", "compute_ms", "exposed_ms",
                     "exposed%", "samples/s", "efficiency", "busbw", "vs_zero0");
         double zero0 = 0;
@@ -398,6 +419,7 @@ int main(int argc, char** argv) {
                          {"scaling_efficiency", r.efficiency},
                          {"busbw_gbs", r.busbw_gbs},
                          {"allreduce_alone_ms", allreduce_ms},
+                         {"hierarchical_allreduce_alone_ms", hier_allreduce_ms},
                          {"bucket_mb", c.bucket_mb},
                          {"device", device.str()},
                          {"memory",

@@ -22,6 +22,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "the gradients); checkpoints resume at any stage and number of ranks")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
+  app.add_option("--allreduce", f.allreduce,
+                 "how gradients are summed across ranks: flat (one allreduce over all ranks) or hierarchical "
+                 "(reduce-scatter in each node, allreduce across nodes, all-gather in each node: fewer bytes "
+                 "over the link between nodes; --zero 0 only)")
+      ->check(CLI::IsMember({"flat", "hierarchical"}))
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber)
@@ -116,6 +122,23 @@ std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int n
                 : f.zero > 0 ? ", each rank's part also on a buddy node"
                              : ", one copy per node");
   return text;
+}
+
+tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
+                                      std::shared_ptr<tutti::Communicator>& hierarchical) {
+  job.check_same("--allreduce", f.allreduce);
+  if (f.allreduce == "flat") return job.communicator();
+  TUTTI_CHECK_ARG(f.zero == 0,
+                  "--allreduce hierarchical needs --zero 0 (ZeRO reduce-scatters the gradients over all "
+                  "ranks), got --zero ",
+                  f.zero);
+  tutti::NodeGroups groups = job.node_groups();
+  try {
+    hierarchical = tutti::hierarchical_communicator(job.communicator(), groups);
+  } catch (const tutti::InvalidArgument& e) {
+    TUTTI_THROW(InvalidArgument, "--allreduce hierarchical: ", e.message());
+  }
+  return *hierarchical;
 }
 
 }  // namespace example

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <tutti/tutti.h>
@@ -20,7 +21,8 @@ struct RunFlags {
   std::string precision = "fp32";
   std::string grad_comm;  // the precision policy's when not given
   double bucket_mb = 25;
-  int zero = 0;  // ZeRO stage
+  int zero = 0;                    // ZeRO stage
+  std::string allreduce = "flat";  // or "hierarchical" (comm/groups.h)
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   std::string resume = "no";  // "no", "yes" (--resume) or "auto"
@@ -43,6 +45,13 @@ void add_run_flags(CLI::App& app, RunFlags& f);
 // `summary`: where the run's summary goes (made from --json before the Job).
 tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,
                                      tutti::train::Summary& summary);
+
+// The communicator DDP reduces the gradients over: job.communicator() for --allreduce flat, else
+// a hierarchical one made here (COLLECTIVE: node groups) and kept in `hierarchical`, which must
+// outlive the DDP object. Throws InvalidArgument naming the flag where it cannot apply (ZeRO,
+// nodes with unequal rank counts) and when the ranks disagree on it.
+tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
+                                      std::shared_ptr<tutti::Communicator>& hierarchical);
 
 // The accumulation steps of a global batch over `world` ranks: --accum-steps (`accum`) as given,
 // or with --max-micro-batch M the fewest (at least `accum`) that keep each rank's micro-batch at

@@ -143,7 +143,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
-  tutti::ddp::DistributedDataParallel ddp(job.communicator(), *model, ddp_options);
+  std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
+  tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), *model, ddp_options);
 
   std::unique_ptr<tutti::optim::Optimizer> optimizer;
   double lr = f.lr, weight_decay = f.weight_decay;

@@ -150,7 +150,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
-  tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
+  std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
+  tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
   // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
