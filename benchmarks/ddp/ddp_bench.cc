@@ -336,19 +336,31 @@ int main(int argc, char** argv) {
 
     // The allreduce of the whole gradient buffer alone, for reference.
     double allreduce_ms = 0, hier_allreduce_ms = 0;
+    std::int64_t hier_wrong = 0;  // elements of the hierarchical allreduce that were not the world size
     if (!c.memory_only) {
       tutti::Tensor grads = tutti::Tensor::zeros({params}, policy.grad, device);
       std::vector<double> ar, hier_ar;
+      tutti::Tensor ones, hier_grads;
+      if (hier) {
+        ones = tutti::Tensor::from_floats(std::vector<float>(static_cast<std::size_t>(params), 1.0f), {params})
+                   .to(device, stream);
+        hier_grads = tutti::Tensor::zeros({params}, tutti::DType::f32, device);
+      }
       for (int it = 0; it < c.warmup + c.steps; ++it) {
         job.cpu_communicator().barrier().wait();
         auto t0 = Clock::now();
         job.communicator().allreduce(grads).wait();
         if (it >= c.warmup) ar.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         if (!hier) continue;
+        hier_grads.copy_from(ones, stream);
+        stream.synchronize();
         job.cpu_communicator().barrier().wait();
         t0 = Clock::now();
-        hier->allreduce(grads).wait();
+        hier->allreduce(hier_grads).wait();
         if (it >= c.warmup) hier_ar.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        // Every element must be the world size: a wrong sum would make the timing meaningless.
+        const std::vector<float> got = hier_grads.to(tutti::Device::cpu(), stream).to_floats();
+        for (float v : got) hier_wrong += v != static_cast<float>(n);
       }
       allreduce_ms = median(ar);
       if (hier) hier_allreduce_ms = median(hier_ar);
@@ -363,7 +375,10 @@ int main(int argc, char** argv) {
           c.optimizer.c_str(), c.precision.c_str(), static_cast<long long>(c.batch), c.bucket_mb, c.steps);
       if (!c.memory_only) {
         std::printf("# allreduce of all gradients alone: %.2f ms\n", allreduce_ms);
-        if (hier) std::printf("# hierarchical allreduce of all gradients alone: %.2f ms\n", hier_allreduce_ms);
+        if (hier) {
+          std::printf("# hierarchical allreduce of all gradients alone: %.2f ms (%s)\n", hier_allreduce_ms,
+                      hier_wrong == 0 ? "sums checked" : "WRONG SUMS");
+        }
         std::printf("%-8s %10s %11s %11s %9s %12s %10s %9s %9s\n", "mode", "step_ms", "compute_ms", "exposed_ms",
                     "exposed%", "samples/s", "efficiency", "busbw", "vs_zero0");
         double zero0 = 0;
