@@ -5,6 +5,10 @@
 //   comm_fault_test idiom      the try/catch idiom of examples/hello_ranks.cc around a loop of
 //                              allreduces: an exception leaves the Job's scope on the faulty
 //                              rank; the catch prints "CAUGHT rank R: <what>" and returns 1.
+//   comm_fault_test groups     the idiom's loop on the hierarchical allreduce over faked nodes of
+//                              2 ranks (Job::node_groups, comm/groups.h): each step is 4
+//                              collectives of this process (the allreduce, then the node
+//                              reduce-scatter, the step across nodes, the node all-gather).
 //   comm_fault_test terminate  the same loop without a catch: the exception escapes main.
 //   comm_fault_test abort      the last rank calls job.abort("the test asked for it", 7).
 //   comm_fault_test mismatch A B
@@ -82,6 +86,27 @@ int idiom(int argc, char** argv) {
   return 0;
 }
 
+int groups(int argc, char** argv) {
+  const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  int rank = env_rank != nullptr ? std::atoi(env_rank) : -1;
+  try {
+    tutti::Job job(argc, argv, cpu_options());
+    rank = job.rank();
+    hello(job);
+    auto hier = tutti::hierarchical_communicator(job.communicator(), job.node_groups({}, 2));
+    auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
+    for (int i = 0; i < 40; ++i) {
+      hier->allreduce(x, tutti::ReduceOp::sum, {.label = "step " + std::to_string(i)}).wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
+    return 1;
+  }
+  std::printf("DONE rank %d\n", rank);
+  return 0;
+}
+
 int terminate(int argc, char** argv) {
   tutti::Job job(argc, argv, cpu_options());
   hello(job);
@@ -139,8 +164,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "idiom") return idiom(argc, argv);
   if (mode == "terminate") return terminate(argc, argv);
+  if (mode == "groups") return groups(argc, argv);
   if (mode == "abort") return abort_mode(argc, argv);
   if (mode == "mismatch" && argc > 3) return mismatch(argc, argv, std::atoll(argv[2]), std::atoll(argv[3]));
-  std::fprintf(stderr, "usage: %s idiom|terminate|abort|mismatch A B\n", argv[0]);
+  std::fprintf(stderr, "usage: %s idiom|groups|terminate|abort|mismatch A B\n", argv[0]);
   return 2;
 }

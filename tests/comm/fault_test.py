@@ -200,6 +200,20 @@ def stall_collective(private_board=False):
     expect_in(r"tutti \[rank 1\]: rank 0 is ending the job: TIMEOUT: collective #5", job.err)
 
 
+def stall_group():
+    # Nodes of 2 ranks, hierarchical allreduces: rank 3 stops before its 19th collective, the
+    # step across nodes of step 4 (4 collectives per step). Its partners wait in the groups'
+    # collectives (rank 1 across nodes, ranks 0 and 2 in their nodes) until the deadline; the
+    # whole job ends.
+    fault = "3:stall@collective=19"
+    job = run(["groups"], 4, {"TUTTI_FAULT": fault, "TUTTI_TIMEOUT_S": str(DEADLINE)})
+    t = job.stamp(r"TUTTI_FAULT='%s': stopping" % re.escape(fault))
+    expect(job.rc == 14, "exit code 14 (a deadline), got %d" % job.rc, job)
+    expect_fast(job, t, DEADLINE + BOUND)
+    expect_in(r"tutti \[rank \d\]: TIMEOUT: collective #\d+ \w+(\(sum\))? 500 x f32 .* issued by 'step 4 \[", job.err)
+    expect("DONE rank" not in job.out, "no rank may finish", job)
+
+
 def exit_collective():
     fault = "1:exit@collective=5"
     job = run(["idiom"], 2, {"TUTTI_FAULT": fault})
@@ -283,6 +297,7 @@ SCENARIOS = {
     "stall_collective.np3": stall_collective,
     "stall_collective_remote.np3": lambda: stall_collective(private_board=True),
     "exit_collective.np2": exit_collective,
+    "stall_group.np4": stall_group,
     "mismatch_agreed.np2": mismatch_agreed,
     "mismatch_small_large.np2": mismatch_small_large,
     "mismatch_debug.np3": mismatch_debug,
