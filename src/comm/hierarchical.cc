@@ -10,10 +10,12 @@
 // completes, and goes on computing meanwhile (as with a flat allreduce).
 #include "tutti/comm/groups.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/backend.h"
 #include "comm/work_state.h"
@@ -132,16 +134,44 @@ class HierarchicalComm final : public Communicator {
     return w;
   }
 
-  // mpi and thread ranks: the steps one after another, each waited for (on this thread).
+  // mpi and thread ranks: the body in up to kSegments segments, pipelined: every segment's
+  // reduce-scatter is issued at once (the node's communicator runs them in order); as each
+  // completes, its step across nodes is issued, and as that completes, its all-gather. So the
+  // link carries segment s while the node reduces segment s + 1 and gathers segment s - 1. The
+  // issue order on each group is fixed (all reduce-scatters, then all all-gathers; the steps
+  // across nodes in segment order), the same on every rank whatever the timing.
+  static constexpr int kSegments = 4;
+  static constexpr std::int64_t kSegmentBytes = 1 << 20;  // at least this much per segment
+
   void run_steps(const Collective& c) {
     if (c.input.data() != c.output.data()) Tensor(c.output).copy_from(c.input, c.stream);
     const Parts p = parts_of(c);
     const ReduceOp op = c.info.op;
     auto call = [&](const char* step) { return CallOptions{step_label(c, step), c.stream}; };
     if (p.whole.defined()) {
-      g_.intra->reduce_scatter(p.whole, p.mine, op, call("node reduce-scatter")).wait();
-      g_.inter->allreduce(p.mine, op, call("across nodes")).wait();
-      g_.intra->allgather(p.mine, p.whole, call("node all-gather")).wait();
+      // Segment s: elements [size · b(s), size · b(s + 1)) of the body, b(s) = shard · s / k; each
+      // is allreduced in three steps of its own.
+      const std::int64_t size = g_.intra->size(), rank = g_.intra->rank(), shard = p.mine.numel();
+      const auto k = static_cast<int>(std::clamp<std::int64_t>(p.whole.nbytes() / kSegmentBytes, 1, kSegments));
+      std::vector<Tensor> whole, mine;
+      std::vector<Work> work;
+      for (int s = 0; s < k; ++s) {
+        const std::int64_t b = shard * s / k, n = shard * (s + 1) / k - b;
+        whole.push_back(c.output.view(size * b, {size * n}));
+        mine.push_back(c.output.view(size * b + rank * n, {n}));
+        work.push_back(g_.intra->reduce_scatter(whole.back(), mine.back(), op, call("node reduce-scatter")));
+      }
+      std::vector<Work> across;
+      for (int s = 0; s < k; ++s) {
+        work[static_cast<std::size_t>(s)].wait();
+        across.push_back(g_.inter->allreduce(mine[static_cast<std::size_t>(s)], op, call("across nodes")));
+      }
+      for (int s = 0; s < k; ++s) {
+        const auto i = static_cast<std::size_t>(s);
+        across[i].wait();
+        work[i] = g_.intra->allgather(mine[i], whole[i], call("node all-gather"));
+      }
+      for (const Work& w : work) w.wait();
     }
     if (p.tail.defined()) {
       g_.intra->allreduce(p.tail, op, call("node tail")).wait();

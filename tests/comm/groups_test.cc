@@ -1,7 +1,8 @@
 // Node groups and the hierarchical allreduce on thread ranks with faked node maps: the groups
 // hold the ranks the node map says; the hierarchical allreduce equals the flat one (integers
 // exactly, floats within rounding) at 2 x 2 and 3 x 2, in place and not, with a tail that does
-// not divide by the node size; unequal nodes are refused naming their sizes.
+// not divide by the node size, and in pipelined segments; unequal nodes are refused naming
+// their sizes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -96,6 +97,8 @@ void expect_equal_to_flat(int nodes, int local, std::int64_t n) {
 
 TEST(HierarchicalAllreduce, EqualsFlatOnTwoNodesOfTwo) { expect_equal_to_flat(2, 2, 1001); }
 TEST(HierarchicalAllreduce, EqualsFlatOnThreeNodesOfTwo) { expect_equal_to_flat(3, 2, 1000); }
+// Above 2 MiB the body goes in pipelined segments (2 for f32 here, 4 for i64).
+TEST(HierarchicalAllreduce, EqualsFlatInSegments) { expect_equal_to_flat(2, 2, (1 << 19) + 3); }
 TEST(HierarchicalAllreduce, EqualsFlatWithTheTailOnly) { expect_equal_to_flat(2, 3, 2); }
 TEST(HierarchicalAllreduce, OneNodeForwardsToTheWorld) { expect_equal_to_flat(1, 3, 10); }
 
