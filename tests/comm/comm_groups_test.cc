@@ -1,8 +1,9 @@
 // Job::node_groups and the hierarchical allreduce under mpiexec (1 to 4 ranks; on the
-// emulated device over nccl): the real node map's groups; a faked map of nodes of 2 ranks,
-// whose groups hold the ranks it says and whose hierarchical allreduce equals the flat one
-// (integers exactly, floats within rounding); at 3 ranks (nodes of 2 and 1) the hierarchical
-// allreduce is refused, naming the node sizes, while the groups themselves work.
+// emulated device over nccl, also at np 4: comm_test_emu_groups.np4): the real node map's
+// groups; a faked map of nodes of 2 ranks, whose groups hold the ranks it says and whose
+// hierarchical allreduce equals the flat one (integers exactly, floats within rounding); at 3
+// ranks (nodes of 2 and 1) the hierarchical allreduce is refused, naming the node sizes, while
+// the groups themselves work.
 #include "comm/comm_test_util.h"
 #include "tutti/comm/groups.h"
 
@@ -56,6 +57,7 @@ TEST(CommNodeGroups, FakedNodesOfTwo) {
     return;
   }
   auto hier = hierarchical_communicator(j.communicator(), g);
+  EXPECT_EQ(hier->backend(), "hierarchical(" + std::string(j.backend()) + ")");
   const Device device = j.device();
   std::uint32_t seed = 900;
   for (DType dtype : {DType::f32, DType::i64}) {
