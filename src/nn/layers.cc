@@ -281,8 +281,8 @@ Residual::Residual(std::unique_ptr<Module> inner) : Residual() { body_->add(std:
 Residual& Residual::set_recompute(std::shared_ptr<RecomputeWorkspace> workspace) {
   TUTTI_CHECK_ARG(workspace == nullptr || body_->size() > 0,
                   "Residual::set_recompute: the body is empty, so there is nothing to recompute");
+  use_workspace(*body_, workspace);
   workspace_ = std::move(workspace);
-  use_workspace(*body_, workspace_);
   x_ = Tensor();
   return *this;
 }

@@ -371,6 +371,17 @@ void Module::clear_buffers_recursive() {
 void Module::use_workspace(Module& body, const std::shared_ptr<RecomputeWorkspace>& workspace) {
   std::vector<Module*> modules;
   body.collect_modules(modules);  // depth first: bodies of one structure number their layers alike
+  if (workspace) {
+    // One level only: a checkpointed body inside another's would replay inside the replay, with
+    // both numbering its layers in their workspaces.
+    // (A body moving from one workspace to another holds its current one, body.workspace_.)
+    bool nested = body.parent_ != nullptr && body.parent_->workspace_ != nullptr;
+    for (const Module* m : modules) {
+      nested = nested || (m->workspace_ != nullptr && m->workspace_ != workspace && m->workspace_ != body.workspace_);
+    }
+    TUTTI_CHECK_ARG(!nested, "recompute: ", body.describe(),
+                    " is inside a checkpointed body or holds one; checkpointed bodies cannot nest");
+  }
   for (std::size_t i = 0; i < modules.size(); ++i) {
     modules[i]->buffers_.clear();
     modules[i]->workspace_ = workspace;

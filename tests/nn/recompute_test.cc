@@ -124,6 +124,17 @@ TEST(Recompute, EmptyBodyAndSwitchingOffAreHandled) {
   }
   EXPECT_FALSE(empty.recomputes());
   EXPECT_NO_THROW(empty.set_recompute(nullptr));
+  // Checkpointed bodies do not nest, whichever is set first.
+  for (const bool outer_first : {true, false}) {
+    Residual outer;
+    Residual& inner = outer.body().emplace<Residual>();
+    inner.body().add<Linear>(4, 4);
+    auto a = std::make_shared<RecomputeWorkspace>(), b = std::make_shared<RecomputeWorkspace>();
+    (outer_first ? outer : inner).set_recompute(a);
+    EXPECT_THROW((outer_first ? inner : outer).set_recompute(b), InvalidArgument) << outer_first;
+    // Moving the one that is on to another workspace is fine.
+    EXPECT_NO_THROW((outer_first ? outer : inner).set_recompute(b));
+  }
   // Switched on, then off again: the residual trains as a plain one.
   Sequential plain, toggled;
   build(plain, nullptr);

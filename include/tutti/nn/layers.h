@@ -208,7 +208,8 @@ class Residual : public Module {
   // Checkpoints this residual's body in `workspace` (shared with the other checkpointed
   // residuals of the model, whose bodies should have the same structure); null turns it off.
   // Takes effect at the next forward; do not call it between a forward and its backward.
-  // Throws InvalidArgument for an empty body (nothing to recompute).
+  // Throws InvalidArgument for an empty body (nothing to recompute), or when checkpointed bodies
+  // would nest (this residual inside a checkpointed body, or one inside this body).
   Residual& set_recompute(std::shared_ptr<RecomputeWorkspace> workspace);
   bool recomputes() const { return workspace_ != nullptr; }
 
