@@ -146,6 +146,9 @@ class TrainGpt(unittest.TestCase):
             self.assertGreater(r["peak_device_bytes"], 0)
             for key in ("params_crc32", "final_train_loss", "final_val_loss"):
                 self.assertEqual(r[key], runs["none"][key], msg="%s %s" % (p, key))
+        # Under ZeRO-2 too (backward writes into the reducer's shards through the placement hook).
+        zero = [train(2, self.dir, "zero2_" + p, *self.data, "--zero", "2", "--recompute", p) for p in ("none", "blocks")]
+        self.assertEqual(zero[1]["params_crc32"], zero[0]["params_crc32"])
         # Bad policies are refused before training: the spelling by the command line (exit 2),
         # a layer count the model does not have by the model (exit 1), each saying why.
         p = train(1, self.dir, "bad", *self.data, "--recompute", "every:0", expect=2)

@@ -238,7 +238,8 @@ class Module {
   // Tells the grad-ready hook (FlatStorage) that `param`'s gradient has been written for this backward.
   void grad_ready(Parameter& param);
   // A reusable buffer of `shape` and `dtype` on device(), one per slot: reallocated only
-  // when it must grow, so repeated steps allocate nothing. Contents are uninitialized.
+  // when it must grow, so repeated steps allocate nothing. Contents are uninitialized. Inside a
+  // checkpointed body it is the RecomputeWorkspace's, which other bodies overwrite.
   Tensor buffer(int slot, const Shape& shape, DType dtype);
   // The gradient of `param` to accumulate into: where the placement hook says, else its grad,
   // allocated (zeroed) if still undefined (a module used on its own, without the root's flat
