@@ -3,7 +3,7 @@
 # torch.compile: tokens/s and MFU of each, the same model, data, batch and optimizer. On a
 # machine with one H100/H200 and a copy of the checkout that includes .gpu-deps/ (made by
 # bash scripts/gpu-deps.sh where Debian's packages can be reached):
-#   bash benchmarks/peers/gpt_gpu.sh      # about seven minutes (GPT_GPU_BUDGET_S)
+#   bash benchmarks/peers/gpt_gpu.sh      # at most about nine minutes (GPT_GPU_BUDGET_S)
 # A separate script, not a step of scripts/gpu-check.sh, so that each fits a short lease of
 # a GPU machine; it reuses gpu-check's build folder (build-gpu) when that is already configured.
 #
