@@ -150,6 +150,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.deterministic = f.deterministic;
   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
