@@ -7,7 +7,7 @@
 namespace tutti::kernels {
 
 void fixed_point_accumulate(const Tensor& x, double scale, double limit, const Tensor& acc, const Tensor& status,
-                            const Stream& stream) {
+                            bool zero_x, const Stream& stream) {
   const char* op = "fixed_point_accumulate";
   detail::require_floating(op, "x", x);
   detail::require_dtype(op, "acc", acc, DType::i64);
@@ -18,9 +18,9 @@ void fixed_point_accumulate(const Tensor& x, double scale, double limit, const T
   const Device device = detail::require_same_device(op, {&x, &acc, &status}, stream);
   if (x.numel() == 0) return;
   if (device.is_cuda()) {
-    cuda::fixed_point_accumulate(x, scale, limit, acc, status, stream);
+    cuda::fixed_point_accumulate(x, scale, limit, acc, status, zero_x, stream);
   } else {
-    cpu::fixed_point_accumulate(x, scale, limit, acc, status);
+    cpu::fixed_point_accumulate(x, scale, limit, acc, status, zero_x);
   }
 }
 

@@ -5,7 +5,8 @@
 
 namespace tutti::kernels::cpu {
 
-void fixed_point_accumulate(const Tensor& x, double scale, double limit, const Tensor& acc, const Tensor& status);
+void fixed_point_accumulate(const Tensor& x, double scale, double limit, const Tensor& acc, const Tensor& status,
+                            bool zero_x);
 void fixed_point_to_float(const Tensor& acc, double scale, const Tensor& out);
 
 }  // namespace tutti::kernels::cpu

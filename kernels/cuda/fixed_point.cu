@@ -13,13 +13,14 @@ using std::int64_t;
 constexpr int kBlock = 256;
 
 template <typename T>
-__global__ void fixed_point_accumulate_kernel(const T* __restrict__ x, int64_t n, double scale, double limit,
-                                              long long* __restrict__ acc, unsigned long long* status) {
+__global__ void fixed_point_accumulate_kernel(T* __restrict__ x, int64_t n, double scale, double limit,
+                                              long long* __restrict__ acc, unsigned long long* status, bool zero_x) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   bool nonfinite = false, out_of_range = false;
   for (int64_t i = tid; i < n; i += stride) {
     const float f = load_f32(x[i]);
+    if (zero_x) x[i] = store_as<T>(0.0f);
     if (!isfinite(f)) {
       nonfinite = true;
       continue;
@@ -51,7 +52,7 @@ __global__ void fixed_point_to_float_kernel(const long long* __restrict__ acc, i
 }  // namespace
 
 void fixed_point_accumulate(const Tensor& x, double scale, double limit, const Tensor& acc, const Tensor& status,
-                            const Stream& stream) {
+                            bool zero_x, const Stream& stream) {
   DeviceGuard guard(x.device());
   const cudaStream_t s = native(stream);
   const int64_t n = x.numel();
@@ -59,7 +60,7 @@ void fixed_point_accumulate(const Tensor& x, double scale, double limit, const T
     using T = device_t<decltype(tag)>;
     fixed_point_accumulate_kernel<T><<<grid_for(n, kBlock), kBlock, 0, s>>>(
         ptr<decltype(tag)>(x), n, scale, limit, reinterpret_cast<long long*>(acc.data()),
-        reinterpret_cast<unsigned long long*>(status.data()));
+        reinterpret_cast<unsigned long long*>(status.data()), zero_x);
     TUTTI_CUDA_CHECK_LAUNCH("fixed_point_accumulate_kernel");
   });
 }

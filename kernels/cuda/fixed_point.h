@@ -8,7 +8,7 @@
 namespace tutti::kernels::cuda {
 
 void fixed_point_accumulate(const Tensor& x, double scale, double limit, const Tensor& acc, const Tensor& status,
-                            const Stream& stream);
+                            bool zero_x, const Stream& stream);
 void fixed_point_to_float(const Tensor& acc, double scale, const Tensor& out, const Stream& stream);
 
 }  // namespace tutti::kernels::cuda

@@ -120,7 +120,7 @@ void attention_forward(const Tensor&, std::int64_t, const Tensor&, const Tensor&
 void attention_backward(const Tensor&, const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Stream&) {
   no_cuda("attention_backward");
 }
-void fixed_point_accumulate(const Tensor&, double, double, const Tensor&, const Tensor&, const Stream&) {
+void fixed_point_accumulate(const Tensor&, double, double, const Tensor&, const Tensor&, bool, const Stream&) {
   no_cuda("fixed_point_accumulate");
 }
 void fixed_point_to_float(const Tensor&, double, const Tensor&, const Stream&) { no_cuda("fixed_point_to_float"); }

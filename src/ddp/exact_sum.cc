@@ -23,7 +23,7 @@ ExactGradientSum::ExactGradientSum(Communicator& comm, std::int64_t numel, Devic
 void ExactGradientSum::add(const Tensor& grads, double loss_scale, const Stream& stream) {
   const double limit = std::floor(std::ldexp(1.0, 62) / slices_);
   kernels::fixed_point_accumulate(grads, std::ldexp(1.0, fraction_bits_) / loss_scale, limit, acc_.view(0, {numel_}),
-                                  acc_.view(numel_, {2}), stream);
+                                  acc_.view(numel_, {2}), /*zero_x=*/true, stream);
 }
 
 void ExactGradientSum::finish(const Tensor& grads, const Stream& stream) {
@@ -59,8 +59,8 @@ bool DistributedDataParallel::exact_backward(const Tensor& dy, double loss_scale
   // The reducer keeps the buffer and the hooks; an accumulating pass never communicates.
   reducer_->prepare(/*sync=*/false, model_.stream());
   model_.backward(dy);
+  // The buffer is zeroed in the same pass: the next slice starts from zero, whoever computes it.
   exact_->add(reducer_->buffer(), loss_scale, model_.stream());
-  reducer_->zero();  // the next slice starts from zero, whoever computes it
   if (!sync) {
     ++micro_step_;
     return false;

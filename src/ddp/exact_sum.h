@@ -29,7 +29,8 @@ class ExactGradientSum {
   // numel: the gradients' flat length; slices: slices per step (world size x accumulation steps).
   ExactGradientSum(Communicator& comm, std::int64_t numel, Device device, int fraction_bits, int slices);
 
-  // Adds one slice's gradients (`grads`, flat, f32/f16/bf16, times loss_scale). Not collective.
+  // Adds one slice's gradients (`grads`, flat, f32/f16/bf16, times loss_scale) and zeroes
+  // them. Not collective.
   void add(const Tensor& grads, double loss_scale, const Stream& stream);
   // COLLECTIVE: sums the ranks' accumulators (one int64 allreduce), writes the mean over the
   // step's slices into `grads` (nan everywhere when a slice held inf or nan) and sets found().

@@ -179,7 +179,8 @@ void Run::add_loss(const Tensor& loss, float weight) {
     TUTTI_CHECK_ARG(weight > 0, "train::Run::add_loss: the deterministic mode needs a positive weight, got ", weight);
     // At most 2^46 units (|weight x loss| <= 2^14) per add, so that 2^16 adds cannot overflow.
     kernels::fixed_point_accumulate(loss, std::ldexp(static_cast<double>(weight), 32), std::ldexp(1.0, 46),
-                                    m.exact_loss.view(0, {1}), m.exact_loss.view(1, {2}), m.options.stream);
+                                    m.exact_loss.view(0, {1}), m.exact_loss.view(1, {2}), /*zero_x=*/false,
+                                    m.options.stream);
     return;
   }
   kernels::add_scaled(loss, weight, m.sync.view(0, {1}), m.options.stream);

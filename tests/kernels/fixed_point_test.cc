@@ -71,6 +71,16 @@ TEST(FixedPoint, RandomSlicesSumToTheDoubleSumWithinOneUnitEach) {
   }
 }
 
+TEST(FixedPoint, ZeroXClearsTheInputAfterAddingIt) {
+  for (DType dt : testing::kFloatDtypes) {
+    Tensor x = Tensor::from_floats({1.5f, -2.f, 0.25f}, {3}, dt);
+    Tensor acc = zeros_i64(3), status = zeros_i64(2);
+    fixed_point_accumulate(x, 4.0, 100.0, acc, status, /*zero_x=*/true);
+    EXPECT_EQ(acc.to_ints(), (std::vector<std::int64_t>{6, -8, 1})) << name_of(dt);
+    EXPECT_EQ(x.to_floats(), (std::vector<float>{0.f, 0.f, 0.f})) << name_of(dt);
+  }
+}
+
 TEST(FixedPoint, NonFiniteAndOutOfRangeElementsSetTheirFlagAndAreNotAdded) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   Tensor acc = Tensor::from_ints({1, 2, 3, 4}, {4}, DType::i64);
@@ -124,12 +134,15 @@ TEST(FixedPoint, CudaMatchesCpuBitForBit) {
         // Large values in slice 2 overflow a limit of 2^40 units (|x| > 1): the flag, on both.
         Tensor x = random_tensor({n}, dt, 50 + slice, -1.5f, 1.5f);
         const double limit = slice == 2 ? std::ldexp(1.0, 40) : kLimit;
+        Tensor x_gpu = x.to(gpu);
         fixed_point_accumulate(x, kScale, limit, acc, status);
-        fixed_point_accumulate(x.to(gpu), kScale, limit, acc_gpu, status_gpu, stream);
+        fixed_point_accumulate(x_gpu, kScale, limit, acc_gpu, status_gpu, /*zero_x=*/true, stream);
+        stream.synchronize();
+        EXPECT_EQ(x_gpu.to(Device::cpu()).to_floats(), std::vector<float>(n, 0.f)) << "zero_x " << name_of(dt);
       }
       Tensor inf = Tensor::from_floats({std::numeric_limits<float>::infinity()}, {1}, dt);
       fixed_point_accumulate(inf, kScale, kLimit, acc.view(0, {1}), status);
-      fixed_point_accumulate(inf.to(gpu), kScale, kLimit, acc_gpu.view(0, {1}), status_gpu, stream);
+      fixed_point_accumulate(inf.to(gpu), kScale, kLimit, acc_gpu.view(0, {1}), status_gpu, false, stream);
       Tensor out = Tensor::empty({n}, dt), out_gpu = Tensor::empty({n}, dt, gpu);
       fixed_point_to_float(acc, 1.0 / kScale / 3, out);
       fixed_point_to_float(acc_gpu, 1.0 / kScale / 3, out_gpu, stream);
