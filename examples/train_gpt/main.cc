@@ -108,6 +108,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   tutti::JobOptions job_options;
   job_options.device = f.device;
   job_options.catch_stop_signals = true;
+  if (f.deterministic) job_options.cpu_threads = 1;  // OpenBLAS's results depend on its thread count
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
