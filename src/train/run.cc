@@ -177,10 +177,15 @@ void Run::add_loss(const Tensor& loss, float weight) {
   m.loss_added = true;
   if (m.exact_loss.defined()) {
     TUTTI_CHECK_ARG(weight > 0, "train::Run::add_loss: the deterministic mode needs a positive weight, got ", weight);
-    // At most 2^46 units (|weight x loss| <= 2^14) per add, so that 2^16 adds cannot overflow.
-    kernels::fixed_point_accumulate(loss, std::ldexp(static_cast<double>(weight), 32), std::ldexp(1.0, 46),
-                                    m.exact_loss.view(0, {1}), m.exact_loss.view(1, {2}), /*zero_x=*/false,
-                                    m.options.stream);
+    // weight x k (k accumulation steps; the sum is divided by k x ranks in end_step), rounded
+    // to 16 significant bits: a program's 1/k (rounded to a float) then weighs exactly 1 for
+    // every k, so the sum does not depend on how the slices are split into ranks and steps.
+    int e = 0;
+    const double f = std::frexp(static_cast<double>(weight) * m.state.ddp->options().accumulation_steps, &e);
+    const double w = std::ldexp(std::nearbyint(std::ldexp(f, 16)), e - 16);
+    // At most 2^46 units (|w x loss| <= 2^14) per add, so that 2^16 adds cannot overflow.
+    kernels::fixed_point_accumulate(loss, std::ldexp(w, 32), std::ldexp(1.0, 46), m.exact_loss.view(0, {1}),
+                                    m.exact_loss.view(1, {2}), /*zero_x=*/false, m.options.stream);
     return;
   }
   kernels::add_scaled(loss, weight, m.sync.view(0, {1}), m.options.stream);
@@ -222,7 +227,9 @@ const StepEnd& Run::end_step() {
     const std::vector<std::int64_t> v = host.to_ints();
     m.loss = v[1] > 0   ? std::numeric_limits<double>::quiet_NaN()
              : v[2] > 0 ? std::numeric_limits<double>::infinity()
-                        : static_cast<double>(static_cast<float>(std::ldexp(static_cast<double>(v[0]), -32) / m.world));
+                        : static_cast<double>(static_cast<float>(
+                              std::ldexp(static_cast<double>(v[0]), -32) /
+                              (static_cast<double>(m.state.ddp->options().accumulation_steps) * m.world)));
   }
   const bool stop = nn::item(stop_flag, stream) > 0;
   ++m.step;

@@ -55,6 +55,7 @@ TEST_F(DeterministicTest, EveryWorldSizeTrainsTheSameBits) {
     const Result r = train(sliced(ranks, true));
     EXPECT_EQ(r.params, one.params) << "deterministic mode: " << ranks << " ranks differ from 1 by "
                                     << relative_difference(r.params, one.params);
+    EXPECT_EQ(r.losses, one.losses) << "the logged loss is summed exactly too";
     const Result normal = train(sliced(ranks, false));
     if (normal.params != normal_one.params) ++normal_differs;
     const double normal_diff = relative_difference(normal.params, normal_one.params);

@@ -71,6 +71,7 @@ struct Result {
   std::string snapshot_dir;                  // rank 0: Run::snapshot_dir()
   std::uint64_t snapshot_bytes = 0;          // rank 0: Run::snapshot_bytes_per_node()
   std::vector<std::int64_t> snapshot_every;  // per rank: StepEnd::snapshot_every after the last step
+  std::vector<double> losses;                // rank 0: StepEnd::loss of each step
 };
 
 // The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
@@ -138,6 +139,7 @@ inline Result train(const Plan& plan) {
       optimizer.step();
       ddp.zero_grad();
       const StepEnd& end = run.end_step();
+      if (rank == 0) out.losses.push_back(end.loss);
       if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
       if (rank == 0 && end.checkpoint_skipped) out.skipped_steps.push_back(end.step);
       if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());
