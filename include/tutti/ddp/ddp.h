@@ -86,7 +86,9 @@ struct DdpOptions {
   // gradients are added exactly into int64 fixed point (multiples of 2^-fixed_point_fraction_bits,
   // at most 2^(62-F) / slices per element and slice, else backward throws), summed across ranks
   // by an int64 allreduce after the last micro-batch (not overlapped with backward) and
-  // converted once. reducer.grad_comm_dtype is not used. docs/user-guide.md says what it costs.
+  // converted once. reducer.grad_comm_dtype is not used. The kernels must give the same bits
+  // at every world size: on the CPU keep the GEMM threads (JobOptions::cpu_threads) the same,
+  // since OpenBLAS's results depend on them. docs/user-guide.md says what it costs.
   bool deterministic = false;
   int fixed_point_fraction_bits = 40;
   bool broadcast_parameters = true;  // rank 0's values everywhere at construction
