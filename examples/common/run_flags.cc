@@ -52,9 +52,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "samples per rank and micro-step at most: the accumulation steps (at least --accum-steps) rise when "
                  "ranks fall, so that a job relaunched on fewer ranks keeps its global batch and fits (0: off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--deterministic", f.deterministic,
-               "a model that does not depend on the number of ranks, bit for bit: gradients summed exactly per "
-               "slice of --max-micro-batch samples (needs it, and --zero 0); the CPU GEMMs use one thread per rank");
+  app.add_flag(
+      "--deterministic", f.deterministic,
+      "a model that does not depend on the number of ranks, bit for bit: gradients summed exactly per "
+      "slice of --max-micro-batch samples (needs it, and --zero 0 or 1); the CPU GEMMs use one thread per rank");
   app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");

@@ -34,9 +34,9 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none,
                   "DistributedDataParallel: set zero_stage, not "
                   "reducer.sharding (zero_stage decides how gradients are sharded)");
-  TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage == 0,
-                  "DistributedDataParallel: deterministic needs zero_stage 0, got ", options_.zero_stage,
-                  " (ZeRO's reduce-scatter and sharded gradient norm are not made exact yet)");
+  TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage < 2,
+                  "DistributedDataParallel: deterministic needs zero_stage 0 or 1, got ", options_.zero_stage,
+                  " (ZeRO-2 keeps no full gradient buffer to sum the slices into)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
@@ -328,7 +328,6 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
       "same gradients again and ",
       next_backward_syncs() ? "reduce them across ranks a second time" : "count them twice in the accumulation",
       " (nothing was communicated)");
-  if (exact_) return exact_backward(dy, loss_scale);
   const bool sync = next_backward_syncs();
   TUTTI_CHECK_ARG(options_.zero_stage == 0 || attached_ != nullptr || !sync, "DistributedDataParallel: zero_stage ",
                   options_.zero_stage,
@@ -336,6 +335,7 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
                   "each rank updates only its shard of the parameters, and only an attached optimizer knows which");
   // The all-gathers of the last step read the buffers this step's update will write.
   synchronize_parameters();
+  if (exact_) return exact_backward(dy, loss_scale);
   reducer_->prepare(sync, model_.stream());
   model_.backward(dy);
   if (!sync) {
@@ -383,7 +383,9 @@ optim::GradNorm DistributedDataParallel::grad_norm(double max_norm) {
               "backward that completed a step (the gradients are not reduced yet)");
   const Stream& stream = model_.stream();
   Tensor sq = Tensor::zeros({1}, DType::f32, model_.device());
-  if (options_.zero_stage == 0) {
+  if (options_.zero_stage == 0 || exact_) {
+    // Deterministic mode: every rank holds every summed gradient (ZeRO-1 too), and sums them
+    // in the same order whatever the world size.
     kernels::sum_squares(reducer_->buffer(), sq, /*accumulate=*/false, stream);
   } else {
     // The norm is a sum over the shards: each rank its own chunks, then one small allreduce.

@@ -56,7 +56,8 @@ void ExactGradientSum::zero(const Stream& stream) { acc_.zero(stream); }
 
 bool DistributedDataParallel::exact_backward(const Tensor& dy, double loss_scale) {
   const bool sync = next_backward_syncs();
-  // The reducer keeps the buffer and the hooks; an accumulating pass never communicates.
+  // The reducer keeps the buffer and the hooks; an accumulating pass never communicates (at
+  // ZeRO-1 too: the buffer is whole, each rank's optimizer reads its chunks of it).
   reducer_->prepare(/*sync=*/false, model_.stream());
   model_.backward(dy);
   // The buffer is zeroed in the same pass: the next slice starts from zero, whoever computes it.

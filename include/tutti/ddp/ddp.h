@@ -81,8 +81,9 @@ struct DdpOptions {
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
   ReducerOptions reducer{};
   // Deterministic mode: the trained model does not depend on the world size, bit for bit
-  // (zero_stage 0 only). Each micro-batch must be one slice of the global batch, of the same
-  // size at every world size (so world size x accumulation steps is constant); each slice's
+  // (zero_stage 0 or 1; at 1 every rank sums and converts the whole gradient, an allreduce
+  // rather than a reduce-scatter, and its optimizer updates its shard). Each micro-batch must be one slice of the
+  // global batch, of the same size at every world size (so world size x accumulation steps is constant); each slice's
   // gradients are added exactly into int64 fixed point (multiples of 2^-fixed_point_fraction_bits,
   // at most 2^(62-F) / slices per element and slice, else backward throws), summed across ranks
   // by an int64 allreduce after the last micro-batch (not overlapped with backward) and
