@@ -108,6 +108,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   tutti::JobOptions job_options;
   job_options.device = f.device;
   job_options.catch_stop_signals = true;
+  if (f.deterministic) job_options.cpu_threads = 1;  // OpenBLAS's results depend on its thread count
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
@@ -151,6 +152,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.deterministic = f.deterministic;
   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
