@@ -10,6 +10,7 @@
 #   bash scripts/benchmarks.sh checkpoint # not in the default run: ~3 minutes, ~25 GB written to
 #                                         # build/bench/checkpoint (each file removed after its mode)
 #   bash scripts/benchmarks.sh chaos      # not in the default run: ~7 minutes, needs root
+#   bash scripts/benchmarks.sh recompute  # not in the default run: ~4 minutes (GPT-2 124M at T 1024)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 . scripts/openblas-env.sh
@@ -86,7 +87,15 @@ for part in $parts; do
       # snapshots, against the same job without failures (docs/benchmarks.md).
       python3 benchmarks/faults/chaos.py --out "$out/chaos" --every 60 --failures 2 --epochs 17 \
         --variant disk --variant "memory:--zero 1 --snapshot-every auto --checkpoint-every 500" ;;
-    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers, checkpoint, chaos)" >&2
+    recompute)
+      # Activation checkpointing: activation bytes and step time per policy (docs/gpt.md,
+      # "Activation checkpointing"): gpt-tiny, then GPT-2 124M at T 1024 (~3 minutes of it).
+      { echo "# measured on: $machine"
+        build/benchmarks/models/gpt_recompute_bench --policies none,blocks,mlp,attn,every:2 --steps 15 \
+          --json "$out/recompute_tiny.json"
+        build/benchmarks/models/gpt_recompute_bench --model gpt2-124m --seq-len 1024 --batch 1 --steps 6 \
+          --policies none,blocks,mlp --json "$out/recompute_gpt2_124m.json"; } | tee "$out/recompute.txt" ;;
+    *) echo "benchmarks.sh: unknown part '$part' (kernels, allreduce, ddp, zero, peers, checkpoint, chaos, recompute)" >&2
        exit 2 ;;
   esac
 done

@@ -58,6 +58,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "samples per rank and micro-step at most: the accumulation steps (at least --accum-steps) rise when "
                  "ranks fall, so that a job relaunched on fewer ranks keeps its global batch and fits (0: off)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag(
+      "--deterministic", f.deterministic,
+      "a model that does not depend on the number of ranks, bit for bit: gradients summed exactly per "
+      "slice of --max-micro-batch samples (needs it, and --zero 0 or 1); the CPU GEMMs use one thread per rank");
   app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
@@ -90,6 +94,13 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
 }
 
 int accumulation_steps(const RunFlags& f, std::int64_t global_batch, int accum, int world) {
+  if (f.deterministic) {
+    TUTTI_CHECK_ARG(f.max_micro_batch > 0 && global_batch % (f.max_micro_batch * world) == 0,
+                    "--deterministic: --batch-size ", global_batch, " must be a multiple of --max-micro-batch (",
+                    f.max_micro_batch, ", the slice: the micro-batch of every rank at every world size) x ", world,
+                    " rank(s)");
+    return static_cast<int>(global_batch / (f.max_micro_batch * world));
+  }
   if (f.max_micro_batch > 0) {
     for (int k = accum; k <= global_batch; ++k) {
       if (global_batch % (static_cast<std::int64_t>(k) * world) == 0 && global_batch / (k * world) <= f.max_micro_batch)

@@ -32,6 +32,7 @@ struct RunFlags {
   std::string snapshot_every = "0";       // memory snapshots: "0" (none), "auto" or N steps
   std::string snapshot_dir;               // node-local folder ("": /dev/shm)
   std::int64_t max_micro_batch = 0;       // per rank (0: --accum-steps as given)
+  bool deterministic = false;             // DdpOptions::deterministic: micro-batches of exactly --max-micro-batch
   std::string json;
   bool quiet = false;
   double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags
@@ -56,7 +57,8 @@ tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
 // The accumulation steps of a global batch over `world` ranks: --accum-steps (`accum`) as given,
 // or with --max-micro-batch M the fewest (at least `accum`) that keep each rank's micro-batch at
 // most M and divide the batch: they rise when ranks fall, at the same global batch. Throws
-// InvalidArgument (naming the flags) when the batch does not divide.
+// InvalidArgument (naming the flags) when the batch does not divide. With --deterministic each
+// micro-batch is a slice of exactly M samples: batch / (M x world) steps, whatever `accum`.
 int accumulation_steps(const RunFlags& f, std::int64_t global_batch, int accum, int world);
 
 // The start-up line on memory snapshots ("" when off): how often, the memory per node, where,

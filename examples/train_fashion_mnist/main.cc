@@ -107,7 +107,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   // loading included (a rank that hangs there is named by the others' timeout report).
   tutti::JobOptions job_options;
   job_options.device = f.device;
-  job_options.catch_stop_signals = true;  // SIGTERM & co. stop at a step boundary, with a checkpoint
+  job_options.catch_stop_signals = true;             // SIGTERM & co. stop at a step boundary, with a checkpoint
+  if (f.deterministic) job_options.cpu_threads = 1;  // OpenBLAS's results depend on its thread count
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
@@ -143,6 +144,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.deterministic = f.deterministic;
   std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
   tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), *model, ddp_options);
 

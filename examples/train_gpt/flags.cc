@@ -1,5 +1,6 @@
 #include "flags.h"
 
+#include <tutti/tutti.h>
 #include <CLI/CLI.hpp>
 
 namespace gpt {
@@ -8,8 +9,25 @@ int parse_flags(int argc, char** argv, Flags& f) {
   CLI::App app{
       "Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
       "  mpirun -np 2 train_gpt --model gpt-tiny"};
-  app.add_option("--model", f.model, "gpt-tiny (4 layers, 4 heads, 128 wide, context 128) or gpt2-124m")
-      ->check(CLI::IsMember({"gpt-tiny", "gpt2-124m"}))
+  app.add_option("--model", f.model,
+                 "gpt-tiny (4 layers, 4 heads, 128 wide, context 128), or GPT-2 as llm.c builds it: gpt2-124m, "
+                 "gpt2-350m, gpt2-774m or gpt2-1558m")
+      ->check(CLI::IsMember(tutti::models::GptConfig::preset_names()))
+      ->capture_default_str();
+  app.add_option("--recompute", f.recompute,
+                 "activation checkpointing: none, blocks (every residual block recomputes its forward in "
+                 "backward: least memory, about one more forward), every:K (the blocks of layers 0, K, 2K, ...), "
+                 "attn or mlp (only those blocks)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              tutti::models::Recompute::parse(v);
+              return std::string();
+            } catch (const tutti::InvalidArgument& e) {
+              return std::string(e.what());
+            }
+          },
+          "POLICY"))
       ->capture_default_str();
   app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
   app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);

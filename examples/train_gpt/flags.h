@@ -15,6 +15,7 @@ struct Flags : example::RunFlags {
   Flags() { progress_interval = 5.0; }
   std::string model = "gpt-tiny";
   std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
+  std::string recompute = "none";                              // models::Recompute::parse's spelling
   std::vector<std::string> data, val_data;
   double val_fraction = 0.1;
   std::string tokenizer;

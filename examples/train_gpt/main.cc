@@ -108,6 +108,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   tutti::JobOptions job_options;
   job_options.device = f.device;
   job_options.catch_stop_signals = true;
+  if (f.deterministic) job_options.cpu_threads = 1;  // OpenBLAS's results depend on its thread count
   tutti::Job job(argc, argv, job_options);
   const int world = job.world_size();
   const bool chatty = job.rank() == 0 && !f.quiet;
@@ -141,6 +142,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
   tutti::models::Gpt model(config);
+  model.set_recompute(tutti::models::Recompute::parse(f.recompute));
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
   model.to(device, stream).init(f.seed);
@@ -150,6 +152,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.deterministic = f.deterministic;
   std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
   tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), model, ddp_options);
 
@@ -216,14 +219,16 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (chatty) {
     std::printf(
         "train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
-        "precision %s, grad comm %s, zero %d | global batch %lld x %lld tokens (%lld sequences per rank x %d "
+        "precision %s, grad comm %s, zero %d, recompute %s | global batch %lld x %lld tokens (%lld sequences per rank "
+        "x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
         "%lld steps%s%s\n",
         world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), config.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
-        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, static_cast<long long>(f.batch_size),
-        static_cast<long long>(f.seq_len), static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr,
-        f.min_lr, static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
+        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.recompute.c_str(),
+        static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
+        static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
+        static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
         static_cast<long long>(f.steps),
         run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "", run.note().c_str());
     const std::string snapshots = example::snapshot_line(f, run, job.node_count());
@@ -235,6 +240,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("ranks", world);
   summary.set("precision", f.precision);
   summary.set("zero", f.zero);
+  summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);
   summary.set("model", f.model);
   summary.set("config", config.fingerprint());
@@ -377,6 +383,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     summary.set("warm_steps", warm_steps);
     summary.set("wall_s", wall);
     summary.set("train_s", train_seconds);
+    // The most bytes this rank's tensors held on its device at once (tutti's allocations:
+    // not CUDA's context, cuBLAS's or NCCL's own).
+    summary.set("peak_device_bytes", tutti::Storage::peak_bytes(device));
     summary.set_json("loss_curve", curve.dump());
     summary.set("sample", sample);
     summary.set("first_batch_crc32", first_batch_crc);

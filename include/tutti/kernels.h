@@ -9,6 +9,7 @@
 #include "tutti/kernels/cross_entropy.h"
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/embedding.h"
+#include "tutti/kernels/fixed_point.h"
 #include "tutti/kernels/layernorm.h"
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/optimizer.h"

@@ -97,9 +97,10 @@ void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 }
 }  // namespace tutti::kernels::cuda
 
-// ---- embedding, attention ----
+// ---- embedding, attention, fixed_point ----
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fixed_point.h"
 
 namespace tutti::kernels::cuda {
 namespace {
@@ -119,4 +120,8 @@ void attention_forward(const Tensor&, std::int64_t, const Tensor&, const Tensor&
 void attention_backward(const Tensor&, const Tensor&, const Tensor&, std::int64_t, const Tensor&, const Stream&) {
   no_cuda("attention_backward");
 }
+void fixed_point_accumulate(const Tensor&, double, double, const Tensor&, const Tensor&, bool, const Stream&) {
+  no_cuda("fixed_point_accumulate");
+}
+void fixed_point_to_float(const Tensor&, double, const Tensor&, const Stream&) { no_cuda("fixed_point_to_float"); }
 }  // namespace tutti::kernels::cuda

@@ -34,12 +34,27 @@ namespace {
 // Live bytes per device: [0] the CPU, [1 + i] GPU i (GPUs past the table share its last slot).
 constexpr int kTrackedDevices = 17;
 std::atomic<std::int64_t> live[kTrackedDevices];
-std::atomic<std::int64_t>& live_slot(Device d) {
-  return live[d.is_cpu() ? 0 : std::min(1 + std::max(d.index, 0), kTrackedDevices - 1)];
+std::atomic<std::int64_t> peak[kTrackedDevices];
+int slot_of(Device d) { return d.is_cpu() ? 0 : std::min(1 + std::max(d.index, 0), kTrackedDevices - 1); }
+std::atomic<std::int64_t>& live_slot(Device d) { return live[slot_of(d)]; }
+
+// Adds `nbytes` to the device's live bytes and raises its peak to the new total.
+void add_live(Device d, std::int64_t nbytes) {
+  const std::int64_t now = live_slot(d).fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  std::atomic<std::int64_t>& p = peak[slot_of(d)];
+  std::int64_t seen = p.load(std::memory_order_relaxed);
+  while (seen < now && !p.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
 }
 }  // namespace
 
 std::int64_t Storage::live_bytes(Device device) { return live_slot(device).load(std::memory_order_relaxed); }
+
+std::int64_t Storage::peak_bytes(Device device) { return peak[slot_of(device)].load(std::memory_order_relaxed); }
+
+void Storage::reset_peak_bytes(Device device) {
+  peak[slot_of(device)].store(live_bytes(device), std::memory_order_relaxed);
+}
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool pinned) {
   device.require_available();
@@ -58,7 +73,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
       TUTTI_THROW(BackendError, "out of host memory allocating ", nbytes, " bytes");
     }
   }
-  if (p != nullptr) live_slot(device).fetch_add(static_cast<std::int64_t>(nbytes), std::memory_order_relaxed);
+  if (p != nullptr) add_live(device, static_cast<std::int64_t>(nbytes));
   return std::shared_ptr<Storage>(new Storage(p, nbytes, device, /*owned=*/true, pinned));
 }
 

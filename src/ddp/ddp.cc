@@ -7,6 +7,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "ddp/exact_sum.h"
 #include "tutti/core/error.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
@@ -33,6 +34,9 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none,
                   "DistributedDataParallel: set zero_stage, not "
                   "reducer.sharding (zero_stage decides how gradients are sharded)");
+  TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage < 2,
+                  "DistributedDataParallel: deterministic needs zero_stage 0 or 1, got ", options_.zero_stage,
+                  " (ZeRO-2 keeps no full gradient buffer to sum the slices into)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
@@ -70,6 +74,10 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
           .copy_from(model_.storage().values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
     }
     model_.storage().release_masters();
+  }
+  if (options_.deterministic) {
+    exact_ = std::make_unique<ExactGradientSum>(comm_, plan.total, model_.device(), options_.fixed_point_fraction_bits,
+                                                comm_.size() * options_.accumulation_steps);
   }
   gathers_.resize(plan.buckets.size());
   gather_pending_.assign(plan.buckets.size(), false);
@@ -327,6 +335,7 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
                   "each rank updates only its shard of the parameters, and only an attached optimizer knows which");
   // The all-gathers of the last step read the buffers this step's update will write.
   synchronize_parameters();
+  if (exact_) return exact_backward(dy, loss_scale);
   reducer_->prepare(sync, model_.stream());
   model_.backward(dy);
   if (!sync) {
@@ -359,6 +368,8 @@ bool DistributedDataParallel::found_nonfinite() {
 
 void DistributedDataParallel::zero_grad() {
   reducer_->zero();
+  if (exact_) exact_->zero(model_.stream());
+  exact_reduced_ = false;
   micro_step_ = 0;
   if (options_.zero_stage == 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();
@@ -367,12 +378,14 @@ void DistributedDataParallel::zero_grad() {
 
 optim::GradNorm DistributedDataParallel::grad_norm(double max_norm) {
   TUTTI_CHECK_ARG(max_norm > 0, "DistributedDataParallel::grad_norm: max_norm must be positive, got ", max_norm);
-  TUTTI_CHECK(reducer_->phase() == Reducer::Phase::reduced,
+  TUTTI_CHECK(exact_ ? exact_reduced_ : reducer_->phase() == Reducer::Phase::reduced,
               "DistributedDataParallel::grad_norm: call it after a "
               "backward that completed a step (the gradients are not reduced yet)");
   const Stream& stream = model_.stream();
   Tensor sq = Tensor::zeros({1}, DType::f32, model_.device());
-  if (options_.zero_stage == 0) {
+  if (options_.zero_stage == 0 || exact_) {
+    // Deterministic mode: every rank holds every summed gradient (ZeRO-1 too), and sums them
+    // in the same order whatever the world size.
     kernels::sum_squares(reducer_->buffer(), sq, /*accumulate=*/false, stream);
   } else {
     // The norm is a sum over the shards: each rank its own chunks, then one small allreduce.
@@ -516,7 +529,7 @@ DdpMemory DistributedDataParallel::memory() const {
   }
   m.gradients = reducer_->gradient_bytes();
   m.optimizer_state = attached_ != nullptr ? attached_->state_bytes() : 0;
-  m.communication = reducer_->communication_bytes();
+  m.communication = reducer_->communication_bytes() + (exact_ ? exact_->bytes() : 0);
   return m;
 }
 

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 namespace tutti::io {
@@ -172,9 +173,12 @@ void save_checkpoint(const std::string& path, const StateDict& state, const Meta
 
 namespace {
 
-// The reading half: `actual_size` bytes from `source`; `path` names them in messages. With
-// metadata_only, returns once the header is verified (no tensors).
-Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std::string& path, bool metadata_only) {
+// What parse_checkpoint returns: everything; the metadata once the header is verified (no data
+// read); or the metadata once every checksum is verified (the data read but not kept).
+enum class Parse { everything, metadata, verified_metadata };
+
+// The reading half: `actual_size` bytes from `source`; `path` names them in messages.
+Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std::string& path, Parse parse) {
   // Fixed header: magic, version, sizes.
   std::vector<unsigned char> header(kFixedHeaderBytes);
   const std::size_t fixed_available = static_cast<std::size_t>(std::min<std::uint64_t>(actual_size, kFixedHeaderBytes));
@@ -217,7 +221,7 @@ Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std
     std::string key = cur.str("a metadata key");
     out.metadata[key] = cur.str("a metadata value");
   }
-  if (metadata_only) return out;
+  if (parse == Parse::metadata) return out;
   std::vector<Entry> entries;
   std::uint64_t data_end = header_size;
   const std::uint64_t data_limit = file_size - kTrailerBytes;
@@ -252,7 +256,9 @@ Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std
   // Data, straight into the tensors, with the whole-file crc computed on the way.
   std::uint32_t crc = crc_update(0, header.data(), header.size());
   std::uint64_t at = header_size;
-  std::vector<unsigned char> skip(kAlign);
+  // Gaps are alignment padding; a verification reads the tensors' bytes through the same buffer.
+  const bool keep = parse == Parse::everything;
+  std::vector<unsigned char> skip(keep ? kAlign : std::size_t{1} << 20);
   auto read_gap = [&](std::uint64_t to) {
     while (at < to) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(to - at, skip.size()));
@@ -261,7 +267,14 @@ Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std
       at += n;
     }
   };
+  std::set<std::string> names;
   for (const Entry& e : entries) {
+    TUTTI_CHECK_ARG(names.insert(e.name).second, "checkpoint '", path, "' is corrupt: it names entry '", e.name,
+                    "' twice");
+    if (!keep) {
+      read_gap(e.offset + e.nbytes);
+      continue;
+    }
     read_gap(e.offset);
     Tensor t = Tensor::empty(e.shape, e.dtype);
     source.read(t.data(), e.nbytes, at, file_size);
@@ -275,7 +288,6 @@ Checkpoint parse_checkpoint(Source& source, std::uint64_t actual_size, const std
   const std::uint32_t stored_crc = get_u32_le(trailer);
   TUTTI_CHECK_ARG(stored_crc == crc, "checkpoint '", path, "' is corrupt: checksum mismatch: stored ",
                   hex32(stored_crc), " != computed ", hex32(crc));
-  TUTTI_CHECK_ARG(out.state.size() == entries.size(), "checkpoint '", path, "' is corrupt: it names an entry twice");
   return out;
 }
 
@@ -296,12 +308,18 @@ Checkpoint load_checkpoint_file(const std::string& path, bool metadata_only) {
   if (::fstat(fd.get(), &st) != 0) throw_errno("fstat", path, errno);
   TUTTI_CHECK_ARG(S_ISREG(st.st_mode), "checkpoint '", path, "' is not a regular file");
   FileSource source(fd.get(), path);
-  return parse_checkpoint(source, static_cast<std::uint64_t>(st.st_size), path, metadata_only);
+  return parse_checkpoint(source, static_cast<std::uint64_t>(st.st_size), path,
+                          metadata_only ? Parse::metadata : Parse::everything);
 }
 
 Checkpoint parse_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name) {
   MemorySource source(static_cast<const unsigned char*>(bytes), size, name);
-  return parse_checkpoint(source, size, name, false);
+  return parse_checkpoint(source, size, name, Parse::everything);
+}
+
+Checkpoint verify_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name) {
+  MemorySource source(static_cast<const unsigned char*>(bytes), size, name);
+  return parse_checkpoint(source, size, name, Parse::verified_metadata);
 }
 
 }  // namespace detail

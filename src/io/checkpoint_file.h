@@ -88,8 +88,11 @@ void write_file_atomically(const std::string& path, const void* bytes, std::size
 // The reading half (checkpoint.cc). load_checkpoint_file is io::load_checkpoint; with
 // metadata_only it verifies the sizes and the header's crc and returns the metadata alone (no
 // tensors, no data read). parse_checkpoint_bytes reads a file's bytes from memory, with every
-// check load_checkpoint makes; `name` names them in messages.
+// check load_checkpoint makes; `name` names them in messages. verify_checkpoint_bytes makes the
+// same checks (every checksum included) and returns the metadata alone, without copying the data
+// into tensors.
 Checkpoint load_checkpoint_file(const std::string& path, bool metadata_only);
 Checkpoint parse_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name);
+Checkpoint verify_checkpoint_bytes(const void* bytes, std::uint64_t size, const std::string& name);
 
 }  // namespace tutti::io::detail

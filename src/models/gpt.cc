@@ -1,6 +1,7 @@
 #include "tutti/models/gpt.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -20,19 +21,47 @@ using nn::WeightInit;
 
 std::int64_t pad_vocab(std::int64_t v) { return (v + 127) / 128 * 128; }
 
+namespace {
+// GPT-2's sizes in llm.c's configurations (train_gpt2.cu's d12, d24, d36, d48).
+struct Gpt2Size {
+  const char* name;
+  std::int64_t layers, heads, width;
+};
+constexpr Gpt2Size kGpt2Sizes[] = {
+    {"gpt2-124m", 12, 12, 768},
+    {"gpt2-350m", 24, 16, 1024},
+    {"gpt2-774m", 36, 20, 1280},
+    {"gpt2-1558m", 48, 25, 1600},
+};
+}  // namespace
+
+std::vector<std::string> GptConfig::preset_names() {
+  std::vector<std::string> names{"gpt-tiny"};
+  for (const Gpt2Size& s : kGpt2Sizes) names.emplace_back(s.name);
+  return names;
+}
+
 GptConfig GptConfig::preset(const std::string& name) {
   GptConfig c;
   if (name == "gpt-tiny") return c;
-  if (name == "gpt2-124m") {
+  for (const Gpt2Size& s : kGpt2Sizes) {
+    if (name != s.name) continue;
     c.vocab = 50257;
     c.padded_vocab = pad_vocab(c.vocab);
     c.context = 1024;
-    c.layers = 12;
-    c.heads = 12;
-    c.width = 768;
+    c.layers = s.layers;
+    c.heads = s.heads;
+    c.width = s.width;
     return c;
   }
-  TUTTI_THROW(InvalidArgument, "unknown model '", name, "' (gpt-tiny or gpt2-124m)");
+  std::string known;
+  for (const std::string& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  TUTTI_THROW(InvalidArgument, "unknown model '", name, "' (", known, ")");
+}
+
+std::int64_t GptConfig::parameter_count() const {
+  const std::int64_t C = width;
+  return padded_vocab * C + context * C + layers * (12 * C * C + 13 * C) + 2 * C;
 }
 
 std::string GptConfig::fingerprint() const {
@@ -75,6 +104,79 @@ Gpt::Gpt(const GptConfig& config)
   register_module("ln_f", ln_f_);
   register_module("head", head_);
 }
+
+Recompute Recompute::parse(std::string_view text) {
+  Recompute r;
+  if (text == "none") return r;
+  if (text == "blocks") {
+    r.mode = Mode::blocks;
+    return r;
+  }
+  if (text == "attn") {
+    r.mode = Mode::attn;
+    return r;
+  }
+  if (text == "mlp") {
+    r.mode = Mode::mlp;
+    return r;
+  }
+  constexpr std::string_view every = "every:";
+  if (text.substr(0, every.size()) == every) {
+    const std::string_view k = text.substr(every.size());
+    std::int64_t value = 0;
+    const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), value);
+    if (ec == std::errc() && end == k.data() + k.size() && !k.empty() && value >= 1) {
+      r.mode = Mode::every;
+      r.every = value;
+      return r;
+    }
+  }
+  TUTTI_THROW(InvalidArgument, "recompute policy '", text,
+              "': expected none, blocks, every:K (K >= 1: layers 0, K, 2K, ...), attn or mlp");
+}
+
+std::string Recompute::str() const {
+  switch (mode) {
+    case Mode::none: return "none";
+    case Mode::blocks: return "blocks";
+    case Mode::every: return "every:" + std::to_string(every);
+    case Mode::attn: return "attn";
+    case Mode::mlp: return "mlp";
+  }
+  return "none";
+}
+
+bool Recompute::checkpoints(std::int64_t layer, bool mlp) const {
+  switch (mode) {
+    case Mode::none: return false;
+    case Mode::blocks: return true;
+    case Mode::every: return every >= 1 && layer % every == 0;
+    case Mode::attn: return !mlp;
+    case Mode::mlp: return mlp;
+  }
+  return false;
+}
+
+Gpt& Gpt::set_recompute(const Recompute& policy) {
+  TUTTI_CHECK_ARG(policy.mode != Recompute::Mode::every || (policy.every >= 1 && policy.every <= config_.layers),
+                  "Gpt::set_recompute: ", policy.str(), " names every ", policy.every, "-th layer but ",
+                  config_.fingerprint(), " has ", config_.layers, " layers (use 1 to ", config_.layers, ")");
+  TUTTI_CHECK_ARG(!awaiting_backward(), "Gpt::set_recompute: between a forward and its backward (", policy.str(),
+                  "); change it before a forward");
+  recompute_ = policy;
+  // One workspace for every checkpointed residual: the attention and MLP bodies number their
+  // layers alike (LayerNorm, Linear, attention or GELU, Linear), so it holds the larger of each.
+  workspace_ = policy.mode == Recompute::Mode::none ? nullptr : std::make_shared<nn::RecomputeWorkspace>();
+  for (std::int64_t l = 0; l < config_.layers; ++l) {
+    for (const bool mlp : {false, true}) {
+      auto& block = static_cast<Residual&>(blocks_[static_cast<std::size_t>(2 * l + (mlp ? 1 : 0))]);
+      block.set_recompute(policy.checkpoints(l, mlp) ? workspace_ : nullptr);
+    }
+  }
+  return *this;
+}
+
+std::int64_t Gpt::recompute_workspace_bytes() const { return workspace_ ? workspace_->bytes() : 0; }
 
 std::string Gpt::describe() const { return "GPT(" + config_.fingerprint() + ")"; }
 

@@ -1,7 +1,9 @@
 #include "tutti/nn/layers.h"
 
 #include <bit>
+#include <optional>
 
+#include "tutti/core/trace.h"
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/layernorm.h"
@@ -131,9 +133,13 @@ Tensor Dropout::forward_impl(const Tensor& x) {
   if (!last_dropped_) return x;
   // This rank's rows are slice `batch_slice` of `batch_slices` equal ones: its elements come
   // that many whole slices into the global batch, which is `batch_slices` times its size.
-  const auto n = static_cast<std::uint64_t>(x.numel());
-  last_offset_ = counter_ + static_cast<std::uint64_t>(settings().batch_slice) * n;
-  counter_ += static_cast<std::uint64_t>(settings().batch_slices) * n;
+  // A checkpointed module's replay in backward (Residual::set_recompute) draws the mask of the
+  // forward it replays: same offset, and the counter stays where that forward left it.
+  if (!settings().recomputing) {
+    const auto n = static_cast<std::uint64_t>(x.numel());
+    last_offset_ = counter_ + static_cast<std::uint64_t>(settings().batch_slice) * n;
+    counter_ += static_cast<std::uint64_t>(settings().batch_slices) * n;
+  }
   Tensor y = buffer(0, x.shape(), x.dtype());
   kernels::dropout_forward(x, p_, seed_, last_offset_, y, stream());
   return y;
@@ -272,7 +278,17 @@ Residual::Residual() {
 
 Residual::Residual(std::unique_ptr<Module> inner) : Residual() { body_->add(std::move(inner)); }
 
+Residual& Residual::set_recompute(std::shared_ptr<RecomputeWorkspace> workspace) {
+  TUTTI_CHECK_ARG(workspace == nullptr || body_->size() > 0,
+                  "Residual::set_recompute: the body is empty, so there is nothing to recompute");
+  use_workspace(*body_, workspace);
+  workspace_ = std::move(workspace);
+  x_ = Tensor();
+  return *this;
+}
+
 Tensor Residual::forward_impl(const Tensor& x) {
+  if (workspace_) x_ = x;  // all the backward needs: the body's activations are recomputed from it
   Tensor b = body_->forward(x);
   TUTTI_CHECK_ARG(b.shape() == x.shape(), "Residual: the body turns ", x.str(), " into ", b.str(),
                   "; it must keep the shape");
@@ -282,6 +298,22 @@ Tensor Residual::forward_impl(const Tensor& x) {
 }
 
 Tensor Residual::backward_impl(const Tensor& dy) {
+  if (workspace_) {
+    // Replay the body's forward into the workspace (overwriting the last checkpointed body's
+    // activations, which nothing needs any more), then its backward as usual. dy is the next
+    // layer's own buffer, never the workspace's.
+    TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+    std::optional<trace::Span> span;
+    if (trace::on()) span.emplace("recompute", "forward", stream());
+    set_recomputing(true);
+    try {
+      body_->forward(x_);
+    } catch (...) {
+      set_recomputing(false);
+      throw;
+    }
+    set_recomputing(false);
+  }
   Tensor db = body_->backward(dy);
   if (!input_grad_needed()) return Tensor();
   Tensor dx = buffer(1, dy.shape(), dy.dtype());

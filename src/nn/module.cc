@@ -344,9 +344,15 @@ void Module::grad_ready(Parameter& param) {
 }
 
 Tensor Module::buffer(int slot, const Shape& shape, DType dtype) {
-  const std::size_t index = static_cast<std::size_t>(slot + 2);  // slots -2 and -1 are the casts
-  if (buffers_.size() <= index) buffers_.resize(index + 1);
-  Tensor& b = buffers_[index];
+  Tensor* chosen = nullptr;
+  if (workspace_) {
+    chosen = &workspace_->slot(workspace_index_, slot);
+  } else {
+    const std::size_t index = static_cast<std::size_t>(slot + 2);  // slots -2 and -1 are the casts
+    if (buffers_.size() <= index) buffers_.resize(index + 1);
+    chosen = &buffers_[index];
+  }
+  Tensor& b = *chosen;
   const std::int64_t n = numel_of(shape);
   if (!b.defined() || b.dtype() != dtype || b.device() != device() || b.numel() < n) {
     // Before a cudaFree, which synchronizes the device anyway, nothing needs the old one.
@@ -358,7 +364,45 @@ Tensor Module::buffer(int slot, const Shape& shape, DType dtype) {
 
 void Module::clear_buffers_recursive() {
   buffers_.clear();
+  if (workspace_) workspace_->clear();
   for (auto& [name, child] : children_) child->clear_buffers_recursive();
+}
+
+void Module::use_workspace(Module& body, const std::shared_ptr<RecomputeWorkspace>& workspace) {
+  std::vector<Module*> modules;
+  body.collect_modules(modules);  // depth first: bodies of one structure number their layers alike
+  if (workspace) {
+    // One level only: a checkpointed body inside another's would replay inside the replay, with
+    // both numbering its layers in their workspaces.
+    // (A body moving from one workspace to another holds its current one, body.workspace_.)
+    bool nested = body.parent_ != nullptr && body.parent_->workspace_ != nullptr;
+    for (const Module* m : modules) {
+      nested = nested || (m->workspace_ != nullptr && m->workspace_ != workspace && m->workspace_ != body.workspace_);
+    }
+    TUTTI_CHECK_ARG(!nested, "recompute: ", body.describe(),
+                    " is inside a checkpointed body or holds one; checkpointed bodies cannot nest");
+  }
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    modules[i]->buffers_.clear();
+    modules[i]->workspace_ = workspace;
+    modules[i]->workspace_index_ = static_cast<int>(i);
+  }
+}
+
+Tensor& RecomputeWorkspace::slot(int index, int slot) {
+  const auto i = static_cast<std::size_t>(index);
+  const auto j = static_cast<std::size_t>(slot + 2);  // slots -2 and -1 are the casts
+  if (buffers_.size() <= i) buffers_.resize(i + 1);
+  if (buffers_[i].size() <= j) buffers_[i].resize(j + 1);
+  return buffers_[i][j];
+}
+
+std::int64_t RecomputeWorkspace::bytes() const {
+  std::int64_t n = 0;
+  for (const auto& v : buffers_) {
+    for (const Tensor& t : v) n += t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
+  }
+  return n;
 }
 
 const Tensor& Module::grad_of(Parameter& param) {

@@ -14,6 +14,7 @@
 #include "tutti/core/trace.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/fixed_point.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/optimizer.h"
 
@@ -146,6 +147,7 @@ void Run::Impl::start() {
       state.ddp->module().parameters().empty() ? Device::cpu() : state.ddp->module().parameters()[0]->device();
   one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
   sync = Tensor::zeros({2}, DType::f32, device);
+  if (state.ddp->options().deterministic) exact_loss = Tensor::zeros({3}, DType::i64, device);
   if (options.summary) {
     options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
     if (resumed) options.summary->set("resumed_from", from_memory ? "memory" : "checkpoint file");
@@ -165,6 +167,7 @@ bool Run::next() {
   m.loss_added = false;
   trace::begin_step(m.step + 1);
   m.sync.zero(m.options.stream);
+  if (m.exact_loss.defined()) m.exact_loss.zero(m.options.stream);
   return true;
 }
 
@@ -172,6 +175,19 @@ void Run::add_loss(const Tensor& loss, float weight) {
   Impl& m = *impl_;
   TUTTI_CHECK(m.phase == Phase::in_step, "train::Run::add_loss: outside a step (call next() first)");
   m.loss_added = true;
+  if (m.exact_loss.defined()) {
+    TUTTI_CHECK_ARG(weight > 0, "train::Run::add_loss: the deterministic mode needs a positive weight, got ", weight);
+    // weight x k (k accumulation steps; the sum is divided by k x ranks in end_step), rounded
+    // to 16 significant bits: a program's 1/k (rounded to a float) then weighs exactly 1 for
+    // every k, so the sum does not depend on how the slices are split into ranks and steps.
+    int e = 0;
+    const double f = std::frexp(static_cast<double>(weight) * m.state.ddp->options().accumulation_steps, &e);
+    const double w = std::ldexp(std::nearbyint(std::ldexp(f, 16)), e - 16);
+    // At most 2^46 units (|w x loss| <= 2^14) per add, so that 2^16 adds cannot overflow.
+    kernels::fixed_point_accumulate(loss, std::ldexp(w, 32), std::ldexp(1.0, 46), m.exact_loss.view(0, {1}),
+                                    m.exact_loss.view(1, {2}), /*zero_x=*/false, m.options.stream);
+    return;
+  }
   kernels::add_scaled(loss, weight, m.sync.view(0, {1}), m.options.stream);
 }
 
@@ -203,6 +219,18 @@ const StepEnd& Run::end_step() {
   call.stream = stream;
   m.comm->allreduce(m.sync, ReduceOp::avg, call).wait(stream);
   m.loss = nn::item(m.sync.view(0, {1}), stream);
+  if (m.exact_loss.defined()) {
+    call.label = "train loss (deterministic: int64)";
+    m.comm->allreduce(m.exact_loss, ReduceOp::sum, call).wait(stream);
+    const Tensor host = m.exact_loss.to(Device::cpu(), stream);
+    stream.synchronize();
+    const std::vector<std::int64_t> v = host.to_ints();
+    m.loss = v[1] > 0   ? std::numeric_limits<double>::quiet_NaN()
+             : v[2] > 0 ? std::numeric_limits<double>::infinity()
+                        : static_cast<double>(static_cast<float>(
+                              std::ldexp(static_cast<double>(v[0]), -32) /
+                              (static_cast<double>(m.state.ddp->options().accumulation_steps) * m.world)));
+  }
   const bool stop = nn::item(stop_flag, stream) > 0;
   ++m.step;
   if (m.options.summary) m.options.summary->set_step(m.step, m.loss);

@@ -70,6 +70,10 @@ struct Run::Impl {
 
   Tensor sync;  // f32 [2 + slots]: the step's loss, the stop flag, the program's figures
   Tensor one;   // f32 [1] = 1 on the device (the stop flag's increment)
+  // DdpOptions::deterministic: i64 [3] on the device: the step's weight x loss summed in fixed
+  // point (multiples of 2^-32; exact, so independent of the order), then the status (inf or
+  // nan seen, out of range seen), summed over the ranks by a second allreduce.
+  Tensor exact_loss;
   StepEnd end;
 
   Impl(State s, RunOptions o) : state(std::move(s)), options(std::move(o)) {}

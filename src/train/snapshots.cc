@@ -245,7 +245,7 @@ SnapshotFound MemorySnapshots::find() {
     const std::string path = dir_ + "/" + names[i];
     try {
       std::vector<unsigned char> bytes = read_bytes(path);
-      const io::Checkpoint c = io::detail::parse_checkpoint_bytes(bytes.data(), bytes.size(), path);
+      const io::Checkpoint c = io::detail::verify_checkpoint_bytes(bytes.data(), bytes.size(), path);
       const std::int64_t step = metadata_int(c, "snapshot.step", path);
       const std::int64_t part = metadata_int(c, "snapshot.part", path);
       const std::int64_t parts = metadata_int(c, "snapshot.parts", path);

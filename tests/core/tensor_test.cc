@@ -127,6 +127,24 @@ TEST(Tensor, WrapUsesCallerMemory) {
   EXPECT_EQ(buffer[5], 60.f);
 }
 
+TEST(Tensor, PeakBytesRemembersTheMostLiveSinceTheReset) {
+  const Device cpu = Device::cpu();
+  Storage::reset_peak_bytes(cpu);
+  const std::int64_t base = Storage::live_bytes(cpu);
+  EXPECT_EQ(Storage::peak_bytes(cpu), base);
+  {
+    const Tensor a = Tensor::empty({1 << 18}, DType::f32);  // 1 MiB
+    const Tensor b = Tensor::empty({1 << 16}, DType::f32);  // 256 KiB
+    EXPECT_EQ(Storage::live_bytes(cpu), base + (5 << 18));
+  }
+  const Tensor c = Tensor::empty({1 << 10}, DType::f32);
+  // Both freed, c smaller: the peak is still the two together.
+  EXPECT_EQ(Storage::live_bytes(cpu), base + 4096);
+  EXPECT_EQ(Storage::peak_bytes(cpu), base + (5 << 18));
+  Storage::reset_peak_bytes(cpu);
+  EXPECT_EQ(Storage::peak_bytes(cpu), base + 4096);
+}
+
 TEST(Tensor, UndefinedTensorThrows) {
   Tensor t;
   EXPECT_FALSE(t.defined());

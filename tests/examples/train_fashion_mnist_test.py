@@ -7,7 +7,8 @@ alike, a stopped run (even by kill -9) resumes to bit-identical parameters, bad 
 are refused, and bad flags or a missing data set fail clearly. And when things go wrong: a
 preemption signal stops every rank at a step boundary with a checkpoint from which the run
 resumes bit-identically; ranks with different data, a failed save, a diverged loss and an
-unwritable --json end the job at once with a message that names the cause.
+unwritable --json end the job at once with a message that names the cause. --deterministic gives
+the same bits on any number of ranks.
 """
 import argparse
 import gzip
@@ -41,6 +42,7 @@ WEIGHTS = {
     "test_a_run_resumed_at_its_end_says_so": 3, "test_fp16_resumed_from_fp32_starts_at_the_default_loss_scale": 3,
     "test_a_failed_save_ends_every_rank_with_its_cause": 2.5, "test_unwritable_json_fails_at_start": 2.5,
     "test_skipped_steps_show_in_progress_lines": 2,
+    "test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks": 6,
 }
 
 
@@ -183,6 +185,31 @@ class TrainFashionMnist(Case):
         p = run(3, *SUBSET, "--max-micro-batch", "16", "--max-steps", "2", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--batch-size 64 over 3 rank(s): no number of accumulation steps", p.stderr)
+
+    def test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks(self):
+        # Slices of 8 of the global batch of 64: 8, 4 and 2 accumulation steps on 1, 2 and 4 ranks.
+        det = [*SUBSET, "--max-micro-batch", "8", "--deterministic"]
+        for n in (1, 2, 4):
+            run(n, *det, "--max-steps", "12", "--json", self.path("np%d.json" % n))
+        d = self.path("shrunk")
+        run(4, *det, "--max-steps", "6", "--checkpoint-dir", d)
+        run(2, *det, "--max-steps", "12", "--checkpoint-dir", d, "--resume", "--json", self.path("shrunk.json"))
+        runs = [summary(self.path(f)) for f in ("np1.json", "np2.json", "np4.json", "shrunk.json")]
+        self.assertEqual(runs[3]["resumed_from_step"], 6)
+        self.assertEqual(len({r["params_crc32"] for r in runs}), 1, [r["params_crc32"] for r in runs])
+        self.assertEqual(len({r["final_train_loss"] for r in runs}), 1, [r["final_train_loss"] for r in runs])
+        # The control: the normal mode sums in an order that follows the world size.
+        for n in (1, 4):
+            run(n, *SUBSET, "--max-micro-batch", "8", "--max-steps", "12", "--json", self.path("normal%d.json" % n))
+        self.assertNotEqual(summary(self.path("normal1.json"))["params_crc32"],
+                            summary(self.path("normal4.json"))["params_crc32"])
+        # Refused at start, naming what is missing.
+        p = run(2, *SUBSET, "--deterministic", "--max-steps", "1", check=False, env=ENDS_AT_ONCE)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--deterministic: --batch-size 64 must be a multiple of --max-micro-batch", p.stderr)
+        p = run(2, *det, "--zero", "2", "--max-steps", "1", check=False, env=ENDS_AT_ONCE)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("deterministic needs zero_stage 0 or 1", p.stderr)
 
     def test_resume_is_bit_identical(self):
         whole = self.path("whole")

@@ -5,7 +5,8 @@ train_fashion_mnist_emu is the trainer linked against libtutti_emu: with --devic
 model, data, DDP (nccl with a GPU per rank; mpi staging through pinned memory where ranks
 share one) and optimizer run the CUDA code of libtutti on the emulated device. Each run is
 compared with the same flags on the CPU build: fp32 and bf16 follow the CPU run to the
-printed digits; fp16 (loss scaling on the device) within a small tolerance.
+printed digits; fp16 (loss scaling on the device) within a small tolerance. --deterministic
+gives the same bits on one GPU and on two.
 """
 import argparse
 import json
@@ -66,6 +67,16 @@ class TrainOnEmulatedGpu(unittest.TestCase):
         cpu, gpu = self.compare(["--precision", "fp16"], devices=2, tolerance=5e-3)
         self.assertEqual(gpu["skipped_steps"], cpu["skipped_steps"])
 
+    def test_deterministic_mode_gives_the_same_bits_on_one_and_two_gpus(self):
+        # The GPU path of DdpOptions::deterministic (the fixed-point kernels on the model's stream,
+        # the int64 allreduce on nccl): 1 GPU and 2 GPUs, slices of 8, the same parameters.
+        flags = ["--device", "cuda", "--max-micro-batch", "8", "--deterministic"]
+        one = train(ARGS.emu_binary, 1, self.dir, "one", *flags, env={"TUTTI_EMU_DEVICES": "1"})
+        two = train(ARGS.emu_binary, 2, self.dir, "two", *flags, env={"TUTTI_EMU_DEVICES": "2"})
+        self.assertEqual(two["backend"], "nccl")
+        self.assertEqual((one["accum_steps"], two["accum_steps"]), (8, 4))
+        self.assertEqual(one["params_crc32"], two["params_crc32"])
+        self.assertEqual(one["final_train_loss"], two["final_train_loss"])
 
 class SnapshotsOnEmulatedGpu(unittest.TestCase):
     def test_a_killed_run_resumes_from_a_memory_snapshot_bit_for_bit(self):

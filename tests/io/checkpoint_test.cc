@@ -18,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "io/checkpoint_file.h"
 #include "io/io_test_util.h"
 
 namespace tutti::io {
@@ -156,11 +157,19 @@ TEST(Checkpoint, EveryFlippedByteIsRefused) {
     write_file(dir.file("bad"), bad);
     const std::string msg = error_message([&] { load_checkpoint(dir.file("bad")); });
     ASSERT_FALSE(msg.empty()) << "a flip at byte " << pos << " was accepted";
+    // A memory snapshot's holder verifies its bytes without loading them: the same refusal.
+    const std::string verified =
+        error_message([&] { detail::verify_checkpoint_bytes(bad.data(), bad.size(), dir.file("bad")); });
+    ASSERT_FALSE(verified.empty()) << "a flip at byte " << pos << " passed verification";
+    ASSERT_EQ(msg.rfind(verified, 0), 0u) << "at byte " << pos << ": " << verified << " / " << msg;
     if (msg.find("header checksum mismatch") != std::string::npos)
       ++header_checksum;
     else if (msg.find("checksum mismatch: stored 0x") != std::string::npos)
       ++data_checksum;
   }
+  const io::Checkpoint verified = detail::verify_checkpoint_bytes(good.data(), good.size(), "good");
+  EXPECT_EQ(verified.metadata.at("model"), "tiny");
+  EXPECT_TRUE(verified.state.empty());
   const std::uint64_t header_size = le64(good, 24);
   // Flips in the data, padding and trailer (and in the fixed header's last reserved word) are
   // caught by the file's crc; flips in the rest of the header by the header's crc, except in

@@ -24,7 +24,7 @@
 
 namespace tutti::train::testing {
 
-constexpr std::int64_t kIn = 12, kClasses = 5, kSamples = 96;
+constexpr std::int64_t kIn = 12, kClasses = 5, kSamples = 96, kGlobalBatch = 24;
 
 // 96 samples of 12 features, 5 classes: the same on every rank.
 inline data::Dataset dataset() {
@@ -48,6 +48,12 @@ struct Plan {
   bool figures = false;         // every step, 2 figures of the program's own ride in the allreduce
   bool watchdog = false;        // the ranks are watched as a Job's: a rank that throws ends the others
   std::int64_t crash_step = 0;  // every rank leaves after this step without finish(), as if killed (0: never)
+  // 0: each rank's micro-batch is 12 / ranks samples, 2 accumulation steps. > 0: it is `slice`
+  // samples, and the accumulation steps keep the global batch at 24 (24 / (ranks x slice)):
+  // the same slices of the global batch at every world size (DdpOptions::deterministic).
+  std::int64_t slice = 0;
+  bool deterministic = false;  // DdpOptions::deterministic
+  int fraction_bits = 40;      // DdpOptions::fixed_point_fraction_bits
 };
 
 struct Result {
@@ -65,10 +71,12 @@ struct Result {
   std::string snapshot_dir;                  // rank 0: Run::snapshot_dir()
   std::uint64_t snapshot_bytes = 0;          // rank 0: Run::snapshot_bytes_per_node()
   std::vector<std::int64_t> snapshot_every;  // per rank: StepEnd::snapshot_every after the last step
+  std::vector<double> losses;                // rank 0: StepEnd::loss of each step
 };
 
 // The program: a DDP MLP with SGD (momentum: optimizer state that a resume must restore),
-// a DistributedLoader (its position too), 2 accumulation steps, under a train::Run.
+// a DistributedLoader (its position too), a global batch of 24 (2 accumulation steps unless
+// Plan::slice says otherwise), under a train::Run.
 inline Result train(const Plan& plan) {
   kernels::set_cpu_threads(1);
   ThreadGroupOptions group_options;
@@ -86,15 +94,19 @@ inline Result train(const Plan& plan) {
     nn::Sequential model;
     model.add<nn::Linear>(kIn, 16).add<nn::ReLU>().add<nn::Linear>(16, kClasses);
     model.init(rank == 0 ? 11 : 99);  // rank 0's values reach everyone
+    const std::int64_t micro = plan.slice > 0 ? plan.slice : kGlobalBatch / 2 / plan.ranks;
+    const int accumulation = static_cast<int>(kGlobalBatch / (micro * plan.ranks));
     ddp::DdpOptions o;
-    o.accumulation_steps = 2;
+    o.accumulation_steps = accumulation;
+    o.deterministic = plan.deterministic;
+    o.fixed_point_fraction_bits = plan.fraction_bits;
     o.zero_stage = plan.zero;
     ddp::DistributedDataParallel ddp(comm, model, o);
     optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(optimizer);
     amp::LossScaler scaler(amp::LossScalerOptions{.mode = amp::ScalerMode::off});
-    data::DistributedLoader loader(dataset(),
-                                   {.global_micro_batch_size = 12, .rank = rank, .world_size = plan.ranks, .seed = 3});
+    data::DistributedLoader loader(
+        dataset(), {.global_micro_batch_size = micro * plan.ranks, .rank = rank, .world_size = plan.ranks, .seed = 3});
     nn::CrossEntropyLoss loss;
     const Tensor inf = Tensor::from_floats({std::numeric_limits<float>::infinity()}, {1});
 
@@ -116,17 +128,18 @@ inline Result train(const Plan& plan) {
       if (figures.defined()) {
         figures.copy_from(Tensor::from_floats({static_cast<float>(rank), static_cast<float>(run.step())}, {2}));
       }
-      for (int micro = 0; micro < 2; ++micro) {
+      for (int m = 0; m < accumulation; ++m) {
         const data::Batch b = loader.next();
         loss.forward(ddp.forward(b.images), b.labels);
         ddp.backward(loss.grad());
-        run.add_loss(loss.loss(), 0.5f);
+        run.add_loss(loss.loss(), 1.0f / static_cast<float>(accumulation));
       }
       if (rank == 0 && run.step() + 1 == plan.inf_step) run.add_loss(inf);
       if (rank == plan.stop_rank && run.step() + 1 == plan.stop_step) run.request_stop(SIGTERM);
       optimizer.step();
       ddp.zero_grad();
       const StepEnd& end = run.end_step();
+      if (rank == 0) out.losses.push_back(end.loss);
       if (rank == 0 && end.checkpoint) out.checkpoint_steps.push_back(end.step);
       if (rank == 0 && end.checkpoint_skipped) out.skipped_steps.push_back(end.step);
       if (rank == 0 && figures.defined()) out.figures.push_back(figures.to_floats());

@@ -42,6 +42,11 @@ class Storage {
   // memory counts as the CPU's), right now. Memory reports read it; a benchmark compares it
   // with what a component says it holds.
   static std::int64_t live_bytes(Device device);
+  // The most live_bytes(device) has been since the last reset_peak_bytes(device) (since the
+  // process started, before any): what a step needed at its worst, e.g. its activations as
+  // peak_bytes() - live_bytes() before the forward. reset_peak_bytes sets it to live_bytes().
+  static std::int64_t peak_bytes(Device device);
+  static void reset_peak_bytes(Device device);
 
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }

@@ -80,6 +80,18 @@ struct DdpOptions {
   // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
   ReducerOptions reducer{};
+  // Deterministic mode: the trained model does not depend on the world size, bit for bit
+  // (zero_stage 0 or 1; at 1 every rank sums and converts the whole gradient, an allreduce
+  // rather than a reduce-scatter, and its optimizer updates its shard). Each micro-batch must be one slice of the
+  // global batch, of the same size at every world size (so world size x accumulation steps is constant); each slice's
+  // gradients are added exactly into int64 fixed point (multiples of 2^-fixed_point_fraction_bits,
+  // at most 2^(62-F) / slices per element and slice, else backward throws), summed across ranks
+  // by an int64 allreduce after the last micro-batch (not overlapped with backward) and
+  // converted once. reducer.grad_comm_dtype is not used. The kernels must give the same bits
+  // at every world size: on the CPU keep the GEMM threads (JobOptions::cpu_threads) the same,
+  // since OpenBLAS's results depend on them. docs/user-guide.md says what it costs.
+  bool deterministic = false;
+  int fixed_point_fraction_bits = 40;
   bool broadcast_parameters = true;  // rank 0's values everywhere at construction
   bool verify_model = true;          // the start-up check that every rank has the same model
 };
@@ -103,6 +115,8 @@ struct StatePart {
   Shape shape;  // the whole tensor's
 };
 using StateParts = std::map<std::string, StatePart>;
+
+class ExactGradientSum;  // the deterministic mode's sum (src/ddp/exact_sum.h)
 
 class DistributedDataParallel {
  public:
@@ -145,7 +159,7 @@ class DistributedDataParallel {
   // same answer on every rank). Reads a flag from the device: the step's one host sync.
   bool found_nonfinite();
   // The flag itself (i32 [1] on the device), for callers that read it later.
-  const Tensor& found_nonfinite_flag() const { return reducer_->found_nonfinite_flag(); }
+  const Tensor& found_nonfinite_flag() const;
   // Zeroes all gradients and starts a new step (the micro-step count restarts).
   void zero_grad();
   // After a backward that returned true, COLLECTIVE under ZeRO (one small allreduce): the
@@ -203,6 +217,7 @@ class DistributedDataParallel {
   void wait_gather(int bucket);
   Tensor gather_full(const Tensor& shard);
   bool half_masters() const { return master_shard_.defined(); }
+  bool exact_backward(const Tensor& dy, double loss_scale);  // deterministic mode (exact_sum.cc)
   // The optimizer's state tensors as its checkpoints name them: fn(key, k, entry) for state k
   // (state_names()[k], in order) of each of its parameters (plan entry `entry`), key
   // "<key_of(i)>.<state name>".
@@ -220,6 +235,8 @@ class DistributedDataParallel {
   bool step_clock_running_ = false;
   std::chrono::steady_clock::time_point t_step_start_;
   optim::Optimizer* attached_ = nullptr;
+  std::unique_ptr<ExactGradientSum> exact_;  // deterministic mode
+  bool exact_reduced_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
   // ZeRO
   Tensor master_shard_;  // f32 [shard_numel] where the compute dtype is half

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tutti/nn/layers.h"
@@ -32,15 +34,47 @@ struct GptConfig {
   std::int64_t width = 128;  // C; heads must divide it
 
   // "gpt-tiny" (4 layers, 4 heads, 128 wide, context 128, byte vocabulary: for a 2-core CPU)
-  // or "gpt2-124m" (12 layers, 12 heads, 768 wide, context 1024, vocabulary 50257 padded to
-  // 50304). Throws InvalidArgument for another name.
+  // or GPT-2 in llm.c's configurations, context 1024 and vocabulary 50257 padded to 50304:
+  // "gpt2-124m" (12 layers, 12 heads, 768 wide), "gpt2-350m" (24, 16, 1024), "gpt2-774m"
+  // (36, 20, 1280) or "gpt2-1558m" (48, 25, 1600). Throws InvalidArgument for another name.
   static GptConfig preset(const std::string& name);
+  // The names preset() knows, smallest first.
+  static std::vector<std::string> preset_names();
+  // Parameters of a Gpt of this configuration (without building it): padded_vocab·C +
+  // context·C + layers·(12·C² + 13·C) + 2·C.
+  std::int64_t parameter_count() const;
   // "L4 H4 C128 T128 V256" (and "/50304" when padded): what a checkpoint must match.
   std::string fingerprint() const;
 };
 
 // Rounds v up to a multiple of 128 (llm.c's padding of GPT-2's vocabulary).
 std::int64_t pad_vocab(std::int64_t v);
+
+// Which of a Gpt's residual blocks recompute their activations in backward (activation
+// checkpointing, Gpt::set_recompute; nn::Residual::set_recompute does the work). Every layer
+// has two: attention and MLP. A checkpointed one keeps only its input and output between
+// forward and backward and runs its body's forward again in backward; gradients stay
+// bit-identical. docs/gpt.md measures what each saves and costs.
+struct Recompute {
+  enum class Mode : std::uint8_t {
+    none,    // keep every activation (the default)
+    blocks,  // both residuals of every layer: the least memory, about one more forward
+    every,   // both residuals of layers 0, k, 2k, ... (k = every)
+    attn,    // only the attention residuals (their [B, heads, T, T] probabilities are the
+             // largest activation at long T)
+    mlp,     // only the MLP residuals
+  };
+  Mode mode = Mode::none;
+  std::int64_t every = 1;  // k of Mode::every (>= 1)
+
+  // "none", "blocks", "every:K" (K >= 1), "attn" or "mlp"; InvalidArgument naming the choices
+  // otherwise.
+  static Recompute parse(std::string_view text);
+  // The spelling parse() reads.
+  std::string str() const;
+  // Whether layer `layer`'s MLP residual (mlp true) or attention residual (false) recomputes.
+  bool checkpoints(std::int64_t layer, bool mlp) const;
+};
 
 // Parameters (registration order, so Module::parameters() and state_dict() list them so):
 // "embed.wte" [padded_vocab, C] (also the output head's weight), "embed.wpe" [context, C], then
@@ -73,6 +107,13 @@ class Gpt : public nn::Module {
   const nn::Parameter* position_embedding() const { return &embed_.wpe; }
   // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
   const Tensor& last_hidden() const { return hidden_; }
+  // Activation checkpointing by `policy` (see Recompute), from the next forward on; all
+  // checkpointed residuals share one workspace, sized for the largest body. Throws
+  // InvalidArgument for every:K with K > layers, or between a forward and its backward.
+  Gpt& set_recompute(const Recompute& policy);
+  const Recompute& recompute() const { return recompute_; }
+  // Bytes the checkpointed residuals' shared workspace holds now (0 without recomputation).
+  std::int64_t recompute_workspace_bytes() const;
 
  protected:
   // tokens [B, T] i32 -> logits [B, T, padded_vocab].
@@ -86,6 +127,8 @@ class Gpt : public nn::Module {
   nn::LayerNorm ln_f_;
   nn::TiedLinear head_;
   Tensor hidden_;
+  Recompute recompute_;
+  std::shared_ptr<nn::RecomputeWorkspace> workspace_;
 };
 
 struct SampleOptions {

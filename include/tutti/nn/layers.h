@@ -89,7 +89,8 @@ class GELU : public Module {
 // equal, consecutive slices DistributedLoader makes; with other data the masks still differ
 // between ranks.) The seed and the counter are the layer's state ("rng_seed",
 // "rng_counter" in Module::extra_state), saved in checkpoints with the model, so a resumed
-// run draws the masks an uninterrupted one would.
+// run draws the masks an uninterrupted one would. Inside a checkpointed Residual, the
+// replay of the forward in backward reuses that forward's mask (ModuleSettings::recomputing).
 class Dropout : public Module {
  public:
   explicit Dropout(float p);
@@ -188,6 +189,14 @@ class Flatten : public Module {
 
 // y = x + body(x); body must keep the shape. Build the body in place:
 //   model.emplace<Residual>().body().add<LayerNorm>(64).add<Linear>(64, 64);
+//
+// Activation checkpointing (set_recompute): the body's layers then take their buffers from a
+// RecomputeWorkspace (module.h), which the next checkpointed Residual overwrites, so that
+// between forward and backward the residual keeps only its input x (a handle: the layer before
+// owns it) and its output y. Its backward first runs the body's forward again on x (the same
+// kernels in the same order, Dropout replaying its mask: ModuleSettings::recomputing), then the
+// body's backward, so the gradients are bit-identical to those without recomputation, for one
+// more forward of the body.
 class Residual : public Module {
  public:
   Residual();
@@ -196,6 +205,13 @@ class Residual : public Module {
   Sequential& body() { return *body_; }
   std::string describe() const override { return "Residual"; }
   Flops flops(const Shape& sample, Shape& out) const override;
+  // Checkpoints this residual's body in `workspace` (shared with the other checkpointed
+  // residuals of the model, whose bodies should have the same structure); null turns it off.
+  // Takes effect at the next forward; do not call it between a forward and its backward.
+  // Throws InvalidArgument for an empty body (nothing to recompute), or when checkpointed bodies
+  // would nest (this residual inside a checkpointed body, or one inside this body).
+  Residual& set_recompute(std::shared_ptr<RecomputeWorkspace> workspace);
+  bool recomputes() const { return workspace_ != nullptr; }
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -203,6 +219,8 @@ class Residual : public Module {
 
  private:
   Sequential* body_;
+  std::shared_ptr<RecomputeWorkspace> workspace_;
+  Tensor x_;  // the forward's input, when recomputing
 };
 
 }  // namespace tutti::nn

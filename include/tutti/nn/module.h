@@ -40,6 +40,28 @@ struct ModuleSettings {
   int batch_slice = 0;                 // this process's slice of the global batch ...
   int batch_slices = 1;                // ... of this many (see Module::set_batch_slice)
   FlatStorage* storage = nullptr;      // the model's (its hooks), null until made
+  bool recomputing = false;            // a checkpointed module is replaying its forward in
+                                       // backward (Dropout then reuses its last mask)
+};
+
+// Activation checkpointing's shared memory (Residual::set_recompute, models::Gpt::set_recompute):
+// the layers inside a checkpointed module take their reusable buffers (Module::buffer) from
+// here instead of keeping their own, by (their position in the checkpointed body, slot). Bodies
+// of the same structure, e.g. the blocks of a transformer, so use the same memory, sized for
+// the largest: at any time at most one checkpointed body's activations exist (its forward in
+// the forward pass, or its replay and backward in the backward pass), not one per body.
+// Shared by the modules it was given to (shared_ptr); freed with the last of them.
+class RecomputeWorkspace {
+ public:
+  // Bytes of the buffers it holds now.
+  std::int64_t bytes() const;
+  // Frees them (the next use allocates again).
+  void clear() { buffers_.clear(); }
+
+ private:
+  friend class Module;
+  Tensor& slot(int index, int slot);
+  std::vector<std::vector<Tensor>> buffers_;  // [position in the body][slot + 2]
 };
 
 // Model FLOPs of one sample through a module in training (see Module::flops).
@@ -201,6 +223,12 @@ class Module {
   // input-gradient need on to their children.
   virtual void on_input_grad_changed() {}
 
+  // Activation checkpointing (see RecomputeWorkspace): every module below `body` (body included)
+  // takes its buffers from `workspace`, or again its own when null. Static, so that a container
+  // can call it on its children.
+  static void use_workspace(Module& body, const std::shared_ptr<RecomputeWorkspace>& workspace);
+  // Marks the model as replaying a checkpointed forward (ModuleSettings::recomputing).
+  void set_recomputing(bool on) { settings_->recomputing = on; }
   // Registers a parameter member under `name` (unique within this module).
   Parameter& register_parameter(std::string name, Parameter& param);
   // Registers a child held by the caller / owned by this module; it adopts this model's
@@ -210,7 +238,8 @@ class Module {
   // Tells the grad-ready hook (FlatStorage) that `param`'s gradient has been written for this backward.
   void grad_ready(Parameter& param);
   // A reusable buffer of `shape` and `dtype` on device(), one per slot: reallocated only
-  // when it must grow, so repeated steps allocate nothing. Contents are uninitialized.
+  // when it must grow, so repeated steps allocate nothing. Contents are uninitialized. Inside a
+  // checkpointed body it is the RecomputeWorkspace's, which other bodies overwrite.
   Tensor buffer(int slot, const Shape& shape, DType dtype);
   // The gradient of `param` to accumulate into: where the placement hook says, else its grad,
   // allocated (zeroed) if still undefined (a module used on its own, without the root's flat
@@ -239,6 +268,8 @@ class Module {
   std::vector<std::pair<std::string, Module*>> children_;
   std::vector<std::unique_ptr<Module>> owned_children_;
   std::vector<Tensor> buffers_;
+  std::shared_ptr<RecomputeWorkspace> workspace_;  // where buffer() takes them instead, when set
+  int workspace_index_ = 0;                        // this module's position in the checkpointed body
   // Root only: cached parameters() and the flat buffers.
   std::vector<Parameter*> all_params_;
   bool all_params_valid_ = false;

@@ -252,6 +252,9 @@ class Run {
   bool next();
   // Within a step: adds weight x loss (f32 [1] on the state's device, e.g. CrossEntropyLoss's
   // loss()) to this rank's loss of the step, on RunOptions::stream. Not collective; no sync.
+  // Under DdpOptions::deterministic the sum over adds and ranks is exact (fixed point, 2^-32;
+  // weight must be positive; weight x accumulation steps counts to 16 significant bits, so that
+  // 1/k is exact): it does not depend on the world size nor on the order of the additions.
   void add_loss(const Tensor& loss, float weight = 1.0f);
   // Within a step, before add_loss(): `count` more floats in this step's allreduce (average
   // over the ranks), for the program's own figures (a straggler detector's): write them into
