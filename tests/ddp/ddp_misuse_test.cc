@@ -46,25 +46,6 @@ Batch global_batch(std::int64_t n, std::uint32_t seed) { return testing::global_
 // barrier (which itself takes one).
 std::uint64_t next_seq() { return world().communicator().barrier().info().seq + 1; }
 
-std::vector<float> flat_values(nn::Module& m) {
-  std::vector<float> out;
-  for (nn::Parameter* p : m.parameters()) {
-    const auto v = p->value.to_floats();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    ref = std::max(ref, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / std::max(ref, 1e-30);
-}
-
 // ---- misuse: clear errors on every rank ------------------------------------------------
 
 TEST(DdpMisuse, BackwardTwiceAfterOneForwardIsAnErrorBeforeAnyCommunication) {
@@ -138,7 +119,7 @@ TEST(DdpMisuse, AModelNeverInitializedOnRankZeroIsAnErrorOnEveryRank) {
   DistributedDataParallel ddp(world().communicator(), *ok, {});
   auto reference = make_mlp();
   reference->init(kSeed);
-  EXPECT_EQ(flat_values(*ok), flat_values(*reference));
+  EXPECT_EQ(testing::values_of(*ok), testing::values_of(*reference));
   nn::CrossEntropyLoss loss;
   const Batch b = my_slice(global_batch(6, 2));
   loss.forward(ddp.forward(b.x), b.y);
@@ -191,7 +172,7 @@ TEST(DdpDropout, NRanksWithSlicesMatchOneRankWithTheWholeBatch) {
       DistributedDataParallel ddp(world().communicator(), *distributed, o);
       optim::SGD opt(distributed->parameters(), sgd());
       train(*distributed, &ddp, opt, 0, 4, accumulation, 12);
-      EXPECT_LE(max_relative_difference(flat_values(*distributed), flat_values(*reference)), 1e-5)
+      EXPECT_LE(testing::relative_difference(*distributed, *reference), 1e-5)
           << "k = " << accumulation << ", rank " << world().rank() << " of " << world().world_size();
     }
     // Dropout did drop: without it the same steps end elsewhere.
@@ -199,7 +180,7 @@ TEST(DdpDropout, NRanksWithSlicesMatchOneRankWithTheWholeBatch) {
     plain->init(kSeed);
     optim::SGD plain_opt(plain->parameters(), sgd());
     train(*plain, nullptr, plain_opt, 0, 4, accumulation, 12);
-    EXPECT_GT(max_relative_difference(flat_values(*plain), flat_values(*reference)), 1e-3);
+    EXPECT_GT(testing::relative_difference(*plain, *reference), 1e-3);
     // The DDP is gone: the model is a whole batch's again.
     EXPECT_EQ(distributed->settings().batch_slice, 0);
     EXPECT_EQ(distributed->settings().batch_slices, 1);
@@ -210,7 +191,7 @@ TEST(DdpDropout, ResumeFromTheStateDictsIsBitIdentical) {
   // Uninterrupted: 4 steps.
   auto whole = make_mlp(0.3f);
   whole->init(kSeed);
-  std::vector<float> uninterrupted;
+  testing::Values uninterrupted;
   StateDict model_at_2, optim_at_2;
   {
     DistributedDataParallel ddp(world().communicator(), *whole, {});
@@ -219,7 +200,7 @@ TEST(DdpDropout, ResumeFromTheStateDictsIsBitIdentical) {
     model_at_2 = whole->state_dict();  // what a checkpoint holds
     optim_at_2 = opt.state_dict();
     train(*whole, &ddp, opt, 2, 2, 1, 12);
-    uninterrupted = flat_values(*whole);
+    uninterrupted = testing::values_of(*whole);
   }
   // Resumed at step 2 into a fresh model (another seed: everything must come from the state).
   auto resumed = make_mlp(0.3f);
@@ -229,7 +210,7 @@ TEST(DdpDropout, ResumeFromTheStateDictsIsBitIdentical) {
   optim::SGD opt(resumed->parameters(), sgd());
   opt.load_state_dict(optim_at_2);
   train(*resumed, &ddp, opt, 2, 2, 1, 12);
-  EXPECT_EQ(flat_values(*resumed), uninterrupted);
+  EXPECT_EQ(testing::values_of(*resumed), uninterrupted);
   // Without the Dropout state (weights and optimizer only) the masks are other ones.
   auto weights_only = make_mlp(0.3f);
   weights_only->init(kSeed + 1);
@@ -240,7 +221,7 @@ TEST(DdpDropout, ResumeFromTheStateDictsIsBitIdentical) {
   optim::SGD opt2(weights_only->parameters(), sgd());
   opt2.load_state_dict(optim_at_2);
   train(*weights_only, &ddp2, opt2, 2, 2, 1, 12);
-  EXPECT_NE(flat_values(*weights_only), uninterrupted);
+  EXPECT_NE(testing::values_of(*weights_only), uninterrupted);
 }
 
 // ---- the precision policy decides what goes on the wire ---------------------------------

@@ -76,19 +76,33 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(Opt kind, nn::Module& mo
   return std::make_unique<optim::AdamW>(model.parameters(), o);
 }
 
-// Max |a - b| / max |b| over the parameters of two models (on any devices).
-inline double relative_difference(nn::Module& a, nn::Module& b) {
+// Parameter values, one vector per parameter.
+using Values = std::vector<std::vector<float>>;
+
+// A model's parameter values (on any device).
+inline Values values_of(nn::Module& m) {
+  Values out;
+  for (nn::Parameter* p : m.parameters()) out.push_back(p->value.to_floats());
+  return out;
+}
+
+// Max |a - b| / max |b| over two sets of parameter values of the same shapes.
+inline double relative_difference(const Values& a, const Values& b) {
+  EXPECT_EQ(a.size(), b.size());
   double max_diff = 0, max_ref = 0;
-  const auto pa = a.parameters(), pb = b.parameters();
-  EXPECT_EQ(pa.size(), pb.size());
-  for (std::size_t i = 0; i < pa.size() && i < pb.size(); ++i) {
-    const auto va = pa[i]->value.to_floats(), vb = pb[i]->value.to_floats();
-    for (std::size_t j = 0; j < va.size(); ++j) {
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(va[j] - vb[j])));
-      max_ref = std::max(max_ref, static_cast<double>(std::fabs(vb[j])));
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_EQ(a[i].size(), b[i].size()) << "parameter " << i;
+    for (std::size_t j = 0; j < a[i].size() && j < b[i].size(); ++j) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i][j] - b[i][j])));
+      max_ref = std::max(max_ref, static_cast<double>(std::fabs(b[i][j])));
     }
   }
   return max_diff / std::max(max_ref, 1e-30);
+}
+
+// The same over the parameters of two models.
+inline double relative_difference(nn::Module& a, nn::Module& b) {
+  return relative_difference(values_of(a), values_of(b));
 }
 
 }  // namespace tutti::testing

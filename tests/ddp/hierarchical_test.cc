@@ -24,7 +24,8 @@ using testing::kClasses;
 using testing::rows;
 constexpr std::int64_t kIn = 12;
 constexpr std::uint64_t kSeed = 4321;
-using Values = std::vector<std::vector<float>>;  // per parameter
+using testing::relative_difference;
+using testing::Values;
 
 // 12-16-9-5: 373 parameters, which neither node size divides into every bucket.
 std::unique_ptr<nn::Sequential> make_model() {
@@ -67,17 +68,6 @@ std::vector<Values> train(int nodes, int local, bool hierarchical, int steps = 3
     for (nn::Parameter* p : model->parameters()) out[static_cast<std::size_t>(rank)].push_back(p->value.to_floats());
   });
   return out;
-}
-
-double relative_difference(const Values& a, const Values& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    for (std::size_t j = 0; j < a[i].size(); ++j) {
-      diff = std::max(diff, static_cast<double>(std::fabs(a[i][j] - b[i][j])));
-      ref = std::max(ref, static_cast<double>(std::fabs(b[i][j])));
-    }
-  }
-  return diff / std::max(ref, 1e-30);
 }
 
 void expect_hierarchical_equals_flat(int nodes, int local) {

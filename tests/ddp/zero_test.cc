@@ -72,23 +72,13 @@ struct TrainRun {
   StateDict* save = nullptr;          // where to put the state at the end (from rank 0)
 };
 
-using Values = std::vector<std::vector<float>>;  // per parameter
+using testing::relative_difference;
+using testing::Values;
 
 Values values_of(const StateDict& model_state, nn::Module& like) {
   Values out;
   for (nn::Parameter* p : like.parameters()) out.push_back(model_state.at(p->name).to_floats());
   return out;
-}
-
-double relative_difference(const Values& a, const Values& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    for (std::size_t j = 0; j < a[i].size(); ++j) {
-      diff = std::max(diff, static_cast<double>(std::fabs(a[i][j] - b[i][j])));
-      ref = std::max(ref, static_cast<double>(std::fabs(b[i][j])));
-    }
-  }
-  return diff / std::max(ref, 1e-30);
 }
 
 // Trains run.ranks thread ranks under DistributedDataParallel; returns every rank's final

@@ -32,18 +32,7 @@ Plan sliced(int ranks, bool deterministic, std::int64_t steps = kSteps) {
   return p;
 }
 
-class DeterministicTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tutti_deterministic_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string ckpt_dir() const { return (dir_ / "ckpt").string(); }
-  std::string memory() const { return (dir_ / "shm").string(); }
-  fs::path dir_;
-};
+using DeterministicTest = testing::RunDirTest;
 
 TEST_F(DeterministicTest, EveryWorldSizeTrainsTheSameBits) {
   const Result one = train(sliced(1, true));

@@ -26,16 +26,8 @@ using testing::relative_difference;
 using testing::Result;
 using testing::train;
 
-class SnapshotTest : public ::testing::Test {
+class SnapshotTest : public testing::RunDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tutti_snapshot_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string ckpt_dir() const { return (dir_ / "ckpt").string(); }
-  std::string memory() const { return (dir_ / "shm").string(); }
   // The run's folder on node `n`.
   fs::path node_folder(int n) const {
     const fs::path node = fs::path(memory()) / ("node" + std::to_string(n));
@@ -61,7 +53,6 @@ class SnapshotTest : public ::testing::Test {
     p.options.snapshot_nodes = std::move(nodes);
     return p;
   }
-  fs::path dir_;
 };
 
 TEST_F(SnapshotTest, AKilledRunResumesFromMemoryAtEveryStageAndEndsAsTheUninterruptedOne) {

@@ -8,8 +8,12 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <limits>
 #include <random>
+#include <string>
+
+#include <unistd.h>
 
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/comm/thread_group.h"
@@ -163,6 +167,22 @@ inline Result train(const Plan& plan) {
   });
   return out;
 }
+
+// A fixture with a fresh folder per test (removed after it) for the runs' checkpoints and the
+// memory snapshots' stand-in for /dev/shm.
+class RunDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("tutti_" + std::string(info->test_suite_name()) + "_" + std::to_string(::getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string ckpt_dir() const { return (dir_ / "ckpt").string(); }
+  std::string memory() const { return (dir_ / "shm").string(); }
+  std::filesystem::path dir_;
+};
 
 // The largest difference between two runs' parameters, relative to the largest parameter.
 inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
