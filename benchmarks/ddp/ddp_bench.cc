@@ -41,10 +41,10 @@
 #include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/args.h"
 #include "common/stats.h"
 
 namespace {
@@ -52,15 +52,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using bench::median;
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
 
 struct Config {
   std::int64_t in = 784;
@@ -84,7 +75,7 @@ struct Config {
 std::unique_ptr<tutti::nn::Sequential> make_model(const Config& c) {
   auto m = std::make_unique<tutti::nn::Sequential>();
   std::vector<std::int64_t> widths;
-  for (const std::string& w : split(c.widths)) widths.push_back(std::stoll(w));
+  for (const std::string& w : bench::split_commas(c.widths)) widths.push_back(std::stoll(w));
   if (widths.empty()) widths.assign(static_cast<std::size_t>(c.layers), c.hidden);
   std::int64_t width = c.in;
   for (std::int64_t w : widths) {
@@ -98,7 +89,7 @@ std::unique_ptr<tutti::nn::Sequential> make_model(const Config& c) {
 std::string model_name(const Config& c) {
   std::string s = "MLP " + std::to_string(c.in);
   if (!c.widths.empty()) {
-    for (const std::string& w : split(c.widths)) s += "-" + w;
+    for (const std::string& w : bench::split_commas(c.widths)) s += "-" + w;
   } else {
     s += "-" + std::to_string(c.hidden) + "x" + std::to_string(c.layers);
   }
@@ -207,7 +198,7 @@ int main(int argc, char** argv) {
     // Set up every mode, one after another, measuring what each allocates.
     std::vector<std::unique_ptr<Instance>> all;
     std::int64_t params = 0;
-    for (const std::string& mode : split(c.modes)) {
+    for (const std::string& mode : bench::split_commas(c.modes)) {
       auto m = std::make_unique<Instance>();
       m->mode = mode;
       if (mode == "overlap" || mode == "after" || mode == "zero0" || mode == "traced" || mode == "hier")

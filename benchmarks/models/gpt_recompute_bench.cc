@@ -26,10 +26,10 @@
 #include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/args.h"
 #include "common/stats.h"
 
 namespace {
@@ -64,15 +64,6 @@ Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32
   std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
   for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
   return Tensor::from_ints(v, {B, T}, DType::i32);
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
 }
 
 void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream, bool optimize) {
@@ -117,7 +108,7 @@ int main(int argc, char** argv) {
     const Tensor x = random_tokens(f.batch, f.seq_len, config.vocab, 1).to(device, stream);
     const Tensor y = random_tokens(f.batch, f.seq_len, config.vocab, 2).to(device, stream);
     std::vector<Subject> subjects;
-    for (const std::string& p : split(f.policies)) {
+    for (const std::string& p : bench::split_commas(f.policies)) {
       Subject s;
       s.policy = models::Recompute::parse(p).str();
       s.model = std::make_unique<models::Gpt>(config);
