@@ -317,7 +317,8 @@ std::string fit_advice(const GptConfig& config, const PlanOptions& options, std:
   const std::int64_t now = memory_plan(config, options).total();
   if (now <= device_bytes) return "";
   std::ostringstream s;
-  s << "does not fit: " << human(now) << " per rank, " << human(device_bytes) << " available. To fit, change one of:\n";
+  s << "does not fit: " << human(now) << " per rank, " << human(device_bytes)
+    << " available. To fit, change one or more of:\n";
   auto option = [&](const std::string& what, const PlanOptions& o) {
     const std::int64_t t = memory_plan(config, o).total();
     s << "  - " << what << ": " << human(t) << (t <= device_bytes ? " (fits)" : " (still too large)") << "\n";
@@ -346,6 +347,12 @@ std::string fit_advice(const GptConfig& config, const PlanOptions& options, std:
   option(std::to_string(o.world_size) + " ranks (the same global micro-batch: " + std::to_string(o.micro_batch) +
              " per rank" + (options.zero_stage > 0 ? ", smaller shards" : "") + ")",
          o);
+  // Together: the least this many ranks can hold.
+  PlanOptions least = options;
+  least.micro_batch = 1;
+  least.recompute = Recompute::parse("blocks");
+  least.zero_stage = 2;
+  option("all at once (1 sequence per rank, --recompute blocks, --zero 2)", least);
   return s.str();
 }
 

@@ -92,8 +92,9 @@ std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, s
                                  std::int64_t limit = 1 << 16);
 
 // What to change when `options` does not fit `device_bytes`: each of a smaller micro-batch,
-// recomputation (blocks), the next ZeRO stage and twice the ranks, with the total it would give
-// and whether that fits; "" when the plan fits. One sentence per line, for a person.
+// recomputation (blocks), the next ZeRO stage and twice the ranks, then all of them at once at
+// this many ranks, with the total each would give and whether that fits; "" when the plan fits.
+// One sentence per line, for a person.
 std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes);
 
 // "141GB", "80 GiB", "512MiB", "1.5TB" or plain bytes -> bytes (GB and TB are powers of 10,
