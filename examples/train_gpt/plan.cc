@@ -33,6 +33,8 @@ int print_plan(Flags f) {
   o.bucket_cap_mb = f.bucket_mb;
   o.deterministic = f.deterministic;
   o.gpu = f.device != "cpu";
+  o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
+  o.state_dict = true;  // checkpoints and the final params_crc32
   const m::MemoryPlan plan = m::memory_plan(config, o);
   std::printf(
       "train_gpt --plan: %s (%s, %lld parameters), %d rank(s), zero %d, %s, recompute %s, micro-batch %lld x "

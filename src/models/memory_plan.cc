@@ -251,7 +251,8 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
     // block checkpoints, the workspace's dqkv.
     const std::int64_t superseded = (3 * N * C + N * C + (4 * C > H * T ? B * H * T * T : 0)) * cd;
     const std::int64_t after = (N * C + (attn_blocks == 1 ? 3 * N * C : 0)) * cd;
-    ws += std::max<std::int64_t>(0, superseded - after);
+    m.first_step_extra = std::max<std::int64_t>(0, superseded - after);
+    ws += m.first_step_extra;
     ws_detail += ", + the first step's superseded buffers (" + human(superseded) + ") until layer 0 recomputes";
   }
   row("recompute workspace", ws, ws_detail);
@@ -267,13 +268,30 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
     row("GPU kernel scratch", (7 * N * C + B * H * T * T) * cd + (32 << 20),
         "attention backward's scratch + cuBLASLt's workspace (not in Storage's count)");
   }
+  if (o.evaluation) {
+    m.rows.push_back({"evaluation", N * V * cd + N * 4 + 16,
+                      "between steps: the evaluating loss's logits gradient, the targets, scalars", true});
+  }
+  if (o.state_dict) {
+    const bool gathers = o.zero_stage > 0 && half;
+    m.rows.push_back({"state dict", gathers ? total * 4 : 0,
+                      gathers ? "between steps: model_state_dict gathers the f32 values whole"
+                              : "between steps: nothing (the values are whole on every rank)",
+                      true});
+  }
   return m;
 }
 
-std::int64_t MemoryPlan::total() const {
+std::int64_t MemoryPlan::step_total() const {
   std::int64_t n = 0;
-  for (const MemoryRow& r : rows) n += r.bytes;
+  for (const MemoryRow& r : rows) n += r.between_steps ? 0 : r.bytes;
   return n;
+}
+
+std::int64_t MemoryPlan::total() const {
+  std::int64_t between = 0;
+  for (const MemoryRow& r : rows) between = std::max(between, r.between_steps ? r.bytes : 0);
+  return std::max(step_total(), step_total() - first_step_extra + between);
 }
 
 std::int64_t MemoryPlan::bytes(const std::string& name) const {
@@ -286,12 +304,19 @@ std::int64_t MemoryPlan::bytes(const std::string& name) const {
 std::string MemoryPlan::str() const {
   std::ostringstream s;
   char line[512];
+  bool between = false;
   for (const MemoryRow& r : rows) {
+    if (r.between_steps && !between) {
+      std::snprintf(line, sizeof line, "  %-22s %12s\n", "step total", human(step_total()).c_str());
+      s << line;
+      between = true;
+    }
     std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", r.name.c_str(), human(r.bytes).c_str(), r.detail.c_str());
     s << line;
   }
-  std::snprintf(line, sizeof line, "  %-22s %12s  (%s bytes)\n", "total", human(total()).c_str(),
-                grouped(total()).c_str());
+  std::snprintf(line, sizeof line, "  %-22s %12s  (%s bytes)%s\n", "total", human(total()).c_str(),
+                grouped(total()).c_str(),
+                total() == step_total() ? "" : ": after the first step, with the largest between-step row");
   s << line;
   return s.str();
 }

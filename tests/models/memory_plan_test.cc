@@ -175,6 +175,25 @@ TEST(MemoryPlan, RowsFollowTheOptions) {
   EXPECT_THROW(memory_plan(c, o), InvalidArgument);
 }
 
+TEST(MemoryPlan, BetweenStepRowsAddToTheSteadyState) {
+  PlanOptions o;
+  o.compute = o.grad_comm = DType::bf16;
+  o.world_size = 2;
+  o.zero_stage = 1;
+  o.micro_batch = 2;
+  o.recompute = Recompute::parse("blocks");
+  const MemoryPlan step = memory_plan(small(), o);
+  EXPECT_GT(step.first_step_extra, 0);
+  EXPECT_EQ(step.total(), step.step_total());
+  o.evaluation = o.state_dict = true;
+  const MemoryPlan both = memory_plan(small(), o);
+  EXPECT_EQ(both.step_total(), step.step_total());
+  EXPECT_EQ(both.bytes("state dict"), 4 * both.flat_total);  // ZeRO-1 in bf16 gathers the f32 values
+  EXPECT_EQ(both.total(), std::max(step.total(), step.total() - step.first_step_extra + both.bytes("state dict")));
+  o.zero_stage = 0;
+  EXPECT_EQ(memory_plan(small(), o).bytes("state dict"), 0);  // whole on every rank already
+}
+
 TEST(MemoryPlan, LargestMicroBatchAndAdvice) {
   const GptConfig c = GptConfig::preset("gpt2-1558m");
   PlanOptions o;

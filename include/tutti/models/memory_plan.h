@@ -44,6 +44,14 @@ struct PlanOptions {
   // (attention backward's stream-ordered scratch, (7·B·T·C + B·heads·T²) compute elements, and
   // cuBLASLt's 32 MiB workspace), as the row "GPU kernel scratch".
   bool gpu = false;
+  // Between steps (not during one): a separate loss evaluates micro-batches of micro_batch
+  // sequences (train_gpt's validation): its logits gradient, the targets (the inputs take the
+  // training batch's place in the embedding) and a few scalars, as the row "evaluation".
+  bool evaluation = false;
+  // Between steps: DistributedDataParallel::model_state_dict (a checkpoint, train_gpt's final
+  // checksum), which with ZeRO 1-2 in half precision gathers the f32 values whole on the device
+  // for a moment, as the row "state dict".
+  bool state_dict = false;
 };
 
 // One line of the plan: a name ("optimizer state"), its bytes on each rank, and how they
@@ -52,6 +60,7 @@ struct MemoryRow {
   std::string name;
   std::int64_t bytes = 0;
   std::string detail;
+  bool between_steps = false;  // held between steps, on top of what a step keeps (see total())
 };
 
 struct MemoryPlan {
@@ -60,7 +69,8 @@ struct MemoryPlan {
   // between forward and backward and their gradients, all layers), recompute workspace,
   // logits (the head's logits, the loss's gradient of them and the head's input gradient),
   // workspace (scalars: the loss, norms, flags), and with PlanOptions::gpu the GPU kernel
-  // scratch (the only row Storage::peak_bytes does not see).
+  // scratch (the only row Storage::peak_bytes does not see); then the between-step rows of
+  // PlanOptions::evaluation and state_dict.
   std::vector<MemoryRow> rows;
   // Activations of one layer (attention and MLP blocks) as kept with and without this plan's
   // recomputation, for the table (bytes for the micro-batch; the checkpointed figure is the
@@ -71,9 +81,14 @@ struct MemoryPlan {
   std::int64_t flat_total = 0;  // elements of the flat plan, padding included
   std::int64_t shard = 0;       // elements of one rank's shard (flat_total without ZeRO)
   int buckets = 0;              // the flat plan's buckets
+  // Bytes of the recompute workspace row that only the first step holds (superseded buffers).
+  std::int64_t first_step_extra = 0;
 
-  // Sum of the rows: every tensor alive at the peak of a training step (after the first
-  // forward and backward, nothing the step allocates is freed; the step reuses the buffers).
+  // Sum of the step's rows: every tensor alive at the peak of a training step (after the first
+  // forward and backward nothing the step allocates is freed: the step reuses the buffers).
+  std::int64_t step_total() const;
+  // The peak: step_total(), or after the first step (step_total() - first_step_extra) plus the
+  // largest between-step row, whichever is more.
   std::int64_t total() const;
   // The bytes of the row named `name`; 0 when there is none.
   std::int64_t bytes(const std::string& name) const;
