@@ -107,7 +107,7 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr) {
   // A GPU backend's finished collectives let go of their tensors (views of the model's flat
   // buffers) when its watchdog next polls them: wait for that, so that the next case's
   // baseline does not count this one's buffers.
-  for (int i = 0; i < 2000 && Storage::live_bytes(device) > before; ++i) std::this_thread::sleep_for(1ms);
+  for (int i = 0; i < 10000 && Storage::live_bytes(device) > before; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(Storage::live_bytes(device), before) << "the case's tensors outlived it";
   return peak;
 }
