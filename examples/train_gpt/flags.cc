@@ -86,6 +86,13 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
+  app.add_flag("--plan", f.plan,
+               "print each rank's memory plan (parameters, gradients, optimizer state, activations...) for these "
+               "flags and the largest micro-batch that fits --device-memory, then exit without training");
+  app.add_option("--world-size", f.world_size, "ranks that --plan plans for")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--device-memory", f.device_memory, "memory of one device for --plan, e.g. 141GB or 80GiB");
   example::add_run_flags(app, f);
   try {
     app.parse(argc, argv);

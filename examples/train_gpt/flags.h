@@ -37,6 +37,9 @@ struct Flags : example::RunFlags {
   double temperature = 0.8;
   std::int64_t top_k = 40;
   std::string prompt = "\n";
+  bool plan = false;          // --plan: print the memory plan (plan.h) and exit
+  int world_size = 1;         // --world-size: the ranks --plan plans for
+  std::string device_memory;  // --device-memory: bytes per device for --plan ("141GB")
 };
 
 // Parses the command line into `f`. Returns -1 to go on, else the exit code: 0 after --help,

@@ -37,6 +37,7 @@
 #include "../common/run_support.h"
 #include "data.h"
 #include "flags.h"
+#include "plan.h"
 
 namespace {
 
@@ -402,6 +403,14 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
 int main(int argc, char** argv) {
   gpt::Flags f;
   if (const int rc = gpt::parse_flags(argc, argv, f); rc >= 0) return rc;
+  if (f.plan) {
+    try {
+      return gpt::print_plan(f);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+      return 2;
+    }
+  }
   tutti::train::Summary summary(f.json);
   try {
     return run(f, summary, argc, argv);

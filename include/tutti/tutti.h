@@ -26,6 +26,7 @@
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/kernels.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/memory_plan.h"
 #include "tutti/nn/flat_plan.h"
 #include "tutti/nn/init.h"
 #include "tutti/nn/layers.h"

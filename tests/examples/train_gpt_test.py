@@ -30,6 +30,7 @@ WEIGHTS = {
     "test_zero_stages_and_resume_across_them": 6, "test_resume_is_bit_identical": 4,
     "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 2,
     "test_default_corpus_is_debians_fortunes": 1.5, "test_recompute_trains_bit_identically": 3,
+    "test_plan_prints_the_table_and_what_to_change": 0.1,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -155,6 +156,20 @@ class TrainGpt(unittest.TestCase):
         self.assertIn("every:K", p.stderr + p.stdout)
         p = train(1, self.dir, "too_many", *self.data, "--recompute", "every:3", env=ENDS_AT_ONCE, expect=1)
         self.assertIn("has 2 layers", p.stderr)
+
+    def test_plan_prints_the_table_and_what_to_change(self):
+        # --plan trains nothing and needs no mpirun: the rows, the largest micro-batch that fits;
+        # a plan that does not fit exits 1 naming what to change.
+        base = [ARGS.binary, "--plan", "--model", "gpt2-350m", "--precision", "bf16", "--batch-size", "16",
+                "--world-size", "2"]
+        p = subprocess.run(base + ["--device-memory", "80GiB"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, msg=p.stderr)
+        for row in ("parameters", "optimizer state", "activations", "logits", "total", "largest micro-batch"):
+            self.assertIn(row, p.stdout)
+        p = subprocess.run(base + ["--device-memory", "8GiB"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, msg=p.stdout)
+        for what in ("does not fit", "micro-batch", "--recompute blocks", "--zero 1", "4 ranks"):
+            self.assertIn(what, p.stderr)
 
     def test_data_order_is_the_one_the_python_peer_reads(self):
         r = train(2, self.dir, "order", *self.data, "--seed", "7")

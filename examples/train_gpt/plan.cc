@@ -1,0 +1,65 @@
+#include "plan.h"
+
+#include <cstdio>
+
+#include <tutti/tutti.h>
+
+#include "../common/run_support.h"
+
+namespace gpt {
+
+int print_plan(Flags f) {
+  namespace m = tutti::models;
+  m::GptConfig config = m::GptConfig::preset(f.model);  // the preset's vocabulary: --data is not read
+  if (f.layers > 0) config.layers = f.layers;
+  if (f.heads > 0) config.heads = f.heads;
+  if (f.width > 0) config.width = f.width;
+  if (f.context > 0) config.context = f.context;
+  if (f.seq_len == 0) f.seq_len = config.context;
+  const int world = f.world_size;
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
+  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
+                  " must divide into ", world, " rank(s) x ", f.accum_steps, " micro-batch(es)");
+  const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
+  m::PlanOptions o;
+  o.world_size = world;
+  o.zero_stage = f.zero;
+  o.compute = policy.compute;
+  o.grad = policy.grad;
+  o.grad_comm = policy.comm;
+  o.recompute = m::Recompute::parse(f.recompute);
+  o.micro_batch = f.batch_size / (static_cast<std::int64_t>(f.accum_steps) * world);
+  o.seq_len = f.seq_len;
+  o.bucket_cap_mb = f.bucket_mb;
+  o.deterministic = f.deterministic;
+  o.gpu = f.device != "cpu";
+  o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
+  o.state_dict = true;  // checkpoints and the final params_crc32
+  const m::MemoryPlan plan = m::memory_plan(config, o);
+  std::printf(
+      "train_gpt --plan: %s (%s, %lld parameters), %d rank(s), zero %d, %s, recompute %s, micro-batch %lld x "
+      "%lld tokens per rank (batch %lld = %d rank(s) x %d accumulation step(s) x %lld)%s\n",
+      f.model.c_str(), config.fingerprint().c_str(), static_cast<long long>(plan.parameters), world, f.zero,
+      f.precision.c_str(), o.recompute.str().c_str(), static_cast<long long>(o.micro_batch),
+      static_cast<long long>(o.seq_len), static_cast<long long>(f.batch_size), world, f.accum_steps,
+      static_cast<long long>(o.micro_batch), o.gpu ? ", GPU kernel scratch counted" : "");
+  std::printf("bytes per rank:\n%s", plan.str().c_str());
+  if (f.device_memory.empty()) {
+    std::printf("(--device-memory SIZE, e.g. 141GB, gives the largest micro-batch that fits)\n");
+    return 0;
+  }
+  const std::int64_t memory = m::parse_bytes(f.device_memory);
+  const std::int64_t largest = m::largest_micro_batch(config, o, memory);
+  std::printf("largest micro-batch that fits %s per rank: %lld sequence(s) of %lld tokens\n", f.device_memory.c_str(),
+              static_cast<long long>(largest), static_cast<long long>(o.seq_len));
+  const std::string advice = m::fit_advice(config, o, memory);
+  if (advice.empty()) {
+    std::printf("fits: %.1f%% of %s\n", 100.0 * static_cast<double>(plan.total()) / static_cast<double>(memory),
+                f.device_memory.c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "train_gpt --plan: %s", advice.c_str());
+  return 1;
+}
+
+}  // namespace gpt

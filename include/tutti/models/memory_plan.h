@@ -1,0 +1,119 @@
+// How many bytes one rank's device holds to train a models::Gpt, predicted without building it:
+// what train_gpt --plan prints (docs/gpt.md, "Planning memory").
+//
+//   tutti::models::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
+//                                .grad_comm = tutti::DType::bf16, .micro_batch = 16};
+//   o.recompute = tutti::models::Recompute::parse("blocks");
+//   const tutti::models::MemoryPlan plan = tutti::models::memory_plan(GptConfig::preset("gpt2-1558m"), o);
+//   plan.total();  // bytes at the peak of a training step on each rank
+//
+// The figures are the sizes of the tensors tutti allocates (Storage: what Storage::peak_bytes
+// counts), derived from the code that allocates them: the flat plan of DistributedDataParallel
+// (nn::make_flat_plan with the same options), the reducer's buffers and ZeRO-2's bucket pool,
+// the optimizer's flat state, and each layer's reusable buffers (Module::buffer) and the
+// recompute workspace. Not counted: the CUDA context, cuBLAS's and the collectives' own
+// workspaces, host memory, and the allocator's rounding; a GPU needs that margin on top.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tutti/core/dtype.h"
+#include "tutti/models/gpt.h"
+
+namespace tutti::models {
+
+// What is trained, and how: the options of DistributedDataParallel, the precision policy and
+// the optimizer that train_gpt takes from its flags.
+struct PlanOptions {
+  int world_size = 1;            // ranks (>= 1)
+  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1 or 2
+  DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
+  DType grad = DType::f32;       // amp::Policy::grad: the gradient buffers
+  DType grad_comm = DType::f32;  // amp::Policy::comm: what the reducer sends
+  Recompute recompute;           // Gpt::set_recompute's policy
+  std::int64_t micro_batch = 1;  // sequences per rank per micro-batch (B)
+  std::int64_t seq_len = 0;      // tokens per sequence (T); 0: the context
+  enum class Optimizer : std::uint8_t { adamw, sgd, sgd_momentum } optimizer = Optimizer::adamw;
+  double bucket_cap_mb = 25.0;       // DdpOptions::bucket_cap_mb
+  double first_bucket_cap_mb = 1.0;  // DdpOptions::first_bucket_cap_mb
+  bool deterministic = false;        // DdpOptions::deterministic (its exact-sum accumulator)
+  bool batch_on_device = true;       // count the micro-batch's tokens and targets ([B, T] i32 each)
+  // On a GPU: also count the CUDA kernels' own transient memory, which Storage does not track
+  // (attention backward's stream-ordered scratch, (7·B·T·C + B·heads·T²) compute elements, and
+  // cuBLASLt's 32 MiB workspace), as the row "GPU kernel scratch".
+  bool gpu = false;
+  // Between steps (not during one): a separate loss evaluates micro-batches of micro_batch
+  // sequences (train_gpt's validation): its logits gradient, the targets (the inputs take the
+  // training batch's place in the embedding) and a few scalars, as the row "evaluation".
+  bool evaluation = false;
+  // Between steps: DistributedDataParallel::model_state_dict (a checkpoint, train_gpt's final
+  // checksum), which with ZeRO 1-2 in half precision gathers the f32 values whole on the device
+  // for a moment, as the row "state dict".
+  bool state_dict = false;
+};
+
+// One line of the plan: a name ("optimizer state"), its bytes on each rank, and how they
+// come about ("2 x 4 B x 421,120 (shard of 842,496)").
+struct MemoryRow {
+  std::string name;
+  std::int64_t bytes = 0;
+  std::string detail;
+  bool between_steps = false;  // held between steps, on top of what a step keeps (see total())
+};
+
+struct MemoryPlan {
+  // In this order, each present even when 0 bytes: parameters, master weights, gradients,
+  // optimizer state, communication buffers, batch, activations (the layers' buffers kept
+  // between forward and backward and their gradients, all layers), recompute workspace,
+  // logits (the head's logits, the loss's gradient of them and the head's input gradient),
+  // workspace (scalars: the loss, norms, flags), and with PlanOptions::gpu the GPU kernel
+  // scratch (the only row Storage::peak_bytes does not see); then the between-step rows of
+  // PlanOptions::evaluation and state_dict.
+  std::vector<MemoryRow> rows;
+  // Activations of one layer (attention and MLP blocks) as kept with and without this plan's
+  // recomputation, for the table (bytes for the micro-batch; the checkpointed figure is the
+  // layer's when both its blocks recompute).
+  std::int64_t layer_bytes_kept = 0;
+  std::int64_t layer_bytes_checkpointed = 0;
+  std::int64_t parameters = 0;  // GptConfig::parameter_count()
+  std::int64_t flat_total = 0;  // elements of the flat plan, padding included
+  std::int64_t shard = 0;       // elements of one rank's shard (flat_total without ZeRO)
+  int buckets = 0;              // the flat plan's buckets
+  // Bytes of the recompute workspace row that only the first step holds (superseded buffers).
+  std::int64_t first_step_extra = 0;
+
+  // Sum of the step's rows: every tensor alive at the peak of a training step (after the first
+  // forward and backward nothing the step allocates is freed: the step reuses the buffers).
+  std::int64_t step_total() const;
+  // The peak: step_total(), or after the first step (step_total() - first_step_extra) plus the
+  // largest between-step row, whichever is more.
+  std::int64_t total() const;
+  // The bytes of the row named `name`; 0 when there is none.
+  std::int64_t bytes(const std::string& name) const;
+  // A table: one row per line, bytes in MiB/GiB, the detail, and the total.
+  std::string str() const;
+};
+
+// The plan of `config` trained with `options`. Throws InvalidArgument for options DDP or the
+// model would refuse (zero_stage outside 0-2, world_size < 1, micro_batch < 1, seq_len beyond
+// the context, every:K with K > layers, a gradient dtype other than f32 or the compute dtype).
+MemoryPlan memory_plan(const GptConfig& config, const PlanOptions& options);
+
+// The largest micro_batch (per rank) whose plan fits in `device_bytes`, searched up to `limit`
+// sequences; 0 when not even one fits.
+std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, std::int64_t device_bytes,
+                                 std::int64_t limit = 1 << 16);
+
+// What to change when `options` does not fit `device_bytes`: each of a smaller micro-batch,
+// recomputation (blocks), the next ZeRO stage and twice the ranks, then all of them at once at
+// this many ranks, with the total each would give and whether that fits; "" when the plan fits.
+// One sentence per line, for a person.
+std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes);
+
+// "141GB", "80 GiB", "512MiB", "1.5TB" or plain bytes -> bytes (GB and TB are powers of 10,
+// GiB and TiB of 2). InvalidArgument otherwise.
+std::int64_t parse_bytes(const std::string& text);
+
+}  // namespace tutti::models
