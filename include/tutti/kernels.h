@@ -5,6 +5,7 @@
 
 #include "tutti/kernels/attention.h"
 #include "tutti/kernels/cast.h"
+#include "tutti/kernels/compress.h"
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/cross_entropy.h"
 #include "tutti/kernels/elementwise.h"

@@ -97,8 +97,9 @@ void adamw_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 }
 }  // namespace tutti::kernels::cuda
 
-// ---- embedding, attention, fixed_point ----
+// ---- embedding, attention, fixed_point, compress ----
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/compress.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/fixed_point.h"
 
@@ -124,4 +125,10 @@ void fixed_point_accumulate(const Tensor&, double, double, const Tensor&, const 
   no_cuda("fixed_point_accumulate");
 }
 void fixed_point_to_float(const Tensor&, double, const Tensor&, const Stream&) { no_cuda("fixed_point_to_float"); }
+void quantize_blocks(const Tensor&, int, std::int64_t, const Tensor&, const Tensor&, const Tensor&, const Stream&) {
+  no_cuda("quantize_blocks");
+}
+void dequantize_blocks(const Tensor&, const Tensor&, int, std::int64_t, const Tensor&, bool, const Stream&) {
+  no_cuda("dequantize_blocks");
+}
 }  // namespace tutti::kernels::cuda
