@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -164,6 +165,24 @@ TEST(Compress, EdgeCasesAreExact) {
   }
 }
 
+// Values halfway between two codes round to the even one (the scale is 1 exactly: absmax = qmax).
+std::vector<float> ties(int bits) {
+  const float qmax = static_cast<float>(qmax_of(bits));
+  return {qmax, 0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 3.5f, -3.5f};
+}
+const std::vector<int> kTieCodes = {0, 2, 2, 0, -2, 4, -4};
+
+TEST(Compress, TiesRoundToEven) {
+  for (int bits : {8, 4}) {
+    Payload p(8, bits, 8);
+    quantize_blocks(f32(ties(bits)), bits, 8, p.q, p.scales);
+    EXPECT_EQ(p.scales.to_floats(), std::vector<float>{1.f});
+    const std::vector<int> c = codes_of(p.q, 8, bits);
+    EXPECT_EQ(c[0], qmax_of(bits));
+    EXPECT_EQ(std::vector<int>(c.begin() + 1, c.end()), kTieCodes) << bits << " bits";
+  }
+}
+
 // Issue 23's targets for one round trip: int8 within 1% relative L2 of the input. 4 bits cannot
 // reach 5% on Gaussian values in one trip: the best 16-level quantizer (Lloyd-Max) leaves 9.7%,
 // no code at 4 bits per value beats 2^-4 = 6.25% (the rate-distortion bound), and absmax scaling
@@ -293,6 +312,11 @@ TEST(Compress, CudaMatchesCpuBitForBit) {
             "bits " + std::to_string(bits) + " block " + std::to_string(block) + " n " + std::to_string(n);
         std::vector<float> xv = gaussian(n, static_cast<std::uint32_t>(n * 3 + block + bits), 0.1f);
         for (int64_t i = 0; i < std::min<int64_t>(n, block); ++i) xv[i] = 0.f;  // an all-zero block
+        if (n >= 2 * block + 8) {                                               // the ties, in one block of their own
+          std::vector<float> t = ties(bits);
+          t.resize(static_cast<std::size_t>(block), 0.f);
+          std::copy(t.begin(), t.end(), xv.begin() + 2 * block);
+        }
         Tensor x = f32(xv), x_gpu = x.to(gpu);
         Tensor residual = f32(gaussian(n, 5, 1e-3f)), residual_gpu = residual.to(gpu);
         Payload p(n, bits, block), p_gpu(n, bits, block, gpu);
