@@ -17,9 +17,7 @@ int print_plan(Flags f) {
   if (f.context > 0) config.context = f.context;
   if (f.seq_len == 0) f.seq_len = config.context;
   const int world = f.world_size;
-  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
-  TUTTI_CHECK_ARG(f.batch_size % (static_cast<std::int64_t>(f.accum_steps) * world) == 0, "--batch-size ", f.batch_size,
-                  " must divide into ", world, " rank(s) x ", f.accum_steps, " micro-batch(es)");
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);  // checks the batch divides
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   m::PlanOptions o;
   o.world_size = world;
