@@ -456,6 +456,37 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
   for (nn::Parameter* p : params_) p->initialized = true;
 }
 
+Tensor DistributedDataParallel::parameters_flat() {
+  synchronize_parameters();
+  const nn::FlatPlan& plan = reducer_->plan();
+  if (half_masters()) return gather_full(master_shard_);
+  Tensor out = Tensor::empty({plan.total}, DType::f32, model_.device());
+  out.copy_from(model_.storage().values().view(0, {plan.total}), model_.stream());
+  return out;
+}
+
+void DistributedDataParallel::load_parameters_flat(const Tensor& flat) {
+  const nn::FlatPlan& plan = reducer_->plan();
+  TUTTI_CHECK_ARG(flat.dtype() == DType::f32 && flat.numel() == plan.total, "load_parameters_flat: got ", flat.str(),
+                  " but the plan holds ", plan.total, " f32 values");
+  synchronize_parameters();
+  const Stream& stream = model_.stream();
+  const Tensor values =
+      flat.device() == model_.device() ? flat.view(0, {plan.total}) : flat.to(model_.device(), stream);
+  if (half_masters()) {
+    for (const nn::PlanBucket& pb : plan.buckets) {
+      if (pb.chunk == 0) continue;
+      master_shard_.view(pb.shard_offset, {pb.chunk})
+          .copy_from(values.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
+    }
+  } else {
+    model_.storage().values().view(0, {plan.total}).copy_from(values, stream);
+  }
+  if (model_.storage().compute_copies().defined())
+    kernels::cast(values, model_.storage().compute_copies().view(0, {plan.total}), stream);
+  for (nn::Parameter* p : params_) p->initialized = true;
+}
+
 StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimizer) {
   TUTTI_CHECK_ARG(&optimizer == attached_ || options_.zero_stage == 0,
                   "optimizer_state_dict: the optimizer is not "

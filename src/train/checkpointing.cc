@@ -113,7 +113,10 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
 
 void Run::Impl::write_checkpoint(bool must) {
   ddp::DistributedDataParallel& ddp = *state.ddp;
-  StateDict model_state, optim_state;
+  StateDict model_state, optim_state, collected;
+  // Collective entries (State::add_collective) on every rank first: rank 0 saves its result.
+  for (const State::Entry& e : state.entries)
+    if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
   if (ddp.zero_stage() == 0) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,
     // which copies them (not collective). An optimizer that is not attached has no views:
@@ -138,7 +141,9 @@ void Run::Impl::write_checkpoint(bool must) {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     StateDict all;
     io::add_prefixed(all, "scaler.", state.scaler->state_dict());
-    for (const State::Entry& e : state.entries) io::add_prefixed(all, e.prefix, e.save());
+    for (const State::Entry& e : state.entries)
+      if (!e.collective) io::add_prefixed(all, e.prefix, e.save());
+    for (auto& [key, t] : collected) all[key] = t;
     io::add_prefixed(all, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
     io::add_prefixed(all, "model.", model_state);
     io::add_prefixed(all, "optim.", optim_state);

@@ -1,5 +1,6 @@
 // train::Run: the step protocol (next, add_loss, end_step) and the ending (finish).
 // Resume and the checkpoint writer are in checkpointing.cc.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -132,6 +133,11 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
                   "train::Run: RunOptions::snapshot_nodes names ", options.snapshot_nodes.size(), " nodes for ", world,
                   " ranks");
+  const bool collective =
+      std::any_of(state.entries.begin(), state.entries.end(), [](const State::Entry& e) { return e.collective; });
+  TUTTI_CHECK_ARG(options.snapshot_every == 0 || !collective,
+                  "--snapshot-every: memory snapshots cannot hold a collective state entry (State::add_collective, "
+                  "e.g. --sync diloco): use checkpoint files");
   check_same("the run's options (train::RunOptions)", describe(options));
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
   if (options.snapshot_every != 0) nodes = snapshot_nodes();

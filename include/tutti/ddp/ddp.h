@@ -199,6 +199,15 @@ class DistributedDataParallel {
   // size wrote them).
   void load_model_state_dict(const StateDict& state);
   void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
+  // The model's fp32 parameters, whole, in the plan's flat layout: a new f32 [plan().total] on
+  // the model's device (padding between entries is 0), ordered on module().stream(). COLLECTIVE
+  // under ZeRO with a half compute dtype (gathers the masters' shards), else not (a copy of the
+  // values). For runtimes above DDP that work on the whole vector (ddp/diloco.h).
+  Tensor parameters_flat();
+  // Not collective: sets every parameter from `flat` (f32 [plan().total], any device), in the
+  // plan's layout: the fp32 values (ZeRO with half compute: this rank's master shard) and the
+  // compute copies, on module().stream(). The optimizer's state is left as it is.
+  void load_parameters_flat(const Tensor& flat);
 
   nn::Module& module() { return model_; }
   Reducer& reducer() { return *reducer_; }

@@ -121,6 +121,15 @@ class State {
         [&object](const StateDict& s) { object.load_state_dict(s); });
   }
   State& add(const std::string& prefix, std::function<StateDict()> save, std::function<void(const StateDict&)> load);
+  // As add(), for an object whose state_dict() is COLLECTIVE (ddp::DiLoCo): every rank calls it
+  // when a checkpoint is written, and rank 0's result is saved. Memory snapshots
+  // (RunOptions::snapshot_every) refuse a State with such an entry (InvalidArgument).
+  template <class T>
+  State& add_collective(const std::string& prefix, T& object) {
+    add(prefix, object);
+    entries.back().collective = true;
+    return *this;
+  }
   // A number of the program's own, saved as an f32 scalar named `name` ("train.last_val_loss")
   // and read back on resume (left as it is when the checkpoint has none).
   State& add_scalar(const std::string& name, double& value);
@@ -129,6 +138,7 @@ class State {
     std::string prefix;
     std::function<StateDict()> save;
     std::function<void(const StateDict&)> load;
+    bool collective = false;  // save() is collective (add_collective)
   };
   ddp::DistributedDataParallel* ddp;
   optim::Optimizer* optimizer;

@@ -1,0 +1,131 @@
+// DiLoCo: data parallelism across nodes joined by a thin link (issue 23; arXiv 2311.08105).
+//
+// Each node trains synchronously within itself (a DistributedDataParallel over its ranks,
+// NodeGroups::intra, with any ZeRO stage) for H inner steps; then the nodes average the
+// pseudo-gradient Δ = global − local (the global parameters of the last sync minus this node's
+// parameters now) and an outer optimizer (Nesterov SGD, lr 0.7, momentum 0.9 by default) applies
+// it to the global parameters, from which every node continues. The link carries the whole
+// parameter vector once per H steps instead of the gradients at every step.
+//
+//   tutti::NodeGroups groups = job.node_groups();                         // COLLECTIVE
+//   tutti::ddp::DistributedDataParallel ddp(*groups.intra, model);        // within the node
+//   ddp.attach(optimizer);
+//   tutti::ddp::DiLoCo diloco(ddp, optimizer, groups, {.sync_every = 50}); // COLLECTIVE
+//   for (...) {
+//     ... ddp.forward / ddp.backward / optimizer.step() / ddp.zero_grad() ...
+//     diloco.end_inner_step();                  // every H-th call: COLLECTIVE across all ranks
+//   }
+//
+// The outer sync, for n = plan().total parameters, N nodes of L ranks: each rank takes Δ on
+// its slice of ceil(n / L) elements (local rank l: [l · ceil(n/L), ...)), averages it across
+// the nodes over NodeGroups::inter (L slices travel in parallel, each node sends n values in
+// all, as the hierarchical allreduce does), then the averaged slices are all-gathered inside
+// the node, and every rank applies the outer step to the whole vector. So the global
+// parameters and the outer momentum are fp32, whole and bit-identical on every rank (they are
+// replicated, not sharded), and the model's parameters (values, masters, compute copies: DDP's
+// load_parameters_flat) are set to the new global ones. The inner optimizer's state carries on.
+//
+// Outer dtype (what crosses the link): f32 (allreduce of Δ), bf16 (allreduce in bf16), int8 or
+// int4 (kernels/compress.h: per-block absmax, blocks of DiLoCoOptions::block; quantized values
+// cannot be summed on the wire, so each rank all-gathers the nodes' bytes and scales and
+// dequantizes and adds them itself, in node order, then divides by N; every rank gets the same
+// bits). Error feedback (not f32): each rank keeps what quantization left out of its slice and
+// adds it to the next sync's Δ, so that the sum of what was sent follows the sum of Δ.
+//
+// Checkpoints (state_dict, COLLECTIVE; train::State::add_collective): the global parameters and
+// the outer momentum by parameter name ("global.<name>", "momentum.<name>"), the inner steps
+// done in the current period ("inner_step"), the node count ("nodes"), and every node's own
+// state (parameters "node<k>.model.<name>", inner optimizer "node<k>.optim.<key>", residuals
+// "node<k>.residual"), so that a resume on the same number of nodes continues exactly (even
+// mid-period). load_state_dict (not collective) on another number of nodes keeps the outer state
+// (it is replicated) and restarts the period from the global parameters: every node takes them
+// and node 0's inner optimizer state, the inner steps since the last sync are dropped (their
+// progress belonged to nodes of the old layout), and the residuals start at zero (they are what
+// each old node still owed). A state without DiLoCo entries (a --sync ddp checkpoint) is refused.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tutti/comm/groups.h"
+#include "tutti/core/state_dict.h"
+#include "tutti/core/tensor.h"
+#include "tutti/ddp/ddp.h"
+#include "tutti/optim/optimizer.h"
+
+namespace tutti::ddp {
+
+// What the pseudo-gradients are sent as between nodes.
+enum class OuterDType : std::uint8_t { f32, bf16, int8, int4 };
+// "f32", "bf16", "int8", "int4" (the examples' --outer-dtype); InvalidArgument otherwise.
+OuterDType parse_outer_dtype(std::string_view text);
+const char* outer_dtype_name(OuterDType dtype);
+
+struct DiLoCoOptions {
+  int sync_every = 10;          // H: inner steps between outer syncs (>= 1)
+  double outer_lr = 0.7;        // > 0
+  double outer_momentum = 0.9;  // in [0, 1)
+  bool nesterov = true;
+  OuterDType outer_dtype = OuterDType::f32;
+  bool error_feedback = false;  // keep the quantization residual per rank (no effect with f32)
+  std::int64_t block = 64;      // int8 / int4: elements per scale (even)
+};
+
+class DiLoCo {
+ public:
+  // COLLECTIVE over every rank of the groups. `inner` runs over groups.intra and `optimizer`
+  // is the one attached to it (its state is part of the checkpoints); both must outlive this
+  // object. Node 0's parameters become the global parameters of every node (broadcast over
+  // groups.inter). Throws InvalidArgument (the same on every rank) for sync_every < 1,
+  // outer_lr <= 0, outer_momentum outside [0, 1), a bad block, one node only, or nodes with
+  // unequal rank counts (naming NodeGroups::sizes_str()).
+  DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, const NodeGroups& groups,
+         DiLoCoOptions options = {});
+  ~DiLoCo();
+  DiLoCo(const DiLoCo&) = delete;
+  DiLoCo& operator=(const DiLoCo&) = delete;
+
+  // After each optimizer step. Every sync_every-th call runs the outer sync (COLLECTIVE across
+  // every rank, blocks until the new parameters are in the model) and returns true; the
+  // others only count and return false.
+  bool end_inner_step();
+  // Runs the outer sync now, whatever the count (COLLECTIVE), and restarts the period.
+  void sync();
+
+  // COLLECTIVE (every rank; rank 0's result holds every node's state, see the top of this
+  // file; the other ranks' results hold their own node's). Whole CPU tensors.
+  StateDict state_dict();
+  // Not collective: every rank takes what it needs (see the top of this file). InvalidArgument
+  // when the state has no DiLoCo entries or they do not fit the model.
+  void load_state_dict(const StateDict& state);
+
+  int inner_step() const { return inner_step_; }  // inner steps done in this period
+  std::int64_t syncs() const { return syncs_; }   // outer syncs done by this object
+  const DiLoCoOptions& options() const { return options_; }
+  int nodes() const { return groups_.node_count(); }
+  // f32 [plan().total] on the model's device: the global parameters and the outer momentum.
+  const Tensor& global_parameters() const { return global_; }
+  const Tensor& outer_momentum() const { return momentum_; }
+  // The averaged pseudo-gradient the last sync applied: its first plan().total elements (f32).
+  const Tensor& last_pseudo_gradient() const { return avg_; }
+  // Bytes one rank sent across nodes in the last sync (its slice, in the outer dtype).
+  std::int64_t last_sync_bytes() const { return last_bytes_; }
+
+ private:
+  void average_slice(const Tensor& delta);  // delta: this rank's slice; result in avg_ slice
+  StateDict named(const Tensor& flat) const;
+  Tensor flat_of(const StateDict& state, const std::string& prefix) const;
+
+  DistributedDataParallel& inner_;
+  optim::Optimizer& optimizer_;
+  NodeGroups groups_;
+  DiLoCoOptions options_;
+  std::int64_t total_ = 0, shard_ = 0;  // plan().total, ceil(total / L)
+  Tensor global_, momentum_, avg_;      // f32 [total]; avg_: f32 [L · shard]
+  Tensor residual_;                     // f32 [shard] (error feedback)
+  int inner_step_ = 0;
+  std::int64_t syncs_ = 0, last_bytes_ = 0;
+};
+
+}  // namespace tutti::ddp

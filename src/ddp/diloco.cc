@@ -1,0 +1,277 @@
+// DiLoCo (tutti/ddp/diloco.h): the outer sync across nodes and its checkpoint state.
+#include "tutti/ddp/diloco.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "tutti/core/error.h"
+#include "tutti/io/checkpoint.h"
+#include "tutti/kernels/cast.h"
+#include "tutti/kernels/compress.h"
+#include "tutti/kernels/elementwise.h"
+
+namespace tutti::ddp {
+
+OuterDType parse_outer_dtype(std::string_view text) {
+  if (text == "f32" || text == "fp32") return OuterDType::f32;
+  if (text == "bf16") return OuterDType::bf16;
+  if (text == "int8") return OuterDType::int8;
+  if (text == "int4") return OuterDType::int4;
+  TUTTI_THROW(InvalidArgument, "--outer-dtype: '", text, "' is not one of f32, bf16, int8, int4");
+}
+
+const char* outer_dtype_name(OuterDType dtype) {
+  switch (dtype) {
+    case OuterDType::f32: return "f32";
+    case OuterDType::bf16: return "bf16";
+    case OuterDType::int8: return "int8";
+    case OuterDType::int4: return "int4";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kInnerStep = "inner_step";
+constexpr const char* kNodes = "nodes";
+
+std::string node_prefix(int node) { return "node" + std::to_string(node) + "."; }
+
+}  // namespace
+
+DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, const NodeGroups& groups,
+               DiLoCoOptions options)
+    : inner_(inner), optimizer_(optimizer), groups_(groups), options_(options) {
+  TUTTI_CHECK_ARG(groups_.intra && groups_.inter && !groups_.node_sizes.empty(),
+                  "DiLoCo: the NodeGroups have no communicators (make them with Job::node_groups or "
+                  "ThreadGroup::node_groups)");
+  TUTTI_CHECK_ARG(options_.sync_every >= 1, "--sync diloco:H: H (DiLoCoOptions::sync_every) must be at least 1, not ",
+                  options_.sync_every);
+  TUTTI_CHECK_ARG(options_.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, not ", options_.outer_lr);
+  TUTTI_CHECK_ARG(options_.outer_momentum >= 0 && options_.outer_momentum < 1,
+                  "--outer-momentum: the outer momentum must be in [0, 1), not ", options_.outer_momentum);
+  TUTTI_CHECK_ARG(options_.block >= 2 && options_.block % 2 == 0,
+                  "DiLoCoOptions::block must be even and at least 2, not ", options_.block);
+  TUTTI_CHECK_ARG(groups_.node_count() >= 2, "--sync diloco needs at least 2 nodes, but this job has one node of ",
+                  groups_.node_sizes.front(),
+                  " rank(s): use --sync ddp, or fake nodes on one machine with --ranks-per-node");
+  const bool equal = std::all_of(groups_.node_sizes.begin(), groups_.node_sizes.end(),
+                                 [&](int s) { return s == groups_.node_sizes.front(); });
+  TUTTI_CHECK_ARG(equal, "--sync diloco needs the same number of ranks on every node, but this job has ",
+                  groups_.sizes_str(), " rank(s) on its ", groups_.node_count(),
+                  " nodes (place as many ranks on every node, or set --ranks-per-node)");
+  const int local = groups_.intra->size();
+  total_ = inner_.plan().total;
+  shard_ = (total_ + local - 1) / local;
+  const Stream& stream = inner_.module().stream();
+  const Device device = inner_.module().device();
+  // Node 0's parameters are everybody's start: each local index broadcasts the whole vector.
+  global_ = inner_.parameters_flat();
+  CallOptions call{"diloco start broadcast", stream};
+  groups_.inter->broadcast(global_, 0, call).wait(stream);
+  inner_.load_parameters_flat(global_);
+  momentum_ = Tensor::zeros({total_}, DType::f32, device);
+  avg_ = Tensor::zeros({local * shard_}, DType::f32, device);
+  if (options_.error_feedback && options_.outer_dtype != OuterDType::f32)
+    residual_ = Tensor::zeros({shard_}, DType::f32, device);
+  stream.synchronize();
+}
+
+DiLoCo::~DiLoCo() = default;
+
+bool DiLoCo::end_inner_step() {
+  ++inner_step_;
+  if (inner_step_ < options_.sync_every) return false;
+  sync();
+  return true;
+}
+
+void DiLoCo::sync() {
+  const Stream& stream = inner_.module().stream();
+  const Tensor local = inner_.parameters_flat();  // collective over the node under ZeRO with half masters
+  const int l = groups_.intra->rank();
+  const std::int64_t begin = std::min(total_, l * shard_), n = std::min(total_, begin + shard_) - begin;
+  const Tensor mine = avg_.view(l * shard_, {shard_});
+  kernels::fill(mine, 0.0f, stream);
+  if (n > 0) {
+    // Δ = global − local on this rank's slice, averaged over the nodes in place.
+    Tensor delta = mine.view(0, {n});
+    delta.copy_from(global_.view(begin, {n}), stream);
+    kernels::add_scaled(local.view(begin, {n}), -1.0f, delta, stream);
+    average_slice(delta);
+  }
+  if (groups_.intra->size() > 1) {
+    CallOptions call{"diloco node all-gather", stream};
+    groups_.intra->allgather(mine, avg_, call).wait(stream);
+  }
+  // The outer step on the whole vector, the same on every rank: m = μ m + Δ, then
+  // global −= lr (Δ + μ m) (Nesterov) or global −= lr m.
+  const Tensor avg = avg_.view(0, {total_});
+  const auto mu = static_cast<float>(options_.outer_momentum), lr = static_cast<float>(options_.outer_lr);
+  kernels::scale(momentum_, mu, momentum_, stream);
+  kernels::add_scaled(avg, 1.0f, momentum_, stream);
+  if (options_.nesterov) {
+    kernels::add_scaled(avg, -lr, global_, stream);
+    kernels::add_scaled(momentum_, -lr * mu, global_, stream);
+  } else {
+    kernels::add_scaled(momentum_, -lr, global_, stream);
+  }
+  inner_.load_parameters_flat(global_);
+  stream.synchronize();
+  inner_step_ = 0;
+  ++syncs_;
+}
+
+void DiLoCo::average_slice(const Tensor& delta) {
+  const Stream& stream = inner_.module().stream();
+  const Device device = delta.device();
+  const std::int64_t n = delta.numel();
+  const int nodes = groups_.inter->size();
+  const float inv = 1.0f / static_cast<float>(nodes);
+  CallOptions call{"diloco outer sync", stream};
+  const Tensor residual = residual_.defined() ? residual_.view(0, {n}) : Tensor();
+  switch (options_.outer_dtype) {
+    case OuterDType::f32:
+      groups_.inter->allreduce(delta, ReduceOp::sum, call).wait(stream);
+      kernels::scale(delta, inv, delta, stream);
+      last_bytes_ = n * 4;
+      return;
+    case OuterDType::bf16: {
+      // v = Δ + residual; sent: bf16(v); residual = v − bf16(v).
+      if (residual.defined()) kernels::add_scaled(residual, 1.0f, delta, stream);
+      const Tensor half = Tensor::empty({n}, DType::bf16, device);
+      kernels::cast(delta, half, stream);
+      if (residual.defined()) {
+        Tensor(residual).copy_from(delta, stream);
+        const Tensor sent = Tensor::empty({n}, DType::f32, device);
+        kernels::cast(half, sent, stream);
+        kernels::add_scaled(sent, -1.0f, residual, stream);
+      }
+      groups_.inter->allreduce(half, ReduceOp::sum, call).wait(stream);
+      kernels::cast(half, delta, stream);
+      kernels::scale(delta, inv, delta, stream);
+      last_bytes_ = n * 2;
+      return;
+    }
+    case OuterDType::int8:
+    case OuterDType::int4: {
+      // Quantized values cannot be summed on the wire: every rank gets every node's bytes and
+      // scales and adds them up itself, in node order (the same bits on every rank).
+      const int bits = options_.outer_dtype == OuterDType::int8 ? 8 : 4;
+      const std::int64_t block = options_.block;
+      const std::int64_t words = kernels::quantized_words(n, bits), blocks = kernels::quantized_blocks(n, block);
+      const Tensor q = Tensor::empty({words}, DType::i32, device);
+      const Tensor scales = Tensor::empty({blocks}, DType::f32, device);
+      kernels::quantize_blocks(delta, bits, block, q, scales, residual, stream);
+      const Tensor all_q = Tensor::empty({nodes * words}, DType::i32, device);
+      const Tensor all_scales = Tensor::empty({nodes * blocks}, DType::f32, device);
+      groups_.inter->allgather(q, all_q, call).wait(stream);
+      groups_.inter->allgather(scales, all_scales, call).wait(stream);
+      for (int k = 0; k < nodes; ++k) {
+        kernels::dequantize_blocks(all_q.view(k * words, {words}), all_scales.view(k * blocks, {blocks}), bits, block,
+                                   delta, /*accumulate=*/k > 0, stream);
+      }
+      kernels::scale(delta, inv, delta, stream);
+      last_bytes_ = (words + blocks) * 4;
+      return;
+    }
+  }
+}
+
+StateDict DiLoCo::named(const Tensor& flat) const {
+  StateDict out;
+  for (const nn::PlanEntry& e : inner_.plan().entries)
+    out[e.name] = flat.view(e.offset, e.shape).to(Device::cpu(), inner_.module().stream());
+  return out;
+}
+
+Tensor DiLoCo::flat_of(const StateDict& state, const std::string& prefix) const {
+  Tensor host = Tensor::zeros({total_}, DType::f32);
+  for (const nn::PlanEntry& e : inner_.plan().entries) {
+    const auto it = state.find(prefix + e.name);
+    TUTTI_CHECK_ARG(it != state.end(), "DiLoCo::load_state_dict: no entry '", prefix, e.name,
+                    "' (the checkpoint is of another model, or not of --sync diloco)");
+    TUTTI_CHECK_ARG(it->second.shape() == e.shape && it->second.dtype() == DType::f32, "DiLoCo::load_state_dict: '",
+                    prefix, e.name, "' is ", it->second.str(), " but the parameter is ", shape_str(e.shape), " f32");
+    host.view(e.offset, e.shape).copy_from(it->second);
+  }
+  return host.to(inner_.module().device(), inner_.module().stream());
+}
+
+StateDict DiLoCo::state_dict() {
+  const Stream& stream = inner_.module().stream();
+  StateDict out;
+  io::add_prefixed(out, "global.", named(global_));
+  io::add_prefixed(out, "momentum.", named(momentum_));
+  out[kInnerStep] = int_scalar_tensor(inner_step_);
+  out[kNodes] = int_scalar_tensor(nodes());
+  // This node's own state (collective over the node under ZeRO).
+  StateDict mine;
+  io::add_prefixed(mine, "model.", inner_.model_state_dict());
+  io::add_prefixed(mine, "optim.", inner_.optimizer_state_dict(optimizer_));
+  if (residual_.defined()) {
+    Tensor whole = Tensor::zeros({groups_.intra->size() * shard_}, DType::f32, residual_.device());
+    CallOptions call{"diloco checkpoint residuals", stream};
+    groups_.intra->allgather(residual_, whole, call).wait(stream);
+    mine["residual"] = whole.view(0, {total_}).to(Device::cpu(), stream);
+  }
+  stream.synchronize();
+  if (groups_.intra->rank() != 0) {
+    io::add_prefixed(out, node_prefix(groups_.node), mine);
+    return out;
+  }
+  // The first rank of each node gathers every node's state across the nodes, entry by entry
+  // (a map: the same order on every node).
+  const int nodes = groups_.inter->size();
+  const Device device = inner_.module().device();
+  for (const auto& [key, t] : mine) {
+    const Tensor here = t.to(device, stream);
+    const Tensor all = Tensor::empty({nodes * t.numel()}, t.dtype(), device);
+    CallOptions call{"diloco checkpoint gather", stream};
+    groups_.inter->allgather(here, all, call).wait(stream);
+    for (int k = 0; k < nodes; ++k)
+      out[node_prefix(k) + key] = all.view(k * t.numel(), t.shape()).to(Device::cpu(), stream);
+  }
+  stream.synchronize();
+  return out;
+}
+
+void DiLoCo::load_state_dict(const StateDict& state) {
+  TUTTI_CHECK_ARG(state.count(kInnerStep) == 1 && state.count(kNodes) == 1,
+                  "the checkpoint holds no DiLoCo state: it was written with --sync ddp; resume it with --sync ddp "
+                  "(or start afresh)");
+  const Stream& stream = inner_.module().stream();
+  global_ = flat_of(state, "global.");
+  momentum_ = flat_of(state, "momentum.");
+  const auto saved_nodes = static_cast<int>(get_int_scalar(state, kNodes));
+  if (residual_.defined()) kernels::fill(residual_, 0.0f, stream);
+  if (saved_nodes != nodes()) {
+    // Another layout of nodes: the period restarts from the global parameters, with node 0's
+    // inner optimizer state; the residuals start at zero (diloco.h says why).
+    inner_.load_parameters_flat(global_);
+    const StateDict opt0 = io::strip_prefix(state, node_prefix(0) + "optim.");
+    if (!opt0.empty()) inner_.load_optimizer_state_dict(optimizer_, opt0);
+    inner_step_ = 0;
+    stream.synchronize();
+    return;
+  }
+  const std::string mine = node_prefix(groups_.node);
+  const StateDict model = io::strip_prefix(state, mine + "model.");
+  TUTTI_CHECK_ARG(!model.empty(), "DiLoCo::load_state_dict: no entries '", mine,
+                  "model.*' (a state_dict() of another rank than rank 0?)");
+  inner_.load_model_state_dict(model);
+  inner_.load_optimizer_state_dict(optimizer_, io::strip_prefix(state, mine + "optim."));
+  const auto res = state.find(mine + "residual");
+  if (residual_.defined() && res != state.end()) {
+    const std::int64_t begin = std::min(total_, groups_.intra->rank() * shard_);
+    const std::int64_t n = std::min(total_, begin + shard_) - begin;
+    TUTTI_CHECK_ARG(res->second.numel() == total_, "DiLoCo::load_state_dict: '", mine, "residual' has ",
+                    res->second.numel(), " elements, not ", total_);
+    if (n > 0) residual_.view(0, {n}).copy_from(res->second.view(begin, {n}), stream);
+  }
+  inner_step_ = static_cast<int>(get_int_scalar(state, kInnerStep));
+  stream.synchronize();
+}
+
+}  // namespace tutti::ddp

@@ -1,0 +1,360 @@
+// DiLoCo (ddp/diloco.h) with thread ranks and faked node maps: H = 1 with a plain outer SGD of
+// lr 1 equals DDP over every rank; H = 4 with the default outer Nesterov equals a reference
+// computed here (each node's local steps from the same start, then the outer formula); the
+// compressed pseudo-gradients' quality (int8 single trip, 4-bit with error feedback over
+// several syncs); checkpoints mid-period and at a sync resume exactly; bad input is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "ddp_test_util.h"
+#include "tutti/comm/groups.h"
+#include "tutti/comm/thread_group.h"
+#include "tutti/core/error.h"
+#include "tutti/ddp/ddp.h"
+#include "tutti/ddp/diloco.h"
+#include "tutti/io/checkpoint.h"
+#include "tutti/kernels/threads.h"
+#include "tutti/nn/layers.h"
+#include "tutti/nn/loss.h"
+#include "tutti/optim/adamw.h"
+#include "tutti/optim/sgd.h"
+
+namespace tutti::ddp {
+namespace {
+
+using testing::Batch;
+using testing::kClasses;
+using testing::relative_difference;
+using testing::rows;
+using testing::Values;
+constexpr std::int64_t kIn = 12;
+constexpr std::int64_t kRows = 16;  // global rows per step
+constexpr std::uint64_t kSeed = 4321;
+constexpr float kInnerLr = 0.1f;
+
+std::unique_ptr<nn::Sequential> make_model() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->add<nn::Linear>(kIn, 16).add<nn::ReLU>().add<nn::Linear>(16, 9).add<nn::GELU>();
+  m->add<nn::Linear>(9, kClasses);
+  return m;
+}
+
+Batch batch_of(int step) { return testing::global_batch({kIn}, kRows, 100 + static_cast<std::uint32_t>(step)); }
+
+Values values_of(nn::Module& m) {
+  Values v;
+  for (nn::Parameter* p : m.parameters()) v.push_back(p->value.to_floats());
+  return v;
+}
+
+std::vector<int> sizes(int nodes, int local) { return std::vector<int>(static_cast<std::size_t>(nodes), local); }
+
+// One rank's training objects: a model, DDP over `comm`, an inner optimizer.
+struct Trainer {
+  std::unique_ptr<nn::Sequential> model = make_model();
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<optim::Optimizer> opt;
+  nn::CrossEntropyLoss loss;
+
+  Trainer(Communicator& comm, int rank, bool adamw) {
+    model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values must reach everyone
+    DdpOptions o;
+    o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-4;  // several buckets
+    ddp = std::make_unique<DistributedDataParallel>(comm, *model, o);
+    if (adamw) {
+      opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2f});
+    } else {
+      opt = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{.lr = kInnerLr});
+    }
+    ddp->attach(*opt);
+  }
+  // One step on rows [first, first + count) of the global batch of `step`.
+  void step(int step, std::int64_t first, std::int64_t count) {
+    const Batch mb = rows(batch_of(step), first, count);
+    loss.forward(ddp->forward(mb.x), mb.y);
+    EXPECT_TRUE(ddp->backward(loss.grad()));
+    opt->step();
+    ddp->zero_grad();
+  }
+};
+
+// Every rank's parameters after `steps` steps of DDP over all ranks (inner SGD).
+std::vector<Values> train_ddp(int ranks, int steps) {
+  kernels::set_cpu_threads(1);
+  ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
+  std::vector<Values> out(static_cast<std::size_t>(ranks));
+  group.run([&](int rank) {
+    Trainer t(group.communicator(rank), rank, false);
+    for (int s = 0; s < steps; ++s) t.step(s, rank * (kRows / ranks), kRows / ranks);
+    out[static_cast<std::size_t>(rank)] = values_of(*t.model);
+  });
+  return out;
+}
+
+// Every rank's parameters after `steps` steps of DiLoCo on nodes x local ranks.
+std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, int steps, bool adamw = false) {
+  kernels::set_cpu_threads(1);
+  const int ranks = nodes * local;
+  ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
+  std::vector<Values> out(static_cast<std::size_t>(ranks));
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(nodes, local));
+    Trainer t(*g.intra, rank, adamw);
+    DiLoCo diloco(*t.ddp, *t.opt, g, options);
+    int syncs = 0;
+    for (int s = 0; s < steps; ++s) {
+      t.step(s, rank * (kRows / ranks), kRows / ranks);
+      syncs += diloco.end_inner_step() ? 1 : 0;
+    }
+    EXPECT_EQ(syncs, steps / options.sync_every);
+    out[static_cast<std::size_t>(rank)] = values_of(*t.model);
+  });
+  return out;
+}
+
+void expect_h1_equals_ddp(int nodes, int local) {
+  DiLoCoOptions o{.sync_every = 1, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false};
+  const std::vector<Values> ddp = train_ddp(nodes * local, 10);
+  const std::vector<Values> diloco = train_diloco(nodes, local, o, 10);
+  for (std::size_t r = 0; r < ddp.size(); ++r) {
+    EXPECT_LT(relative_difference(diloco[r], ddp[r]), 1e-5) << "rank " << r;
+    EXPECT_EQ(diloco[r], diloco[0]) << "rank " << r << " differs from rank 0";
+  }
+  auto initial = make_model();
+  initial->init(kSeed);
+  EXPECT_GT(relative_difference(ddp[0], values_of(*initial)), 1e-3);  // it trained
+}
+
+TEST(DiLoCo, H1WithPlainOuterSgdEqualsDdpOnTwoNodesOfTwo) { expect_h1_equals_ddp(2, 2); }
+TEST(DiLoCo, H1WithPlainOuterSgdEqualsDdpOnTwoNodesOfOne) { expect_h1_equals_ddp(2, 1); }
+
+// The reference for H = 4: each node's model steps alone on its node's rows (SGD), then the
+// outer Nesterov step on plain vectors.
+TEST(DiLoCo, H4NesterovMatchesHandComputedReference) {
+  constexpr int kNodes = 2, kLocal = 2, kH = 4, kPeriods = 2;
+  const DiLoCoOptions o{.sync_every = kH};  // outer lr 0.7, momentum 0.9, Nesterov
+  const std::vector<Values> got = train_diloco(kNodes, kLocal, o, kH * kPeriods);
+
+  auto start = make_model();
+  start->init(kSeed);
+  Values global = values_of(*start), momentum = global;
+  for (auto& v : momentum) std::fill(v.begin(), v.end(), 0.0f);
+  for (int period = 0; period < kPeriods; ++period) {
+    Values avg = global;
+    for (auto& v : avg) std::fill(v.begin(), v.end(), 0.0f);
+    for (int node = 0; node < kNodes; ++node) {
+      auto m = make_model();
+      m->init(kSeed);
+      const std::vector<nn::Parameter*> ps = m->parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        ps[i]->value.copy_from(Tensor::from_floats(global[i], ps[i]->shape()));
+      optim::SGD sgd(ps, optim::SgdOptions{.lr = kInnerLr});
+      nn::CrossEntropyLoss loss;
+      const std::int64_t per_node = kRows / kNodes;
+      for (int s = period * kH; s < (period + 1) * kH; ++s) {
+        const Batch b = rows(batch_of(s), node * per_node, per_node);
+        loss.forward(m->forward(b.x), b.y);
+        m->backward(loss.grad());
+        sgd.step();
+        m->zero_grad();
+      }
+      const Values local = values_of(*m);
+      for (std::size_t i = 0; i < avg.size(); ++i)
+        for (std::size_t j = 0; j < avg[i].size(); ++j) avg[i][j] += (global[i][j] - local[i][j]) / kNodes;
+    }
+    for (std::size_t i = 0; i < avg.size(); ++i) {
+      for (std::size_t j = 0; j < avg[i].size(); ++j) {
+        momentum[i][j] = 0.9f * momentum[i][j] + avg[i][j];
+        global[i][j] -= 0.7f * (avg[i][j] + 0.9f * momentum[i][j]);
+      }
+    }
+  }
+  for (std::size_t r = 0; r < got.size(); ++r) EXPECT_LT(relative_difference(got[r], global), 1e-5) << "rank " << r;
+  EXPECT_GT(relative_difference(global, values_of(*start)), 1e-3);
+}
+
+// Compression: the pseudo-gradients are set by hand (local = global − Δ, Δ Gaussian, its own
+// per node and sync) and what the sync averaged is compared with the true average. Returns the
+// relative L2 error of the first sync's average, and of the running sum after `syncs` syncs.
+struct Quality {
+  double single = 0, running_sum = 0;
+};
+Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs) {
+  kernels::set_cpu_threads(1);
+  constexpr int kNodes = 2, kLocal = 2;
+  ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
+  Quality q;
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
+    Trainer t(*g.intra, rank, false);
+    DiLoCo diloco(*t.ddp, *t.opt, g, {.outer_dtype = dtype, .error_feedback = error_feedback});
+    const std::int64_t n = t.ddp->plan().total;
+    std::vector<double> sent_sum(static_cast<std::size_t>(n)), true_sum(static_cast<std::size_t>(n));
+    for (int s = 0; s < syncs; ++s) {
+      std::vector<float> true_avg(static_cast<std::size_t>(n));
+      std::vector<float> mine;
+      for (int node = 0; node < kNodes; ++node) {
+        std::mt19937 gen(static_cast<std::uint32_t>(1000 * s + node));
+        std::normal_distribution<float> normal(0.0f, 1e-2f);
+        std::vector<float> delta(static_cast<std::size_t>(n));
+        for (float& d : delta) d = normal(gen);
+        for (std::size_t i = 0; i < delta.size(); ++i) true_avg[i] += delta[i] / kNodes;
+        if (node == g.node) mine = delta;
+      }
+      std::vector<float> local = diloco.global_parameters().to_floats();
+      for (std::size_t i = 0; i < local.size(); ++i) local[i] -= mine[i];
+      t.ddp->load_parameters_flat(Tensor::from_floats(local, {n}));
+      diloco.sync();
+      const std::vector<float> got = diloco.last_pseudo_gradient().view(0, {n}).to_floats();
+      double err = 0, ref = 0, serr = 0, sref = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        err += std::pow(got[i] - true_avg[i], 2.0);
+        ref += std::pow(true_avg[i], 2.0);
+        sent_sum[i] += got[i];
+        true_sum[i] += true_avg[i];
+        serr += std::pow(sent_sum[i] - true_sum[i], 2.0);
+        sref += std::pow(true_sum[i], 2.0);
+      }
+      if (rank == 0 && s == 0) q.single = std::sqrt(err / ref);
+      if (rank == 0) q.running_sum = std::sqrt(serr / sref);
+    }
+  });
+  return q;
+}
+
+TEST(DiLoCo, Int8PseudoGradientsWithinOnePercentOfF32) {
+  const Quality f32 = compression_quality(OuterDType::f32, false, 1);
+  EXPECT_LT(f32.single, 1e-4);  // f32 is the true average (up to the rounding of global − Δ)
+  const Quality bf16 = compression_quality(OuterDType::bf16, false, 1);
+  const Quality int8 = compression_quality(OuterDType::int8, false, 1);
+  std::printf("single-trip relative L2 error: bf16 %.4f, int8 %.4f\n", bf16.single, int8.single);
+  EXPECT_LT(bf16.single, 0.01);
+  EXPECT_LT(int8.single, 0.01);
+  EXPECT_GT(int8.single, 0.0);  // it did quantize
+}
+
+TEST(DiLoCo, Int4ErrorFeedbackRunningSumConverges) {
+  const Quality plain = compression_quality(OuterDType::int4, false, 8);
+  const Quality ef = compression_quality(OuterDType::int4, true, 8);
+  std::printf("int4: single trip %.4f; running sum after 8 syncs %.4f without, %.4f with error feedback\n",
+              plain.single, plain.running_sum, ef.running_sum);
+  EXPECT_GT(plain.single, 0.05);    // one 4-bit trip cannot reach 5% on Gaussian data
+  EXPECT_LT(plain.single, 0.15);    // but is in the expected range
+  EXPECT_LT(ef.running_sum, 0.05);  // what was sent sums to what was meant
+  EXPECT_LT(ef.running_sum, plain.running_sum / 2);
+}
+
+// Checkpoints: a run of 10 steps (H = 4, AdamW inside) stopped after `save_at` steps, its
+// state_dict() taken on every rank and rank 0's loaded into fresh objects (other initial
+// values) on every rank, continues to the same parameters, bit for bit.
+void expect_resume_exact(int save_at) {
+  kernels::set_cpu_threads(1);
+  constexpr int kNodes = 2, kLocal = 2, kSteps = 10;
+  const DiLoCoOptions o{.sync_every = 4, .outer_dtype = OuterDType::int8, .error_feedback = true};
+  const std::vector<Values> straight = train_diloco(kNodes, kLocal, o, kSteps, true);
+  ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
+  StateDict saved;
+  std::vector<Values> resumed(kNodes * kLocal);
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
+    {
+      Trainer t(*g.intra, rank, true);
+      DiLoCo diloco(*t.ddp, *t.opt, g, o);
+      for (int s = 0; s < save_at; ++s) {
+        t.step(s, rank * 4, 4);
+        diloco.end_inner_step();
+      }
+      EXPECT_EQ(diloco.inner_step(), save_at % 4);
+      StateDict mine = diloco.state_dict();
+      if (rank == 0) saved = std::move(mine);
+    }
+    group.communicator(rank).barrier().wait();
+    Trainer t(*g.intra, rank + 7, true);  // other initial values
+    DiLoCo diloco(*t.ddp, *t.opt, g, o);
+    diloco.load_state_dict(saved);
+    for (int s = save_at; s < kSteps; ++s) {
+      t.step(s, rank * 4, 4);
+      diloco.end_inner_step();
+    }
+    resumed[static_cast<std::size_t>(rank)] = values_of(*t.model);
+  });
+  for (std::size_t r = 0; r < straight.size(); ++r) EXPECT_EQ(resumed[r], straight[r]) << "rank " << r;
+}
+
+TEST(DiLoCo, ResumeMidPeriodIsExact) { expect_resume_exact(6); }
+TEST(DiLoCo, ResumeAtSyncIsExact) { expect_resume_exact(8); }
+
+// A 2-node checkpoint on 4 nodes: the period restarts from the global parameters. A state
+// without DiLoCo entries (a --sync ddp checkpoint's) is refused, naming --sync.
+TEST(DiLoCo, ResumeOnOtherNodeCountRestartsFromGlobalAndRefusesDdpState) {
+  kernels::set_cpu_threads(1);
+  StateDict saved;
+  Values global;
+  {
+    ThreadGroup group(4, CommOptions{.timeout = std::chrono::seconds(20)});
+    group.run([&](int rank) {
+      const NodeGroups g = group.node_groups(rank, sizes(2, 2));
+      Trainer t(*g.intra, rank, true);
+      DiLoCo diloco(*t.ddp, *t.opt, g, {.sync_every = 4});
+      for (int s = 0; s < 6; ++s) {
+        t.step(s, rank * 4, 4);
+        diloco.end_inner_step();
+      }
+      StateDict mine = diloco.state_dict();
+      if (rank == 0) {
+        saved = std::move(mine);
+        global.clear();
+        for (nn::Parameter* p : t.model->parameters())
+          global.push_back(io::strip_prefix(saved, "global.").at(p->name).to_floats());
+      }
+    });
+  }
+  ThreadGroup group(4, CommOptions{.timeout = std::chrono::seconds(20)});
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(4, 1));
+    Trainer t(*g.intra, rank, true);
+    DiLoCo diloco(*t.ddp, *t.opt, g, {.sync_every = 4});
+    try {
+      diloco.load_state_dict(t.ddp->model_state_dict());
+      ADD_FAILURE() << "a state without DiLoCo entries was loaded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("--sync ddp"), std::string::npos) << e.what();
+    }
+    diloco.load_state_dict(saved);
+    EXPECT_EQ(diloco.inner_step(), 0);
+    EXPECT_EQ(values_of(*t.model), global);
+  });
+}
+
+// Bad input: the same InvalidArgument on every rank, naming the flag.
+void expect_refused(int ranks, const std::vector<int>& node_sizes, const DiLoCoOptions& o, const std::string& words) {
+  kernels::set_cpu_threads(1);
+  ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, node_sizes);
+    Trainer t(*g.intra, rank, false);
+    try {
+      DiLoCo diloco(*t.ddp, *t.opt, g, o);
+      ADD_FAILURE() << "not refused: " << words;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(DiLoCo, RefusesBadInput) {
+  expect_refused(2, {1, 1}, {.sync_every = 0}, "--sync diloco:H");
+  expect_refused(2, {1, 1}, {.outer_lr = 0.0}, "--outer-lr");
+  expect_refused(2, {1, 1}, {.outer_lr = -1.0}, "--outer-lr");
+  expect_refused(2, {2}, {}, "needs at least 2 nodes");
+  expect_refused(4, {3, 1}, {}, "3, 1 rank(s)");
+  EXPECT_THROW(parse_outer_dtype("int3"), InvalidArgument);
+  EXPECT_EQ(parse_outer_dtype("int4"), OuterDType::int4);
+}
+
+}  // namespace
+}  // namespace tutti::ddp
