@@ -28,6 +28,26 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "over the link between nodes; --zero 0 only)")
       ->check(CLI::IsMember({"flat", "hierarchical"}))
       ->capture_default_str();
+  app.add_option("--sync", f.sync,
+                 "how ranks stay in step: ddp (gradients averaged over every rank at every step) or diloco:H (DDP "
+                 "inside each node; every H steps the nodes average the pseudo-gradient and an outer Nesterov SGD "
+                 "applies it: the link between nodes carries the model once per H steps)")
+      ->capture_default_str();
+  app.add_option("--outer-lr", f.outer_lr, "--sync diloco: the outer optimizer's learning rate")->capture_default_str();
+  app.add_option("--outer-momentum", f.outer_momentum, "--sync diloco: the outer optimizer's (Nesterov) momentum")
+      ->capture_default_str();
+  app.add_option("--outer-dtype", f.outer_dtype,
+                 "--sync diloco: the pseudo-gradients between nodes in f32, bf16, int8 or int4 (one scale per 64 "
+                 "values)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8", "int4"}))
+      ->capture_default_str();
+  app.add_flag("--error-feedback", f.error_feedback,
+               "--sync diloco with --outer-dtype bf16/int8/int4: carry what compression left out into the next sync");
+  app.add_option("--ranks-per-node", f.ranks_per_node,
+                 "the node map for --sync diloco and --allreduce hierarchical: 0 (the hosts), or N: ranks r with the "
+                 "same r / N are a node (fakes nodes on one machine)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber)
@@ -143,7 +163,7 @@ tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
                   "--allreduce hierarchical needs --zero 0 (ZeRO reduce-scatters the gradients over all "
                   "ranks), got --zero ",
                   f.zero);
-  tutti::NodeGroups groups = job.node_groups();
+  tutti::NodeGroups groups = job.node_groups({}, f.ranks_per_node);
   try {
     hierarchical = tutti::hierarchical_communicator(job.communicator(), groups);
   } catch (const tutti::InvalidArgument& e) {

@@ -33,6 +33,12 @@ struct RunFlags {
   std::string snapshot_dir;               // node-local folder ("": /dev/shm)
   std::int64_t max_micro_batch = 0;       // per rank (0: --accum-steps as given)
   bool deterministic = false;             // DdpOptions::deterministic: micro-batches of exactly --max-micro-batch
+  std::string sync = "ddp";               // "ddp" or "diloco:H" (sync.h)
+  double outer_lr = 0.7;                  // DiLoCo's outer optimizer
+  double outer_momentum = 0.9;
+  std::string outer_dtype = "f32";  // f32, bf16, int8, int4
+  bool error_feedback = false;
+  int ranks_per_node = 0;  // 0: the real node map; N: rank / N is the node (--sync diloco, --allreduce hierarchical)
   std::string json;
   bool quiet = false;
   double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags

@@ -39,6 +39,7 @@
 #include "../common/progress.h"
 #include "../common/run_flags.h"
 #include "../common/run_support.h"
+#include "../common/sync.h"
 #include "flags.h"
 #include "models.h"
 #include "watch.h"
@@ -145,8 +146,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
   ddp_options.deterministic = f.deterministic;
-  std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
-  tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), *model, ddp_options);
+  example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), *model, ddp_options);
 
   std::unique_ptr<tutti::optim::Optimizer> optimizer;
   double lr = f.lr, weight_decay = f.weight_decay;
@@ -169,6 +170,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   // The optimizer takes DDP's plan: one fused update per run of parameters (stage 0), or this
   // rank's shard and the all-gather after each step (ZeRO).
   ddp.attach(*optimizer);
+  sync.start(ddp, *optimizer);  // --sync diloco: node 0's parameters everywhere (COLLECTIVE)
   tutti::amp::LossScaler scaler(policy.default_scaler());
   tutti::nn::CrossEntropyLoss loss;
 
@@ -197,7 +199,9 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   tutti::train::RunOptions run_options = example::run_options(f, total_steps, stream, summary);
   run_options.metadata = {{"model", spec.fingerprint}, {"optimizer", f.optimizer}, {"program", "train_fashion_mnist"}};
   run_options.must_match = {"model", "optimizer"};
-  tutti::train::Run run(job, {ddp, *optimizer, scaler, loader}, run_options);
+  tutti::train::State state(ddp, *optimizer, scaler, loader);
+  sync.add_state(state);
+  tutti::train::Run run(job, state, run_options);
 
   std::int64_t params = 0;
   for (auto* p : model->parameters()) params += p->numel();
@@ -213,6 +217,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
         f.lr_schedule.c_str(), static_cast<long long>(total_steps), static_cast<long long>(steps_per_epoch),
         run.resumed() ? (" | resumed at step " + std::to_string(run.first_step())).c_str() : "", run.note().c_str(),
         device.is_cpu() && !spec.flat_input ? (" | conv " + tutti::kernels::cpu_blas_info().conv).c_str() : "");
+    if (sync.diloco()) std::printf("train_fashion_mnist: sync %s\n", sync.describe().c_str());
     const std::string snapshots = example::snapshot_line(f, run, job.node_count());
     if (!snapshots.empty()) std::printf("train_fashion_mnist: %s\n", snapshots.c_str());
     std::fflush(stdout);
@@ -231,6 +236,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   summary.set("precision", f.precision);
   summary.set("grad_comm", tutti::name_of(policy.comm));
   summary.set("zero", f.zero);
+  summary.set("sync", sync.mode());
   summary.set("model", f.model);
   summary.set("optimizer", f.optimizer);
   summary.set("lr", lr);
@@ -277,6 +283,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     if (stepped) optimizer->step();
     const tutti::ddp::StepStats stats = ddp.last_stats();
     ddp.zero_grad();
+    sync.end_step(run);  // --sync diloco: the outer sync every H steps
     watch.after_step(step, stats, data_s, straggler_figures, stream);
     const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
     // A checkpoint skipped, or waiting for the previous one's write (async): said in the log.

@@ -35,6 +35,7 @@
 #include "../common/progress.h"
 #include "../common/run_flags.h"
 #include "../common/run_support.h"
+#include "../common/sync.h"
 #include "data.h"
 #include "flags.h"
 #include "plan.h"
@@ -154,8 +155,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
   ddp_options.deterministic = f.deterministic;
-  std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
-  tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), model, ddp_options);
+  example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
   // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
@@ -171,6 +172,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // The optimizer takes DDP's plan: one fused update per run of parameters that share a weight
   // decay (stage 0), or this rank's shard and the all-gather after each step (ZeRO).
   ddp.attach(optimizer);
+  sync.start(ddp, optimizer);  // --sync diloco: node 0's parameters everywhere (COLLECTIVE)
   std::int64_t decayed = 0;
   for (const auto& g : optimizer.groups()) {
     if (optimizer.weight_decay_of(g) > 0) {
@@ -204,6 +206,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   double last_val = -1;
   tutti::train::State state(ddp, optimizer, scaler, loader);
   state.add_scalar("train.last_val_loss", last_val);
+  sync.add_state(state);
   tutti::train::Run run(job, state, run_options);
   const std::int64_t first_step = run.first_step();
 
@@ -232,6 +235,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
         static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
         static_cast<long long>(f.steps),
         run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "", run.note().c_str());
+    if (sync.diloco()) std::printf("train_gpt: sync %s\n", sync.describe().c_str());
     const std::string snapshots = example::snapshot_line(f, run, job.node_count());
     if (!snapshots.empty()) std::printf("train_gpt: %s\n", snapshots.c_str());
     std::fflush(stdout);
@@ -241,6 +245,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("ranks", world);
   summary.set("precision", f.precision);
   summary.set("zero", f.zero);
+  summary.set("sync", sync.mode());
   summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);
   summary.set("model", f.model);
@@ -285,6 +290,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
       optimizer.step(coefficient);
     }
     ddp.zero_grad();
+    sync.end_step(run);                                 // --sync diloco: the outer sync every H steps
     const tutti::train::StepEnd& end = run.end_step();  // the allreduce, divergence, the checkpoint
     // A checkpoint skipped, or waiting for the previous one's write (async): said in the log.
     if (const std::string note = checkpoints.observe(end); chatty && !note.empty()) {

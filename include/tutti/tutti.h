@@ -22,6 +22,7 @@
 #include "tutti/data/loader.h"
 #include "tutti/data/tokens.h"
 #include "tutti/ddp/ddp.h"
+#include "tutti/ddp/diloco.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/kernels.h"

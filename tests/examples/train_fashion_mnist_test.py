@@ -8,7 +8,7 @@ are refused, and bad flags or a missing data set fail clearly. And when things g
 preemption signal stops every rank at a step boundary with a checkpoint from which the run
 resumes bit-identically; ranks with different data, a failed save, a diverged loss and an
 unwritable --json end the job at once with a message that names the cause. --deterministic gives
-the same bits on any number of ranks.
+the same bits on any number of ranks. --sync diloco on faked nodes learns and resumes bit-identically.
 """
 import argparse
 import gzip
@@ -43,6 +43,7 @@ WEIGHTS = {
     "test_a_failed_save_ends_every_rank_with_its_cause": 2.5, "test_unwritable_json_fails_at_start": 2.5,
     "test_skipped_steps_show_in_progress_lines": 2,
     "test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks": 6,
+    "test_diloco_learns_resumes_exactly_and_refuses_bad_input": 8,
 }
 
 
@@ -316,6 +317,39 @@ class TrainFashionMnist(Case):
         p = run(1, "--resume", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--checkpoint-dir", p.stderr)
+
+    def test_diloco_learns_resumes_exactly_and_refuses_bad_input(self):
+        # 2 faked nodes of 2 ranks, an outer sync every 5 steps (and at the last step).
+        dl = [*SUBSET, "--sync", "diloco:5", "--ranks-per-node", "2"]
+        run(4, *dl, "--max-steps", "24", "--json", self.path("whole.json"))
+        d = self.path("ckpt")
+        run(4, *dl, "--max-steps", "10", "--checkpoint-dir", d)
+        run(4, *dl, "--max-steps", "24", "--checkpoint-dir", d, "--resume", "--json", self.path("resumed.json"))
+        a, b = summary(self.path("whole.json")), summary(self.path("resumed.json"))
+        self.assertEqual((a["sync"], a["ranks"], a["steps"]), ("diloco:5", 4, 24))
+        self.assertLess(a["final_train_loss"], 0.6 * a["initial_train_loss"])
+        self.assertGreater(a["test_accuracy"], 0.5)  # chance is 0.1
+        self.assertEqual(b["resumed_from_step"], 10)
+        self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # A checkpoint of one --sync resumed with the other is refused, naming --sync.
+        p = run(4, *SUBSET, "--max-steps", "30", "--checkpoint-dir", d, "--resume", check=False, env=ENDS_AT_ONCE)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("written with --sync diloco", p.stderr)
+        d2 = self.path("ddp")
+        run(2, *SUBSET, "--max-steps", "2", "--checkpoint-dir", d2)
+        p = run(4, *dl, "--max-steps", "4", "--checkpoint-dir", d2, "--resume", check=False, env=ENDS_AT_ONCE)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("written with --sync ddp", p.stderr)
+        for ranks, flags, words in (
+                (2, ["--sync", "diloco:0", "--ranks-per-node", "1"], "H (inner steps between outer syncs) must be"),
+                (2, ["--sync", "diloco", "--ranks-per-node", "1"], "is not ddp or diloco:H"),
+                (2, ["--sync", "diloco:5", "--ranks-per-node", "1", "--outer-lr", "0"], "--outer-lr"),
+                (2, ["--sync", "diloco:5"], "needs at least 2 nodes"),
+                (3, ["--sync", "diloco:5", "--ranks-per-node", "2"], "has 2, 1 rank(s) on its 2 nodes")):
+            p = run(ranks, *SUBSET[:4], "--batch-size", "60", "--max-steps", "1", *flags, check=False,
+                    env=ENDS_AT_ONCE)
+            self.assertNotEqual(p.returncode, 0, flags)
+            self.assertIn(words, p.stderr, flags)
 
 
 class MfuUnderKernelSets(Case):
