@@ -484,6 +484,7 @@ void DistributedDataParallel::load_parameters_flat(const Tensor& flat) {
   }
   if (model_.storage().compute_copies().defined())
     kernels::cast(values, model_.storage().compute_copies().view(0, {plan.total}), stream);
+  if (values.data() != flat.data()) stream.synchronize();  // before the copy on this device goes
   for (nn::Parameter* p : params_) p->initialized = true;
 }
 

@@ -140,11 +140,11 @@ void DiLoCo::average_slice(const Tensor& delta) {
     case OuterDType::bf16: {
       // v = Δ + residual; sent: bf16(v); residual = v − bf16(v).
       if (residual.defined()) kernels::add_scaled(residual, 1.0f, delta, stream);
-      const Tensor half = Tensor::empty({n}, DType::bf16, device);
+      const Tensor half = buffer(0, {n}, DType::bf16, device);
       kernels::cast(delta, half, stream);
       if (residual.defined()) {
         Tensor(residual).copy_from(delta, stream);
-        const Tensor sent = Tensor::empty({n}, DType::f32, device);
+        const Tensor sent = buffer(1, {n}, DType::f32, device);
         kernels::cast(half, sent, stream);
         kernels::add_scaled(sent, -1.0f, residual, stream);
       }
@@ -161,11 +161,11 @@ void DiLoCo::average_slice(const Tensor& delta) {
       const int bits = options_.outer_dtype == OuterDType::int8 ? 8 : 4;
       const std::int64_t block = options_.block;
       const std::int64_t words = kernels::quantized_words(n, bits), blocks = kernels::quantized_blocks(n, block);
-      const Tensor q = Tensor::empty({words}, DType::i32, device);
-      const Tensor scales = Tensor::empty({blocks}, DType::f32, device);
+      const Tensor q = buffer(0, {words}, DType::i32, device);
+      const Tensor scales = buffer(1, {blocks}, DType::f32, device);
       kernels::quantize_blocks(delta, bits, block, q, scales, residual, stream);
-      const Tensor all_q = Tensor::empty({nodes * words}, DType::i32, device);
-      const Tensor all_scales = Tensor::empty({nodes * blocks}, DType::f32, device);
+      const Tensor all_q = buffer(2, {nodes * words}, DType::i32, device);
+      const Tensor all_scales = buffer(3, {nodes * blocks}, DType::f32, device);
       groups_.inter->allgather(q, all_q, call).wait(stream);
       groups_.inter->allgather(scales, all_scales, call).wait(stream);
       for (int k = 0; k < nodes; ++k) {
@@ -177,6 +177,14 @@ void DiLoCo::average_slice(const Tensor& delta) {
       return;
     }
   }
+}
+
+const Tensor& DiLoCo::buffer(int i, Shape shape, DType dtype, Device device) {
+  // Kept from sync to sync: a buffer freed while the stream still uses it would be a race
+  // wherever freeing does not wait for the device.
+  Tensor& b = buffers_[static_cast<std::size_t>(i)];
+  if (!b.defined() || b.shape() != shape || b.dtype() != dtype) b = Tensor::empty(std::move(shape), dtype, device);
+  return b;
 }
 
 StateDict DiLoCo::named(const Tensor& flat) const {
@@ -196,7 +204,9 @@ Tensor DiLoCo::flat_of(const StateDict& state, const std::string& prefix) const 
                     prefix, e.name, "' is ", it->second.str(), " but the parameter is ", shape_str(e.shape), " f32");
     host.view(e.offset, e.shape).copy_from(it->second);
   }
-  return host.to(inner_.module().device(), inner_.module().stream());
+  Tensor out = host.to(inner_.module().device(), inner_.module().stream());
+  inner_.module().stream().synchronize();  // before `host` goes
+  return out;
 }
 
 StateDict DiLoCo::state_dict() {
@@ -215,6 +225,7 @@ StateDict DiLoCo::state_dict() {
     CallOptions call{"diloco checkpoint residuals", stream};
     groups_.intra->allgather(residual_, whole, call).wait(stream);
     mine["residual"] = whole.view(0, {total_}).to(Device::cpu(), stream);
+    stream.synchronize();  // before `whole` goes
   }
   stream.synchronize();
   if (groups_.intra->rank() != 0) {
@@ -232,6 +243,7 @@ StateDict DiLoCo::state_dict() {
     groups_.inter->allgather(here, all, call).wait(stream);
     for (int k = 0; k < nodes; ++k)
       out[node_prefix(k) + key] = all.view(k * t.numel(), t.shape()).to(Device::cpu(), stream);
+    stream.synchronize();  // before `here` and `all` go
   }
   stream.synchronize();
   return out;

@@ -44,6 +44,7 @@
 // each old node still owed). A state without DiLoCo entries (a --sync ddp checkpoint) is refused.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -116,6 +117,7 @@ class DiLoCo {
   void average_slice(const Tensor& delta);  // delta: this rank's slice; result in avg_ slice
   StateDict named(const Tensor& flat) const;
   Tensor flat_of(const StateDict& state, const std::string& prefix) const;
+  const Tensor& buffer(int i, Shape shape, DType dtype, Device device);  // buffers_[i], reshaped if needed
 
   DistributedDataParallel& inner_;
   optim::Optimizer& optimizer_;
@@ -124,6 +126,7 @@ class DiLoCo {
   std::int64_t total_ = 0, shard_ = 0;  // plan().total, ceil(total / L)
   Tensor global_, momentum_, avg_;      // f32 [total]; avg_: f32 [L · shard]
   Tensor residual_;                     // f32 [shard] (error feedback)
+  std::array<Tensor, 4> buffers_;       // the compressed dtypes' staging
   int inner_step_ = 0;
   std::int64_t syncs_ = 0, last_bytes_ = 0;
 };
