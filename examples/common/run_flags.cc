@@ -43,6 +43,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->capture_default_str();
   app.add_flag("--error-feedback", f.error_feedback,
                "--sync diloco with --outer-dtype bf16/int8/int4: carry what compression left out into the next sync");
+  app.add_option("--streaming", f.streaming,
+                 "--sync diloco:H: cut the model into F fragments whose outer syncs are spread over the H steps "
+                 "(fragment f at step f*H/F of each period), so that the link carries 1/F of the model at a time "
+                 "(1: off; at most H)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--ranks-per-node", f.ranks_per_node,
                  "the node map for --sync diloco and --allreduce hierarchical: 0 (the hosts), or N: ranks r with the "
                  "same r / N are a node (fakes nodes on one machine)")

@@ -34,12 +34,13 @@ Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(p
   job.check_same("--ranks-per-node", std::to_string(f.ranks_per_node));
   mode_ = diloco() ? "diloco:" + std::to_string(sync_every_) : "ddp";
   if (!diloco()) {
+    TUTTI_CHECK_ARG(f.streaming == 1, "--streaming applies to --sync diloco:H");
     example::ddp_communicator(job, f, hierarchical_);
     return;
   }
-  job.check_same("--outer-lr, --outer-momentum, --outer-dtype, --error-feedback",
+  job.check_same("--outer-lr, --outer-momentum, --outer-dtype, --error-feedback, --streaming",
                  std::to_string(f.outer_lr) + " " + std::to_string(f.outer_momentum) + " " + f.outer_dtype + " " +
-                     std::to_string(f.error_feedback));
+                     std::to_string(f.error_feedback) + " " + std::to_string(f.streaming));
   TUTTI_CHECK_ARG(f.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, got ", f.outer_lr);
   TUTTI_CHECK_ARG(f.outer_momentum >= 0 && f.outer_momentum < 1, "--outer-momentum must be in [0, 1), got ",
                   f.outer_momentum);
@@ -72,6 +73,7 @@ void Sync::start(tutti::ddp::DistributedDataParallel& ddp, tutti::optim::Optimiz
   o.outer_momentum = f_.outer_momentum;
   o.outer_dtype = tutti::ddp::parse_outer_dtype(f_.outer_dtype);
   o.error_feedback = f_.error_feedback;
+  o.fragments = f_.streaming;
   diloco_ = std::make_unique<tutti::ddp::DiLoCo>(ddp, optimizer, groups_, o);
 }
 
@@ -102,9 +104,10 @@ bool Sync::end_step(const tutti::train::Run& run) {
 std::string Sync::describe() const {
   if (!diloco()) return mode_;
   char text[256];
-  std::snprintf(text, sizeof text, "%s (outer %s lr %g momentum %g, %s%s; %d nodes x %d)", mode_.c_str(), "Nesterov",
+  const std::string streaming = f_.streaming > 1 ? ", streaming " + std::to_string(f_.streaming) + " fragments" : "";
+  std::snprintf(text, sizeof text, "%s (outer %s lr %g momentum %g, %s%s%s; %d nodes x %d)", mode_.c_str(), "Nesterov",
                 f_.outer_lr, f_.outer_momentum, f_.outer_dtype.c_str(), f_.error_feedback ? ", error feedback" : "",
-                groups_.node_count(), groups_.node_sizes.front());
+                streaming.c_str(), groups_.node_count(), groups_.node_sizes.front());
   return text;
 }
 

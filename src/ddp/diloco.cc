@@ -61,9 +61,14 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
   TUTTI_CHECK_ARG(equal, "--sync diloco needs the same number of ranks on every node, but this job has ",
                   groups_.sizes_str(), " rank(s) on its ", groups_.node_count(),
                   " nodes (place as many ranks on every node, or set --ranks-per-node)");
+  TUTTI_CHECK_ARG(options_.fragments >= 1 && options_.fragments <= options_.sync_every,
+                  "--streaming: the fragments (DiLoCoOptions::fragments) must be between 1 and H = ",
+                  options_.sync_every, ", not ", options_.fragments);
   const int local = groups_.intra->size();
   total_ = inner_.plan().total;
-  shard_ = (total_ + local - 1) / local;
+  std::int64_t widest = 0;
+  for (int f = 0; f < options_.fragments; ++f) widest = std::max(widest, fragment(f).second - fragment(f).first);
+  shard_ = (widest + local - 1) / local;
   const Stream& stream = inner_.module().stream();
   const Device device = inner_.module().device();
   // Node 0's parameters are everybody's start: each local index broadcasts the whole vector.
@@ -73,64 +78,104 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
   inner_.load_parameters_flat(global_);
   momentum_ = Tensor::zeros({total_}, DType::f32, device);
   avg_ = Tensor::zeros({local * shard_}, DType::f32, device);
+  // Error feedback: whole-length, holding this rank's slice of every fragment (zero elsewhere).
   if (options_.error_feedback && options_.outer_dtype != OuterDType::f32)
-    residual_ = Tensor::zeros({shard_}, DType::f32, device);
+    residual_ = Tensor::zeros({total_}, DType::f32, device);
   stream.synchronize();
+}
+
+std::pair<std::int64_t, std::int64_t> DiLoCo::fragment(int f) const {
+  const std::int64_t k = options_.fragments;
+  return {total_ * f / k, total_ * (f + 1) / k};
+}
+
+std::pair<std::int64_t, std::int64_t> DiLoCo::my_slice(int f) const {
+  const auto [b, e] = fragment(f);
+  const std::int64_t local = groups_.intra->size(), shard = (e - b + local - 1) / local;
+  const std::int64_t begin = std::min(e, b + groups_.intra->rank() * shard);
+  return {begin, std::min(e, begin + shard) - begin};
 }
 
 DiLoCo::~DiLoCo() = default;
 
 bool DiLoCo::end_inner_step() {
-  ++inner_step_;
-  if (inner_step_ < options_.sync_every) return false;
-  sync();
-  return true;
+  // Fragment 0 syncs at the end of each period (inner step H), fragment f > 0 at inner step
+  // f · H / F of it (F = 1: the whole vector every H steps).
+  const int h = options_.sync_every, k = options_.fragments;
+  inner_step_ = std::min(inner_step_ + 1, h);  // (a resume with a smaller H may find it beyond)
+  if (k == 1) {
+    if (inner_step_ < h) return false;
+    sync();
+    return true;
+  }
+  bool synced = false;
+  Tensor local;
+  for (int f = 0; f < k; ++f) {
+    if (inner_step_ != (f == 0 ? h : f * h / k)) continue;
+    if (!local.defined()) local = inner_.parameters_flat();
+    sync_fragment(f, local);
+    synced = true;
+  }
+  if (synced) {
+    inner_.load_parameters_flat(local);
+    inner_.module().stream().synchronize();
+    ++syncs_;
+  }
+  if (inner_step_ == h) inner_step_ = 0;
+  return synced;
 }
 
 void DiLoCo::sync() {
-  const Stream& stream = inner_.module().stream();
   const Tensor local = inner_.parameters_flat();  // collective over the node under ZeRO with half masters
-  const int l = groups_.intra->rank();
-  const std::int64_t begin = std::min(total_, l * shard_), n = std::min(total_, begin + shard_) - begin;
-  const Tensor mine = avg_.view(l * shard_, {shard_});
+  for (int f = 0; f < options_.fragments; ++f) sync_fragment(f, local);
+  inner_.load_parameters_flat(local);
+  inner_.module().stream().synchronize();
+  inner_step_ = 0;
+  ++syncs_;
+}
+
+void DiLoCo::sync_fragment(int f, const Tensor& local) {
+  // On return local's elements of fragment f are the new global ones (not yet in the model).
+  const Stream& stream = inner_.module().stream();
+  const auto [fb, fe] = fragment(f);
+  const std::int64_t m = fe - fb, local_ranks = groups_.intra->size(), shard = (m + local_ranks - 1) / local_ranks;
+  if (shard == 0) return;
+  const auto [begin, n] = my_slice(f);
+  const Tensor mine = avg_.view(groups_.intra->rank() * shard, {shard});
   kernels::fill(mine, 0.0f, stream);
   if (n > 0) {
     // Δ = global − local on this rank's slice, averaged over the nodes in place.
     Tensor delta = mine.view(0, {n});
     delta.copy_from(global_.view(begin, {n}), stream);
     kernels::add_scaled(local.view(begin, {n}), -1.0f, delta, stream);
-    average_slice(delta);
+    average_slice(delta, residual_.defined() ? residual_.view(begin, {n}) : Tensor());
   }
-  if (groups_.intra->size() > 1) {
+  if (local_ranks > 1) {
     CallOptions call{"diloco node all-gather", stream};
-    groups_.intra->allgather(mine, avg_, call).wait(stream);
+    groups_.intra->allgather(mine, avg_.view(0, {local_ranks * shard}), call).wait(stream);
   }
-  // The outer step on the whole vector, the same on every rank: m = μ m + Δ, then
+  // The outer step on the fragment, the same on every rank: m = μ m + Δ, then
   // global −= lr (Δ + μ m) (Nesterov) or global −= lr m.
-  const Tensor avg = avg_.view(0, {total_});
+  const Tensor avg = avg_.view(0, {m}), global = global_.view(fb, {m}), momentum = momentum_.view(fb, {m});
   const auto mu = static_cast<float>(options_.outer_momentum), lr = static_cast<float>(options_.outer_lr);
-  kernels::scale(momentum_, mu, momentum_, stream);
-  kernels::add_scaled(avg, 1.0f, momentum_, stream);
+  kernels::scale(momentum, mu, momentum, stream);
+  kernels::add_scaled(avg, 1.0f, momentum, stream);
   if (options_.nesterov) {
-    kernels::add_scaled(avg, -lr, global_, stream);
-    kernels::add_scaled(momentum_, -lr * mu, global_, stream);
+    kernels::add_scaled(avg, -lr, global, stream);
+    kernels::add_scaled(momentum, -lr * mu, global, stream);
   } else {
-    kernels::add_scaled(momentum_, -lr, global_, stream);
+    kernels::add_scaled(momentum, -lr, global, stream);
   }
-  inner_.load_parameters_flat(global_);
-  stream.synchronize();
-  inner_step_ = 0;
-  ++syncs_;
+  local.view(fb, {m}).copy_from(global, stream);
 }
 
-void DiLoCo::average_slice(const Tensor& delta) {
+void DiLoCo::average_slice(const Tensor& delta, const Tensor& residual) {
   const Stream& stream = inner_.module().stream();
   const Device device = delta.device();
   const std::int64_t n = delta.numel();
   const int nodes = groups_.inter->size();
   const float inv = 1.0f / static_cast<float>(nodes);
   CallOptions call{"diloco outer sync", stream};
-  const Tensor residual = residual_.defined() ? residual_.view(0, {n}) : Tensor();
   switch (options_.outer_dtype) {
     case OuterDType::f32:
       groups_.inter->allreduce(delta, ReduceOp::sum, call).wait(stream);
@@ -221,10 +266,11 @@ StateDict DiLoCo::state_dict() {
   io::add_prefixed(mine, "model.", inner_.model_state_dict());
   io::add_prefixed(mine, "optim.", inner_.optimizer_state_dict(optimizer_));
   if (residual_.defined()) {
-    Tensor whole = Tensor::zeros({groups_.intra->size() * shard_}, DType::f32, residual_.device());
+    // The node's residuals: each rank holds its slices and zeros elsewhere, so the sum.
+    Tensor whole = Tensor::empty({total_}, DType::f32, residual_.device());
     CallOptions call{"diloco checkpoint residuals", stream};
-    groups_.intra->allgather(residual_, whole, call).wait(stream);
-    mine["residual"] = whole.view(0, {total_}).to(Device::cpu(), stream);
+    groups_.intra->allreduce(residual_, whole, ReduceOp::sum, call).wait(stream);
+    mine["residual"] = whole.to(Device::cpu(), stream);
     stream.synchronize();  // before `whole` goes
   }
   stream.synchronize();
@@ -276,11 +322,12 @@ void DiLoCo::load_state_dict(const StateDict& state) {
   inner_.load_optimizer_state_dict(optimizer_, io::strip_prefix(state, mine + "optim."));
   const auto res = state.find(mine + "residual");
   if (residual_.defined() && res != state.end()) {
-    const std::int64_t begin = std::min(total_, groups_.intra->rank() * shard_);
-    const std::int64_t n = std::min(total_, begin + shard_) - begin;
     TUTTI_CHECK_ARG(res->second.numel() == total_, "DiLoCo::load_state_dict: '", mine, "residual' has ",
                     res->second.numel(), " elements, not ", total_);
-    if (n > 0) residual_.view(0, {n}).copy_from(res->second.view(begin, {n}), stream);
+    for (int f = 0; f < options_.fragments; ++f) {
+      const auto [begin, n] = my_slice(f);
+      if (n > 0) residual_.view(begin, {n}).copy_from(res->second.view(begin, {n}), stream);
+    }
   }
   inner_step_ = static_cast<int>(get_int_scalar(state, kInnerStep));
   stream.synchronize();

@@ -110,7 +110,7 @@ std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, in
       t.step(s, rank * (kRows / ranks), kRows / ranks);
       syncs += diloco.end_inner_step() ? 1 : 0;
     }
-    EXPECT_EQ(syncs, steps / options.sync_every);
+    EXPECT_EQ(syncs, steps * options.fragments / options.sync_every);  // sync events (a fragment or all)
     out[static_cast<std::size_t>(rank)] = values_of(*t.model);
   });
   return out;
@@ -251,10 +251,11 @@ TEST(DiLoCo, Int4ErrorFeedbackRunningSumConverges) {
 // Checkpoints: a run of 10 steps (H = 4, AdamW inside) stopped after `save_at` steps, its
 // state_dict() taken on every rank and rank 0's loaded into fresh objects (other initial
 // values) on every rank, continues to the same parameters, bit for bit.
-void expect_resume_exact(int save_at) {
+void expect_resume_exact(int save_at, int fragments = 1) {
   kernels::set_cpu_threads(1);
   constexpr int kNodes = 2, kLocal = 2, kSteps = 10;
-  const DiLoCoOptions o{.sync_every = 4, .outer_dtype = OuterDType::int8, .error_feedback = true};
+  const DiLoCoOptions o{
+      .sync_every = 4, .outer_dtype = OuterDType::int8, .error_feedback = true, .fragments = fragments};
   const std::vector<Values> straight = train_diloco(kNodes, kLocal, o, kSteps, true);
   ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
   StateDict saved;
@@ -287,6 +288,45 @@ void expect_resume_exact(int save_at) {
 
 TEST(DiLoCo, ResumeMidPeriodIsExact) { expect_resume_exact(6); }
 TEST(DiLoCo, ResumeAtSyncIsExact) { expect_resume_exact(8); }
+TEST(DiLoCo, StreamingResumeMidPeriodIsExact) { expect_resume_exact(5, 2); }
+
+// Streaming, F = 2 fragments, H = 4: fragment 1 syncs at inner steps 2 and 6, fragment 0 at 4
+// and 8. With a plain outer SGD of lr 1 the fragment synced becomes the nodes' average of their
+// parameters there, and the other keeps each node's own, bit for bit.
+TEST(DiLoCo, StreamingSyncsEachFragmentAtItsStep) {
+  kernels::set_cpu_threads(1);
+  constexpr int kNodes = 2, kLocal = 2;
+  ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
+    Trainer t(*g.intra, rank, false);
+    DiLoCo diloco(*t.ddp, *t.opt, g,
+                  {.sync_every = 4, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false, .fragments = 2});
+    const std::int64_t n = t.ddp->plan().total, half = n / 2;
+    for (int s = 0; s < 8; ++s) {
+      t.step(s, rank * 4, 4);
+      const Tensor before = t.ddp->parameters_flat();
+      const Tensor nodes = Tensor::empty({kNodes * n}, DType::f32);
+      g.inter->allgather(before, nodes).wait();
+      const std::vector<float> b = before.to_floats(), all = nodes.to_floats();
+      const bool synced = diloco.end_inner_step();
+      const std::vector<float> a = t.ddp->parameters_flat().to_floats();
+      const int c = (s + 1) % 4;  // 2: fragment 1 [n/2, n); 0: fragment 0 [0, n/2)
+      EXPECT_EQ(synced, c == 0 || c == 2) << "step " << s + 1;
+      int off = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const bool in_synced = (c == 2 && i >= half) || (c == 0 && i < half);
+        const auto k = static_cast<std::size_t>(i);
+        if (in_synced) {
+          off += std::abs(a[k] - 0.5f * (all[k] + all[k + static_cast<std::size_t>(n)])) > 1e-6f ? 1 : 0;
+        } else {
+          off += a[k] != b[k] ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(off, 0) << "step " << s + 1 << " rank " << rank;
+    }
+  });
+}
 
 // A 2-node checkpoint on 4 nodes: the period restarts from the global parameters. A state
 // without DiLoCo entries (a --sync ddp checkpoint's) is refused, naming --sync.
@@ -352,6 +392,7 @@ TEST(DiLoCo, RefusesBadInput) {
   expect_refused(2, {1, 1}, {.outer_lr = -1.0}, "--outer-lr");
   expect_refused(2, {2}, {}, "needs at least 2 nodes");
   expect_refused(4, {3, 1}, {}, "3, 1 rank(s)");
+  expect_refused(2, {1, 1}, {.sync_every = 2, .fragments = 3}, "--streaming");
   EXPECT_THROW(parse_outer_dtype("int3"), InvalidArgument);
   EXPECT_EQ(parse_outer_dtype("int4"), OuterDType::int4);
 }

@@ -43,7 +43,7 @@ WEIGHTS = {
     "test_a_failed_save_ends_every_rank_with_its_cause": 2.5, "test_unwritable_json_fails_at_start": 2.5,
     "test_skipped_steps_show_in_progress_lines": 2,
     "test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks": 6,
-    "test_diloco_learns_resumes_exactly_and_refuses_bad_input": 8,
+    "test_diloco_learns_resumes_exactly_and_refuses_bad_input": 12,
 }
 
 
@@ -221,6 +221,16 @@ class TrainFashionMnist(Case):
         a, b = summary(self.path("whole.json")), summary(self.path("resumed.json"))
         self.assertEqual(b["resumed_from_step"], 13)
         self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # Streaming: 2 fragments synced at staggered steps, resumed mid-period alike.
+        d3 = self.path("streaming")
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--json", self.path("s_whole.json"))
+        run(4, *dl, "--streaming", "2", "--max-steps", "12", "--checkpoint-dir", d3)
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--checkpoint-dir", d3, "--resume", "--json",
+            self.path("s_resumed.json"))
+        sa, sb = summary(self.path("s_whole.json")), summary(self.path("s_resumed.json"))
+        self.assertLess(sa["final_train_loss"], 0.6 * sa["initial_train_loss"])
+        self.assertEqual(sa["params_crc32"], sb["params_crc32"])
+        self.assertNotEqual(sa["params_crc32"], a["params_crc32"])
         self.assertEqual(a["final_train_loss"], b["final_train_loss"])
 
     def test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages(self):
@@ -247,6 +257,16 @@ class TrainFashionMnist(Case):
             "--json", self.path("bf16r.json"))
         a, b = summary(self.path("bf16.json")), summary(self.path("bf16r.json"))
         self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # Streaming: 2 fragments synced at staggered steps, resumed mid-period alike.
+        d3 = self.path("streaming")
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--json", self.path("s_whole.json"))
+        run(4, *dl, "--streaming", "2", "--max-steps", "12", "--checkpoint-dir", d3)
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--checkpoint-dir", d3, "--resume", "--json",
+            self.path("s_resumed.json"))
+        sa, sb = summary(self.path("s_whole.json")), summary(self.path("s_resumed.json"))
+        self.assertLess(sa["final_train_loss"], 0.6 * sa["initial_train_loss"])
+        self.assertEqual(sa["params_crc32"], sb["params_crc32"])
+        self.assertNotEqual(sa["params_crc32"], a["params_crc32"])
         self.assertEqual(a["final_train_loss"], b["final_train_loss"])
 
     def test_resume_after_kill_9_is_bit_identical(self):
@@ -270,6 +290,16 @@ class TrainFashionMnist(Case):
         self.assertGreater(b["resumed_from_step"], 0)
         self.assertLess(b["resumed_from_step"], int(steps))
         self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # Streaming: 2 fragments synced at staggered steps, resumed mid-period alike.
+        d3 = self.path("streaming")
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--json", self.path("s_whole.json"))
+        run(4, *dl, "--streaming", "2", "--max-steps", "12", "--checkpoint-dir", d3)
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--checkpoint-dir", d3, "--resume", "--json",
+            self.path("s_resumed.json"))
+        sa, sb = summary(self.path("s_whole.json")), summary(self.path("s_resumed.json"))
+        self.assertLess(sa["final_train_loss"], 0.6 * sa["initial_train_loss"])
+        self.assertEqual(sa["params_crc32"], sb["params_crc32"])
+        self.assertNotEqual(sa["params_crc32"], a["params_crc32"])
 
     def test_bad_checkpoints_are_refused_and_the_good_one_stays(self):
         d = self.path("ckpt")
@@ -331,6 +361,16 @@ class TrainFashionMnist(Case):
         self.assertGreater(a["test_accuracy"], 0.5)  # chance is 0.1
         self.assertEqual(b["resumed_from_step"], 10)
         self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # Streaming: 2 fragments synced at staggered steps, resumed mid-period alike.
+        d3 = self.path("streaming")
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--json", self.path("s_whole.json"))
+        run(4, *dl, "--streaming", "2", "--max-steps", "12", "--checkpoint-dir", d3)
+        run(4, *dl, "--streaming", "2", "--max-steps", "24", "--checkpoint-dir", d3, "--resume", "--json",
+            self.path("s_resumed.json"))
+        sa, sb = summary(self.path("s_whole.json")), summary(self.path("s_resumed.json"))
+        self.assertLess(sa["final_train_loss"], 0.6 * sa["initial_train_loss"])
+        self.assertEqual(sa["params_crc32"], sb["params_crc32"])
+        self.assertNotEqual(sa["params_crc32"], a["params_crc32"])
         # A checkpoint of one --sync resumed with the other is refused, naming --sync.
         p = run(4, *SUBSET, "--max-steps", "30", "--checkpoint-dir", d, "--resume", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
@@ -345,6 +385,7 @@ class TrainFashionMnist(Case):
                 (2, ["--sync", "diloco", "--ranks-per-node", "1"], "is not ddp or diloco:H"),
                 (2, ["--sync", "diloco:5", "--ranks-per-node", "1", "--outer-lr", "0"], "--outer-lr"),
                 (2, ["--sync", "diloco:5"], "needs at least 2 nodes"),
+                (2, ["--sync", "diloco:2", "--ranks-per-node", "1", "--streaming", "3"], "--streaming"),
                 (3, ["--sync", "diloco:5", "--ranks-per-node", "2"], "has 2, 1 rank(s) on its 2 nodes")):
             p = run(ranks, *SUBSET[:4], "--batch-size", "60", "--max-steps", "1", *flags, check=False,
                     env=ENDS_AT_ONCE)

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "tutti/comm/groups.h"
 #include "tutti/core/state_dict.h"
@@ -71,6 +72,10 @@ struct DiLoCoOptions {
   OuterDType outer_dtype = OuterDType::f32;
   bool error_feedback = false;  // keep the quantization residual per rank (no effect with f32)
   std::int64_t block = 64;      // int8 / int4: elements per scale (even)
+  // Streaming: the flat vector cut into this many equal fragments (1 ..  sync_every); fragment 0
+  // syncs at the end of each period, fragment f at its inner step f · H / F, so that the link
+  // carries n / F values at a time instead of n every H steps.
+  int fragments = 1;
 };
 
 class DiLoCo {
@@ -91,7 +96,8 @@ class DiLoCo {
   // every rank, blocks until the new parameters are in the model) and returns true; the
   // others only count and return false.
   bool end_inner_step();
-  // Runs the outer sync now, whatever the count (COLLECTIVE), and restarts the period.
+  // Runs the outer sync of every fragment now, whatever the count (COLLECTIVE), and restarts
+  // the period.
   void sync();
 
   // COLLECTIVE (every rank; rank 0's result holds every node's state, see the top of this
@@ -108,13 +114,20 @@ class DiLoCo {
   // f32 [plan().total] on the model's device: the global parameters and the outer momentum.
   const Tensor& global_parameters() const { return global_; }
   const Tensor& outer_momentum() const { return momentum_; }
-  // The averaged pseudo-gradient the last sync applied: its first plan().total elements (f32).
+  // The averaged pseudo-gradient of the last fragment synced: its first (fragment's length)
+  // elements (f32; with one fragment, plan().total).
   const Tensor& last_pseudo_gradient() const { return avg_; }
   // Bytes one rank sent across nodes in the last sync (its slice, in the outer dtype).
   std::int64_t last_sync_bytes() const { return last_bytes_; }
 
  private:
-  void average_slice(const Tensor& delta);  // delta: this rank's slice; result in avg_ slice
+  // delta: this rank's slice of a fragment, averaged over the nodes in place (residual: its
+  // error feedback, or undefined).
+  void average_slice(const Tensor& delta, const Tensor& residual);
+  // Outer sync of fragment f; sets local's elements of it to the new global ones.
+  void sync_fragment(int f, const Tensor& local);
+  std::pair<std::int64_t, std::int64_t> fragment(int f) const;  // [begin, end) of the flat vector
+  std::pair<std::int64_t, std::int64_t> my_slice(int f) const;  // this rank's (begin, count) of it
   StateDict named(const Tensor& flat) const;
   Tensor flat_of(const StateDict& state, const std::string& prefix) const;
   const Tensor& buffer(int i, Shape shape, DType dtype, Device device);  // buffers_[i], reshaped if needed
@@ -123,9 +136,9 @@ class DiLoCo {
   optim::Optimizer& optimizer_;
   NodeGroups groups_;
   DiLoCoOptions options_;
-  std::int64_t total_ = 0, shard_ = 0;  // plan().total, ceil(total / L)
+  std::int64_t total_ = 0, shard_ = 0;  // plan().total, ceil(widest fragment / L)
   Tensor global_, momentum_, avg_;      // f32 [total]; avg_: f32 [L · shard]
-  Tensor residual_;                     // f32 [shard] (error feedback)
+  Tensor residual_;                     // f32 [total]: this rank's slices (error feedback)
   std::array<Tensor, 4> buffers_;       // the compressed dtypes' staging
   int inner_step_ = 0;
   std::int64_t syncs_ = 0, last_bytes_ = 0;
