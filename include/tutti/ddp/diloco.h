@@ -32,6 +32,10 @@
 // bits). Error feedback (not f32): each rank keeps what quantization left out of its slice and
 // adds it to the next sync's Δ, so that the sum of what was sent follows the sum of Δ.
 //
+// Streaming (DiLoCoOptions::fragments = F > 1): the flat vector is cut into F equal fragments,
+// each synced as above on its own range, fragment 0 at the end of each period and fragment f at
+// its inner step f · H / F; only the synced range of the model is set to the global values.
+//
 // Checkpoints (state_dict, COLLECTIVE; train::State::add_collective): the global parameters and
 // the outer momentum by parameter name ("global.<name>", "momentum.<name>"), the inner steps
 // done in the current period ("inner_step"), the node count ("nodes"), and every node's own
