@@ -13,8 +13,10 @@ DDP, flat           model.ddp_step over all N*L ranks (buckets overlapped with b
 DDP, hierarchical   per bucket of s bytes: reduce-scatter in the node ((L-1) intra steps of s/L),
                     allreduce of the s/L shard among the N nodes by each of the L local ranks at
                     once (ring: 2(N-1) steps of s/(LN); the L flows share the port, so a step costs
-                    alpha_x + (s/N) beta_x), all-gather in the node ((L-1) intra steps of s/L);
-                    buckets overlapped with backward as flat. Port bytes: 2(N-1)/N n e. Against
+                    alpha_x + (s/N) beta_x: the time of one rank per node allreducing all of s,
+                    and so with "nccl" the faster of that ring and a tree), all-gather in the node
+                    ((L-1) intra steps of s/L); buckets overlapped with backward as flat. Port
+                    bytes (ring across): 2(N-1)/N n e. Against
                     flat the port carries (NL-1)N / (NL(N-1)) times fewer bytes (1.5x at 2 x 2,
                     1.06x at 16 x 8) and crosses nodes in 2(N-1) steps instead of 2(NL-1); each
                     rank's share of the inter-node traffic is 1/L of its node's.
@@ -100,14 +102,29 @@ def _intra_steps(c, steps, nbytes):
     return steps * M._intra(c, nbytes) if steps > 0 else 0.0
 
 
-def hierarchical(c: M.Cluster, s: float) -> float:
-    """Time of the hierarchical allreduce of s bytes (reduce-scatter, allreduce across, all-gather)."""
+def leaders(c: M.Cluster) -> M.Cluster:
+    """The nodes of c with one rank each: the L local ranks of a node, each allreducing its 1/L
+    shard with its peers on the other nodes through the shared port, take as long as one rank
+    allreducing the whole buffer (the ring's L flows of s/(LN) per step cost alpha + s/N beta)."""
+    cores = c.host_cores * c.nodes / c.ranks if c.host_cores else None
+    return M.Cluster(c.name, c.nodes, 1, c.intra, c.inter, cores, c.note)
+
+
+def _across(c: M.Cluster, s: float, algorithm: str) -> float:
+    if algorithm in ("tree", "nccl"):
+        return getattr(M, algorithm)(leaders(c), s)
+    return M.ring(leaders(c), s)
+
+
+def hierarchical(c: M.Cluster, s: float, algorithm="ring") -> float:
+    """Time of the hierarchical allreduce of s bytes: reduce-scatter in the node, allreduce across
+    the nodes (ring, or with "nccl" NCCL's pick of ring and tree), all-gather in the node."""
     N, L = c.nodes, c.per_node
     if c.ranks == 1:
         return 0.0
     t = 2 * _intra_steps(c, L - 1, s / L)
     if N > 1:
-        t += 2 * (N - 1) * M._inter(c, s / (L * N), flows=L, stream=N > 2)
+        t += _across(c, s, algorithm)
     return t
 
 
@@ -131,6 +148,7 @@ def flat_port_bytes(c: M.Cluster, sizes, algorithm="ring") -> float:
 
 
 def hierarchical_port_bytes(c: M.Cluster, nbytes: float) -> float:
+    """A ring across the nodes; hierarchical_port_bytes(c, n) == ring_port_bytes(leaders(c), n)."""
     N = c.nodes
     return 2 * (N - 1) / N * nbytes if N > 1 else 0.0
 
@@ -174,8 +192,8 @@ def predict(c: M.Cluster, model: M.Model, mode: Mode, tokens_per_rank: float, al
             step, _, comm = M.ddp_step(c, model, algorithm, bucket_mb)
             port = flat_port_bytes(c, M.buckets(model, bucket_mb), algorithm)
         elif mode.allreduce == "hierarchical":
-            step, _, comm = M.ddp_step(c, model, hierarchical, bucket_mb)
-            port = hierarchical_port_bytes(c, n * model.grad_bytes)
+            step, _, comm = M.ddp_step(c, model, lambda cl, b: hierarchical(cl, b, algorithm), bucket_mb)
+            port = flat_port_bytes(leaders(c), M.buckets(model, bucket_mb), algorithm)
         else:
             raise ValueError("allreduce: flat or hierarchical, not %r" % mode.allreduce)
         exchange = comm
