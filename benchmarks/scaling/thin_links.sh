@@ -11,7 +11,7 @@
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
 # A trainer without --sync (DiLoCo not built yet) runs the DDP rows only, and says so.
 # Needs root (namespaces) and a build (BUILD, default build/).
-#   bash benchmarks/scaling/thin_links.sh --quick RESULTS       # 2 x 2 at 1 Gbit/s: a few minutes
+#   bash benchmarks/scaling/thin_links.sh --quick RESULTS       # 2 nodes at 1 Gbit/s, 20 steps: minutes
 #   bash benchmarks/scaling/thin_links.sh RESULTS               # everything: hours
 #   bash benchmarks/scaling/thin_links.sh --nodes 4 --speeds 1gbit --periods 50 --dtypes int8 RESULTS
 set -uo pipefail
@@ -21,9 +21,15 @@ repo=$(cd "$here/../.." && pwd)
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
 fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2
+# --quick sets the smallest subset; options given with it still apply.
+for a in "$@"; do
+  if [ "$a" = --quick ]; then
+    quick=1 nodes=2 speeds=1gbit periods=10 dtypes=int8 steps=20 eval_every=10
+  fi
+done
 while [ $# -gt 0 ]; do
   case $1 in
-    --quick) quick=1 ;;
+    --quick) ;;
     --nodes) nodes=$2; shift ;;
     --speeds) speeds=$2; shift ;;
     --periods) periods=$2; shift ;;
@@ -39,21 +45,18 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -n "$out" ] || { echo "thin_links.sh: give a results folder" >&2; usage; }
-if [ "$quick" = 1 ]; then
-  nodes=2 speeds=1gbit periods=10 dtypes=int8 steps=8 eval_every=4
-fi
-mkdir -p "$out/runs" || exit 1
-out=$(cd "$out" && pwd)
+out=$(realpath -m "$out")
 case "$out/" in
   "$repo/docs/bench/"*) ;;
   "$repo/"*) echo "thin_links.sh: write results outside the repository, or under docs/bench/ ($out)" >&2; exit 2 ;;
 esac
-build=${BUILD:-$repo/build}
+mkdir -p "$out/runs" || exit 1
+build=$(realpath -m "${BUILD:-$repo/build}")
 trainer=$build/examples/train_gpt
 [ -x "$trainer" ] || { echo "thin_links.sh: no $trainer (scripts/build.sh, or BUILD=...)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-# A results folder under /tmp is carried into the nodes (their /tmp is their own).
-export TUTTI_CLUSTER_KEEP="$out${TUTTI_CLUSTER_KEEP:+:$TUTTI_CLUSTER_KEEP}"
+# The results and the build, where under /tmp, are carried into the nodes (their /tmp is their own).
+export TUTTI_CLUSTER_KEEP="$out:$build${TUTTI_CLUSTER_KEEP:+:$TUTTI_CLUSTER_KEEP}"
 
 diloco=1
 if ! "$trainer" --help 2>&1 | grep -q -- '--sync'; then
