@@ -98,10 +98,14 @@ for speed in $speeds; do
     cluster down --name "$name" >/dev/null 2>&1
     cluster up --name "$name" --nodes "$n" --slots "$hier_per_node" --bandwidth "$speed" >/dev/null || exit 1
     echo "# $speed, $n nodes"
-    # Flat and hierarchical need ranks that share a node.
-    for a in flat hierarchical; do
-      run "$speed" "$n" "$hier_per_node" "ddp-$a" --allreduce "$a"
-    done
+    # Flat and hierarchical need ranks that share a node (and a batch that they divide).
+    if [ $((batch % (n * hier_per_node))) = 0 ]; then
+      for a in flat hierarchical; do
+        run "$speed" "$n" "$hier_per_node" "ddp-$a" --allreduce "$a"
+      done
+    else
+      echo "  ddp flat/hierarchical on ${n}x$hier_per_node skipped: --batch $batch is not a multiple of $((n * hier_per_node))"
+    fi
     if [ "$quick" = 1 ] && [ "$diloco" = 0 ]; then continue; fi
     run "$speed" "$n" 1 ddp-flat --allreduce flat
     [ "$diloco" = 1 ] || continue
