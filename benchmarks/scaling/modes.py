@@ -26,12 +26,13 @@ DiLoCo, period H    inner steps are DDP inside each node (no port). Every H step
                     other L-1):
                       f32, bf16 (d = 4, 2 bytes): a ring allreduce of the slice among N nodes:
                         2(N-1) steps of alpha_x + (n d / N) beta_x; port bytes 2(N-1)/N n d.
-                      int8, int4 (d = 1, 1/2 byte, and one f32 scale per block of B values:
-                        Q = n (d + 4/B) bytes per node) cannot be summed in flight:
-                        "allgather" (the default): every node's quantized slice to every node,
+                      int8, int4 (d = 1, 1/2 byte, and one f32 scale per block of B values, 64 as
+                        tutti's DiLoCo: Q = n (d + 4/B) bytes per node) cannot be summed in flight:
+                        "allgather" (the default, what tutti's DiLoCo does): every node's
+                          quantized slice to every node,
                           (N-1) steps of alpha_x + Q beta_x; port bytes (N-1) Q, which grows with
                           N: from N = 8 int8 puts more bytes through the port than an f32 ring
-                          allreduce (15.2 n against 7.5 n at N = 16), int4 from N = 16;
+                          allreduce (15.9 n against 7.5 n at N = 16, B = 64), int4 from N = 15;
                         "reduce_scatter": the quantized shards to their owners ((N-1) steps of
                           Q/N), summed there in f32, requantized and all-gathered ((N-1) steps of
                           Q/N): port bytes 2(N-1)/N Q, (d + 4/B)/4 of f32's.
@@ -59,7 +60,7 @@ import model as M
 OUTER_BYTES = {"f32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 QUANTIZED = ("int8", "int4")
 SCALE_BYTES = 4  # one f32 scale per block (include/tutti/kernels/compress.h)
-QUANT_BLOCK = 256  # values per scale: compress.h leaves it to the caller; 256 assumed
+QUANT_BLOCK = 64  # values per scale: DiLoCoOptions::block's default (include/tutti/ddp/diloco.h)
 
 
 @dataclass

@@ -5,11 +5,13 @@
 # links shaped to 10 Gbit/s, 1 Gbit/s and 100 Mbit/s, in each synchronization mode:
 #   DDP flat and hierarchical (N nodes x 2 ranks, side by side: the hierarchical allreduce needs
 #   ranks to share a node), DDP flat and DiLoCo (N nodes x 1 rank) with H in --periods, each
-#   outer dtype of --dtypes, streaming off and on (--fragments).
+#   outer dtype of --dtypes, streaming off and on (--fragments; 0: off), --diloco-flags added
+#   to their command (e.g. "--outer-lr 1 --outer-momentum 0 --error-feedback").
 # Every row trains the same global batch for the same steps, so validation losses compare at equal
 # tokens. Writes runs/<link>_<N>x<L>_<mode>.{json,txt}, results.csv, results.md and
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
-# A trainer without --sync (DiLoCo not built yet) runs the DDP rows only, and says so.
+# A trainer without --sync (DiLoCo not built yet) runs the DDP rows only, one without
+# --streaming no streaming rows, and says so.
 # Needs root (namespaces) and a build (BUILD, default build/).
 #   bash benchmarks/scaling/thin_links.sh --quick RESULTS       # 2 nodes at 1 Gbit/s, 20 steps: minutes
 #   bash benchmarks/scaling/thin_links.sh RESULTS               # everything: hours
@@ -18,9 +20,9 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
-fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2
+fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags=""
 # --quick sets the smallest subset; options given with it still apply.
 for a in "$@"; do
   if [ "$a" = --quick ]; then
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift ;;
     --eval-every) eval_every=$2; shift ;;
     --batch) batch=$2; shift ;;
+    --diloco-flags) diloco_flags=$2; shift ;;
     -h|--help) usage 0 ;;
     -*) echo "thin_links.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$out" ] || usage; out=$1 ;;
@@ -58,10 +61,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_TH
 # The results and the build, where under /tmp, are carried into the nodes (their /tmp is their own).
 export TUTTI_CLUSTER_KEEP="$out:$build${TUTTI_CLUSTER_KEEP:+:$TUTTI_CLUSTER_KEEP}"
 
-diloco=1
-if ! "$trainer" --help 2>&1 | grep -q -- '--sync'; then
+help=$("$trainer" --help 2>&1)
+diloco=1 streaming=1
+if ! grep -q -- '--sync' <<< "$help"; then
   diloco=0
   echo "thin_links.sh: $trainer has no --sync (DiLoCo not built yet): DDP rows only"
+elif [ "$fragments" -gt 0 ] && ! grep -q -- '--streaming' <<< "$help"; then
+  streaming=0
+  echo "thin_links.sh: $trainer has no --streaming (streaming DiLoCo not built yet): no streaming rows"
 fi
 
 # The data: this repository's docs, as tests/examples/train_gpt_test.py's corpus.
@@ -73,7 +80,8 @@ model=(--model gpt-tiny --layers 6 --heads 6 --width 384 --context 64 --seq-len 
 {
   echo "# $(date -u +%FT%TZ) on $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# $(git -C "$repo" rev-parse --short HEAD 2>/dev/null) $trainer ${model[*]}"
-  echo "# DiLoCo rows: $([ "$diloco" = 1 ] && echo yes || echo "no (trainer without --sync)")"
+  echo "# DiLoCo rows: $([ "$diloco" = 1 ] && echo "yes ($diloco_flags)" || echo "no (trainer without --sync)")"
+  echo "# streaming rows: $([ "$diloco" = 1 ] && [ "$streaming" = 1 ] && [ "$fragments" -gt 0 ] && echo yes || echo no)"
 } > "$out/machine.txt"
 
 name=thin$$
@@ -111,9 +119,13 @@ for speed in $speeds; do
     [ "$diloco" = 1 ] || continue
     for h in $periods; do
       for d in $dtypes; do
-        run "$speed" "$n" 1 "diloco-H$h-$d" --sync "diloco:$h" --outer-dtype "$d"
-        [ "$fragments" -gt 0 ] && run "$speed" "$n" 1 "diloco-H$h-$d-s$fragments" --sync "diloco:$h" \
-          --outer-dtype "$d" --streaming "$fragments"
+        # shellcheck disable=SC2086 # --diloco-flags: words
+        run "$speed" "$n" 1 "diloco-H$h-$d" --sync "diloco:$h" --outer-dtype "$d" $diloco_flags
+        if [ "$fragments" -gt 0 ] && [ "$streaming" = 1 ]; then
+          # shellcheck disable=SC2086
+          run "$speed" "$n" 1 "diloco-H$h-$d-s$fragments" --sync "diloco:$h" --outer-dtype "$d" \
+            --streaming "$fragments" $diloco_flags
+        fi
       done
     done
   done

@@ -95,10 +95,11 @@ class DiLoCo(unittest.TestCase):
     def test_quantized_bytes(self):
         n = 1 << 20
         f32 = MD.quantized_bytes(n, "f32")
-        self.assertEqual(MD.quantized_bytes(n, "int8"), n + 4 * n // 256)
-        self.assertEqual(MD.quantized_bytes(n, "int4"), n // 2 + 4 * n // 256)
-        self.assertAlmostEqual(MD.quantized_bytes(n, "int8") / f32, (1 + 4 / 256) / 4)
-        self.assertEqual(MD.quantized_bytes(n + 1, "int8", block=64), n + 1 + 4 * (n // 64 + 1))
+        self.assertEqual(MD.QUANT_BLOCK, 64)  # DiLoCoOptions::block
+        self.assertEqual(MD.quantized_bytes(n, "int8"), n + 4 * n // 64)
+        self.assertEqual(MD.quantized_bytes(n, "int4"), n // 2 + 4 * n // 64)
+        self.assertAlmostEqual(MD.quantized_bytes(n, "int8") / f32, (1 + 4 / 64) / 4)
+        self.assertEqual(MD.quantized_bytes(n + 1, "int8", block=256), n + 1 + 4 * (n // 256 + 1))
 
     def test_int8_is_a_quarter_of_f32_when_reduced_and_grows_with_nodes_when_gathered(self):
         n = 1e9
@@ -109,11 +110,11 @@ class DiLoCo(unittest.TestCase):
             f32 = MD.outer_exchange(c, n, "f32")[1]
             for dtype, d in (("int8", 1.0), ("int4", 0.5)):
                 rs = MD.outer_exchange(c, n, dtype, "reduce_scatter")[1]
-                self.assertAlmostEqual(rs / f32, (d + 4 / 256) / 4, places=6, msg=(c, dtype))
+                self.assertAlmostEqual(rs / f32, (d + 4 / 64) / 4, places=6, msg=(c, dtype))
                 ag = MD.outer_exchange(c, n, dtype, "allgather")[1]
-                self.assertAlmostEqual(ag, (N - 1) * n * (d + 4 / 256), delta=8)
-        # The all-gather's bytes pass an f32 ring allreduce's from 8 nodes (int8) and 16 (int4).
-        for N, int8_more, int4_more in ((7, False, False), (8, True, False), (15, True, False), (16, True, True)):
+                self.assertAlmostEqual(ag, (N - 1) * n * (d + 4 / 64), delta=8)
+        # The all-gather's bytes pass an f32 ring allreduce's from 8 nodes (int8) and 15 (int4).
+        for N, int8_more, int4_more in ((7, False, False), (8, True, False), (14, True, False), (15, True, True)):
             c = gpu_cluster(N, 8)
             f32 = MD.outer_exchange(c, n, "f32")[1]
             self.assertEqual(MD.outer_exchange(c, n, "int8")[1] > f32, int8_more, N)
