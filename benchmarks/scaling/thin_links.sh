@@ -4,9 +4,9 @@
 # 384 wide, context 64, byte vocabulary) on this repository's docs, on 2 and 4 emulated nodes with
 # links shaped to 10 Gbit/s, 1 Gbit/s and 100 Mbit/s, in each synchronization mode:
 #   DDP flat and hierarchical (N nodes x 2 ranks, side by side: the hierarchical allreduce needs
-#   ranks to share a node), DDP flat and DiLoCo (N nodes x 1 rank) with H in --periods, each
-#   outer dtype of --dtypes, streaming off and on (--fragments; 0: off), --diloco-flags added
-#   to their command (e.g. "--outer-lr 1 --outer-momentum 0 --error-feedback").
+#   ranks to share a node; --hier-ranks-per-node, 0: none), DDP flat and DiLoCo (N nodes x 1
+#   rank) with H in --periods, each outer dtype of --dtypes, streaming off and on (--fragments;
+#   0: off), --diloco-flags added to their command (e.g. "--outer-lr 1 --outer-momentum 0").
 # Every row trains the same global batch for the same steps, so validation losses compare at equal
 # tokens. Writes runs/<link>_<N>x<L>_<mode>.{json,txt}, results.csv, results.md and
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
@@ -41,6 +41,7 @@ while [ $# -gt 0 ]; do
     --eval-every) eval_every=$2; shift ;;
     --batch) batch=$2; shift ;;
     --diloco-flags) diloco_flags=$2; shift ;;
+    --hier-ranks-per-node) hier_per_node=$2; shift ;;
     -h|--help) usage 0 ;;
     -*) echo "thin_links.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$out" ] || usage; out=$1 ;;
@@ -104,10 +105,13 @@ run() {
 for speed in $speeds; do
   for n in $nodes; do
     cluster down --name "$name" >/dev/null 2>&1
-    cluster up --name "$name" --nodes "$n" --slots "$hier_per_node" --bandwidth "$speed" >/dev/null || exit 1
+    cluster up --name "$name" --nodes "$n" --slots $((hier_per_node > 1 ? hier_per_node : 1)) \
+      --bandwidth "$speed" >/dev/null || exit 1
     echo "# $speed, $n nodes"
     # Flat and hierarchical need ranks that share a node (and a batch that they divide).
-    if [ $((batch % (n * hier_per_node))) = 0 ]; then
+    if [ "$hier_per_node" = 0 ]; then
+      :
+    elif [ $((batch % (n * hier_per_node))) = 0 ]; then
       for a in flat hierarchical; do
         run "$speed" "$n" "$hier_per_node" "ddp-$a" --allreduce "$a"
       done
