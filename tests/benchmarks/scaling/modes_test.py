@@ -119,6 +119,12 @@ class DiLoCo(unittest.TestCase):
             f32 = MD.outer_exchange(c, n, "f32")[1]
             self.assertEqual(MD.outer_exchange(c, n, "int8")[1] > f32, int8_more, N)
             self.assertEqual(MD.outer_exchange(c, n, "int4")[1] > f32, int4_more, N)
+        # ... and a bf16 allreduce's from 4 nodes (int8) and 8 (int4).
+        for N, int8_more, int4_more in ((3, False, False), (4, True, False), (7, True, False), (8, True, True)):
+            c = gpu_cluster(N, 8)
+            bf16 = MD.outer_exchange(c, n, "bf16")[1]
+            self.assertEqual(MD.outer_exchange(c, n, "int8")[1] > bf16, int8_more, N)
+            self.assertEqual(MD.outer_exchange(c, n, "int4")[1] > bf16, int4_more, N)
 
     def test_streaming_is_never_slower_and_hides_what_fits(self):
         m = gpt(params_m=300, compute_ms=150)
