@@ -206,8 +206,12 @@ def buckets(model: Model, cap_mb=25.0, first_cap_mb=1.0):
 
 
 def ddp_step(c: Cluster, model: Model, algorithm="ring", cap_mb=25.0, first_cap_mb=1.0, overlap=True):
-    """(step_s, exposed_s, comm_s): one step of DDP on cluster c, per-rank batch fixed."""
-    allreduce = {**ALGORITHMS, **GPU_ALGORITHMS}.get(algorithm) or (lambda cl, n: best(cl, n)[1])
+    """(step_s, exposed_s, comm_s): one step of DDP on cluster c, per-rank batch fixed. algorithm: a
+    name of ALGORITHMS or GPU_ALGORITHMS, "best", or a function (cluster, bytes) -> seconds."""
+    if callable(algorithm):
+        allreduce = algorithm
+    else:
+        allreduce = {**ALGORITHMS, **GPU_ALGORITHMS}.get(algorithm) or (lambda cl, n: best(cl, n)[1])
     compute = model.forward_s + model.backward_s
     if c.ranks == 1:
         return compute + model.optimizer_s, 0.0, 0.0
