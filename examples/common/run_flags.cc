@@ -49,6 +49,18 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "(1: off; at most H)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--overlap", f.overlap,
+                 "--sync diloco:H: let each outer sync travel while the next T inner steps compute, applied T steps "
+                 "later with the inner progress made meanwhile kept (0: each sync blocks its step; at most "
+                 "H/--streaming)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--outer-exchange", f.outer_exchange,
+                 "--sync diloco with --outer-dtype int8/int4: allgather (every node gets every node's bytes), "
+                 "reduce_scatter (each node averages 1/N and the averages are all-gathered: fewer bytes from 3 "
+                 "nodes, one more quantization) or auto (reduce_scatter from 3 nodes)")
+      ->check(CLI::IsMember({"auto", "allgather", "reduce_scatter"}))
+      ->capture_default_str();
   app.add_option("--ranks-per-node", f.ranks_per_node,
                  "the node map for --sync diloco and --allreduce hierarchical: 0 (the hosts), or N: ranks r with the "
                  "same r / N are a node (fakes nodes on one machine)")

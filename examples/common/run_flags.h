@@ -38,7 +38,9 @@ struct RunFlags {
   double outer_momentum = 0.9;
   std::string outer_dtype = "f32";  // f32, bf16, int8, int4
   bool error_feedback = false;
-  int streaming = 1;       // DiLoCo's fragments, synced at staggered steps (1: off)
+  int streaming = 1;                    // DiLoCo's fragments, synced at staggered steps (1: off)
+  int overlap = 0;                      // DiLoCo: inner steps an outer sync travels before it is applied (0: blocking)
+  std::string outer_exchange = "auto";  // DiLoCo int8/int4: auto, allgather, reduce_scatter
   int ranks_per_node = 0;  // 0: the real node map; N: rank / N is the node (--sync diloco, --allreduce hierarchical)
   std::string json;
   bool quiet = false;

@@ -35,12 +35,16 @@ Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(p
   mode_ = diloco() ? "diloco:" + std::to_string(sync_every_) : "ddp";
   if (!diloco()) {
     TUTTI_CHECK_ARG(f.streaming == 1, "--streaming applies to --sync diloco:H");
+    TUTTI_CHECK_ARG(f.overlap == 0, "--overlap applies to --sync diloco:H");
     example::ddp_communicator(job, f, hierarchical_);
     return;
   }
-  job.check_same("--outer-lr, --outer-momentum, --outer-dtype, --error-feedback, --streaming",
-                 std::to_string(f.outer_lr) + " " + std::to_string(f.outer_momentum) + " " + f.outer_dtype + " " +
-                     std::to_string(f.error_feedback) + " " + std::to_string(f.streaming));
+  job.check_same(
+      "--outer-lr, --outer-momentum, --outer-dtype, --error-feedback, --streaming, --overlap, "
+      "--outer-exchange",
+      std::to_string(f.outer_lr) + " " + std::to_string(f.outer_momentum) + " " + f.outer_dtype + " " +
+          std::to_string(f.error_feedback) + " " + std::to_string(f.streaming) + " " + std::to_string(f.overlap) + " " +
+          f.outer_exchange);
   TUTTI_CHECK_ARG(f.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, got ", f.outer_lr);
   TUTTI_CHECK_ARG(f.outer_momentum >= 0 && f.outer_momentum < 1, "--outer-momentum must be in [0, 1), got ",
                   f.outer_momentum);
@@ -74,6 +78,8 @@ void Sync::start(tutti::ddp::DistributedDataParallel& ddp, tutti::optim::Optimiz
   o.outer_dtype = tutti::ddp::parse_outer_dtype(f_.outer_dtype);
   o.error_feedback = f_.error_feedback;
   o.fragments = f_.streaming;
+  o.overlap_steps = f_.overlap;
+  o.exchange = tutti::ddp::parse_outer_exchange(f_.outer_exchange);
   diloco_ = std::make_unique<tutti::ddp::DiLoCo>(ddp, optimizer, groups_, o);
 }
 
@@ -104,7 +110,9 @@ bool Sync::end_step(const tutti::train::Run& run) {
 std::string Sync::describe() const {
   if (!diloco()) return mode_;
   char text[256];
-  const std::string streaming = f_.streaming > 1 ? ", streaming " + std::to_string(f_.streaming) + " fragments" : "";
+  std::string streaming = f_.streaming > 1 ? ", streaming " + std::to_string(f_.streaming) + " fragments" : "";
+  if (f_.overlap > 0) streaming += ", overlap " + std::to_string(f_.overlap) + " steps";
+  if (f_.outer_exchange != "auto") streaming += ", " + f_.outer_exchange;
   std::snprintf(text, sizeof text, "%s (outer %s lr %g momentum %g, %s%s%s; %d nodes x %d)", mode_.c_str(), "Nesterov",
                 f_.outer_lr, f_.outer_momentum, f_.outer_dtype.c_str(), f_.error_feedback ? ", error feedback" : "",
                 streaming.c_str(), groups_.node_count(), groups_.node_sizes.front());

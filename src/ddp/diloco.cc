@@ -35,6 +35,9 @@ namespace {
 
 constexpr const char* kInnerStep = "inner_step";
 constexpr const char* kNodes = "nodes";
+constexpr const char* kPendingFragment = "pending_fragment";  // overlap: -1, or the fragment in flight
+constexpr const char* kPendingAge = "pending_age";
+constexpr const char* kPendingAverage = "pending_average";
 
 std::string node_prefix(int node) { return "node" + std::to_string(node) + "."; }
 
@@ -64,6 +67,10 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
   TUTTI_CHECK_ARG(options_.fragments >= 1 && options_.fragments <= options_.sync_every,
                   "--streaming: the fragments (DiLoCoOptions::fragments) must be between 1 and H = ",
                   options_.sync_every, ", not ", options_.fragments);
+  TUTTI_CHECK_ARG(options_.overlap_steps >= 0 && options_.overlap_steps <= options_.sync_every / options_.fragments,
+                  "--overlap: the inner steps a sync may travel (DiLoCoOptions::overlap_steps) must be between 0 and "
+                  "H / fragments = ",
+                  options_.sync_every / options_.fragments, ", not ", options_.overlap_steps);
   const int local = groups_.intra->size();
   total_ = inner_.plan().total;
   std::int64_t widest = 0;
@@ -81,6 +88,9 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
   // Error feedback: whole-length, holding this rank's slice of every fragment (zero elsewhere).
   if (options_.error_feedback && options_.outer_dtype != OuterDType::f32)
     residual_ = Tensor::zeros({total_}, DType::f32, device);
+  if (options_.error_feedback && reduce_scatter_exchange())
+    owner_residual_ = Tensor::zeros({total_}, DType::f32, device);
+  snapshot_ = Tensor::zeros({options_.overlap_steps > 0 ? widest : 1}, DType::f32, device);
   stream.synchronize();
 }
 
@@ -100,33 +110,47 @@ DiLoCo::~DiLoCo() = default;
 
 bool DiLoCo::end_inner_step() {
   // Fragment 0 syncs at the end of each period (inner step H), fragment f > 0 at inner step
-  // f · H / F of it (F = 1: the whole vector every H steps).
+  // f · H / F of it (F = 1: the whole vector every H steps). Overlapped: a sync launched is
+  // applied τ steps later, before any launch of that step (τ <= floor(H / F): one in flight).
   const int h = options_.sync_every, k = options_.fragments;
   inner_step_ = std::min(inner_step_ + 1, h);  // (a resume with a smaller H may find it beyond)
-  if (k == 1) {
+  if (k == 1 && options_.overlap_steps == 0 && pending_ < 0) {
     if (inner_step_ < h) return false;
     sync();
     return true;
   }
-  bool synced = false;
   Tensor local;
+  bool changed = false;
+  if (pending_ >= 0 && ++pending_age_ >= options_.overlap_steps) {
+    local = inner_.parameters_flat();
+    apply_pending(local);
+    changed = true;
+  }
+  bool synced = false;
   for (int f = 0; f < k; ++f) {
     if (inner_step_ != (f == 0 ? h : f * h / k)) continue;
     if (!local.defined()) local = inner_.parameters_flat();
-    sync_fragment(f, local);
+    if (options_.overlap_steps > 0) {
+      launch(f, local, /*keep_snapshot=*/true);
+      pending_ = f;
+      pending_age_ = 0;
+      received_ = false;
+    } else {
+      sync_fragment(f, local);
+      changed = true;
+    }
     synced = true;
   }
-  if (synced) {
-    inner_.load_parameters_flat(local);
-    inner_.module().stream().synchronize();
-    ++syncs_;
-  }
+  if (changed) inner_.load_parameters_flat(local);
+  if (changed || synced) inner_.module().stream().synchronize();
+  if (synced) ++syncs_;
   if (inner_step_ == h) inner_step_ = 0;
   return synced;
 }
 
 void DiLoCo::sync() {
   const Tensor local = inner_.parameters_flat();  // collective over the node under ZeRO with half masters
+  if (pending_ >= 0) apply_pending(local);
   for (int f = 0; f < options_.fragments; ++f) sync_fragment(f, local);
   inner_.load_parameters_flat(local);
   inner_.module().stream().synchronize();
@@ -134,28 +158,47 @@ void DiLoCo::sync() {
   ++syncs_;
 }
 
-void DiLoCo::sync_fragment(int f, const Tensor& local) {
-  // On return local's elements of fragment f are the new global ones (not yet in the model).
+void DiLoCo::launch(int f, const Tensor& local, bool keep_snapshot) {
   const Stream& stream = inner_.module().stream();
   const auto [fb, fe] = fragment(f);
-  const std::int64_t m = fe - fb, local_ranks = groups_.intra->size(), shard = (m + local_ranks - 1) / local_ranks;
+  const std::int64_t shard = (fe - fb + groups_.intra->size() - 1) / groups_.intra->size();
+  if (keep_snapshot) snapshot_.view(0, {fe - fb}).copy_from(local.view(fb, {fe - fb}), stream);
   if (shard == 0) return;
   const auto [begin, n] = my_slice(f);
   const Tensor mine = avg_.view(groups_.intra->rank() * shard, {shard});
   kernels::fill(mine, 0.0f, stream);
+  if (n == 0) return;
+  // Δ = global − local on this rank's slice, to be averaged over the nodes in place.
+  Tensor delta = mine.view(0, {n});
+  delta.copy_from(global_.view(begin, {n}), stream);
+  kernels::add_scaled(local.view(begin, {n}), -1.0f, delta, stream);
+  launch_exchange(delta, residual_.defined() ? residual_.view(begin, {n}) : Tensor());
+}
+
+void DiLoCo::receive(int f) {
+  const Stream& stream = inner_.module().stream();
+  const auto [fb, fe] = fragment(f);
+  const std::int64_t local_ranks = groups_.intra->size(), shard = (fe - fb + local_ranks - 1) / local_ranks;
+  if (shard == 0) return;
+  const auto [begin, n] = my_slice(f);
   if (n > 0) {
-    // Δ = global − local on this rank's slice, averaged over the nodes in place.
-    Tensor delta = mine.view(0, {n});
-    delta.copy_from(global_.view(begin, {n}), stream);
-    kernels::add_scaled(local.view(begin, {n}), -1.0f, delta, stream);
-    average_slice(delta, residual_.defined() ? residual_.view(begin, {n}) : Tensor());
+    finish_exchange(avg_.view(groups_.intra->rank() * shard, {n}),
+                    owner_residual_.defined() ? owner_residual_.view(begin, {n}) : Tensor());
   }
   if (local_ranks > 1) {
     CallOptions call{"diloco node all-gather", stream};
-    groups_.intra->allgather(mine, avg_.view(0, {local_ranks * shard}), call).wait(stream);
+    groups_.intra
+        ->allgather(avg_.view(groups_.intra->rank() * shard, {shard}), avg_.view(0, {local_ranks * shard}), call)
+        .wait(stream);
   }
-  // The outer step on the fragment, the same on every rank: m = μ m + Δ, then
-  // global −= lr (Δ + μ m) (Nesterov) or global −= lr m.
+}
+
+void DiLoCo::outer_step(int f) {
+  // The same on every rank: m = μ m + Δ, then global −= lr (Δ + μ m) (Nesterov) or
+  // global −= lr m.
+  const Stream& stream = inner_.module().stream();
+  const auto [fb, fe] = fragment(f);
+  const std::int64_t m = fe - fb;
   const Tensor avg = avg_.view(0, {m}), global = global_.view(fb, {m}), momentum = momentum_.view(fb, {m});
   const auto mu = static_cast<float>(options_.outer_momentum), lr = static_cast<float>(options_.outer_lr);
   kernels::scale(momentum, mu, momentum, stream);
@@ -166,70 +209,33 @@ void DiLoCo::sync_fragment(int f, const Tensor& local) {
   } else {
     kernels::add_scaled(momentum, -lr, global, stream);
   }
-  local.view(fb, {m}).copy_from(global, stream);
 }
 
-void DiLoCo::average_slice(const Tensor& delta, const Tensor& residual) {
+void DiLoCo::sync_fragment(int f, const Tensor& local) {
+  // On return local's elements of fragment f are the new global ones (not yet in the model).
+  const auto [fb, fe] = fragment(f);
+  if (fe == fb) return;
+  launch(f, local, /*keep_snapshot=*/false);
+  receive(f);
+  outer_step(f);
+  local.view(fb, {fe - fb}).copy_from(global_.view(fb, {fe - fb}), inner_.module().stream());
+}
+
+void DiLoCo::apply_pending(const Tensor& local) {
+  // local's fragment = global_new + (local − snapshot): the new global parameters plus the
+  // inner progress made while the sync travelled, computed as local + (global_new − snapshot).
   const Stream& stream = inner_.module().stream();
-  const Device device = delta.device();
-  const std::int64_t n = delta.numel();
-  const int nodes = groups_.inter->size();
-  const float inv = 1.0f / static_cast<float>(nodes);
-  CallOptions call{"diloco outer sync", stream};
-  switch (options_.outer_dtype) {
-    case OuterDType::f32:
-      groups_.inter->allreduce(delta, ReduceOp::sum, call).wait(stream);
-      kernels::scale(delta, inv, delta, stream);
-      last_bytes_ = n * 4;
-      return;
-    case OuterDType::bf16: {
-      // v = Δ + residual; sent: bf16(v); residual = v − bf16(v).
-      if (residual.defined()) kernels::add_scaled(residual, 1.0f, delta, stream);
-      const Tensor half = buffer(0, {n}, DType::bf16, device);
-      kernels::cast(delta, half, stream);
-      if (residual.defined()) {
-        Tensor(residual).copy_from(delta, stream);
-        const Tensor sent = buffer(1, {n}, DType::f32, device);
-        kernels::cast(half, sent, stream);
-        kernels::add_scaled(sent, -1.0f, residual, stream);
-      }
-      groups_.inter->allreduce(half, ReduceOp::sum, call).wait(stream);
-      kernels::cast(half, delta, stream);
-      kernels::scale(delta, inv, delta, stream);
-      last_bytes_ = n * 2;
-      return;
-    }
-    case OuterDType::int8:
-    case OuterDType::int4: {
-      // Quantized values cannot be summed on the wire: every rank gets every node's bytes and
-      // scales and adds them up itself, in node order (the same bits on every rank).
-      const int bits = options_.outer_dtype == OuterDType::int8 ? 8 : 4;
-      const std::int64_t block = options_.block;
-      const std::int64_t words = kernels::quantized_words(n, bits), blocks = kernels::quantized_blocks(n, block);
-      const Tensor q = buffer(0, {words}, DType::i32, device);
-      const Tensor scales = buffer(1, {blocks}, DType::f32, device);
-      kernels::quantize_blocks(delta, bits, block, q, scales, residual, stream);
-      const Tensor all_q = buffer(2, {nodes * words}, DType::i32, device);
-      const Tensor all_scales = buffer(3, {nodes * blocks}, DType::f32, device);
-      groups_.inter->allgather(q, all_q, call).wait(stream);
-      groups_.inter->allgather(scales, all_scales, call).wait(stream);
-      for (int k = 0; k < nodes; ++k) {
-        kernels::dequantize_blocks(all_q.view(k * words, {words}), all_scales.view(k * blocks, {blocks}), bits, block,
-                                   delta, /*accumulate=*/k > 0, stream);
-      }
-      kernels::scale(delta, inv, delta, stream);
-      last_bytes_ = (words + blocks) * 4;
-      return;
-    }
-  }
-}
-
-const Tensor& DiLoCo::buffer(int i, Shape shape, DType dtype, Device device) {
-  // Kept from sync to sync: a buffer freed while the stream still uses it would be a race
-  // wherever freeing does not wait for the device.
-  Tensor& b = buffers_[static_cast<std::size_t>(i)];
-  if (!b.defined() || b.shape() != shape || b.dtype() != dtype) b = Tensor::empty(std::move(shape), dtype, device);
-  return b;
+  const int f = pending_;
+  pending_ = -1;
+  const auto [fb, fe] = fragment(f);
+  if (fe == fb) return;
+  if (!received_) receive(f);
+  received_ = false;
+  outer_step(f);
+  const Tensor snap = snapshot_.view(0, {fe - fb});
+  kernels::scale(snap, -1.0f, snap, stream);
+  kernels::add_scaled(global_.view(fb, {fe - fb}), 1.0f, snap, stream);
+  kernels::add_scaled(snap, 1.0f, local.view(fb, {fe - fb}), stream);
 }
 
 StateDict DiLoCo::named(const Tensor& flat) const {
@@ -256,8 +262,21 @@ Tensor DiLoCo::flat_of(const StateDict& state, const std::string& prefix) const 
 
 StateDict DiLoCo::state_dict() {
   const Stream& stream = inner_.module().stream();
+  // An overlapped sync in flight is received (not applied): its average and this node's
+  // snapshot are saved, and it is applied at its step after the resume as it would have been.
+  if (pending_ >= 0 && !received_) {
+    receive(pending_);
+    received_ = true;
+  }
   StateDict out;
   io::add_prefixed(out, "global.", named(global_));
+  out[kPendingFragment] = int_scalar_tensor(pending_);
+  out[kPendingAge] = int_scalar_tensor(pending_age_);
+  std::int64_t pending_len = 0;
+  if (pending_ >= 0) {
+    pending_len = fragment(pending_).second - fragment(pending_).first;
+    out[kPendingAverage] = avg_.view(0, {pending_len}).to(Device::cpu(), stream);
+  }
   io::add_prefixed(out, "momentum.", named(momentum_));
   out[kInnerStep] = int_scalar_tensor(inner_step_);
   out[kNodes] = int_scalar_tensor(nodes());
@@ -273,6 +292,14 @@ StateDict DiLoCo::state_dict() {
     mine["residual"] = whole.to(Device::cpu(), stream);
     stream.synchronize();  // before `whole` goes
   }
+  if (owner_residual_.defined()) {
+    Tensor whole = Tensor::empty({total_}, DType::f32, owner_residual_.device());
+    CallOptions call{"diloco checkpoint owner residuals", stream};
+    groups_.intra->allreduce(owner_residual_, whole, ReduceOp::sum, call).wait(stream);
+    mine["owner_residual"] = whole.to(Device::cpu(), stream);
+    stream.synchronize();  // before `whole` goes
+  }
+  if (pending_ >= 0) mine["snapshot"] = snapshot_.view(0, {pending_len}).to(Device::cpu(), stream);
   stream.synchronize();
   if (groups_.intra->rank() != 0) {
     io::add_prefixed(out, node_prefix(groups_.node), mine);
@@ -304,9 +331,13 @@ void DiLoCo::load_state_dict(const StateDict& state) {
   momentum_ = flat_of(state, "momentum.");
   const auto saved_nodes = static_cast<int>(get_int_scalar(state, kNodes));
   if (residual_.defined()) kernels::fill(residual_, 0.0f, stream);
+  if (owner_residual_.defined()) kernels::fill(owner_residual_, 0.0f, stream);
+  pending_ = -1;
+  received_ = false;
   if (saved_nodes != nodes()) {
     // Another layout of nodes: the period restarts from the global parameters, with node 0's
-    // inner optimizer state; the residuals start at zero (diloco.h says why).
+    // inner optimizer state; the residuals start at zero and a sync in flight is dropped
+    // (diloco.h says why).
     inner_.load_parameters_flat(global_);
     const StateDict opt0 = io::strip_prefix(state, node_prefix(0) + "optim.");
     if (!opt0.empty()) inner_.load_optimizer_state_dict(optimizer_, opt0);
@@ -320,14 +351,33 @@ void DiLoCo::load_state_dict(const StateDict& state) {
                   "model.*' (a state_dict() of another rank than rank 0?)");
   inner_.load_model_state_dict(model);
   inner_.load_optimizer_state_dict(optimizer_, io::strip_prefix(state, mine + "optim."));
-  const auto res = state.find(mine + "residual");
-  if (residual_.defined() && res != state.end()) {
-    TUTTI_CHECK_ARG(res->second.numel() == total_, "DiLoCo::load_state_dict: '", mine, "residual' has ",
+  for (const auto& [key, into] : {std::pair{"residual", residual_}, std::pair{"owner_residual", owner_residual_}}) {
+    const auto res = state.find(mine + key);
+    if (!into.defined() || res == state.end()) continue;
+    TUTTI_CHECK_ARG(res->second.numel() == total_, "DiLoCo::load_state_dict: '", mine, key, "' has ",
                     res->second.numel(), " elements, not ", total_);
     for (int f = 0; f < options_.fragments; ++f) {
       const auto [begin, n] = my_slice(f);
-      if (n > 0) residual_.view(begin, {n}).copy_from(res->second.view(begin, {n}), stream);
+      if (n > 0) into.view(begin, {n}).copy_from(res->second.view(begin, {n}), stream);
     }
+  }
+  const auto pf = state.find(kPendingFragment);
+  const int pending = pf == state.end() ? -1 : static_cast<int>(get_int_scalar(state, kPendingFragment));
+  if (pending >= 0) {
+    TUTTI_CHECK_ARG(pending < options_.fragments, "DiLoCo::load_state_dict: the sync in flight is of fragment ",
+                    pending, " but there are ", options_.fragments, " fragments (resume with the same --streaming)");
+    const std::int64_t len = fragment(pending).second - fragment(pending).first;
+    const auto avg = state.find(kPendingAverage), snap = state.find(mine + "snapshot");
+    TUTTI_CHECK_ARG(
+        avg != state.end() && snap != state.end() && avg->second.numel() == len && snap->second.numel() == len,
+        "DiLoCo::load_state_dict: the sync in flight (fragment ", pending, ", ", len,
+        " elements) has no or other-sized '", kPendingAverage, "' and '", mine, "snapshot'");
+    if (snapshot_.numel() < len) snapshot_ = Tensor::zeros({len}, DType::f32, avg_.device());
+    avg_.view(0, {len}).copy_from(avg->second, stream);
+    snapshot_.view(0, {len}).copy_from(snap->second, stream);
+    pending_ = pending;
+    pending_age_ = static_cast<int>(get_int_scalar(state, kPendingAge));
+    received_ = true;
   }
   inner_step_ = static_cast<int>(get_int_scalar(state, kInnerStep));
   stream.synchronize();

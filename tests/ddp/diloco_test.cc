@@ -10,7 +10,7 @@
 #include <memory>
 #include <random>
 
-#include "ddp_test_util.h"
+#include "diloco_test_util.h"
 #include "tutti/comm/groups.h"
 #include "tutti/comm/thread_group.h"
 #include "tutti/core/error.h"
@@ -25,96 +25,6 @@
 
 namespace tutti::ddp {
 namespace {
-
-using testing::Batch;
-using testing::kClasses;
-using testing::relative_difference;
-using testing::rows;
-using testing::Values;
-constexpr std::int64_t kIn = 12;
-constexpr std::int64_t kRows = 16;  // global rows per step
-constexpr std::uint64_t kSeed = 4321;
-constexpr float kInnerLr = 0.1f;
-
-std::unique_ptr<nn::Sequential> make_model() {
-  auto m = std::make_unique<nn::Sequential>();
-  m->add<nn::Linear>(kIn, 16).add<nn::ReLU>().add<nn::Linear>(16, 9).add<nn::GELU>();
-  m->add<nn::Linear>(9, kClasses);
-  return m;
-}
-
-Batch batch_of(int step) { return testing::global_batch({kIn}, kRows, 100 + static_cast<std::uint32_t>(step)); }
-
-Values values_of(nn::Module& m) {
-  Values v;
-  for (nn::Parameter* p : m.parameters()) v.push_back(p->value.to_floats());
-  return v;
-}
-
-std::vector<int> sizes(int nodes, int local) { return std::vector<int>(static_cast<std::size_t>(nodes), local); }
-
-// One rank's training objects: a model, DDP over `comm`, an inner optimizer.
-struct Trainer {
-  std::unique_ptr<nn::Sequential> model = make_model();
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<optim::Optimizer> opt;
-  nn::CrossEntropyLoss loss;
-
-  Trainer(Communicator& comm, int rank, bool adamw) {
-    model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values must reach everyone
-    DdpOptions o;
-    o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-4;  // several buckets
-    ddp = std::make_unique<DistributedDataParallel>(comm, *model, o);
-    if (adamw) {
-      opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2f});
-    } else {
-      opt = std::make_unique<optim::SGD>(model->parameters(), optim::SgdOptions{.lr = kInnerLr});
-    }
-    ddp->attach(*opt);
-  }
-  // One step on rows [first, first + count) of the global batch of `step`.
-  void step(int step, std::int64_t first, std::int64_t count) {
-    const Batch mb = rows(batch_of(step), first, count);
-    loss.forward(ddp->forward(mb.x), mb.y);
-    EXPECT_TRUE(ddp->backward(loss.grad()));
-    opt->step();
-    ddp->zero_grad();
-  }
-};
-
-// Every rank's parameters after `steps` steps of DDP over all ranks (inner SGD).
-std::vector<Values> train_ddp(int ranks, int steps) {
-  kernels::set_cpu_threads(1);
-  ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
-  std::vector<Values> out(static_cast<std::size_t>(ranks));
-  group.run([&](int rank) {
-    Trainer t(group.communicator(rank), rank, false);
-    for (int s = 0; s < steps; ++s) t.step(s, rank * (kRows / ranks), kRows / ranks);
-    out[static_cast<std::size_t>(rank)] = values_of(*t.model);
-  });
-  return out;
-}
-
-// Every rank's parameters after `steps` steps of DiLoCo on nodes x local ranks.
-std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, int steps, bool adamw = false) {
-  kernels::set_cpu_threads(1);
-  const int ranks = nodes * local;
-  ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
-  std::vector<Values> out(static_cast<std::size_t>(ranks));
-  group.run([&](int rank) {
-    const NodeGroups g = group.node_groups(rank, sizes(nodes, local));
-    Trainer t(*g.intra, rank, adamw);
-    DiLoCo diloco(*t.ddp, *t.opt, g, options);
-    int syncs = 0;
-    for (int s = 0; s < steps; ++s) {
-      t.step(s, rank * (kRows / ranks), kRows / ranks);
-      syncs += diloco.end_inner_step() ? 1 : 0;
-    }
-    EXPECT_EQ(syncs, steps * options.fragments / options.sync_every);  // sync events (a fragment or all)
-    out[static_cast<std::size_t>(rank)] = values_of(*t.model);
-  });
-  return out;
-}
 
 void expect_h1_equals_ddp(int nodes, int local) {
   DiLoCoOptions o{.sync_every = 1, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false};
@@ -180,18 +90,24 @@ TEST(DiLoCo, H4NesterovMatchesHandComputedReference) {
 // Compression: the pseudo-gradients are set by hand (local = global − Δ, Δ Gaussian, its own
 // per node and sync) and what the sync averaged is compared with the true average. Returns the
 // relative L2 error of the first sync's average, and of the running sum after `syncs` syncs.
+// identical: every rank's average equal to rank 0's, bit for bit, at every sync; bytes: rank 0's
+// last_sync_bytes().
 struct Quality {
   double single = 0, running_sum = 0;
+  bool identical = true;
+  std::int64_t bytes = 0;
 };
-Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs) {
+Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs, int kNodes = 2, int kLocal = 2,
+                            OuterExchange exchange = OuterExchange::automatic, std::int64_t block = 64) {
   kernels::set_cpu_threads(1);
-  constexpr int kNodes = 2, kLocal = 2;
   ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
   Quality q;
+  std::vector<std::vector<float>> first(static_cast<std::size_t>(kNodes * kLocal));
   group.run([&](int rank) {
     const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
     Trainer t(*g.intra, rank, false);
-    DiLoCo diloco(*t.ddp, *t.opt, g, {.outer_dtype = dtype, .error_feedback = error_feedback});
+    DiLoCo diloco(*t.ddp, *t.opt, g,
+                  {.outer_dtype = dtype, .error_feedback = error_feedback, .block = block, .exchange = exchange});
     const std::int64_t n = t.ddp->plan().total;
     std::vector<double> sent_sum(static_cast<std::size_t>(n)), true_sum(static_cast<std::size_t>(n));
     for (int s = 0; s < syncs; ++s) {
@@ -210,6 +126,13 @@ Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs) {
       t.ddp->load_parameters_flat(Tensor::from_floats(local, {n}));
       diloco.sync();
       const std::vector<float> got = diloco.last_pseudo_gradient().view(0, {n}).to_floats();
+      first[static_cast<std::size_t>(rank)] = got;
+      group.communicator(rank).barrier().wait();
+      if (rank == 0) {
+        q.bytes = diloco.last_sync_bytes();
+        for (const auto& other : first) q.identical = q.identical && other == got;
+      }
+      group.communicator(rank).barrier().wait();
       double err = 0, ref = 0, serr = 0, sref = 0;
       for (std::size_t i = 0; i < got.size(); ++i) {
         err += std::pow(got[i] - true_avg[i], 2.0);
@@ -248,14 +171,39 @@ TEST(DiLoCo, Int4ErrorFeedbackRunningSumConverges) {
   EXPECT_LT(ef.running_sum, plain.running_sum / 2);
 }
 
+// The reduce-scatter exchange on 3 and 4 nodes: every rank gets the same bits, int8 stays within
+// 1% in one trip despite the owner's second quantization, 4-bit with error feedback (at the
+// sender and at the owner) still sums to what was meant, and fewer bytes leave each rank (blocks
+// of 16: chunks are whole blocks, and this model's slices are a few hundred values).
+TEST(DiLoCo, ReduceScatterExchangeKeepsRanksIdenticalAndQuality) {
+  for (const auto [nodes, local] : {std::pair{3, 2}, std::pair{4, 1}}) {
+    const Quality ag = compression_quality(OuterDType::int8, false, 1, nodes, local, OuterExchange::allgather, 16);
+    const Quality rs = compression_quality(OuterDType::int8, false, 1, nodes, local, OuterExchange::reduce_scatter, 16);
+    const Quality rs4 = compression_quality(OuterDType::int4, true, 8, nodes, local, OuterExchange::reduce_scatter, 16);
+    std::printf(
+        "%d nodes x %d: int8 single trip %.4f allgather (%lld B), %.4f reduce_scatter (%lld B); int4 + EF "
+        "reduce_scatter running sum %.4f\n",
+        nodes, local, ag.single, static_cast<long long>(ag.bytes), rs.single, static_cast<long long>(rs.bytes),
+        rs4.running_sum);
+    EXPECT_TRUE(ag.identical && rs.identical && rs4.identical) << nodes << " nodes";
+    EXPECT_GT(rs.single, 0.0);
+    EXPECT_LT(rs.single, 0.01) << nodes << " nodes";
+    EXPECT_LT(rs4.running_sum, 0.05) << nodes << " nodes";
+    EXPECT_LT(rs.bytes, ag.bytes * (nodes - 1));  // 2 (N − 1) / N Q < (N − 1) Q (a ring all-gather)
+  }
+}
+
 // Checkpoints: a run of 10 steps (H = 4, AdamW inside) stopped after `save_at` steps, its
 // state_dict() taken on every rank and rank 0's loaded into fresh objects (other initial
 // values) on every rank, continues to the same parameters, bit for bit.
-void expect_resume_exact(int save_at, int fragments = 1) {
+void expect_resume_exact(int save_at, int fragments = 1, int overlap = 0) {
   kernels::set_cpu_threads(1);
   constexpr int kNodes = 2, kLocal = 2, kSteps = 10;
-  const DiLoCoOptions o{
-      .sync_every = 4, .outer_dtype = OuterDType::int8, .error_feedback = true, .fragments = fragments};
+  const DiLoCoOptions o{.sync_every = 4,
+                        .outer_dtype = OuterDType::int8,
+                        .error_feedback = true,
+                        .fragments = fragments,
+                        .overlap_steps = overlap};
   const std::vector<Values> straight = train_diloco(kNodes, kLocal, o, kSteps, true);
   ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
   StateDict saved;
@@ -270,6 +218,7 @@ void expect_resume_exact(int save_at, int fragments = 1) {
         diloco.end_inner_step();
       }
       EXPECT_EQ(diloco.inner_step(), save_at % 4);
+      if (overlap > 0) EXPECT_GE(diloco.pending_fragment(), 0) << "no sync in flight at the checkpoint";
       StateDict mine = diloco.state_dict();
       if (rank == 0) saved = std::move(mine);
     }
@@ -289,6 +238,12 @@ void expect_resume_exact(int save_at, int fragments = 1) {
 TEST(DiLoCo, ResumeMidPeriodIsExact) { expect_resume_exact(6); }
 TEST(DiLoCo, ResumeAtSyncIsExact) { expect_resume_exact(8); }
 TEST(DiLoCo, StreamingResumeMidPeriodIsExact) { expect_resume_exact(5, 2); }
+// Overlapped (τ = 2): fragment 1 launched at step 2 is in flight at step 3, fragment 0 launched
+// at step 4 at step 5; saved with the sync in flight, applied after the resume.
+TEST(DiLoCo, OverlappedResumeWithSyncInFlightIsExact) {
+  expect_resume_exact(3, 2, 2);
+  expect_resume_exact(5, 2, 2);
+}
 
 // Streaming, F = 2 fragments, H = 4: fragment 1 syncs at inner steps 2 and 6, fragment 0 at 4
 // and 8. With a plain outer SGD of lr 1 the fragment synced becomes the nodes' average of their
