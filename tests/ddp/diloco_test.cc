@@ -196,9 +196,10 @@ TEST(DiLoCo, ReduceScatterExchangeKeepsRanksIdenticalAndQuality) {
 // Checkpoints: a run of 10 steps (H = 4, AdamW inside) stopped after `save_at` steps, its
 // state_dict() taken on every rank and rank 0's loaded into fresh objects (other initial
 // values) on every rank, continues to the same parameters, bit for bit.
-void expect_resume_exact(int save_at, int fragments = 1, int overlap = 0) {
+void expect_resume_exact(int save_at, int fragments = 1, int overlap = 0, int kNodes = 2, int kLocal = 2) {
   kernels::set_cpu_threads(1);
-  constexpr int kNodes = 2, kLocal = 2, kSteps = 10;
+  constexpr int kSteps = 10;
+  const int per_rank = kRows / (kNodes * kLocal);
   const DiLoCoOptions o{.sync_every = 4,
                         .outer_dtype = OuterDType::int8,
                         .error_feedback = true,
@@ -207,14 +208,14 @@ void expect_resume_exact(int save_at, int fragments = 1, int overlap = 0) {
   const std::vector<Values> straight = train_diloco(kNodes, kLocal, o, kSteps, true);
   ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
   StateDict saved;
-  std::vector<Values> resumed(kNodes * kLocal);
+  std::vector<Values> resumed(static_cast<std::size_t>(kNodes * kLocal));
   group.run([&](int rank) {
     const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
     {
       Trainer t(*g.intra, rank, true);
       DiLoCo diloco(*t.ddp, *t.opt, g, o);
       for (int s = 0; s < save_at; ++s) {
-        t.step(s, rank * 4, 4);
+        t.step(s, rank * per_rank, per_rank);
         diloco.end_inner_step();
       }
       EXPECT_EQ(diloco.inner_step(), save_at % 4);
@@ -227,7 +228,7 @@ void expect_resume_exact(int save_at, int fragments = 1, int overlap = 0) {
     DiLoCo diloco(*t.ddp, *t.opt, g, o);
     diloco.load_state_dict(saved);
     for (int s = save_at; s < kSteps; ++s) {
-      t.step(s, rank * 4, 4);
+      t.step(s, rank * per_rank, per_rank);
       diloco.end_inner_step();
     }
     resumed[static_cast<std::size_t>(rank)] = values_of(*t.model);
@@ -244,6 +245,8 @@ TEST(DiLoCo, OverlappedResumeWithSyncInFlightIsExact) {
   expect_resume_exact(3, 2, 2);
   expect_resume_exact(5, 2, 2);
 }
+// The reduce-scatter exchange (3 nodes), its owner residuals and a sync in flight at step 6.
+TEST(DiLoCo, ReduceScatterOverlappedResumeIsExact) { expect_resume_exact(6, 2, 1, 3, 1); }
 
 // Streaming, F = 2 fragments, H = 4: fragment 1 syncs at inner steps 2 and 6, fragment 0 at 4
 // and 8. With a plain outer SGD of lr 1 the fragment synced becomes the nodes' average of their
