@@ -6,7 +6,8 @@
 #   DDP flat and hierarchical (N nodes x 2 ranks, side by side: the hierarchical allreduce needs
 #   ranks to share a node; --hier-ranks-per-node, 0: none), DDP flat and DiLoCo (N nodes x 1
 #   rank) with H in --periods, each outer dtype of --dtypes, streaming off and on (--fragments;
-#   0: off), --diloco-flags added to their command (e.g. "--outer-lr 1 --outer-momentum 0").
+#   0: off), --diloco-flags added to their command (e.g. "--outer-lr 1 --outer-momentum 0") and
+#   --tag T to their names (diloco-H50-int8-T: rows of other --diloco-flags in the same RESULTS).
 # Every row trains the same global batch for the same steps, so validation losses compare at equal
 # tokens. Writes runs/<link>_<N>x<L>_<mode>.{json,txt}, results.csv, results.md and
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
@@ -20,9 +21,9 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
-fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags=""
+fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags="" tag=""
 # --quick sets the smallest subset; options given with it still apply.
 for a in "$@"; do
   if [ "$a" = --quick ]; then
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
     --eval-every) eval_every=$2; shift ;;
     --batch) batch=$2; shift ;;
     --diloco-flags) diloco_flags=$2; shift ;;
+    --tag) tag=$2; shift ;;
     --hier-ranks-per-node) hier_per_node=$2; shift ;;
     -h|--help) usage 0 ;;
     -*) echo "thin_links.sh: unknown option $1" >&2; usage ;;
@@ -124,10 +126,10 @@ for speed in $speeds; do
     for h in $periods; do
       for d in $dtypes; do
         # shellcheck disable=SC2086 # --diloco-flags: words
-        run "$speed" "$n" 1 "diloco-H$h-$d" --sync "diloco:$h" --outer-dtype "$d" $diloco_flags
+        run "$speed" "$n" 1 "diloco-H$h-$d${tag:+-$tag}" --sync "diloco:$h" --outer-dtype "$d" $diloco_flags
         if [ "$fragments" -gt 0 ] && [ "$streaming" = 1 ]; then
           # shellcheck disable=SC2086
-          run "$speed" "$n" 1 "diloco-H$h-$d-s$fragments" --sync "diloco:$h" --outer-dtype "$d" \
+          run "$speed" "$n" 1 "diloco-H$h-$d-s$fragments${tag:+-$tag}" --sync "diloco:$h" --outer-dtype "$d" \
             --streaming "$fragments" $diloco_flags
         fi
       done

@@ -43,12 +43,12 @@ def load(out):
 def order(mode):
     """ddp-flat, ddp-hierarchical, then diloco by H, dtype, streaming."""
     if mode.startswith("ddp"):
-        return (0, 0 if mode == "ddp-flat" else 1, "", 0)
-    m = re.match(r"diloco-H(\d+)-(\w+?)(?:-s(\d+))?$", mode)
+        return (0, 0 if mode == "ddp-flat" else 1, "", 0, "")
+    m = re.match(r"diloco-H(\d+)-(\w+?)(?:-s(\d+))?(?:-(\w+))?$", mode)
     if not m:
-        return (2, 0, mode, 0)
+        return (2, 0, mode, 0, "")
     dtypes = {"f32": "a", "bf16": "b", "int8": "c", "int4": "d"}
-    return (1, int(m.group(1)), dtypes.get(m.group(2), m.group(2)), int(m.group(3) or 0))
+    return (1, int(m.group(1)), dtypes.get(m.group(2), m.group(2)), int(m.group(3) or 0), m.group(4) or "")
 
 
 def table(rows):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """benchmarks/scaling/thin_links_report.py on made-up runs: each row is compared with DDP flat of
-its own link and layout, losses only at equal tokens, modes in the documented order, a broken
+its own link and layout, losses only at equal tokens, modes in the documented order (a --tag'ed
+row after its untagged twin), a broken
 summary left out."""
 import csv
 import json
@@ -29,6 +30,7 @@ class Report(unittest.TestCase):
         runs = {
             "1gbit_4x1_diloco-H50-int8-s4": summary(3000, 3.09),
             "1gbit_4x1_diloco-H50-int8": summary(2500, 3.06),
+            "1gbit_4x1_diloco-H50-int8-ef": summary(2400, 3.05),  # thin_links.sh --tag ef
             "1gbit_4x1_diloco-H10-f32": summary(2000, 3.03),
             "1gbit_4x1_ddp-flat": summary(500, 3.0),
             "1gbit_4x2_ddp-hierarchical": summary(650, 2.9),
@@ -54,7 +56,8 @@ class Report(unittest.TestCase):
         order = [(r["link"], r["layout"], r["mode"]) for r in rows]
         self.assertEqual(order, [
             ("1gbit", "4x1", "ddp-flat"), ("1gbit", "4x1", "diloco-H10-f32"), ("1gbit", "4x1", "diloco-H50-int8"),
-            ("1gbit", "4x1", "diloco-H50-int8-s4"), ("1gbit", "4x2", "ddp-flat"), ("1gbit", "4x2", "ddp-hierarchical"),
+            ("1gbit", "4x1", "diloco-H50-int8-ef"), ("1gbit", "4x1", "diloco-H50-int8-s4"),
+            ("1gbit", "4x2", "ddp-flat"), ("1gbit", "4x2", "ddp-hierarchical"),
             ("100mbit", "4x1", "ddp-flat"), ("100mbit", "4x1", "diloco-H50-int8")])
         by = {k: r for k, r in zip(order, rows)}
         self.assertEqual(by[("1gbit", "4x1", "diloco-H50-int8")]["tokens_per_s_vs_ddp_flat"], "5.00")
