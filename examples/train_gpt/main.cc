@@ -153,6 +153,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.gather_group = tutti::models::Gpt::gather_group;  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
   std::shared_ptr<tutti::Communicator> hierarchical;  // --allreduce hierarchical
   tutti::ddp::DistributedDataParallel ddp(example::ddp_communicator(job, f, hierarchical), model, ddp_options);
