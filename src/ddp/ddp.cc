@@ -366,6 +366,8 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   micro_step_ = 0;
   reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
+  // No gather may still read the compute shard when the optimizer writes it.
+  if (zero3_) zero3_->synchronize();
   if (options_.zero_stage >= 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();  // views into pool buffers other buckets reuse
   }
@@ -378,6 +380,7 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   stats.gather_ms = gather_ms_;
   stats.exposed_gather_ms = exposed_gather_ms_;
+  if (zero3_) stats.exposed_gather_ms = zero3_->take_exposed_ms();
   return true;
 }
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <string>
 
 #include "tutti/core/error.h"
+#include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/nn/transformer.h"
 
@@ -171,8 +173,17 @@ void Zero3Parameters::evict(int slot) {
 void Zero3Parameters::wait(int bucket) {
   Work& w = pending_[static_cast<std::size_t>(bucket)];
   if (w.info().seq == 0) return;  // none in flight
+  const auto t0 = std::chrono::steady_clock::now();
   w.wait(model_.stream());
+  const auto t1 = std::chrono::steady_clock::now();
   w = Work();
+  exposed_ms_ += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (trace::on()) {
+    using std::chrono::nanoseconds;
+    trace::record("wait for parameters (group " + std::to_string(bucket) + ")", "wait", trace::Lane::host,
+                  std::chrono::duration_cast<nanoseconds>(t0.time_since_epoch()).count(),
+                  std::chrono::duration_cast<nanoseconds>(t1.time_since_epoch()).count());
+  }
 }
 
 int Zero3Parameters::next_group(int bucket, bool forward) const {

@@ -66,6 +66,13 @@ class Zero3Parameters {
   std::int64_t compute_shard_bytes() const;
   // Gathers issued so far (for tests: prefetch and reuse).
   std::int64_t gathers_issued() const { return gathers_issued_; }
+  // Host milliseconds spent waiting for gathers since the last call (StepStats::exposed_gather_ms:
+  // what prefetch did not hide; on a GPU the host only issues a stream wait).
+  double take_exposed_ms() {
+    const double ms = exposed_ms_;
+    exposed_ms_ = 0;
+    return ms;
+  }
 
  private:
   void gather_into(int bucket, int slot);
@@ -88,6 +95,7 @@ class Zero3Parameters {
   std::vector<Work> pending_;             // per bucket: its gather in flight
   int current_ = -1;                      // the group in use
   std::int64_t gathers_issued_ = 0;
+  double exposed_ms_ = 0;
 };
 
 // Each parameter's gather group (group(name), or default_gather_group where group is empty)

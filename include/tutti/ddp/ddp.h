@@ -196,7 +196,9 @@ class DistributedDataParallel {
   // max_norm to pass to Optimizer::step (as optim::compute_grad_norm). One host sync.
   optim::GradNorm grad_norm(double max_norm);
   // ZeRO: waits until every updated parameter has been gathered (forward does it bucket by
-  // bucket by itself; call it before reading parameters outside forward).
+  // bucket by itself; call it before reading parameters outside forward). ZeRO-3: the gathers
+  // in flight (the parameters outside the resident group are whole only inside forward and
+  // backward).
   void synchronize_parameters();
 
   // Checkpoints whose layout depends neither on the number of ranks nor on the stage: whole
