@@ -168,8 +168,9 @@ class DistributedDataParallel {
   void attach(optim::Optimizer& optimizer);
 
   // The model's forward (not collective; under ZeRO it waits, bucket by bucket, for the
-  // all-gathers of the last step). The first forward of a step starts the step's clock
-  // (StepStats::compute_before_comm_ms).
+  // all-gathers of the last step). At zero_stage 3 COLLECTIVE: it gathers each group, so every
+  // rank must run as many forwards, the model's own too (evaluation, sampling: on every rank). The first forward of a
+  // step starts the step's clock (StepStats::compute_before_comm_ms).
   Tensor forward(const Tensor& x);
   // Backward of one micro-batch. On the last micro-batch of a step it is COLLECTIVE: it
   // reduces the gradients across ranks (overlapped with backward), waits for them and
