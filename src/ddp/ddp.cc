@@ -74,7 +74,6 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   if (options_.broadcast_parameters) broadcast_parameters();
   if (zero == 3 || (zero > 0 && model_.storage().compute_copies().defined())) {
     // Half compute: the model reads its compute copies; the fp32 masters are this rank's shard.
-    // ZeRO-3: the parameters too (Zero3Parameters keeps the rest).
     master_shard_ = Tensor::empty({plan.shard_numel}, DType::f32, model_.device());
     for (const nn::PlanBucket& b : plan.buckets) {
       master_shard_.view(b.shard_offset, {b.chunk})
@@ -181,11 +180,8 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
 // ---- ZeRO: gathering the updated parameters ------------------------------------------------
 
 void DistributedDataParallel::launch_gathers() {
-  if (zero3_) {
-    zero3_->after_step();  // even on one rank: the gathers copy the shard into the whole buffers
-    return;
-  }
-  if (comm_.size() == 1) return;  // the step wrote every element already
+  if (zero3_) return zero3_->after_step();  // even on one rank: the gathers fill the whole buffers
+  if (comm_.size() == 1) return;            // the step wrote every element already
   const nn::FlatPlan& plan = reducer_->plan();
   const Tensor& values = half_masters() ? model_.storage().compute_copies() : model_.storage().values();
   CallOptions call;
@@ -366,8 +362,7 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   micro_step_ = 0;
   reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
-  // No gather may still read the compute shard when the optimizer writes it.
-  if (zero3_) zero3_->synchronize();
+  if (zero3_) zero3_->synchronize();  // no gather may read the compute shard the optimizer writes
   if (options_.zero_stage >= 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();  // views into pool buffers other buckets reuse
   }
