@@ -19,8 +19,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->capture_default_str();
   app.add_option("--zero", f.zero,
                  "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
-                 "the gradients); checkpoints resume at any stage and number of ranks")
-      ->check(CLI::Range(0, 2))
+                 "the gradients), 3 (also the parameters, gathered block by block); checkpoints resume at any "
+                 "stage and number of ranks")
+      ->check(CLI::Range(0, 3))
       ->capture_default_str();
   app.add_option("--allreduce", f.allreduce,
                  "how gradients are summed across ranks: flat (one allreduce over all ranks) or hierarchical "

@@ -77,9 +77,11 @@ std::string data_fingerprint(const tutti::data::Dataset& d) {
 }
 
 // Test accuracy over the whole test set, data-parallel: each rank counts its share, the
-// counts are summed over ranks. COLLECTIVE.
+// counts are summed over ranks. COLLECTIVE. sharded: ZeRO-3, whose every forward gathers
+// parameters (collective): every rank runs as many forwards, a rank whose share has fewer
+// chunks one more of a sample it does not count.
 double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Dataset& test,
-                const tutti::Stream& stream) {
+                const tutti::Stream& stream, bool sharded) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const tutti::Device device = job.device();
@@ -87,7 +89,13 @@ double evaluate(tutti::Job& job, tutti::nn::Module& model, const tutti::data::Da
   tutti::Tensor correct = tutti::Tensor::zeros({1}, tutti::DType::i64, device);
   model.eval();
   const std::int64_t chunk = 1000;
-  for (std::int64_t begin = 0; begin < mine.size(); begin += chunk) {
+  const std::int64_t most = (test.size() + job.world_size() - 1) / job.world_size();  // the largest share
+  for (std::int64_t begin = 0; begin < mine.size() || (sharded && begin < most); begin += chunk) {
+    if (begin >= mine.size()) {
+      const tutti::data::Dataset one = test.slice(0, 1);
+      model.forward(device.is_cpu() ? one.images : one.images.to(device, stream));
+      continue;
+    }
     const tutti::data::Dataset part = mine.slice(begin, std::min(mine.size(), begin + chunk));
     const tutti::Tensor x = device.is_cpu() ? part.images : part.images.to(device, stream);
     const tutti::Tensor y = device.is_cpu() ? part.labels : part.labels.to(device, stream);
@@ -319,7 +327,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     progress.update(step, epoch, f.epochs, end.loss, samples_per_s, scaler.skipped_steps(), mfu,
                     epoch_done || end.last || end.stop);
     if (epoch_done || end.last) {
-      accuracy = evaluate(job, *model, data.test, stream);
+      accuracy = evaluate(job, *model, data.test, stream, f.zero == 3);
       if (chatty) {
         progress.finish_line();
         std::printf("epoch %d: test accuracy %.4f, train loss %.4f, %.0f samples/s, %s elapsed\n", epoch, accuracy,
@@ -341,7 +349,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   if (run.completed()) {
     // The figures of a completed run (a stopped or diverged one ends with what it had).
     const std::int64_t step = run.step(), first_step = run.first_step();
-    if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream);  // resumed at the end
+    if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream, f.zero == 3);  // resumed at the end
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
     const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
     const double samples_per_s =

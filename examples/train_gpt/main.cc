@@ -75,8 +75,10 @@ std::string shaping_flags(const gpt::Flags& f, const tutti::models::GptConfig& c
 
 // Mean loss over the first min(all, --val-tokens / T) validation windows, each rank
 // computing its contiguous share. COLLECTIVE.
+// sharded: ZeRO-3, whose every forward gathers parameters (collective): every rank runs as many
+// forwards, a rank with fewer windows one more of a window it does not count.
 double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::TokenLoader& val,
-                std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream) {
+                std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream, bool sharded) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const std::int64_t n = std::min(val.windows(), max_windows);
@@ -86,7 +88,12 @@ double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::T
   const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(job.device(), stream);
   tutti::nn::CrossEntropyLoss loss;
   model.eval();
-  for (std::int64_t b = begin; b < end; b += chunk) {
+  const std::int64_t most = (n + job.world_size() - 1) / job.world_size();  // the most windows of a rank
+  for (std::int64_t b = begin; b < end || (sharded && b < begin + most); b += chunk) {
+    if (b >= end) {
+      if (n > 0) model.forward(val.windows_range(0, 1).inputs.to(job.device(), stream));
+      continue;
+    }
     const tutti::data::TokenBatch batch = val.windows_range(b, std::min(end, b + chunk));
     const std::int64_t rows = batch.inputs.numel();
     const tutti::Tensor x = batch.inputs.to(job.device(), stream), y = batch.targets.to(job.device(), stream);
@@ -154,6 +161,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
+  ddp_options.gather_group = tutti::models::Gpt::gather_group;  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
   example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
@@ -307,7 +315,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || end.last;
     if (eval_now) {
       ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
-      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream, f.zero == 3);
       curve.push_back({step, step * tokens_per_step, end.loss, last_val});
     }
     const auto now = Clock::now();
@@ -333,7 +341,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     ddp.synchronize_parameters();
     // Resumed at the end: the checkpoint's validation loss may be of an earlier evaluation.
     if (curve.empty())
-      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream);
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream, f.zero == 3);
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
     const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
     const double tokens_per_s =
@@ -348,20 +356,21 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
     const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;
     std::string sample;
+    // What a person looks at first: text from the trained model. Rank 0's; at ZeRO-3 every
+    // forward gathers parameters (collective), so every rank generates (the same text).
+    if (f.sample_tokens > 0 && (job.rank() == 0 || f.zero == 3)) {
+      tutti::models::SampleOptions so;
+      so.tokens = f.sample_tokens;
+      so.temperature = static_cast<float>(f.temperature);
+      so.top_k = f.top_k;
+      so.seed = f.seed;
+      const example::Detokenizer detok(data.bytes, f.tokenizer);
+      std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
+                                                    : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
+      if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
+      sample = detok.decode(tutti::models::generate(model, prompt, so));
+    }
     if (job.rank() == 0) {
-      // What a person looks at first: text from the trained model.
-      if (f.sample_tokens > 0) {
-        tutti::models::SampleOptions so;
-        so.tokens = f.sample_tokens;
-        so.temperature = static_cast<float>(f.temperature);
-        so.top_k = f.top_k;
-        so.seed = f.seed;
-        const example::Detokenizer detok(data.bytes, f.tokenizer);
-        std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
-                                                      : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
-        if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
-        sample = detok.decode(tutti::models::generate(model, prompt, so));
-      }
       if (!f.quiet) {
         std::printf("done: %lld steps, %lld tokens, train loss %.4f, val loss %.4f, %.0f tokens/s",
                     static_cast<long long>(step), static_cast<long long>(step * tokens_per_step), run.loss(), last_val,

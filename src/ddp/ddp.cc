@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "ddp/exact_sum.h"
+#include "ddp/zero3.h"
 #include "tutti/core/error.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
@@ -29,14 +30,14 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
     : comm_(comm), model_(model), options_(options) {
   TUTTI_CHECK_ARG(options_.accumulation_steps >= 1, "DistributedDataParallel: accumulation_steps must be >= 1, got ",
                   options_.accumulation_steps);
-  TUTTI_CHECK_ARG(options_.zero_stage >= 0 && options_.zero_stage <= 2,
-                  "DistributedDataParallel: zero_stage must be 0, 1 or 2, got ", options_.zero_stage);
+  TUTTI_CHECK_ARG(options_.zero_stage >= 0 && options_.zero_stage <= 3,
+                  "DistributedDataParallel: zero_stage must be 0, 1, 2 or 3, got ", options_.zero_stage);
   TUTTI_CHECK_ARG(options_.reducer.sharding == GradientSharding::none,
                   "DistributedDataParallel: set zero_stage, not "
                   "reducer.sharding (zero_stage decides how gradients are sharded)");
   TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage < 2,
                   "DistributedDataParallel: deterministic needs zero_stage 0 or 1, got ", options_.zero_stage,
-                  " (ZeRO-2 keeps no full gradient buffer to sum the slices into)");
+                  " (ZeRO-2 and 3 keep no full gradient buffer to sum the slices into)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
@@ -49,11 +50,16 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   po.first_bucket_cap_mb = options_.first_bucket_cap_mb;
   po.grad_element_bytes = size_of(model_.grad_dtype());
   po.world_size = zero > 0 ? comm_.size() : 1;
+  std::vector<std::string> groups;  // ZeRO-3: each parameter's gather group, one bucket per run
+  if (zero == 3) {
+    po.segments = gather_segments(params_, options_.gather_group, groups);
+    po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;
+  }
   ReducerOptions& ro = options_.reducer;
   if (!ro.grad_comm_dtype) ro.grad_comm_dtype = model_.grad_comm_dtype();
   ro.sharding = zero == 0   ? GradientSharding::none
                 : zero == 1 ? GradientSharding::scatter
-                            : GradientSharding::shard_only;
+                            : GradientSharding::shard_only;  // 2 and 3
   // THE plan: the reducer's buckets and shards, the model's values and gradients, the optimizer's state.
   reducer_ =
       std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
@@ -66,14 +72,18 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   }
   // Before the hooks: a refusal here must not leave the model calling into a DDP never made.
   if (options_.broadcast_parameters) broadcast_parameters();
-  if (zero > 0 && model_.storage().compute_copies().defined()) {
+  if (zero == 3 || (zero > 0 && model_.storage().compute_copies().defined())) {
     // Half compute: the model reads its compute copies; the fp32 masters are this rank's shard.
     master_shard_ = Tensor::empty({plan.shard_numel}, DType::f32, model_.device());
     for (const nn::PlanBucket& b : plan.buckets) {
       master_shard_.view(b.shard_offset, {b.chunk})
           .copy_from(model_.storage().values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
     }
-    model_.storage().release_masters();
+    if (zero == 3) {
+      zero3_ = std::make_unique<Zero3Parameters>(comm_, model_, plan, groups, options_.gather_buffer_mb, master_shard_);
+    } else {
+      model_.storage().release_masters();
+    }
   }
   if (options_.deterministic) {
     exact_ = std::make_unique<ExactGradientSum>(comm_, plan.total, model_.device(), options_.fixed_point_fraction_bits,
@@ -89,11 +99,14 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
     return it->second;
   };
   model_.storage().set_grad_ready_hook([this, index_of](nn::Parameter& p) { reducer_->mark_ready(index_of(p)); });
-  if (zero == 2) {
+  if (zero >= 2) {
     model_.storage().set_grad_placement_hook(
         [this, index_of](nn::Parameter& p) { return reducer_->grad(index_of(p)); });
   }
-  if (zero > 0) {
+  if (zero == 3) {
+    model_.storage().set_param_use_hook(
+        [this, index_of](nn::Parameter& p) { zero3_->use(reducer_->plan().entries[index_of(p)].bucket); });
+  } else if (zero > 0) {
     model_.storage().set_param_use_hook([this, index_of](nn::Parameter& p) {
       const int b = reducer_->plan().entries[index_of(p)].bucket;
       if (gather_pending_[static_cast<std::size_t>(b)]) wait_gather(b);
@@ -111,7 +124,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   model_.storage().set_grad_placement_hook({});
   model_.storage().set_param_use_hook({});
   model_.set_batch_slice(0, 1);
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();
   }
 }
@@ -139,7 +152,10 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
       optim::FlatSpan span;
       span.begin = mine.begin;
       span.end = mine.end;
-      if (half_masters()) {
+      if (zero3_) {
+        span.value = master_shard_.view(pb.shard_offset, {pb.chunk});
+        if (zero3_->half()) span.compute = zero3_->compute_shard().view(pb.shard_offset, {pb.chunk});
+      } else if (half_masters()) {
         span.value = master_shard_.view(pb.shard_offset, {pb.chunk});
         span.compute = model_.storage().compute_copies().view(mine.begin, {pb.chunk});
       } else {
@@ -164,7 +180,8 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
 // ---- ZeRO: gathering the updated parameters ------------------------------------------------
 
 void DistributedDataParallel::launch_gathers() {
-  if (comm_.size() == 1) return;  // the step wrote every element already
+  if (zero3_) return zero3_->after_step();  // even on one rank: the gathers fill the whole buffers
+  if (comm_.size() == 1) return;            // the step wrote every element already
   const nn::FlatPlan& plan = reducer_->plan();
   const Tensor& values = half_masters() ? model_.storage().compute_copies() : model_.storage().values();
   CallOptions call;
@@ -204,6 +221,7 @@ void DistributedDataParallel::wait_gather(int bucket) {
 }
 
 void DistributedDataParallel::synchronize_parameters() {
+  if (zero3_) zero3_->synchronize();
   for (int b = 0; b < static_cast<int>(gathers_.size()); ++b) wait_gather(b);
 }
 
@@ -344,7 +362,8 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   micro_step_ = 0;
   reducer_->finish(static_cast<double>(options_.accumulation_steps) * loss_scale);
-  if (options_.zero_stage == 2) {
+  if (zero3_) zero3_->synchronize();  // no gather may read the compute shard the optimizer writes
+  if (options_.zero_stage >= 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();  // views into pool buffers other buckets reuse
   }
   StepStats& stats = reducer_->mutable_stats();
@@ -356,6 +375,7 @@ bool DistributedDataParallel::backward(const Tensor& dy, double loss_scale) {
   }
   stats.gather_ms = gather_ms_;
   stats.exposed_gather_ms = exposed_gather_ms_;
+  if (zero3_) stats.exposed_gather_ms = zero3_->take_exposed_ms();
   return true;
 }
 
@@ -371,7 +391,7 @@ void DistributedDataParallel::zero_grad() {
   if (exact_) exact_->zero(model_.stream());
   exact_reduced_ = false;
   micro_step_ = 0;
-  if (options_.zero_stage == 2) {
+  if (options_.zero_stage >= 2) {
     for (nn::Parameter* p : params_) p->grad = Tensor();
   }
 }
@@ -448,6 +468,11 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
     if (pb.chunk == 0) continue;
     master_shard_.view(pb.shard_offset, {pb.chunk})
         .copy_from(host.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
+  }
+  if (zero3_) {
+    zero3_->load(host);
+    for (nn::Parameter* p : params_) p->initialized = true;
+    return;
   }
   // Every rank holds the whole state: the compute copies need no gather.
   const Tensor values = host.to(model_.device(), stream);
@@ -553,7 +578,11 @@ void DistributedDataParallel::load_optimizer_state_dict(optim::Optimizer& optimi
 DdpMemory DistributedDataParallel::memory() const {
   auto bytes = [](const Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0; };
   DdpMemory m;
-  if (model_.storage().compute_copies().defined()) {
+  if (zero3_) {
+    m.parameters = zero3_->half() ? zero3_->compute_shard_bytes() : bytes(master_shard_);
+    m.master_weights = zero3_->half() ? bytes(master_shard_) : 0;
+    m.gathered = zero3_->gathered_bytes();
+  } else if (model_.storage().compute_copies().defined()) {
     m.parameters = bytes(model_.storage().compute_copies());
     m.master_weights = half_masters() ? bytes(master_shard_) : bytes(model_.storage().values());
   } else {

@@ -203,6 +203,15 @@ nn::Flops Gpt::flops(const Shape& sample, Shape& out) const {
 
 double Gpt::flops_per_token(std::int64_t T) const { return training_flops_per_sample({T}) / static_cast<double>(T); }
 
+std::string Gpt::gather_group(const std::string& name) {
+  const std::string prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return "";
+  const std::size_t end = name.find('.', prefix.size());
+  const std::string index = name.substr(prefix.size(), end - prefix.size());
+  if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return "";
+  return "layer " + std::to_string(std::stoll(index) / 2);
+}
+
 Tensor Gpt::forward_impl(const Tensor& tokens) {
   hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));
   return head_.forward(hidden_);

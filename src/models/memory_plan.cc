@@ -130,8 +130,8 @@ int zero2_slots(const GptConfig& c, const nn::FlatPlan& plan) {
 MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
   const std::int64_t T = o.seq_len == 0 ? c.context : o.seq_len;
   TUTTI_CHECK_ARG(
-      o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 2 && o.micro_batch >= 1 && T >= 1 && T <= c.context,
-      "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage, " (0-2), micro_batch ",
+      o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.micro_batch >= 1 && T >= 1 && T <= c.context,
+      "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage, " (0-3), micro_batch ",
       o.micro_batch, " (>= 1) and seq_len ", T, " (1 to the context ", c.context, ") are out of range");
   TUTTI_CHECK_ARG(
       o.recompute.mode != Recompute::Mode::every || (o.recompute.every >= 1 && o.recompute.every <= c.layers),
@@ -149,10 +149,28 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
   po.first_bucket_cap_mb = o.first_bucket_cap_mb;
   po.grad_element_bytes = static_cast<std::size_t>(gd);
   po.world_size = o.zero_stage > 0 ? o.world_size : 1;
-  const nn::FlatPlan plan = nn::make_flat_plan(gpt_params(c), po);
+  const std::vector<nn::PlanParam> params = gpt_params(c);
+  const bool zero3 = o.zero_stage == 3;
+  std::vector<std::string> groups;  // ZeRO-3: Gpt::gather_group, a bucket per run of one group
+  if (zero3) {
+    for (const nn::PlanParam& p : params) {
+      groups.push_back(Gpt::gather_group(p.name));
+      const bool same = po.segments.size() > 0 && groups.back() == groups[groups.size() - 2];
+      po.segments.push_back(po.segments.empty() ? 0 : po.segments.back() + (same ? 0 : 1));
+    }
+    po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;
+  }
+  const nn::FlatPlan plan = nn::make_flat_plan(params, po);
   const std::int64_t total = plan.total, shard = o.zero_stage > 0 ? plan.shard_numel : plan.total;
-  std::int64_t largest = 0;
-  for (const nn::PlanBucket& b : plan.buckets) largest = std::max(largest, b.numel());
+  std::int64_t largest = 0, largest_group = 0, resident = 0;
+  for (const nn::PlanBucket& b : plan.buckets) {
+    largest = std::max(largest, b.numel());
+    if (!zero3) continue;
+    if (groups[b.entries.front()].empty())
+      resident += b.numel();
+    else
+      largest_group = std::max(largest_group, b.numel());
+  }
 
   MemoryPlan m;
   m.parameters = c.parameter_count();
@@ -165,7 +183,13 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
   const std::string sh = o.zero_stage > 0 ? " (shard " + grouped(shard) + " of " + grouped(total) + ")" : "";
 
   // Values (FlatStorage::flatten) and, in half precision, the compute copies the model reads.
-  if (half) {
+  if (zero3) {
+    // ZeRO-3 (ddp/zero3.h): the shards the gathers read; the whole parameters below.
+    row("parameters", shard * (half ? cd : 4),
+        std::string(half ? name_of(o.compute) : "f32") + " shard, " + grouped(shard) + " of " + grouped(total) +
+            " elements" + (half ? "" : " (the masters)"));
+    row("master weights", half ? shard * 4 : 0, half ? "f32" + sh : "none: the f32 shard is the masters");
+  } else if (half) {
     row("parameters", total * cd, std::string(name_of(o.compute)) + " compute copies, " + grouped(total) + " elements");
     row("master weights", (o.zero_stage > 0 ? shard : total) * 4, "f32" + sh);
   } else {
@@ -173,9 +197,14 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
         "f32 values, " + grouped(total) + " elements (" + grouped(m.parameters) + " + padding)");
     row("master weights", 0, "none: the f32 values are the masters");
   }
-  // The reducer's buffer (stages 0, 1) or ZeRO-2's shard.
-  row("gradients", (o.zero_stage == 2 ? shard : total) * gd,
-      std::string(name_of(o.grad)) + (o.zero_stage == 2 ? sh : ", the reducer's flat buffer"));
+  // ZeRO-3's two gather buffers (the largest layer) and the resident group (embeddings, ln_f).
+  row("gathered parameters", zero3 ? (2 * largest_group + resident) * cd : 0,
+      zero3 ? "2 gather buffers of " + grouped(largest_group) + " elements (a layer) + the resident group of " +
+                  grouped(resident) + " (embeddings, ln_f), " + std::string(name_of(o.compute))
+            : "none: the parameters are whole");
+  // The reducer's buffer (stages 0, 1) or ZeRO-2's and 3's shard.
+  row("gradients", (o.zero_stage >= 2 ? shard : total) * gd,
+      std::string(name_of(o.grad)) + (o.zero_stage >= 2 ? sh : ", the reducer's flat buffer"));
   const int states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
                      : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
                                                                            : 0;
@@ -273,7 +302,7 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
                       "between steps: the evaluating loss's logits gradient, the targets, scalars", true});
   }
   if (o.state_dict) {
-    const bool gathers = o.zero_stage > 0 && half;
+    const bool gathers = o.zero_stage > 0 && (half || zero3);
     m.rows.push_back({"state dict", gathers ? total * 4 : 0,
                       gathers ? "between steps: model_state_dict gathers the f32 values whole"
                               : "between steps: nothing (the values are whole on every rank)",
@@ -361,7 +390,7 @@ std::string fit_advice(const GptConfig& config, const PlanOptions& options, std:
     o.recompute = Recompute::parse("blocks");
     option("--recompute blocks (every block recomputes its forward)", o);
   }
-  if (options.zero_stage < 2) {
+  if (options.zero_stage < 3) {
     PlanOptions o = options;
     o.zero_stage = options.zero_stage + 1;
     option("--zero " + std::to_string(o.zero_stage), o);
@@ -376,8 +405,8 @@ std::string fit_advice(const GptConfig& config, const PlanOptions& options, std:
   PlanOptions least = options;
   least.micro_batch = 1;
   least.recompute = Recompute::parse("blocks");
-  least.zero_stage = 2;
-  option("all at once (1 sequence per rank, --recompute blocks, --zero 2)", least);
+  least.zero_stage = 3;
+  option("all at once (1 sequence per rank, --recompute blocks, --zero 3)", least);
   return s.str();
 }
 

@@ -19,6 +19,8 @@ FlatPlan make_flat_plan(const std::vector<PlanParam>& params, const FlatPlanOpti
                   " first_bucket_cap_mb=", options.first_bucket_cap_mb);
   TUTTI_CHECK_ARG(options.world_size >= 1, "make_flat_plan: world_size must be >= 1, got ", options.world_size);
   TUTTI_CHECK_ARG(options.grad_element_bytes >= 1, "make_flat_plan: grad_element_bytes must be >= 1");
+  TUTTI_CHECK_ARG(options.segments.empty() || options.segments.size() == params.size(),
+                  "make_flat_plan: ", options.segments.size(), " segment id(s) for ", params.size(), " parameter(s)");
   FlatPlan plan;
   plan.options = options;
   const std::size_t n = params.size();
@@ -51,8 +53,10 @@ FlatPlan make_flat_plan(const std::vector<PlanParam>& params, const FlatPlanOpti
     e.numel = numel_of(p.shape);
     e.requires_grad = p.requires_grad;
     std::int64_t start = round_up(end, align);
-    const bool full =
-        !current.entries.empty() && static_cast<double>(start + e.numel - current.begin) * elem > cap_bytes;
+    const bool new_segment = !current.entries.empty() && !options.segments.empty() &&
+                             options.segments[k] != options.segments[current.entries.back()];
+    const bool full = new_segment || (!current.entries.empty() &&
+                                      static_cast<double>(start + e.numel - current.begin) * elem > cap_bytes);
     if (full) {
       close_bucket();
       start = end;

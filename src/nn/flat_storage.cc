@@ -112,6 +112,20 @@ void FlatStorage::release_masters() {
   masters_released_ = true;
 }
 
+void FlatStorage::release_parameters() {
+  require_root("release_parameters");
+  TUTTI_CHECK_ARG(value_plan_ != nullptr, "release_parameters: the values are not flat (storage().flatten first)");
+  model_.stream().synchronize();
+  for (Parameter* p : model_.parameters()) {
+    p->value = Tensor();
+    p->compute = Tensor();
+  }
+  values_ = Tensor();
+  compute_ = Tensor();
+  masters_released_ = true;
+  parameters_released_ = true;
+}
+
 // ---- gradients -------------------------------------------------------------------------
 
 void FlatStorage::allocate_grads(const FlatPlan& plan) {

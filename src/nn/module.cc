@@ -56,6 +56,10 @@ Tensor Module::backward(const Tensor& dy) {
     awaiting_backward_ = false;
     storage().allocate_missing_grads();
   }
+  // Backward reads the parameters again (ZeRO-3 gathers them here a second time).
+  if (FlatStorage* st = settings_->storage; st != nullptr && st->param_use_hook_) {
+    for (auto& [name, p] : params_) st->param_use_hook_(*p);
+  }
   if (is_floating(dy.dtype()) && dy.dtype() != compute_dtype()) {
     Tensor cast = buffer(-2, dy.shape(), compute_dtype());
     kernels::cast(dy, cast, stream());

@@ -122,12 +122,14 @@ TEST_P(DdpGpu, MixedPrecisionStaysCloseToTheCpu) {
   EXPECT_LE(train_gpu_against_cpu(communicator_for(GetParam()), {.policy = amp::Policy::fp16()}), 3e-3);
 }
 
-// ZeRO-1 and ZeRO-2 on GPUs: reduce-scatter per bucket, fused updates of this rank's shard,
-// all-gather of the updated compute copies (in the next forward, or right after the step).
+// ZeRO-1, 2 and 3 on GPUs: reduce-scatter per bucket, fused updates of this rank's shard,
+// all-gather of the updated compute copies (in the next forward, or right after the step; at
+// stage 3 each layer's group before its use in forward and again in backward, on the
+// communicator's stream with event waits).
 TEST_P(DdpGpu, ZeroStagesMatchOneRankOnTheCpu) {
   Communicator& comm = communicator_for(GetParam());
   const amp::Policy bf16_grads{DType::bf16, DType::f32, DType::bf16, DType::bf16};
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     GpuRun run;
     run.ddp.zero_stage = stage;
@@ -151,7 +153,7 @@ TEST_P(DdpGpu, ZeroStagesMatchOneRankOnTheCpu) {
 }
 
 TEST_P(DdpGpu, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     const Device gpu = world().device();
     const Stream stream = Stream::create(gpu);

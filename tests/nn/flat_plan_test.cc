@@ -177,6 +177,25 @@ TEST(Flat, PlanBucketsAndShards) {
   EXPECT_THROW(nn::make_flat_plan(params, {.world_size = 0}), InvalidArgument);
 }
 
+TEST(Flat, SegmentsCutBuckets) {
+  // Five parameters in three segments (0, 0, 1, 1, 2) under caps that would hold them all: a
+  // bucket per segment, in reverse order; the caps still cut inside a segment.
+  const std::vector<nn::PlanParam> specs = {{"a", {10}}, {"b", {6}}, {"c", {20}}, {"d", {3}}, {"e", {7}}};
+  nn::FlatPlanOptions o;
+  o.segments = {0, 0, 1, 1, 2};
+  o.world_size = 2;
+  const nn::FlatPlan plan = nn::make_flat_plan(specs, o);
+  ASSERT_EQ(plan.buckets.size(), 3u);
+  EXPECT_EQ(plan.buckets[0].entries, (std::vector<std::size_t>{4}));
+  EXPECT_EQ(plan.buckets[1].entries, (std::vector<std::size_t>{3, 2}));
+  EXPECT_EQ(plan.buckets[2].entries, (std::vector<std::size_t>{1, 0}));
+  for (const nn::PlanBucket& b : plan.buckets) EXPECT_EQ(b.numel() % 16, 0) << "aligned for two shards";
+  o.bucket_cap_mb = o.first_bucket_cap_mb = 15 * 4 / (1024.0 * 1024);  // 15 f32: no pair fits
+  EXPECT_EQ(nn::make_flat_plan(specs, o).buckets.size(), 5u);
+  o.segments = {0, 1};
+  EXPECT_THROW(nn::make_flat_plan(specs, o), InvalidArgument);
+}
+
 TEST(Flat, CoalesceViewsMergesNeighbours) {
   Tensor buf = Tensor::zeros({20}, DType::f32);
   // Reverse order, as gradients are laid out: b before a in memory, listed a then b.

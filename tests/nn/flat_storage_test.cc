@@ -27,13 +27,14 @@ TEST(FlatStorage, OnlyTheModelHasOne) {
 }
 
 // Hooks set before the layers are added reach them (the children adopt the model's settings,
-// which point at its storage); emptied, they are no longer called.
+// which point at its storage); emptied, they are no longer called. The param-use hook is called
+// once per parameter in forward and once in backward (awaiting_backward() tells them apart).
 TEST(FlatStorage, HooksReachLayersAddedLater) {
   nn::Sequential model;
   std::vector<std::string> ready;
-  int uses = 0;
+  int uses = 0, backward_uses = 0;
   model.storage().set_grad_ready_hook([&](nn::Parameter& p) { ready.push_back(p.name); });
-  model.storage().set_param_use_hook([&](nn::Parameter&) { ++uses; });
+  model.storage().set_param_use_hook([&](nn::Parameter&) { ++(model.awaiting_backward() ? uses : backward_uses); });
   testing::build_mlp(model, 4, 5, 3);
   model.init(2);
   nn::CrossEntropyLoss loss;
@@ -42,11 +43,13 @@ TEST(FlatStorage, HooksReachLayersAddedLater) {
   testing::forward_backward(model, loss, x, y);
   EXPECT_EQ(ready, (std::vector<std::string>{"2.bias", "2.weight", "0.bias", "0.weight"}));
   EXPECT_EQ(uses, 4);
+  EXPECT_EQ(backward_uses, 4);
   model.storage().set_grad_ready_hook({});
   model.storage().set_param_use_hook({});
   testing::forward_backward(model, loss, x, y);
   EXPECT_EQ(ready.size(), 4u);
   EXPECT_EQ(uses, 4);
+  EXPECT_EQ(backward_uses, 4);
 }
 
 // With a placement hook every gradient goes where the hook says, and backward allocates no

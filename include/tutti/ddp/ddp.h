@@ -1,5 +1,5 @@
 // DistributedDataParallel: N ranks train like one rank with N times the batch, and with
-// zero_stage 1 or 2 without N copies of the optimizer's memory.
+// zero_stage 1, 2 or 3 without N copies of the optimizer's (and at 3 the parameters') memory.
 //
 // It wraps a model and a communicator. At construction (COLLECTIVE) it checks that every rank
 // has the same model (names, shapes, dtypes, in order; a difference fails on every rank with a
@@ -44,6 +44,20 @@
 //      are all-gathered, bucket by bucket, by the next forward as it reaches them.
 //   2  as 1, and no full-size gradient buffer is kept: backward writes each bucket into a
 //      small pool, each rank keeps its shard of the gradients. Every micro-step communicates.
+//   3  as 2, and each rank keeps only its shard of the parameters too (compute dtype, beside
+//      the fp32 master shard under mixed precision): bytes per parameter 18/N with bf16 AdamW,
+//      plus two gather buffers and the resident group. Parameters are grouped (gather_group:
+//      by default one group per numbered module, "blocks.3", "0"; the plan cuts a bucket per
+//      group); a group is all-gathered into one of two gather buffers when a layer first reads
+//      it (the param-use hook), the next group in forward order (reverse order in backward) is
+//      prefetched into the other buffer, and the group before is released, so at most two groups
+//      are whole at a time. Backward gathers again and reduce-scatters each group's gradients as
+//      ZeRO-2 does. Parameters outside every group (gather_group ""; by default the names
+//      without a number: GPT's embeddings, its tied head and final LayerNorm) form the resident
+//      group, whole for the whole step (gathered after each optimizer step). A layer that reads
+//      another module's parameter (nn::TiedLinear) must read a resident one. Not with frozen
+//      parameters nor in deterministic mode (refused at construction). Outside forward and
+//      backward the parameters are not whole: read them through model_state_dict().
 // Under ZeRO the optimizer must be attached (backward refuses to complete a step otherwise),
 // gradient-norm clipping goes through grad_norm() and checkpoints through model_state_dict()
 // and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
@@ -71,11 +85,21 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   int accumulation_steps = 1;  // micro-batches per optimizer step
-  int zero_stage = 0;          // 0, 1 or 2 (see the top of this file)
+  int zero_stage = 0;          // 0, 1, 2 or 3 (see the top of this file)
   // ZeRO: true: each bucket's all-gather of the updated parameters is waited for by the first
   // forward that reads one of its parameters (overlapped with the forward of the layers
   // before it); false: right after the optimizer's step.
   bool gather_during_forward = true;
+  // ZeRO-3: the gather group of a parameter, by name ("" puts it in the resident group, whole
+  // for the whole step). Unset: the name up to its first numeric component ("blocks.3.body.1.w"
+  // -> "blocks.3", "0.weight" -> "0"; "embed.wte" -> ""). models::Gpt::gather_group puts a
+  // transformer layer's two residual blocks in one group. Consecutive parameters (in
+  // registration order) with the same group form one bucket of the plan; bucket caps do not
+  // apply at stage 3.
+  std::function<std::string(const std::string& name)> gather_group;
+  // ZeRO-3: each of the two gather buffers' size in MiB of the compute dtype; 0: the largest
+  // group's. A group larger than a given size is refused at construction, naming it.
+  double gather_buffer_mb = 0;
   // How gradients are reduced. grad_comm_dtype unset: the model's grad_comm_dtype(), which
   // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
@@ -103,7 +127,10 @@ struct DdpMemory {
   std::int64_t gradients = 0;        // the flat gradient buffer (ZeRO-2: the shard)
   std::int64_t optimizer_state = 0;  // the attached optimizer's state (ZeRO: the shard)
   std::int64_t communication = 0;    // staging in the wire dtype, ZeRO-2's pool
-  std::int64_t total() const { return parameters + master_weights + gradients + optimizer_state + communication; }
+  std::int64_t gathered = 0;         // ZeRO-3: the two gather buffers and the resident group (whole)
+  std::int64_t total() const {
+    return parameters + master_weights + gradients + optimizer_state + communication + gathered;
+  }
 };
 
 // A part of a whole state tensor, as one rank holds it: elements [begin, begin + part.numel())
@@ -117,6 +144,7 @@ struct StatePart {
 using StateParts = std::map<std::string, StatePart>;
 
 class ExactGradientSum;  // the deterministic mode's sum (src/ddp/exact_sum.h)
+class Zero3Parameters;   // ZeRO-3's sharded parameters and gather buffers (src/ddp/zero3.h)
 
 class DistributedDataParallel {
  public:
@@ -125,7 +153,8 @@ class DistributedDataParallel {
   // naming the parameter); the communicator must serve that device. Keeps references to
   // both: they must outlive this object, which leaves the model's batch slice at (0, 1)
   // when it goes. Under ZeRO with a half compute dtype the model's fp32 masters are released
-  // (FlatStorage::release_masters): the model then lives on with this object's shard only.
+  // (FlatStorage::release_masters): the model then lives on with this object's shard only; at
+  // zero_stage 3 its parameters are released too (FlatStorage::release_parameters).
   DistributedDataParallel(Communicator& comm, nn::Module& model, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -139,8 +168,9 @@ class DistributedDataParallel {
   void attach(optim::Optimizer& optimizer);
 
   // The model's forward (not collective; under ZeRO it waits, bucket by bucket, for the
-  // all-gathers of the last step). The first forward of a step starts the step's clock
-  // (StepStats::compute_before_comm_ms).
+  // all-gathers of the last step). At zero_stage 3 COLLECTIVE: it gathers each group, so every
+  // rank must run as many forwards, the model's own too (evaluation, sampling: on every rank). The first forward of a
+  // step starts the step's clock (StepStats::compute_before_comm_ms).
   Tensor forward(const Tensor& x);
   // Backward of one micro-batch. On the last micro-batch of a step it is COLLECTIVE: it
   // reduces the gradients across ranks (overlapped with backward), waits for them and
@@ -167,7 +197,9 @@ class DistributedDataParallel {
   // max_norm to pass to Optimizer::step (as optim::compute_grad_norm). One host sync.
   optim::GradNorm grad_norm(double max_norm);
   // ZeRO: waits until every updated parameter has been gathered (forward does it bucket by
-  // bucket by itself; call it before reading parameters outside forward).
+  // bucket by itself; call it before reading parameters outside forward). ZeRO-3: the gathers
+  // in flight (the parameters outside the resident group are whole only inside forward and
+  // backward).
   void synchronize_parameters();
 
   // Checkpoints whose layout depends neither on the number of ranks nor on the stage: whole
@@ -248,7 +280,8 @@ class DistributedDataParallel {
   bool exact_reduced_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
   // ZeRO
-  Tensor master_shard_;  // f32 [shard_numel] where the compute dtype is half
+  Tensor master_shard_;  // f32 [shard_numel] where the compute dtype is half, and at zero_stage 3
+  std::unique_ptr<Zero3Parameters> zero3_;
   std::vector<Work> gathers_;
   std::vector<bool> gather_pending_;
   int gathers_pending_ = 0;

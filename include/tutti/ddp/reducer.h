@@ -92,7 +92,8 @@ struct StepStats {
   // ZeRO (filled by DistributedDataParallel): the all-gathers of the updated parameters that
   // followed the previous step.
   double gather_ms = 0;          // from their launch until the last one was seen complete
-  double exposed_gather_ms = 0;  // time forward (or the step, gathering right away) waited for them
+  double exposed_gather_ms = 0;  // time forward (or the step, gathering right away) waited for them;
+                                 // ZeRO-3: the step's waits for its groups' gathers (forward and backward)
 };
 
 class Reducer {

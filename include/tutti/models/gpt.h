@@ -114,6 +114,10 @@ class Gpt : public nn::Module {
   const Recompute& recompute() const { return recompute_; }
   // Bytes the checkpointed residuals' shared workspace holds now (0 without recomputation).
   std::int64_t recompute_workspace_bytes() const;
+  // ZeRO-3's gather group of a Gpt's parameter (ddp::DdpOptions::gather_group): "layer <l>"
+  // for both residual blocks of layer l ("blocks.<2l>.*", "blocks.<2l+1>.*"), "" (the resident
+  // group: the embeddings, which the tied head reads again at the end, and ln_f) otherwise.
+  static std::string gather_group(const std::string& name);
 
  protected:
   // tokens [B, T] i32 -> logits [B, T, padded_vocab].

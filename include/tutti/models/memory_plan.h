@@ -10,6 +10,7 @@
 // The figures are the sizes of the tensors tutti allocates (Storage: what Storage::peak_bytes
 // counts), derived from the code that allocates them: the flat plan of DistributedDataParallel
 // (nn::make_flat_plan with the same options), the reducer's buffers and ZeRO-2's bucket pool,
+// ZeRO-3's shards, gather buffers and resident group,
 // the optimizer's flat state, and each layer's reusable buffers (Module::buffer) and the
 // recompute workspace. Not counted: the CUDA context, cuBLAS's and the collectives' own
 // workspaces, host memory, and the allocator's rounding; a GPU needs that margin on top.
@@ -28,7 +29,7 @@ namespace tutti::models {
 // the optimizer that train_gpt takes from its flags.
 struct PlanOptions {
   int world_size = 1;            // ranks (>= 1)
-  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1 or 2
+  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1, 2 or 3 (with Gpt::gather_group)
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
   DType grad = DType::f32;       // amp::Policy::grad: the gradient buffers
   DType grad_comm = DType::f32;  // amp::Policy::comm: what the reducer sends
@@ -49,7 +50,7 @@ struct PlanOptions {
   // training batch's place in the embedding) and a few scalars, as the row "evaluation".
   bool evaluation = false;
   // Between steps: DistributedDataParallel::model_state_dict (a checkpoint, train_gpt's final
-  // checksum), which with ZeRO 1-2 in half precision gathers the f32 values whole on the device
+  // checksum), which with ZeRO 1-2 in half precision, and at ZeRO-3, gathers the f32 values whole on the device
   // for a moment, as the row "state dict".
   bool state_dict = false;
 };
@@ -64,7 +65,8 @@ struct MemoryRow {
 };
 
 struct MemoryPlan {
-  // In this order, each present even when 0 bytes: parameters, master weights, gradients,
+  // In this order, each present even when 0 bytes: parameters, master weights, gathered
+  // parameters (ZeRO-3's two gather buffers and resident group), gradients,
   // optimizer state, communication buffers, batch, activations (the layers' buffers kept
   // between forward and backward and their gradients, all layers), recompute workspace,
   // logits (the head's logits, the loss's gradient of them and the head's input gradient),
@@ -97,7 +99,7 @@ struct MemoryPlan {
 };
 
 // The plan of `config` trained with `options`. Throws InvalidArgument for options DDP or the
-// model would refuse (zero_stage outside 0-2, world_size < 1, micro_batch < 1, seq_len beyond
+// model would refuse (zero_stage outside 0-3, world_size < 1, micro_batch < 1, seq_len beyond
 // the context, every:K with K > layers, a gradient dtype other than f32 or the compute dtype).
 MemoryPlan memory_plan(const GptConfig& config, const PlanOptions& options);
 

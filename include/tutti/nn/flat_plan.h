@@ -43,6 +43,10 @@ struct FlatPlanOptions {
   std::size_t grad_element_bytes = 4;
   // Ranks the buckets are sharded over (1: no sharding, no padding beyond alignment).
   int world_size = 1;
+  // Empty, or one segment id per parameter (registration order): a bucket never holds
+  // parameters of two segments, so a run of parameters with the same id starts a bucket of its
+  // own (the caps still apply within it). ZeRO-3 cuts its gather groups so, one per block.
+  std::vector<int> segments;
 };
 
 // A half-open range of elements of the flat buffer.

@@ -34,9 +34,11 @@ using GradReadyHook = std::function<void(Parameter&)>;
 // data-parallel runtime that keeps no full-size gradient buffer (ZeRO-2) hands out bucket
 // buffers from a pool this way.
 using GradPlacementHook = std::function<Tensor(Parameter&)>;
-// Called by forward before a module's forward reads its own parameters, once per parameter.
-// A data-parallel runtime that gathers updated parameters from other ranks (ZeRO) waits here
-// for the gather of the parameter's bucket.
+// Called by forward before a module's forward reads its own parameters, and by backward before
+// a module's backward reads them, once per parameter (the model's awaiting_backward() tells
+// which: true in forward, false in backward and in a checkpointed module's replay). A
+// data-parallel runtime that gathers updated parameters from other ranks (ZeRO) waits here for
+// the gather of the parameter's bucket; ZeRO-3 places the gathered parameter here.
 using ParamUseHook = std::function<void(Parameter&)>;
 
 class FlatStorage {
@@ -89,6 +91,14 @@ class FlatStorage {
   // and refreshes them). Needs flat values and a half compute dtype.
   void release_masters();
   bool masters_released() const { return masters_released_; }
+  // ZeRO-3: the owner of the plan keeps each rank's shard of every parameter and places whole
+  // parameters (views of its gather buffers) in Parameter::value (f32 compute) or ::compute
+  // (half) only while layers read them (the param-use hook). The storage frees its flat values
+  // and compute copies; every Parameter::value and ::compute becomes undefined. Afterwards the
+  // model's init, to, set_precision, state_dict, load_state_dict and refresh_compute_copies
+  // throw, as after release_masters (masters_released() is true). Needs flat values.
+  void release_parameters();
+  bool parameters_released() const { return parameters_released_; }
 
   // ---- hooks (see above); empty to remove ---------------------------------------------------
   // The hook backward calls for each parameter whose gradient is written.
@@ -119,6 +129,7 @@ class FlatStorage {
   Tensor values_, compute_, grads_;
   std::shared_ptr<const FlatPlan> value_plan_, grad_plan_;
   bool masters_released_ = false;
+  bool parameters_released_ = false;
   bool grads_owned_ = false;
   GradReadyHook grad_ready_hook_;
   GradPlacementHook grad_placement_hook_;
