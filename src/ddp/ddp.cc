@@ -507,7 +507,9 @@ void DistributedDataParallel::load_parameters_flat(const Tensor& flat) {
   } else {
     model_.storage().values().view(0, {plan.total}).copy_from(values, stream);
   }
-  if (model_.storage().compute_copies().defined())
+  if (zero3_) {
+    zero3_->load(values);  // the compute shard, the resident buckets; the gathered groups are dropped
+  } else if (model_.storage().compute_copies().defined())
     kernels::cast(values, model_.storage().compute_copies().view(0, {plan.total}), stream);
   if (values.data() != flat.data()) stream.synchronize();  // before the copy on this device goes
   for (nn::Parameter* p : params_) p->initialized = true;

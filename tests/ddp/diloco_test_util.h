@@ -53,10 +53,11 @@ struct Trainer {
   std::unique_ptr<optim::Optimizer> opt;
   nn::CrossEntropyLoss loss;
 
-  Trainer(Communicator& comm, int rank, bool adamw) {
+  Trainer(Communicator& comm, int rank, bool adamw, int zero_stage = 0) {
     model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values must reach everyone
     DdpOptions o;
     o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-4;  // several buckets
+    o.zero_stage = zero_stage;
     ddp = std::make_unique<DistributedDataParallel>(comm, *model, o);
     if (adamw) {
       opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2f});
@@ -88,15 +89,26 @@ std::vector<Values> train_ddp(int ranks, int steps) {
   return out;
 }
 
+// The parameters whole, whatever the stage (ZeRO-3 releases them outside forward and backward).
+// COLLECTIVE over the DDP's ranks.
+Values whole_values_of(Trainer& t) {
+  if (t.ddp->zero_stage() == 0) return values_of(*t.model);
+  const StateDict state = t.ddp->model_state_dict();
+  Values v;
+  for (nn::Parameter* p : t.model->parameters()) v.push_back(state.at(p->name).to_floats());
+  return v;
+}
+
 // Every rank's parameters after `steps` steps of DiLoCo on nodes x local ranks.
-std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, int steps, bool adamw = false) {
+std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, int steps, bool adamw = false,
+                                 int zero_stage = 0) {
   kernels::set_cpu_threads(1);
   const int ranks = nodes * local;
   ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
   std::vector<Values> out(static_cast<std::size_t>(ranks));
   group.run([&](int rank) {
     const NodeGroups g = group.node_groups(rank, sizes(nodes, local));
-    Trainer t(*g.intra, rank, adamw);
+    Trainer t(*g.intra, rank, adamw, zero_stage);
     DiLoCo diloco(*t.ddp, *t.opt, g, options);
     int syncs = 0;
     for (int s = 0; s < steps; ++s) {
@@ -104,7 +116,7 @@ std::vector<Values> train_diloco(int nodes, int local, DiLoCoOptions options, in
       syncs += diloco.end_inner_step() ? 1 : 0;
     }
     EXPECT_EQ(syncs, steps * options.fragments / options.sync_every);  // sync events (a fragment or all)
-    out[static_cast<std::size_t>(rank)] = values_of(*t.model);
+    out[static_cast<std::size_t>(rank)] = whole_values_of(t);
   });
   return out;
 }

@@ -237,8 +237,9 @@ class DistributedDataParallel {
   // values). For runtimes above DDP that work on the whole vector (ddp/diloco.h).
   Tensor parameters_flat();
   // Not collective: sets every parameter from `flat` (f32 [plan().total], any device), in the
-  // plan's layout: the fp32 values (ZeRO with half compute: this rank's master shard) and the
-  // compute copies, on module().stream(). The optimizer's state is left as it is.
+  // plan's layout: the fp32 values (ZeRO with half compute, and ZeRO-3: this rank's master shard)
+  // and the compute copies (ZeRO-3: its compute shard and the resident group; the gathered groups
+  // are dropped), on module().stream(). The optimizer's state is left as it is.
   void load_parameters_flat(const Tensor& flat);
 
   nn::Module& module() { return model_; }

@@ -41,6 +41,8 @@
 // Streaming (DiLoCoOptions::fragments = F > 1): the flat vector is cut into F equal fragments,
 // each synced as above on its own range, fragment 0 at the end of each period and fragment f at
 // its inner step f · H / F; only the synced range of the model is set to the global values.
+// The fragments are cut in the flat plan's layout, whose padding depends on the ZeRO stage: the
+// same F syncs slightly different parameter ranges at different stages.
 //
 // Overlap (DiLoCoOptions::overlap_steps = τ > 0, at most H / F so that one sync is in flight):
 // at the fragment's step Δ is taken, the model's fragment kept as a snapshot, and the exchange
