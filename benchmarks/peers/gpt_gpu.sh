@@ -24,11 +24,13 @@
 #      8 x 1024, bf16 (activation bytes and step time of none, blocks, mlp, attn side by side:
 #      the issue's targets are <= 1/3 the activations and <= 1.4x the step with blocks); the
 #      largest preset, gpt2-1558m
-#      (1.56 B parameters), with --recompute blocks and --zero 1, batch GPT_LARGE_BATCH (16) x 1024:
+#      (1.56 B parameters), with --recompute blocks and --zero 3, batch GPT_LARGE_BATCH (16) x 1024:
 #      bf16 AdamW's states take ~20 bytes per parameter (31 GB) and the checkpointed activations
 #      ~1 GB per sequence (15 GB), where without recomputation the activations alone would be
 #      ~8.4 GB per sequence (134 GB: it would not fit in the H200's 141 GB). Reports tokens/s, MFU
 #      and the peak bytes of tutti's tensors (the JSON's peak_device_bytes) and nvidia-smi's.
+#      ZeRO-3 on one rank saves nothing: it runs its gathers (two layers whole at a time, the
+#      resident embeddings) on a real GPU; the plan puts the run at 48.6 GiB.
 #      Last, step 3's run again with --recompute blocks (tokens/s and peak bytes against step 3's).
 #      GPT_GPU_SKIP_TORCH=1 leaves out step 4, for a short lease.
 # Output in $OUT (or gpt-gpu-out/): gpt_gpu.txt (the summary, also printed last) and every
@@ -195,7 +197,7 @@ if [ "${GPT_RECOMPUTE:-1}" = 1 ]; then
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$smi" 2>/dev/null &
     smi_pid=$!
   fi
-  run tutti_large 200 mpiexec -n 1 "$trainer" "${large_flags[@]}" --recompute blocks --zero 1 --sample-tokens 0 \
+  run tutti_large 200 mpiexec -n 1 "$trainer" "${large_flags[@]}" --recompute blocks --zero 3 --sample-tokens 0 \
     --json "$OUT/tutti_large.json"
   [ -n "${smi_pid:-}" ] && kill "$smi_pid" 2> /dev/null
   run tutti_recompute 100 mpiexec -n 1 "$trainer" "${common[@]}" --recompute blocks --sample-tokens 0 \
@@ -219,7 +221,7 @@ else:
 if large:
     used = [float(x) for x in open(smi).read().split() if x.strip().replace(".", "").isdigit()] if os.path.exists(smi) else []
     mfu = large.get("mfu_steady")
-    print(f"{large['config']}, {large['parameters']:,} parameters, --recompute blocks --zero 1, batch "
+    print(f"{large['config']}, {large['parameters']:,} parameters, --recompute blocks --zero 3, batch "
           f"{large['global_batch_size']} x {large['seq_len']}: {large['tokens_per_s_steady']:,.0f} tokens/s, MFU "
           f"{(f'{100 * mfu:.1f}%' if mfu else 'n/a')} (model FLOPs 6N + 12LCT: the recomputed forward is not counted), "
           f"peak bytes of tutti's tensors {large['peak_device_bytes'] / gib:.1f} GiB"
