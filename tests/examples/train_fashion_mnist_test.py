@@ -27,6 +27,13 @@ import sharding
 
 ARGS = None
 SUBSET = ["--train-subset", "4096", "--test-subset", "1000", "--batch-size", "64", "--quiet"]
+
+
+def epochs_for(steps):
+    """--epochs for SUBSET's 64 steps per epoch to reach --max-steps `steps`."""
+    return str(int(steps) // 64 + 1)
+
+
 # Seconds each test takes (2 shared cores, ctest -j4), for sharding.shard (the rest: 1).
 WEIGHTS = {
     "test_learns_and_writes_a_complete_summary": 2, "test_one_and_two_ranks_train_alike": 3,
@@ -35,7 +42,7 @@ WEIGHTS = {
     "test_zero_stages_train_alike_and_resume_across_world_sizes_and_stages": 9,
     "test_resume_after_kill_9_is_bit_identical": 6, "test_bad_checkpoints_are_refused_and_the_good_one_stays": 5,
     "test_bad_flags_and_missing_data_fail_clearly": 3,
-    "test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical": 20,
+    "test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical": 30,
     "test_an_existing_checkpoint_needs_resume_or_overwrite": 7,
     "test_a_diverged_loss_ends_the_run_naming_the_step_and_the_last_good_checkpoint": 4,
     "test_sigterm_to_mpirun_checkpoints_within_its_kill_delay": 5, "test_ranks_with_different_data_fail_at_start": 1.5,
@@ -404,7 +411,8 @@ class WhenThingsGoWrong(Case):
         returns the step it stopped at. (Not from its progress lines: mpirun passes them on
         late, in blocks.)"""
         d = self.path(name)
-        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", "13", "--checkpoint-dir", d, "--checkpoint-every", "10",
+        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--checkpoint-dir", d,
+                   "--checkpoint-every", "10",
                    "--json", self.path(name + "-stopped.json"))
         wait_for_file(p, os.path.join(d, "checkpoint.tckp"))
         os.kill(ranks_of(p.pid)[-1] if target == "rank" else p.pid, sig)
@@ -429,14 +437,15 @@ class WhenThingsGoWrong(Case):
 
     def test_a_stop_signal_checkpoints_and_the_resumed_run_is_bit_identical(self):
         # Preemption: SIGTERM to one rank, SIGUSR1 to mpirun (which forwards it to every rank).
-        # 800 steps (13 epochs): the signal is sent once step 10's checkpoint exists, and 200
-        # steps (0.3 s here) could end before a test process starved by others running beside it
-        # sent it; 600 ended once under ctest -j4 before mpirun forwarded SIGUSR1.
-        run(2, *SUBSET, "--max-steps", "800", "--epochs", "13", "--json", self.path("whole.json"))
+        # The signal is sent once step 10's checkpoint exists, and a short run can end before a
+        # test process starved by others running beside it sends it: 200 steps (0.3 s here) did,
+        # 600 once under ctest -j4 before mpirun forwarded SIGUSR1, 800 once beside the ddp tests.
+        steps = "1600"
+        run(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--json", self.path("whole.json"))
         whole = summary(self.path("whole.json"))
         for name, target, sig in (("rank", "rank", signal.SIGTERM), ("usr1", "mpirun", signal.SIGUSR1)):
-            stopped_at = self.stop(name, target, sig, "800")
-            run(2, *SUBSET, "--max-steps", "800", "--epochs", "13", "--checkpoint-dir", self.path(name),
+            stopped_at = self.stop(name, target, sig, steps)
+            run(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--checkpoint-dir", self.path(name),
                 "--checkpoint-every", "10", "--resume", "auto", "--json", self.path(name + ".json"))
             resumed = summary(self.path(name + ".json"))
             self.assertEqual(resumed["resumed_from_step"], stopped_at, name)
@@ -446,8 +455,10 @@ class WhenThingsGoWrong(Case):
     def test_sigterm_to_mpirun_checkpoints_within_its_kill_delay(self):
         # mpirun answers SIGTERM by sending SIGTERM to the ranks 1 s later and SIGKILL 1 s after
         # that: the step in flight and the save must fit in that second (the run must outlast it).
-        stopped_at = self.stop("term", "mpirun", signal.SIGTERM, "800")
-        run(2, *SUBSET, "--max-steps", str(stopped_at + 2), "--epochs", "13", "--checkpoint-dir", self.path("term"),
+        # 4000 steps: the run must outlast mpirun's second even in a starved test process.
+        stopped_at = self.stop("term", "mpirun", signal.SIGTERM, "4000")
+        run(2, *SUBSET, "--max-steps", str(stopped_at + 2), "--epochs", epochs_for("4000"), "--checkpoint-dir",
+            self.path("term"),
             "--resume", "--json", self.path("term.json"))
         self.assertEqual(summary(self.path("term.json"))["resumed_from_step"], stopped_at)
 
