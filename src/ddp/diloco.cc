@@ -284,19 +284,13 @@ StateDict DiLoCo::state_dict() {
   StateDict mine;
   io::add_prefixed(mine, "model.", inner_.model_state_dict());
   io::add_prefixed(mine, "optim.", inner_.optimizer_state_dict(optimizer_));
-  if (residual_.defined()) {
-    // The node's residuals: each rank holds its slices and zeros elsewhere, so the sum.
-    Tensor whole = Tensor::empty({total_}, DType::f32, residual_.device());
-    CallOptions call{"diloco checkpoint residuals", stream};
-    groups_.intra->allreduce(residual_, whole, ReduceOp::sum, call).wait(stream);
-    mine["residual"] = whole.to(Device::cpu(), stream);
-    stream.synchronize();  // before `whole` goes
-  }
-  if (owner_residual_.defined()) {
-    Tensor whole = Tensor::empty({total_}, DType::f32, owner_residual_.device());
-    CallOptions call{"diloco checkpoint owner residuals", stream};
-    groups_.intra->allreduce(owner_residual_, whole, ReduceOp::sum, call).wait(stream);
-    mine["owner_residual"] = whole.to(Device::cpu(), stream);
+  // The node's residuals: each rank holds its slices and zeros elsewhere, so the sum.
+  for (const auto& [key, part] : {std::pair{"residual", residual_}, std::pair{"owner_residual", owner_residual_}}) {
+    if (!part.defined()) continue;
+    Tensor whole = Tensor::empty({total_}, DType::f32, part.device());
+    CallOptions call{std::string("diloco checkpoint ") + key, stream};
+    groups_.intra->allreduce(part, whole, ReduceOp::sum, call).wait(stream);
+    mine[key] = whole.to(Device::cpu(), stream);
     stream.synchronize();  // before `whole` goes
   }
   if (pending_ >= 0) mine["snapshot"] = snapshot_.view(0, {pending_len}).to(Device::cpu(), stream);
