@@ -303,9 +303,12 @@ class Lines:
         return "\n".join(line for _, s, line in self.lines if s == stream)
 
 
-def launch(c, hostfile, *args, env_extra=None):
-    cmd = [sys.executable, ARGS.launcher, "--hostfile", hostfile, "--mpirun", ARGS.mpiexec, "--probe-timeout", "3",
-           "--retry-delay", "0", "--max-failures", "2", "--", ARGS.trainer, *args]
+def launch(c, hostfile, *args, env_extra=None, probe_timeout=10):
+    """tutti-launch on cluster c. probe_timeout: the seconds a host has to answer; a loaded 2-core
+    machine can take more than 3 s to start a probe's mpirun on a node that is up (a host skipped
+    at start then fails the node-killed tests), so only the unreachable-host test asks for less."""
+    cmd = [sys.executable, ARGS.launcher, "--hostfile", hostfile, "--mpirun", ARGS.mpiexec,
+           "--probe-timeout", str(probe_timeout), "--retry-delay", "0", "--max-failures", "2", "--", ARGS.trainer, *args]
     return c.popen(cmd, env_extra)
 
 
@@ -480,7 +483,7 @@ def launcher_unreachable_host():
             c.sh("link", "--name", c.name, "--node", "node2", "down")
             started = time.time()
             p = launch(c, c.hostfile(), "--train-subset", "2048", "--test-subset", "500", "--batch-size", "64",
-                       "--quiet", "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--json", summary)
+                       "--quiet", "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--json", summary, probe_timeout=3)
             try:
                 out, err = p.communicate(timeout=90)
             except subprocess.TimeoutExpired:
