@@ -163,7 +163,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.zero_stage = f.zero;
   ddp_options.gather_group = tutti::models::Gpt::gather_group;  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
-  example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
+  example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
