@@ -213,6 +213,9 @@ void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o) {
                   f.allreduce,
                   " (PowerSGD) needs fp32 gradients on the wire: pass --grad-comm fp32 (this precision's is ",
                   tutti::name_of(*o.reducer.grad_comm_dtype), ")");
+  TUTTI_CHECK_ARG(f.precision != "fp16", "--allreduce ", f.allreduce,
+                  " (PowerSGD) cannot be combined with --precision fp16: a loss-scaled step that overflows would put "
+                  "inf into the error feedback (use --precision bf16 --grad-comm fp32, or fp32)");
   tutti::ddp::PowerSgdOptions p;
   p.rank = rank;
   p.start_step = f.powersgd_start;

@@ -70,7 +70,7 @@ int powersgd_rank(const std::string& allreduce);
 
 // Sets o.reducer.powersgd for --allreduce powersgd:R and --powersgd-start (call after setting
 // o.reducer.grad_comm_dtype and before constructing DDP). Throws InvalidArgument naming the flags
-// where PowerSGD cannot apply (--zero 1-3, --deterministic, a half --grad-comm).
+// where PowerSGD cannot apply (--zero 1-3, --deterministic, --precision fp16, a half --grad-comm).
 void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o);
 
 // The accumulation steps of a global batch over `world` ranks: --accum-steps (`accum`) as given,

@@ -29,6 +29,9 @@
 //     host, so a GPU copies each bucket's P to the host and back: one host sync per bucket);
 //   - over the Reducer's communicator, the whole world (not across nodes only: with node
 //     groups, give DDP the world's communicator, not hierarchical_communicator's).
+// The error is kept in the units of the Reducer's buffer before finish()'s divisor (accumulation
+// steps · loss scale): use it without a dynamic loss scaler (fp32 or bf16 compute), since a
+// step that overflows puts inf into the error and a changed scale mis-scales it.
 // Costs and cadence: finish() runs the second half (orthonormalize, Q, the second allreduce,
 // the product) for every bucket, so only the allreduce of P overlaps backward. The state
 // (error, Q) lives in the Reducer and is not in checkpoints: a resumed run starts PowerSGD
