@@ -46,6 +46,15 @@ fragments           period and overlapped with the `overlap` inner steps that fo
                     fragment's latencies. Same port bytes per step as without streaming, spread
                     over the period instead of a burst.
 
+DDP, PowerSGD r     DDP flat whose buckets carry PowerSGD's factors instead of the gradients: each
+                    weight matrix [n, m] with n m > r (n + m) sends r (n + m) values, the rest
+                    whole (fraction f of DDP's bytes, powersgd_fraction; needs the model's
+                    matrices), in two allreduces per bucket (P, then Q), each modelled as an
+                    allreduce of f s / 2 of the flat algorithm; buckets overlapped with backward as
+                    flat. Not modelled: that Q's allreduce waits for backward's end, the GEMMs
+                    (3 n m r flops per matrix) and the host orthonormalization. Port bytes: f x
+                    flat's.
+
 Not modelled: what a mode costs in convergence (DiLoCo's validation loss at equal tokens is a
 measurement, docs/thin-links.md), the outer optimizer's own time (a few vector operations on n
 values every H steps), contention between the exchange and inner compute for the GPU's SMs or,
@@ -72,10 +81,11 @@ class Mode:
     fragments: int = 0                # diloco: streaming with F fragments (0: off)
     overlap_steps: Optional[float] = None  # streaming: inner steps a fragment's exchange overlaps (None: H/F)
     exchange: str = "allgather"       # quantized dtypes: "allgather" or "reduce_scatter"
+    powersgd_rank: int = 4            # ddp "powersgd": r
 
     def label(self):
         if self.sync == "ddp":
-            return "ddp %s" % self.allreduce
+            return "ddp %s" % self.allreduce + (" r=%d" % self.powersgd_rank if self.allreduce == "powersgd" else "")
         s = "diloco H=%d %s" % (self.period, self.outer_dtype)
         if self.outer_dtype in QUANTIZED and self.exchange != "allgather":
             s += " (rs)"
@@ -183,6 +193,17 @@ def outer_exchange(c: M.Cluster, n: float, dtype: str, exchange="allgather", blo
     raise ValueError("exchange: allgather or reduce_scatter, not %r" % exchange)
 
 
+def powersgd_fraction(matrices, params: float, rank: int) -> float:
+    """PowerSGD's values on the wire per step over DDP's: each matrix (n, m) of `matrices` with
+    n m > r (n + m) (r = min(rank, n, m)) sends r (n + m) values, the other parameters whole."""
+    sent = float(params)
+    for n, m in matrices:
+        r = min(rank, n, m)
+        if n * m > r * (n + m):
+            sent -= n * m - r * (n + m)
+    return sent / params
+
+
 def predict(c: M.Cluster, model: M.Model, mode: Mode, tokens_per_rank: float, algorithm="ring",
             bucket_mb=25.0, block=QUANT_BLOCK) -> Prediction:
     """Step time, tokens/s and port bytes of `mode` on cluster c (per-rank batch fixed)."""
@@ -195,8 +216,16 @@ def predict(c: M.Cluster, model: M.Model, mode: Mode, tokens_per_rank: float, al
         elif mode.allreduce == "hierarchical":
             step, _, comm = M.ddp_step(c, model, lambda cl, b: hierarchical(cl, b, algorithm), bucket_mb)
             port = flat_port_bytes(leaders(c), M.buckets(model, bucket_mb), algorithm)
+        elif mode.allreduce == "powersgd":
+            matrices = getattr(model, "matrices", None)
+            if not matrices:
+                raise ValueError("powersgd: the model's weight matrices are not known (model.matrices)")
+            f = powersgd_fraction(matrices, n, mode.powersgd_rank)
+            base = {**M.ALGORITHMS, **M.GPU_ALGORITHMS}.get(algorithm) or (lambda cl, b: M.best(cl, b)[1])
+            step, _, comm = M.ddp_step(c, model, lambda cl, b: 2 * base(cl, f * b / 2), bucket_mb)
+            port = f * flat_port_bytes(c, M.buckets(model, bucket_mb), algorithm)
         else:
-            raise ValueError("allreduce: flat or hierarchical, not %r" % mode.allreduce)
+            raise ValueError("allreduce: flat, hierarchical or powersgd, not %r" % mode.allreduce)
         exchange = comm
     elif mode.sync == "diloco":
         H = mode.period

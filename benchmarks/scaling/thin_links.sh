@@ -7,7 +7,8 @@
 #   ranks to share a node; --hier-ranks-per-node, 0: none), DDP flat and DiLoCo (N nodes x 1
 #   rank) with H in --periods, each outer dtype of --dtypes, streaming off and on (--fragments;
 #   0: off), --diloco-flags added to their command (e.g. "--outer-lr 1 --outer-momentum 0") and
-#   --tag T to their names (diloco-H50-int8-T: rows of other --diloco-flags in the same RESULTS).
+#   --tag T to their names (diloco-H50-int8-T: rows of other --diloco-flags in the same RESULTS);
+#   DDP with PowerSGD (N nodes x 1 rank, --allreduce powersgd:R) for each R of --powersgd (none by default).
 # Every row trains the same global batch for the same steps, so validation losses compare at equal
 # tokens. Writes runs/<link>_<N>x<L>_<mode>.{json,txt}, results.csv, results.md and
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
@@ -21,9 +22,10 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
 fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags="" tag=""
+powersgd=""
 # --quick sets the smallest subset; options given with it still apply.
 for a in "$@"; do
   if [ "$a" = --quick ]; then
@@ -43,6 +45,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift ;;
     --diloco-flags) diloco_flags=$2; shift ;;
     --tag) tag=$2; shift ;;
+    --powersgd) powersgd=$2; shift ;;
     --hier-ranks-per-node) hier_per_node=$2; shift ;;
     -h|--help) usage 0 ;;
     -*) echo "thin_links.sh: unknown option $1" >&2; usage ;;
@@ -122,6 +125,9 @@ for speed in $speeds; do
     fi
     if [ "$quick" = 1 ] && [ "$diloco" = 0 ]; then continue; fi
     run "$speed" "$n" 1 ddp-flat --allreduce flat
+    for r in $powersgd; do
+      run "$speed" "$n" 1 "ddp-powersgd-r$r" --allreduce "powersgd:$r"
+    done
     [ "$diloco" = 1 ] || continue
     for h in $periods; do
       for d in $dtypes; do

@@ -26,8 +26,21 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--allreduce", f.allreduce,
                  "how gradients are summed across ranks: flat (one allreduce over all ranks) or hierarchical "
                  "(reduce-scatter in each node, allreduce across nodes, all-gather in each node: fewer bytes "
-                 "over the link between nodes; --zero 0 only)")
-      ->check(CLI::IsMember({"flat", "hierarchical"}))
+                 "over the link between nodes; --zero 0 only) or powersgd:R (PowerSGD: each weight matrix's "
+                 "gradient sent as rank-R factors with error feedback, the rest flat; fp32 gradients, --zero 0 only)")
+      ->check([](const std::string& v) {
+        if (v == "flat" || v == "hierarchical") return std::string();
+        try {
+          (void)powersgd_rank(v);
+        } catch (const tutti::Error& e) {
+          return std::string(e.message());
+        }
+        return std::string();
+      })
+      ->capture_default_str();
+  app.add_option("--powersgd-start", f.powersgd_start,
+                 "--allreduce powersgd:R: steps that allreduce every gradient uncompressed before PowerSGD starts")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--sync", f.sync,
                  "how ranks stay in step: ddp (gradients averaged over every rank at every step) or diloco:H (DDP "
@@ -174,10 +187,45 @@ std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int n
   return text;
 }
 
+int powersgd_rank(const std::string& allreduce) {
+  const std::string prefix = "powersgd:";
+  if (allreduce.rfind(prefix, 0) != 0) return 0;
+  const std::string r = allreduce.substr(prefix.size());
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(r, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TUTTI_CHECK_ARG(used == r.size() && used > 0 && value >= 1 && value <= 65536, "--allreduce: '", allreduce,
+                  "': R (the rank of PowerSGD's approximation) must be a whole number >= 1, e.g. powersgd:4");
+  return static_cast<int>(value);
+}
+
+void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o) {
+  const int rank = powersgd_rank(f.allreduce);
+  if (rank == 0) return;
+  TUTTI_CHECK_ARG(f.zero == 0, "--allreduce ", f.allreduce, " (PowerSGD) needs --zero 0, got --zero ", f.zero);
+  TUTTI_CHECK_ARG(!f.deterministic, "--allreduce ", f.allreduce,
+                  " (PowerSGD) cannot be combined with --deterministic (an exact, uncompressed sum)");
+  TUTTI_CHECK_ARG(!o.reducer.grad_comm_dtype || *o.reducer.grad_comm_dtype == tutti::DType::f32, "--allreduce ",
+                  f.allreduce,
+                  " (PowerSGD) needs fp32 gradients on the wire: pass --grad-comm fp32 (this precision's is ",
+                  tutti::name_of(*o.reducer.grad_comm_dtype), ")");
+  TUTTI_CHECK_ARG(f.precision != "fp16", "--allreduce ", f.allreduce,
+                  " (PowerSGD) cannot be combined with --precision fp16: a loss-scaled step that overflows would put "
+                  "inf into the error feedback (use --precision bf16 --grad-comm fp32, or fp32)");
+  tutti::ddp::PowerSgdOptions p;
+  p.rank = rank;
+  p.start_step = f.powersgd_start;
+  o.reducer.powersgd = p;
+}
+
 tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
                                       std::shared_ptr<tutti::Communicator>& hierarchical) {
-  job.check_same("--allreduce", f.allreduce);
-  if (f.allreduce == "flat") return job.communicator();
+  job.check_same("--allreduce", f.allreduce + " --powersgd-start " + std::to_string(f.powersgd_start));
+  if (f.allreduce == "flat" || powersgd_rank(f.allreduce) > 0) return job.communicator();
   TUTTI_CHECK_ARG(f.zero == 0,
                   "--allreduce hierarchical needs --zero 0 (ZeRO reduce-scatters the gradients over all "
                   "ranks), got --zero ",

@@ -22,7 +22,8 @@ struct RunFlags {
   std::string grad_comm;  // the precision policy's when not given
   double bucket_mb = 25;
   int zero = 0;                    // ZeRO stage
-  std::string allreduce = "flat";  // or "hierarchical" (comm/groups.h)
+  std::string allreduce = "flat";  // or "hierarchical" (comm/groups.h), or "powersgd:R" (ddp/powersgd.h)
+  int powersgd_start = 10;         // --allreduce powersgd:R: PowerSgdOptions::start_step
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;
   std::string resume = "no";  // "no", "yes" (--resume) or "auto"
@@ -62,6 +63,15 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
 // nodes with unequal rank counts) and when the ranks disagree on it.
 tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
                                       std::shared_ptr<tutti::Communicator>& hierarchical);
+
+// --allreduce powersgd:R -> R; 0 for the other values. Throws InvalidArgument naming the flag when
+// R is not a whole number >= 1.
+int powersgd_rank(const std::string& allreduce);
+
+// Sets o.reducer.powersgd for --allreduce powersgd:R and --powersgd-start (call after setting
+// o.reducer.grad_comm_dtype and before constructing DDP). Throws InvalidArgument naming the flags
+// where PowerSGD cannot apply (--zero 1-3, --deterministic, --precision fp16, a half --grad-comm).
+void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o);
 
 // The accumulation steps of a global batch over `world` ranks: --accum-steps (`accum`) as given,
 // or with --max-micro-batch M the fewest (at least `accum`) that keep each rank's micro-batch at

@@ -48,8 +48,8 @@ Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(p
   TUTTI_CHECK_ARG(f.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, got ", f.outer_lr);
   TUTTI_CHECK_ARG(f.outer_momentum >= 0 && f.outer_momentum < 1, "--outer-momentum must be in [0, 1), got ",
                   f.outer_momentum);
-  TUTTI_CHECK_ARG(f.allreduce == "flat",
-                  "--allreduce hierarchical applies to --sync ddp; --sync diloco already reduces inside the node and "
+  TUTTI_CHECK_ARG(f.allreduce == "flat", "--allreduce ", f.allreduce,
+                  " applies to --sync ddp; --sync diloco already reduces inside the node and "
                   "syncs across nodes");
   TUTTI_CHECK_ARG(!f.deterministic,
                   "--deterministic applies to --sync ddp (a model independent of the number of ranks); --sync diloco "

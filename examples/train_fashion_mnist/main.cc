@@ -154,7 +154,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
   ddp_options.deterministic = f.deterministic;
-  example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
+  example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), *model, ddp_options);
 
   std::unique_ptr<tutti::optim::Optimizer> optimizer;

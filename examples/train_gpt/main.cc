@@ -163,7 +163,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.zero_stage = f.zero;
   ddp_options.gather_group = tutti::models::Gpt::gather_group;  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
-  example::Sync sync(job, f);  // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
+  example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
@@ -402,6 +403,10 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     // The most bytes this rank's tensors held on its device at once (tutti's allocations:
     // not CUDA's context, cuBLAS's or NCCL's own).
     summary.set("peak_device_bytes", tutti::Storage::peak_bytes(device));
+    // Gradient bytes this rank put on the wire in the last step (DDP's StepStats: the buckets,
+    // or PowerSGD's P, Q and uncompressed gradients), and the communicator DDP used.
+    summary.set("reduced_bytes_last_step", ddp.last_stats().bytes_reduced);
+    summary.set("allreduce", f.allreduce);
     summary.set_json("loss_curve", curve.dump());
     summary.set("sample", sample);
     summary.set("first_batch_crc32", first_batch_crc);

@@ -23,6 +23,7 @@
 #include "tutti/data/tokens.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/ddp/diloco.h"
+#include "tutti/ddp/powersgd.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/kernels.h"

@@ -36,6 +36,12 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage < 2,
                   "DistributedDataParallel: deterministic needs zero_stage 0 or 1, got ", options_.zero_stage,
                   " (ZeRO-2 and 3 keep no full gradient buffer to sum the slices into)");
+  TUTTI_CHECK_ARG(!options_.reducer.powersgd || options_.zero_stage == 0,
+                  "DistributedDataParallel: reducer.powersgd (PowerSGD) needs zero_stage 0, got ", options_.zero_stage,
+                  " (it compresses the allreduce of whole gradients)");
+  TUTTI_CHECK_ARG(!options_.reducer.powersgd || !options_.deterministic,
+                  "DistributedDataParallel: reducer.powersgd (PowerSGD) and deterministic cannot be combined (the "
+                  "deterministic sum is exact and uncompressed)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();

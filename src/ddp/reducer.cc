@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "powersgd.h"
 #include "tutti/core/error.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
@@ -63,6 +64,22 @@ Reducer::Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device
     }
   }
   found_ = Tensor::zeros({1}, DType::i32, device_);
+  if (options_.powersgd) {
+    const PowerSgdOptions& p = *options_.powersgd;
+    TUTTI_CHECK_ARG(options_.sharding == GradientSharding::none,
+                    "Reducer: ReducerOptions::powersgd (PowerSGD) needs sharding none: it compresses allreduces, not "
+                    "reduce-scatters (ZeRO)");
+    TUTTI_CHECK_ARG(grad_dtype_ == DType::f32 && wire == DType::f32,
+                    "Reducer: ReducerOptions::powersgd (PowerSGD) needs f32 gradients and grad_comm_dtype f32, got ",
+                    name_of(grad_dtype_), " and ", name_of(wire));
+    TUTTI_CHECK_ARG(options_.average, "Reducer: ReducerOptions::powersgd (PowerSGD) needs average = true");
+    TUTTI_CHECK_ARG(p.rank >= 1, "Reducer: ReducerOptions::powersgd.rank must be >= 1, got ", p.rank);
+    TUTTI_CHECK_ARG(p.start_step >= 0, "Reducer: ReducerOptions::powersgd.start_step must be >= 0, got ", p.start_step);
+    TUTTI_CHECK_ARG(p.min_compression_ratio >= 0,
+                    "Reducer: ReducerOptions::powersgd.min_compression_ratio must be >= 0, got ",
+                    p.min_compression_ratio);
+    powersgd_ = std::make_unique<PowerSgd>(comm_, *plan_, buffer_, p);
+  }
   marked_.assign(plan_->entries.size(), false);
 }
 
@@ -274,13 +291,19 @@ void Reducer::launch(int b) {
   if (options_.average && is_half(wire.dtype()) && comm_.size() > 1) {
     kernels::scale(wire, 1.0f / static_cast<float>(comm_.size()), wire, stream_);
   }
-  CallOptions call;
-  call.label = "ddp bucket " + std::to_string(b);
-  call.stream = stream_;
   if (!launched_any_) {
     t_first_launch_ = Clock::now();
     launched_any_ = true;
   }
+  if (compressing()) {
+    stats_.bytes_reduced += powersgd_->launch(b, stream_);
+    bucket.launched = true;
+    step_started_ = true;
+    return;
+  }
+  CallOptions call;
+  call.label = "ddp bucket " + std::to_string(b);
+  call.stream = stream_;
   if (options_.sharding == GradientSharding::none) {
     bucket.work = comm_.allreduce(wire, ReduceOp::sum, call);
   } else {
@@ -326,6 +349,7 @@ const Tensor& Reducer::finish(double divisor) {
         b.work.wait(stream_);
         stats_.comm_run_ms += b.work.run_ms().value_or(0.0);
       }
+      if (compressing()) stats_.bytes_reduced += powersgd_->finish(stream_, &stats_.comm_run_ms);
     }
     const Clock::time_point t_done = Clock::now();
     if (trace::on()) {
@@ -363,6 +387,7 @@ const Tensor& Reducer::finish(double divisor) {
     }
     phase_ = Phase::reduced;
     step_started_ = false;
+    if (powersgd_) powersgd_->end_step();
 
     const Clock::time_point t_end = Clock::now();
     stats_.buckets = bucket_count();
@@ -391,8 +416,13 @@ std::int64_t Reducer::communication_bytes() const {
     bytes += static_cast<std::int64_t>(s.grads.nbytes());
     if (s.staging.defined()) bytes += static_cast<std::int64_t>(s.staging.nbytes());
   }
-  return bytes;
+  return bytes + (powersgd_ ? powersgd_->bytes() : 0);
 }
+
+std::int64_t Reducer::powersgd_compressed_count() const { return powersgd_ ? powersgd_->compressed_count() : 0; }
+std::int64_t Reducer::powersgd_compressed_numel() const { return powersgd_ ? powersgd_->compressed_numel() : 0; }
+
+bool Reducer::compressing() const { return powersgd_ && powersgd_->active(); }
 
 void Reducer::zero() {
   require_usable("zero");

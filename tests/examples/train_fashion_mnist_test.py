@@ -51,6 +51,7 @@ WEIGHTS = {
     "test_skipped_steps_show_in_progress_lines": 2,
     "test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks": 6,
     "test_diloco_learns_resumes_exactly_and_refuses_bad_input": 16,
+    "test_powersgd_learns_near_ddp_and_refuses_bad_flags": 4,
 }
 
 
@@ -324,6 +325,23 @@ class TrainFashionMnist(Case):
         p = run(1, "--resume", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--checkpoint-dir", p.stderr)
+
+    def test_powersgd_learns_near_ddp_and_refuses_bad_flags(self):
+        common = [*SUBSET, "--max-steps", "40", "--powersgd-start", "5"]
+        run(2, *common, "--json", self.path("ddp.json"))
+        run(2, *common, "--allreduce", "powersgd:4", "--json", self.path("psgd.json"))
+        a, b = summary(self.path("ddp.json")), summary(self.path("psgd.json"))
+        self.assertLess(b["final_train_loss"], 0.6 * b["initial_train_loss"])
+        self.assertGreater(b["test_accuracy"], a["test_accuracy"] - 0.05)  # measured: 0.728 and 0.710
+        self.assertNotEqual(a["params_crc32"], b["params_crc32"])  # it did compress
+        for flags, named in [(["--allreduce", "powersgd:0"], "--allreduce"),
+                             (["--allreduce", "powersgd:4", "--zero", "1"], "--zero"),
+                             (["--allreduce", "powersgd:4", "--precision", "fp16"], "--precision fp16"),
+                             (["--allreduce", "powersgd:4", "--sync", "diloco:5", "--ranks-per-node", "1"],
+                              "--allreduce powersgd:4")]:
+            p = run(2, *SUBSET, "--max-steps", "1", *flags, check=False, env=ENDS_AT_ONCE)
+            self.assertNotEqual(p.returncode, 0, flags)
+            self.assertIn(named, p.stdout + p.stderr, flags)
 
     def test_diloco_learns_resumes_exactly_and_refuses_bad_input(self):
         # 2 faked nodes of 2 ranks, an outer sync every 5 steps (and at the last step).

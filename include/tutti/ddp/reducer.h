@@ -46,6 +46,7 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
+#include "tutti/ddp/powersgd.h"
 #include "tutti/nn/flat_plan.h"
 
 namespace tutti::ddp {
@@ -67,6 +68,9 @@ struct ReducerOptions {
   // error naming it; true treats it as zero (its slot keeps whatever it holds).
   bool allow_unused = false;
   GradientSharding sharding = GradientSharding::none;
+  // Set: PowerSGD, low-rank compression of the matrices' gradients with error feedback, instead
+  // of allreducing each bucket whole (ddp/powersgd.h: what it computes, what it refuses).
+  std::optional<PowerSgdOptions> powersgd;
 };
 
 // Timings of the last synchronized step, in milliseconds of wall time on the host (GPU:
@@ -95,6 +99,8 @@ struct StepStats {
   double exposed_gather_ms = 0;  // time forward (or the step, gathering right away) waited for them;
                                  // ZeRO-3: the step's waits for its groups' gathers (forward and backward)
 };
+
+class PowerSgd;  // ReducerOptions::powersgd's state (src/ddp/powersgd.h)
 
 class Reducer {
  public:
@@ -162,6 +168,10 @@ class Reducer {
   // (staging in the wire dtype, shard_only's pool).
   std::int64_t gradient_bytes() const;
   std::int64_t communication_bytes() const;
+  // PowerSGD (ReducerOptions::powersgd): how many gradients it compresses and how many elements
+  // they hold (0 without it).
+  std::int64_t powersgd_compressed_count() const;
+  std::int64_t powersgd_compressed_numel() const;
   // shard_only: buffers in the pool now.
   int pool_size() const { return static_cast<int>(slots_.size()); }
 
@@ -192,6 +202,8 @@ class Reducer {
   template <typename F>
   auto guarded(const char* what, F&& f) -> decltype(f());
 
+  bool compressing() const;
+
   Communicator& comm_;
   std::shared_ptr<const nn::FlatPlan> plan_;
   ReducerOptions options_;
@@ -205,7 +217,8 @@ class Reducer {
   Phase phase_ = Phase::idle;
   std::string failure_;
   Stream stream_;
-  Tensor found_;  // i32 [1]
+  Tensor found_;                        // i32 [1]
+  std::unique_ptr<PowerSgd> powersgd_;  // ReducerOptions::powersgd
   StepStats stats_;
   std::chrono::steady_clock::time_point t_prepare_, t_first_launch_;
   bool launched_any_ = false;

@@ -209,5 +209,39 @@ class Recommendation(unittest.TestCase):
         self.assertIn("--compute-ms", p.stderr)
 
 
+class PowerSgd(unittest.TestCase):
+    def model(self, layers=12, side=1024):
+        m = M.Model("test", [side * side] * layers, 4, 0.05, 0.1, 0.0)
+        m.matrices = [(side, side)] * layers
+        return m
+
+    def test_fraction_closed_form(self):
+        self.assertAlmostEqual(MD.powersgd_fraction([(1024, 1024)], 1024 * 1024, 4), 4 * 2048 / 1024 ** 2)
+        # A matrix whose factors are no smaller is sent whole; the other parameters are sent whole.
+        self.assertEqual(MD.powersgd_fraction([(4, 4)], 16, 4), 1.0)
+        self.assertAlmostEqual(MD.powersgd_fraction([(100, 50)], 5000 + 700, 2), (2 * 150 + 700) / 5700)
+
+    def test_port_bytes_are_the_fraction_of_flat(self):
+        m = self.model()
+        f = MD.powersgd_fraction(m.matrices, m.params, 4)
+        for c in CLUSTERS:
+            flat = MD.predict(c, m, MD.Mode("ddp", "flat"), 1000)
+            psgd = MD.predict(c, m, MD.Mode("ddp", "powersgd", powersgd_rank=4), 1000)
+            self.assertAlmostEqual(psgd.port_bytes, f * flat.port_bytes, delta=1e-6 * flat.port_bytes + 1)
+
+    def test_faster_than_ddp_where_bandwidth_binds_and_not_when_nothing_is_saved(self):
+        m = self.model()
+        c = emulated_cluster(4, 1, 1.0)
+        flat = MD.predict(c, m, MD.Mode("ddp", "flat"), 1000, "ring")
+        psgd = MD.predict(c, m, MD.Mode("ddp", "powersgd", powersgd_rank=4), 1000, "ring")
+        self.assertGreater(psgd.tokens_per_s, 3 * flat.tokens_per_s)
+        whole = MD.predict(c, m, MD.Mode("ddp", "powersgd", powersgd_rank=1024), 1000, "ring")  # f = 1
+        self.assertGreaterEqual(whole.step_s, flat.step_s)  # the same bytes in twice the collectives
+
+    def test_needs_the_matrices(self):
+        with self.assertRaises(ValueError):
+            MD.predict(gpu_cluster(2, 1), gpt(), MD.Mode("ddp", "powersgd"), 1000)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,68 @@
+// PowerSGD: low-rank gradient compression with error feedback for plain data parallelism
+// (Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
+// Distributed Optimization", NeurIPS 2019; the algorithm of PyTorch's powerSGD_hook).
+//
+// Set ReducerOptions::powersgd (DdpOptions::reducer.powersgd; the trainers'
+// `--allreduce powersgd:R`) and the Reducer sends, for each bucket, instead of the bucket:
+//   - for every gradient of 2+ dims, viewed as a matrix M [n, m] (the trailing dims folded)
+//     whose rank-r factors are small enough (n·m > min_compression_ratio · r·(n+m), with
+//     r = min(rank, n, m)), two thin matrices P [n, r] and Q [m, r]:
+//       M = grad + error                (error feedback; error starts at zero)
+//       P = M · Q                       (Q: last step's, or random at the first step)
+//       allreduce(P) (sum)              (every matrix's P of the bucket in one flat buffer)
+//       P = orthonormal columns of P    (Gram-Schmidt, on the host, in double)
+//       Q = M^T · P; allreduce(Q) (sum) (one flat buffer)
+//       grad = P · Q^T / N              (the averaged gradient's approximation, = P·P^T·mean(M))
+//       error = M − P · Q^T / N         (this rank's M: what the approximation left out)
+//   - every other gradient (biases, LayerNorm, small matrices) uncompressed, all of the
+//     bucket's in one flat buffer, allreduced as DDP does.
+// The first `start_step` synchronized steps allreduce every bucket whole (PyTorch's
+// start_powerSGD_iter: the warm-up, where gradients change fastest).
+//
+// Where it works, and what it refuses (InvalidArgument naming ReducerOptions::powersgd, at
+// the Reducer's or DistributedDataParallel's construction):
+//   - plain data parallelism: sharding none (DistributedDataParallel zero_stage 0), not in
+//     deterministic mode;
+//   - f32 gradients on the wire (grad_dtype f32 and grad_comm_dtype f32 or unset);
+//   - averaging (ReducerOptions::average true);
+//   - the CPU and the GPU (the GEMMs are kernels::matmul's; the orthonormalization runs on the
+//     host, so a GPU copies each bucket's P to the host and back: one host sync per bucket);
+//   - over the Reducer's communicator, the whole world (not across nodes only: with node
+//     groups, give DDP the world's communicator, not hierarchical_communicator's).
+// The error is kept in the units of the Reducer's buffer before finish()'s divisor (accumulation
+// steps · loss scale): use it without a dynamic loss scaler (fp32 or bf16 compute), since a
+// step that overflows puts inf into the error and a changed scale mis-scales it.
+// Costs and cadence: finish() runs the second half (orthonormalize, Q, the second allreduce,
+// the product) for every bucket, so only the allreduce of P overlaps backward. The state
+// (error, Q) lives in the Reducer and is not in checkpoints: a resumed run starts PowerSGD
+// afresh (start_step plain steps, zero error, random Q). docs/thin-links.md ("PowerSGD") has
+// the measurements.
+#pragma once
+
+#include <cstdint>
+
+namespace tutti::ddp {
+
+struct PowerSgdOptions {
+  // r: the rank of the approximation of each matrix (clamped to min(n, m)). Bytes per matrix on
+  // the wire: 4·r·(n + m) instead of 4·n·m. Must be >= 1.
+  int rank = 4;
+  // Synchronized steps (finish() calls) that allreduce every gradient uncompressed before
+  // PowerSGD starts. 0: compress from the first step. Must be >= 0.
+  int start_step = 10;
+  // A matrix [n, m] is compressed only when n·m > min_compression_ratio · r·(n + m). 1: whenever
+  // the factors are smaller than the matrix; 0: every matrix of 2+ dims (tests use it to
+  // compress at full rank). Must be >= 0.
+  double min_compression_ratio = 1.0;
+  // true: what the approximation of this rank's M left out is added to the next step's
+  // gradient (without it PowerSGD does not converge like SGD).
+  bool error_feedback = true;
+  // true: each step's power iteration starts from the last step's Q (one iteration a step is
+  // then enough); false: from a fresh random Q every step.
+  bool warm_start = true;
+  // The random Q's seed; every rank draws the same Q (a counter-based generator of the seed,
+  // the step and the matrix).
+  std::uint64_t seed = 0x9e3779b97f4a7c15ULL;
+};
+
+}  // namespace tutti::ddp
