@@ -17,7 +17,7 @@ import time
 import unittest
 
 import sharding
-from train_fashion_mnist_test import ENDS_AT_ONCE, GIVEN_PEAK
+from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK
 
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import unittest
 
-from train_fashion_mnist_test import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, write_smaller_copy
+from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, write_smaller_copy
 
 ARGS = None
 SUBSET = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--max-steps", "12", "--quiet"]
