@@ -16,9 +16,10 @@
 # --streaming no streaming rows, and says so.
 # --local: no cluster and no root; the rows run on this machine (mpirun --oversubscribe, DiLoCo's
 # nodes faked with --ranks-per-node), link "local": validation losses only, which do not depend
-# on the link (docs/thin-links.md, "Loss against run length"). --lr and --warmup-steps change the
-# inner AdamW's (1e-3, 5) for every row of the call. --corpus-commit REV takes the corpus's files
-# as they were at git revision REV (the docs change; same corpus, comparable losses).
+# on the link (docs/thin-links.md, "Loss against run length, and the learning rates").
+# --lr and --warmup-steps change the inner AdamW's (1e-3, 5) for every row of the call.
+# --corpus-commit REV takes the corpus's files as they were at git revision REV (the docs
+# change; same corpus, comparable losses).
 # Needs root (namespaces, except --local) and a build (BUILD, default build/).
 #   bash benchmarks/scaling/thin_links.sh --quick RESULTS       # 2 nodes at 1 Gbit/s, 20 steps: minutes
 #   bash benchmarks/scaling/thin_links.sh RESULTS               # everything: hours
@@ -28,7 +29,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
 fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags="" tag=""
 onemachine=0 lr=1e-3 warmup=5 corpus_rev="" ddp_tag=""
