@@ -9,23 +9,31 @@
 #   0: off), --diloco-flags added to their command (e.g. "--outer-lr 1 --outer-momentum 0") and
 #   --tag T to their names (diloco-H50-int8-T: rows of other --diloco-flags in the same RESULTS);
 #   DDP with PowerSGD (N nodes x 1 rank, --allreduce powersgd:R) for each R of --powersgd (none by default).
+#   --ddp-tag T names the DDP flat row ddp-flat-T (e.g. another --lr; compared with ddp-flat).
 # Every row trains the same global batch for the same steps, so validation losses compare at equal
 # tokens. Writes runs/<link>_<N>x<L>_<mode>.{json,txt}, results.csv, results.md and
 # loss_vs_time.png (matplotlib permitting) into RESULTS (outside the repository except docs/bench/).
 # A trainer without --sync (DiLoCo not built yet) runs the DDP rows only, one without
 # --streaming no streaming rows, and says so.
-# Needs root (namespaces) and a build (BUILD, default build/).
+# --local: no cluster and no root; the rows run on this machine (mpirun --oversubscribe, DiLoCo's
+# nodes faked with --ranks-per-node), link "local": validation losses only, which do not depend
+# on the link (docs/thin-links.md, "Loss against run length, and the learning rates").
+# --lr and --warmup-steps change the inner AdamW's (1e-3, 5) for every row of the call.
+# --corpus-commit REV takes the corpus's files as they were at git revision REV (the docs
+# change; same corpus, comparable losses).
+# Needs root (namespaces, except --local) and a build (BUILD, default build/).
 #   bash benchmarks/scaling/thin_links.sh --quick RESULTS       # 2 nodes at 1 Gbit/s, 20 steps: minutes
 #   bash benchmarks/scaling/thin_links.sh RESULTS               # everything: hours
 #   bash benchmarks/scaling/thin_links.sh --nodes 4 --speeds 1gbit --periods 50 --dtypes int8 RESULTS
+#   bash benchmarks/scaling/thin_links.sh --local --nodes 4 --steps 1000 --periods 50 --dtypes int8 RESULTS
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 nodes="2 4" speeds="10gbit 1gbit 100mbit" periods="10 50 100" dtypes="f32 bf16 int8 int4"
 fragments=4 steps=200 eval_every=25 batch=8 quick=0 out="" hier_per_node=2 diloco_flags="" tag=""
-powersgd=""
+onemachine=0 lr=1e-3 warmup=5 corpus_rev="" ddp_tag="" powersgd=""
 # --quick sets the smallest subset; options given with it still apply.
 for a in "$@"; do
   if [ "$a" = --quick ]; then
@@ -46,7 +54,12 @@ while [ $# -gt 0 ]; do
     --diloco-flags) diloco_flags=$2; shift ;;
     --tag) tag=$2; shift ;;
     --powersgd) powersgd=$2; shift ;;
+    --ddp-tag) ddp_tag=$2; shift ;;
     --hier-ranks-per-node) hier_per_node=$2; shift ;;
+    --local) onemachine=1 ;;
+    --lr) lr=$2; shift ;;
+    --warmup-steps) warmup=$2; shift ;;
+    --corpus-commit) corpus_rev=$2; shift ;;
     -h|--help) usage 0 ;;
     -*) echo "thin_links.sh: unknown option $1" >&2; usage ;;
     *) [ -z "$out" ] || usage; out=$1 ;;
@@ -78,40 +91,55 @@ elif [ "$fragments" -gt 0 ] && ! grep -q -- '--streaming' <<< "$help"; then
 fi
 
 # The data: this repository's docs, as tests/examples/train_gpt_test.py's corpus.
-cat "$repo/README.md" "$repo/docs/architecture.md" "$repo/docs/user-guide.md" "$repo/docs/development.md" \
-  > "$out/corpus.txt" || exit 1
+corpus_files=(README.md docs/architecture.md docs/user-guide.md docs/development.md)
+if [ -n "$corpus_rev" ]; then
+  for c in "${corpus_files[@]}"; do git -C "$repo" show "$corpus_rev:$c" || exit 1; done > "$out/corpus.txt"
+else
+  (cd "$repo" && cat "${corpus_files[@]}") > "$out/corpus.txt" || exit 1
+fi
 model=(--model gpt-tiny --layers 6 --heads 6 --width 384 --context 64 --seq-len 64 --data "$out/corpus.txt"
-       --batch-size "$batch" --steps "$steps" --lr 1e-3 --warmup-steps 5 --eval-every "$eval_every"
+       --batch-size "$batch" --steps "$steps" --lr "$lr" --warmup-steps "$warmup" --eval-every "$eval_every"
        --val-tokens 4096 --sample-tokens 0 --seed 1 --quiet)
 {
   echo "# $(date -u +%FT%TZ) on $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# $(git -C "$repo" rev-parse --short HEAD 2>/dev/null) $trainer ${model[*]}"
+  echo "# corpus: ${corpus_files[*]} at ${corpus_rev:-the working tree}"
   echo "# DiLoCo rows: $([ "$diloco" = 1 ] && echo "yes ($diloco_flags)" || echo "no (trainer without --sync)")"
   echo "# streaming rows: $([ "$diloco" = 1 ] && [ "$streaming" = 1 ] && [ "$fragments" -gt 0 ] && echo yes || echo no)"
 } > "$out/machine.txt"
 
 name=thin$$
 cluster() { bash "$repo/scripts/cluster.sh" "$@"; }
-trap 'cluster down --name $name >/dev/null 2>&1' EXIT
+[ "$onemachine" = 1 ] && speeds=local
+[ "$onemachine" = 1 ] || trap 'cluster down --name $name >/dev/null 2>&1' EXIT
 # "N L" -> mpirun's --host list: L ranks on each of nodes 0..N-1.
 hosts() { local h="" i; for ((i = 0; i < $1; i++)); do h="$h${h:+,}node$i:$2"; done; echo "$h"; }
 
 # run LINK N L MODE [train_gpt flags...]: one row; skipped when its JSON is already there.
 run() {
   local speed=$1 n=$2 l=$3 mode=$4; shift 4
-  local f="$out/runs/${speed}_${n}x${l}_${mode}"
+  local f="$out/runs/${speed}_${n}x${l}_${mode}" launch
   if [ -s "$f.json" ]; then echo "  $mode: have $f.json"; return; fi
-  cluster exec --name "$name" -- mpirun --host "$(hosts "$n" "$l")" -np $((n * l)) "$trainer" "${model[@]}" \
-    "$@" --json "$f.json" > "$f.txt" 2>&1 || { echo "  FAILED: $mode (see $f.txt)"; rm -f "$f.json"; return; }
+  if [ "$onemachine" = 1 ]; then
+    # One machine: the nodes are faked (DiLoCo's --ranks-per-node; DDP's layout does not matter).
+    launch=(mpirun --oversubscribe -np $((n * l)))
+    [ "$mode" = "${mode#diloco}" ] || set -- "$@" --ranks-per-node "$l"
+  else
+    launch=(cluster exec --name "$name" -- mpirun --host "$(hosts "$n" "$l")" -np $((n * l)))
+  fi
+  "${launch[@]}" "$trainer" "${model[@]}" "$@" --json "$f.json" > "$f.txt" 2>&1 ||
+    { echo "  FAILED: $mode (see $f.txt)"; rm -f "$f.json"; return; }
   python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("  %-28s %8.0f tokens/s  val %.4f  %.0f s" % (
     sys.argv[2], j["tokens_per_s"], j["final_val_loss"], j["wall_s"]))' "$f.json" "$mode"
 }
 
 for speed in $speeds; do
   for n in $nodes; do
-    cluster down --name "$name" >/dev/null 2>&1
-    cluster up --name "$name" --nodes "$n" --slots $((hier_per_node > 1 ? hier_per_node : 1)) \
-      --bandwidth "$speed" >/dev/null || exit 1
+    if [ "$onemachine" = 0 ]; then
+      cluster down --name "$name" >/dev/null 2>&1
+      cluster up --name "$name" --nodes "$n" --slots $((hier_per_node > 1 ? hier_per_node : 1)) \
+        --bandwidth "$speed" >/dev/null || exit 1
+    fi
     echo "# $speed, $n nodes"
     # Flat and hierarchical need ranks that share a node (and a batch that they divide).
     if [ "$hier_per_node" = 0 ]; then
@@ -124,7 +152,7 @@ for speed in $speeds; do
       echo "  ddp flat/hierarchical on ${n}x$hier_per_node skipped: --batch $batch is not a multiple of $((n * hier_per_node))"
     fi
     if [ "$quick" = 1 ] && [ "$diloco" = 0 ]; then continue; fi
-    run "$speed" "$n" 1 ddp-flat --allreduce flat
+    run "$speed" "$n" 1 "ddp-flat${ddp_tag:+-$ddp_tag}" --allreduce flat
     for r in $powersgd; do
       run "$speed" "$n" 1 "ddp-powersgd-r$r" --allreduce "powersgd:$r"
     done
@@ -142,7 +170,7 @@ for speed in $speeds; do
     done
   done
 done
-cluster down --name "$name" >/dev/null 2>&1
+[ "$onemachine" = 1 ] || cluster down --name "$name" >/dev/null 2>&1
 echo "# $(cut -d' ' -f1-3 /proc/loadavg) load average at the end" >> "$out/machine.txt"
 # The report: matplotlib is Debian's (python3-matplotlib), for /usr/bin/python3.
 py=/usr/bin/python3

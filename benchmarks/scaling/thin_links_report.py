@@ -11,7 +11,8 @@ Reads RESULTS/runs/<link>_<N>x<L>_<mode>.json (train_gpt --json) and writes
                     (needs matplotlib: skipped with a message without it)
 Training time of an evaluation = its step / steps x the run's train_s (train_gpt's loss curve has
 steps and tokens; train_s excludes evaluations and checkpoints), so the curves are at equal tokens
-per point and differ in time by each mode's step rate.
+per point and differ in time by each mode's step rate. Runs of thin_links.sh --local (link
+"local": no shaped link, so their time says nothing) are plotted against tokens instead.
 """
 import csv
 import glob
@@ -116,13 +117,13 @@ def plot(out, rows):
             curve = [p for p in j.get("loss_curve", []) if len(p) >= 4]
             if not curve or not j.get("steps"):
                 continue
-            t = [p[0] / j["steps"] * j["train_s"] for p in curve]
+            t = [p[1] if link == "local" else p[0] / j["steps"] * j["train_s"] for p in curve]
             style = "-" if r["mode"].startswith("ddp") else ("--" if "-s" in r["mode"] else ":")
             ax.plot(t, [p[3] for p in curve], style, marker=".", label="%s (%dx%d)" % (r["mode"], n, r["per_node"]))
         ax.set_title("%s, %d nodes" % (link, n))
-        ax.set_xlabel("training time (s)")
+        ax.set_xlabel("tokens" if link == "local" else "training time (s)")
         ax.set_ylabel("validation loss")
-        ax.set_xscale("log")
+        ax.set_xscale("linear" if link == "local" else "log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     fig.tight_layout()
