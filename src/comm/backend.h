@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/control.h"
 #include "tutti/comm/bootstrap.h"
@@ -74,5 +75,12 @@ void agree(ControlChannel& channel, const CollectiveInfo& info);
 // The same exchange, polled (for a caller thread that must not block in the transport):
 // returns false when `timeout_s` passed first (the channel is then unusable).
 bool agree_polled(ControlChannel& channel, const CollectiveInfo& info, double timeout_s);
+
+// What the agreement compares of `info`, whether two are the same, and the error when they are
+// not: InvalidArgument naming the first rank whose fingerprint differs from rank 0's, with both
+// descriptions (`all`: every rank's, index = rank).
+Fingerprint fingerprint_of(const CollectiveInfo& info);
+bool same(const Fingerprint& a, const Fingerprint& b);
+[[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all);
 
 }  // namespace tutti::detail
