@@ -4,9 +4,11 @@
 // of the collective in progress.
 //
 // Counts that differ between ranks must never reach MPI's data movement (see kAgreeAboveBytes
-// in backend.h): a collective that can move more than 1 KiB in one message is agreed on first,
-// with one small allreduce on a second duplicate communicator; smaller ones travel eagerly,
-// where MPI checks the size (MPI_ERR_TRUNCATE). In debug mode every collective is agreed on.
+// in backend.h): a collective that can move more than 1 KiB in one message is agreed on before
+// any rank receives its data; up to 8 ranks in band (InBand, mpi_in_band.cc: allreduces carry
+// it inside their own messages), above that with one small allreduce on a second duplicate
+// communicator. Smaller ones travel eagerly, where MPI checks the size (MPI_ERR_TRUNCATE). In
+// debug mode every collective is agreed on.
 //
 // A caller that waits for a CPU collective that has not started, while the thread is idle,
 // runs it (and any before it) itself: same order, no hand-off (see Engine::run_until).
