@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/control.h"
 #include "tutti/comm/bootstrap.h"
@@ -59,8 +60,9 @@ std::exception_ptr in_context(std::exception_ptr error, const std::string& what)
 // limit, 4 KiB over shared memory, reads the sender's whole message into the receive buffer
 // with process_vm_readv, CMA, without checking it against the posted size; messages sent
 // eagerly are checked and fail with MPI_ERR_TRUNCATE). So the mpi backend agrees on every
-// collective that can move more than kAgreeAboveBytes in one message before moving its data,
-// on a communicator of its own (so the agreement never matches another collective's data),
+// collective that can move more than kAgreeAboveBytes in one message before any rank receives
+// its data (in band up to 8 ranks: mpi_engine.h's InBand; above, with agree() on a
+// communicator of its own, so that the agreement never matches another collective's data),
 // and on every collective in debug mode.
 inline constexpr std::size_t kAgreeAboveBytes = 1024;
 // The most bytes one MPI message of collective `c` can carry (halves counted as the fp32 the
@@ -74,5 +76,12 @@ void agree(ControlChannel& channel, const CollectiveInfo& info);
 // The same exchange, polled (for a caller thread that must not block in the transport):
 // returns false when `timeout_s` passed first (the channel is then unusable).
 bool agree_polled(ControlChannel& channel, const CollectiveInfo& info, double timeout_s);
+
+// What the agreement compares of `info`, whether two are the same, and the error when they are
+// not: InvalidArgument naming the first rank whose fingerprint differs from rank 0's, with both
+// descriptions (`all`: every rank's, index = rank).
+Fingerprint fingerprint_of(const CollectiveInfo& info);
+bool same(const Fingerprint& a, const Fingerprint& b);
+[[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all);
 
 }  // namespace tutti::detail

@@ -252,7 +252,6 @@ std::exception_ptr in_context(std::exception_ptr error, const std::string& what)
   }
 }
 
-namespace {
 Fingerprint fingerprint_of(const CollectiveInfo& info) {
   return Fingerprint{info.seq,
                      info.count,
@@ -267,6 +266,7 @@ bool same(const Fingerprint& a, const Fingerprint& b) {
          a.root == b.root;
 }
 
+namespace {
 std::string describe(const Fingerprint& f) {
   if (f.kind < 0 || f.kind > static_cast<int>(CollectiveKind::sendrecv) || f.dtype < 0 ||
       f.dtype > static_cast<int>(DType::i64) || f.op < 0 || f.op > static_cast<int>(ReduceOp::min)) {
@@ -277,7 +277,6 @@ std::string describe(const Fingerprint& f) {
 }
 }  // namespace
 
-namespace {
 [[noreturn]] void throw_mismatch(const std::vector<Fingerprint>& all) {
   for (std::size_t r = 1; r < all.size(); ++r) {
     if (!same(all[r], all[0])) {
@@ -289,7 +288,6 @@ namespace {
               "collective mismatch: the ranks' fingerprints differ, but no two of them do (a rank "
               "changed its mind?)");
 }
-}  // namespace
 
 std::size_t largest_message_bytes(const CollectiveInfo& info, int world_size) {
   const bool half = info.dtype == DType::f16 || info.dtype == DType::bf16;

@@ -4,9 +4,11 @@
 // of the collective in progress.
 //
 // Counts that differ between ranks must never reach MPI's data movement (see kAgreeAboveBytes
-// in backend.h): a collective that can move more than 1 KiB in one message is agreed on first,
-// with one small allreduce on a second duplicate communicator; smaller ones travel eagerly,
-// where MPI checks the size (MPI_ERR_TRUNCATE). In debug mode every collective is agreed on.
+// in backend.h): a collective that can move more than 1 KiB in one message is agreed on before
+// any rank receives its data; up to 8 ranks in band (InBand, mpi_in_band.cc: allreduces carry
+// it inside their own messages), above that with one small allreduce on a second duplicate
+// communicator. Smaller ones travel eagerly, where MPI checks the size (MPI_ERR_TRUNCATE). In
+// debug mode every collective is agreed on.
 //
 // A caller that waits for a CPU collective that has not started, while the thread is idle,
 // runs it (and any before it) itself: same order, no hand-off (see Engine::run_until).
@@ -26,8 +28,11 @@
 // - GPU tensors: staged through a pinned host buffer (device -> host after the caller's
 //   stream has produced the input, the CPU path, host -> device), on the thread's own stream.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "comm/control_mpi.h"
@@ -45,6 +50,31 @@ Clock::time_point coarse_now() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
+
+// The in-band agreement's tags (after sendrecv's, which take [0, 32768)) and its limits.
+constexpr int kInBandFirstTag = 32768;
+// Above this many ranks the agreement is one MPI_Allreduce on a communicator of its own (the
+// in-band one sends size - 1 fingerprints per rank), and allreduces are MPI's.
+constexpr int kInBandMaxRanks = 8;
+constexpr std::int64_t kMaxInBandCount = std::numeric_limits<int>::max() / 2;
+
+// The user chose Open MPI's allreduce algorithm (JobOptions::mpi_allreduce sets these before
+// MPI_Init; so may the environment): allreduces stay MPI's.
+bool mpi_algorithm_chosen() {
+  const char* tuned = std::getenv("OMPI_MCA_coll_tuned_allreduce_algorithm");
+  const char* han = std::getenv("OMPI_MCA_coll_han_priority");
+  return (tuned != nullptr && *tuned != '\0' && std::strcmp(tuned, "0") != 0 && std::strcmp(tuned, "ignore") != 0) ||
+         (han != nullptr && *han != '\0' && std::strcmp(han, "0") != 0);
+}
+
+void configure_in_band(Engine& e) {
+  int* tag_ub = nullptr;
+  int found = 0;
+  TUTTI_MPI_CHECK(MPI_Comm_get_attr(e.comm, MPI_TAG_UB, &tag_ub, &found));
+  const long long pairs = found && tag_ub != nullptr ? (static_cast<long long>(*tag_ub) + 1 - kInBandFirstTag) / 2 : 0;
+  e.in_band_tags = e.size >= 2 && e.size <= kInBandMaxRanks ? static_cast<int>(std::max(0LL, pairs)) : 0;
+  e.in_band_allreduce = e.in_band_tags > 0 && !mpi_algorithm_chosen();
 }
 
 }  // namespace
@@ -198,13 +228,35 @@ void Engine::fail_broken(const std::string& report) {
 
 void Engine::execute(Op& op) {
   const auto& c = op.c;
-  if (debug || largest_message_bytes(c.info, size) > kAgreeAboveBytes) agree(*check, c.info);
+  std::optional<InBand> agreement;
+  if (debug || largest_message_bytes(c.info, size) > kAgreeAboveBytes) {
+    if (in_band_tags == 0) {
+      agree(*check, c.info);
+    } else {
+      const int tag = kInBandFirstTag + 2 * static_cast<int>(c.info.seq % static_cast<std::uint64_t>(in_band_tags));
+      agreement.emplace(comm, rank, size, fingerprint_of(c.info), tag);
+      // Large allreduces carry it in band; MPI's collectives need it before their data.
+      const bool carried = in_band_allreduce && c.info.kind == CollectiveKind::allreduce && c.info.count >= size &&
+                           c.info.count <= kMaxInBandCount;
+      if (carried) {
+        band = &*agreement;
+      } else {
+        agreement->require_all();
+      }
+    }
+  }
+  struct Reset {
+    InBand*& band;
+    ~Reset() { band = nullptr; }
+  } reset{band};
   const Tensor& any = c.output.defined() ? c.output : c.input;
   if (any.defined() && any.device().is_cuda()) {
     run_staged(op);
   } else {
     run_host(c);
   }
+  // The fingerprints not yet taken came before the data that made the result: at hand.
+  if (band != nullptr) band->require_all();
 }
 
 }  // namespace mpi_engine
@@ -221,9 +273,10 @@ class MpiBackend final : public Backend {
     Engine& e = *engine_;
     TUTTI_MPI_CHECK(MPI_Comm_dup(parent, &e.comm));
     TUTTI_MPI_CHECK(MPI_Comm_set_errhandler(e.comm, MPI_ERRORS_RETURN));
-    e.check = make_mpi_control(parent);
     e.rank = rank;
     e.size = size;
+    mpi_engine::configure_in_band(e);
+    if (e.in_band_tags == 0) e.check = make_mpi_control(parent);
     e.device = device;
     e.timeout_s = timeout_seconds();
     e.debug = debug();

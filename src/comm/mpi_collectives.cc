@@ -103,7 +103,11 @@ void Engine::allreduce(const Tensor& in, const Tensor& out, ReduceOp op) {
     for (std::int64_t off = 0; off < n || (n == 0 && off == 0); off += chunk) {
       const std::int64_t m = std::min(chunk, n - off);
       half_to_float(dt, src + off, f32_a.data(), m);
-      TUTTI_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32_a.data(), static_cast<int>(m), MPI_FLOAT, mpi_op(op), comm));
+      if (band != nullptr) {
+        allreduce_in_band(*band, rank, size, f32_a.data(), f32_a.data(), m, DType::f32, op, scratch);
+      } else {
+        TUTTI_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, f32_a.data(), static_cast<int>(m), MPI_FLOAT, mpi_op(op), comm));
+      }
       if (op == ReduceOp::avg) divide(f32_a.data(), m, size);
       float_to_half(dt, f32_a.data(), dst + off, m);
       if (n == 0) break;
@@ -116,6 +120,13 @@ void Engine::allreduce(const Tensor& in, const Tensor& out, ReduceOp op) {
   const char* const in_ptr = byte_ptr(in);
   const std::size_t bytes = static_cast<std::size_t>(n * es);
   const bool in_place = in_ptr == out_ptr;
+  if (band != nullptr) {
+    const bool apart = in_place || !overlap(in_ptr, bytes, out_ptr, bytes);
+    if (!apart) std::memmove(out_ptr, in_ptr, bytes);
+    allreduce_in_band(*band, rank, size, apart ? in_ptr : out_ptr, out_ptr, n, dt, op, scratch);
+    if (op == ReduceOp::avg) divide(static_cast<float*>(out.data()), n, size);
+    return;
+  }
   const bool overlapping = !in_place && overlap(in_ptr, bytes, out_ptr, bytes);
   if (overlapping) std::memmove(out_ptr, in_ptr, bytes);
   const bool use_in_place = in_place || overlapping;

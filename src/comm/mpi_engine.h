@@ -28,6 +28,54 @@ std::shared_ptr<Backend> make_mpi_backend(MPI_Comm parent, Device device, CommOp
 
 namespace mpi_engine {
 
+// One collective's agreement carried in band, on the data's own communicator (mpi_in_band.cc).
+// At the start every rank sends its fingerprint to every other rank (32-byte eager messages)
+// and posts the receives of theirs. The data path waits for a peer's fingerprint before it
+// posts a receive from that peer (so every message it receives has the size it posts), and
+// each of its waits also takes the fingerprints that arrive meanwhile: the ranks agree without
+// a round of their own, and no rank waits for any rank that it does not exchange data with. A
+// fingerprint that differs: the rank waits for all of them (every rank sends its fingerprint
+// before any data) and throws the agreement's InvalidArgument (throw_mismatch), as every rank
+// does; receives still posted are cancelled. Collectives that MPI carries out call
+// require_all() before their data: the same agreement as one round of point-to-point messages.
+class InBand {
+ public:
+  // `tag`: this collective's tags are tag (fingerprints) and tag + 1 (data).
+  InBand(MPI_Comm comm, int rank, int size, const Fingerprint& mine, int tag);
+  InBand(const InBand&) = delete;
+  InBand& operator=(const InBand&) = delete;
+  ~InBand();
+  // Blocks until every rank's fingerprint has arrived; throws the mismatch where one differs.
+  void require_all();
+  // Sends `scount` elements to `peer` and receives exactly `rcount` from it, once its
+  // fingerprint has arrived and equals this rank's.
+  void exchange(int peer, const void* send, std::int64_t scount, void* recv, std::int64_t rcount, MPI_Datatype type);
+  void send(int peer, const void* buf, std::int64_t count, MPI_Datatype type);
+  void recv(int peer, void* buf, std::int64_t count, MPI_Datatype type);
+
+ private:
+  void require(int peer);
+  void arrived(int peer);
+  // Waits for the data requests (reqs_[size_], reqs_[size_ + 1]), taking fingerprints meanwhile.
+  void wait_data(std::int64_t rcount, MPI_Datatype type, int peer);
+  [[noreturn]] void mismatch();
+  MPI_Comm comm_;
+  int rank_, size_, tag_;
+  Fingerprint mine_;
+  std::vector<Fingerprint> theirs_;
+  std::vector<MPI_Request> reqs_;   // [0, size): fingerprint receives; [size]: data receive; [size + 1]: data send
+  std::vector<MPI_Request> sends_;  // fingerprint sends
+  std::vector<char> seen_;
+  int missing_ = 0;
+};
+
+// Rabenseifner's allreduce (Open MPI's coll/tuned algorithm 6, which its default picks from
+// 8 KiB at 4-7 ranks and from 256 KiB at 2-3) over `band`: `count` elements of `dtype` (f32,
+// i32, i64; avg is sum here) from `in` into `out` (the same pointer: in place; else they must
+// not overlap). `scratch` grows to half the buffer where the algorithm needs it.
+void allreduce_in_band(InBand& band, int rank, int size, const void* in, void* out, std::int64_t count, DType dtype,
+                       ReduceOp op, std::vector<char>& scratch);
+
 // A queued collective is its own Work state (one allocation per collective).
 struct Op final : HostWork {
   // The info moves to the Work state (the label with it; c.info keeps the rest).
@@ -41,7 +89,10 @@ struct Op final : HostWork {
 // after a missed deadline never outlives what it uses.
 struct Engine final : WorkRunner, Watched {
   MPI_Comm comm = MPI_COMM_NULL;
-  std::unique_ptr<ControlChannel> check;  // the agreement before the data (never meets data traffic)
+  std::unique_ptr<ControlChannel> check;  // the agreement before the data above kInBandMaxRanks
+  int in_band_tags = 0;                   // how many tag pairs the in-band agreement cycles through (0: none)
+  bool in_band_allreduce = false;         // large allreduces run Rabenseifner's algorithm in band
+  InBand* band = nullptr;                 // the current collective's, where its data path runs in band
   std::shared_ptr<ProgressBoard> board;
   int board_comm = -1;
   int rank = 0;
@@ -77,6 +128,7 @@ struct Engine final : WorkRunner, Watched {
 
   // Scratch of the communication thread.
   std::vector<float> f32_a, f32_b;
+  std::vector<char> scratch;
   std::shared_ptr<Storage> pinned;
   Stream staging;
 

@@ -2,6 +2,8 @@
 // argument errors, the loud defaults of the base class, fp32 accumulation of halves, debug-mode
 // mismatch detection, and the agreement on large collectives outside debug mode.
 #include <mpi.h>
+#include <cmath>
+#include <cstring>
 
 #include <cstdlib>
 #include <optional>
@@ -106,6 +108,56 @@ TEST(CommAgreement, LargeCollectivesWithDifferentCountsFailOnEveryRank) {
     for (std::int64_t i = 0; i < 3000; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, 970);
   }
   expect_values(values_of(y), expected, DType::f32, false, "after an agreed mismatch");
+}
+
+// Outside debug mode, a large allreduce (its agreement carried in band by the data's own
+// messages) against a large broadcast (agreed on before MPI moves its data) still fails on
+// every rank with both descriptions, and the communicator goes on working.
+TEST(CommAgreement, LargeCollectivesOfDifferentKindsFailOnEveryRank) {
+  if (job().world_size() < 2) GTEST_SKIP() << "a mismatch needs two ranks";
+  Communicator& comm = job().cpu_communicator();
+  ASSERT_FALSE(comm.debug());
+  const Tensor x = Tensor::zeros({4096}, DType::f32);  // 16 KiB
+  const bool last = comm.rank() == comm.size() - 1;
+  const Work work = last ? comm.broadcast(x, 0) : comm.allreduce(x, ReduceOp::sum, {.label = "kinds differ"});
+  const std::string seq = "#" + std::to_string(work.info().seq);
+  try {
+    work.wait();
+    ADD_FAILURE() << "no mismatch reported";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("collective mismatch: rank 0 issued " + seq + " allreduce(sum) 4096 x f32"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("rank " + std::to_string(comm.size() - 1) + " issued " + seq + " broadcast(root 0) 4096 x f32"),
+              std::string::npos)
+        << what;
+  }
+  const Tensor y = make_input(DType::f32, comm.rank(), 3001, 980);  // odd, in band, and equal
+  comm.allreduce(y, ReduceOp::sum).wait();
+  std::vector<double> expected(3001, 0.0);
+  for (int q = 0; q < comm.size(); ++q) {
+    for (std::int64_t i = 0; i < 3001; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, 980);
+  }
+  expect_values(values_of(y), expected, DType::f32, false, "after a mismatch of kinds");
+}
+
+// DDP relies on every rank getting the same bits from an allreduce, also where float sums
+// round differently by order (the in-band algorithm reduces each element on one rank only).
+TEST(CommAgreement, AllreduceGivesEveryRankTheSameBits) {
+  Communicator& comm = job().cpu_communicator();
+  constexpr std::int64_t n = 100003;  // odd, 391 KiB
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = std::sin(0.37f * (i + 1) * (comm.rank() + 1));
+  const Tensor x = Tensor::from_floats(v, {n}, DType::f32);
+  comm.allreduce(x, ReduceOp::sum).wait();
+  const Tensor all = Tensor::zeros({n * comm.size()}, DType::f32);
+  comm.allgather(x, all).wait();
+  const auto* mine = static_cast<const float*>(x.data());
+  const auto* every = static_cast<const float*>(all.data());
+  for (int q = 0; q < comm.size(); ++q) {
+    EXPECT_EQ(std::memcmp(every + q * n, mine, static_cast<std::size_t>(n) * sizeof(float)), 0)
+        << "rank " << comm.rank() << " and rank " << q << " got different bits";
+  }
 }
 
 // Sets an environment variable for the scope, then restores it.
