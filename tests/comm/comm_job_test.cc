@@ -15,6 +15,18 @@
 namespace tutti::testing {
 namespace {
 
+// After a mismatch the communicator goes on working: an f32 allreduce of n elements (every rank
+// alike) sums the ranks' inputs.
+void expect_allreduce_sums(Communicator& comm, std::int64_t n, std::uint32_t salt, const std::string& when) {
+  const Tensor y = make_input(DType::f32, comm.rank(), n, salt);
+  comm.allreduce(y, ReduceOp::sum).wait();
+  std::vector<double> expected(static_cast<std::size_t>(n), 0.0);
+  for (int q = 0; q < comm.size(); ++q) {
+    for (std::int64_t i = 0; i < n; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, salt);
+  }
+  expect_values(values_of(y), expected, DType::f32, false, when);
+}
+
 TEST(CommJob, RanksMatchMpi) {
   int rank = -1, size = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -101,13 +113,7 @@ TEST(CommAgreement, LargeCollectivesWithDifferentCountsFailOnEveryRank) {
         << what;
     EXPECT_NE(what.find("rank 1 issued " + seq + " allreduce(sum) 5000 x f32"), std::string::npos) << what;
   }
-  const Tensor y = make_input(DType::f32, comm.rank(), 3000, 970);  // 11.7 KiB: agreed on, and equal
-  comm.allreduce(y, ReduceOp::sum).wait();
-  std::vector<double> expected(3000, 0.0);
-  for (int q = 0; q < comm.size(); ++q) {
-    for (std::int64_t i = 0; i < 3000; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, 970);
-  }
-  expect_values(values_of(y), expected, DType::f32, false, "after an agreed mismatch");
+  expect_allreduce_sums(comm, 3000, 970, "after an agreed mismatch");  // 11.7 KiB: agreed on, and equal
 }
 
 // Outside debug mode, a large allreduce (its agreement carried in band by the data's own
@@ -132,13 +138,7 @@ TEST(CommAgreement, LargeCollectivesOfDifferentKindsFailOnEveryRank) {
               std::string::npos)
         << what;
   }
-  const Tensor y = make_input(DType::f32, comm.rank(), 3001, 980);  // odd, in band, and equal
-  comm.allreduce(y, ReduceOp::sum).wait();
-  std::vector<double> expected(3001, 0.0);
-  for (int q = 0; q < comm.size(); ++q) {
-    for (std::int64_t i = 0; i < 3001; ++i) expected[static_cast<std::size_t>(i)] += input_value(DType::f32, q, i, 980);
-  }
-  expect_values(values_of(y), expected, DType::f32, false, "after a mismatch of kinds");
+  expect_allreduce_sums(comm, 3001, 980, "after a mismatch of kinds");  // odd, in band, and equal
 }
 
 // DDP relies on every rank getting the same bits from an allreduce, also where float sums
