@@ -45,23 +45,15 @@ Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(p
       std::to_string(f.outer_lr) + " " + std::to_string(f.outer_momentum) + " " + f.outer_dtype + " " +
           std::to_string(f.error_feedback) + " " + std::to_string(f.streaming) + " " + std::to_string(f.overlap) + " " +
           f.outer_exchange);
-  TUTTI_CHECK_ARG(f.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, got ", f.outer_lr);
-  TUTTI_CHECK_ARG(f.outer_momentum >= 0 && f.outer_momentum < 1, "--outer-momentum must be in [0, 1), got ",
-                  f.outer_momentum);
   TUTTI_CHECK_ARG(f.allreduce == "flat", "--allreduce ", f.allreduce,
                   " applies to --sync ddp; --sync diloco already reduces inside the node and "
                   "syncs across nodes");
   TUTTI_CHECK_ARG(!f.deterministic,
                   "--deterministic applies to --sync ddp (a model independent of the number of ranks); --sync diloco "
                   "depends on the node layout by design");
+  // The outer optimizer's values and the node layout (two nodes at least, of equal sizes) are
+  // checked by DiLoCo's constructor in start(), whose errors name the flags.
   groups_ = job.node_groups({}, f.ranks_per_node);
-  TUTTI_CHECK_ARG(groups_.node_count() >= 2, "--sync ", f.sync, " needs at least 2 nodes, but this job of ",
-                  job.world_size(), " rank(s) is one node (use --sync ddp, or fake nodes with --ranks-per-node)");
-  for (int s : groups_.node_sizes) {
-    TUTTI_CHECK_ARG(s == groups_.node_sizes.front(), "--sync ", f.sync,
-                    " needs the same number of ranks on every node, but this job has ", groups_.sizes_str(),
-                    " rank(s) on its ", groups_.node_count(), " nodes (--ranks-per-node ", f.ranks_per_node, ")");
-  }
 }
 
 tutti::Communicator& Sync::ddp_communicator() {

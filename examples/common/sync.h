@@ -26,7 +26,9 @@ class Sync {
   Sync(tutti::Job& job, const RunFlags& f);
   // The communicator the inner DDP runs over: the world's, a hierarchical one, or the node's.
   tutti::Communicator& ddp_communicator();
-  // COLLECTIVE with --sync diloco (the DiLoCo object; node 0's parameters everywhere).
+  // COLLECTIVE with --sync diloco (the DiLoCo object; node 0's parameters everywhere). Throws
+  // DiLoCo's InvalidArgument, naming the flag, for bad DiLoCo flags (--outer-lr, --streaming, ...)
+  // or node layouts (one node, nodes of unequal sizes).
   void start(tutti::ddp::DistributedDataParallel& ddp, tutti::optim::Optimizer& optimizer);
   // Adds "diloco." to the run's state: DiLoCo's (collective), or with --sync ddp an entry that
   // refuses a DiLoCo checkpoint.
