@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "ddp/plan_state.h"
 #include "tutti/core/error.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/kernels/cast.h"
@@ -242,22 +243,12 @@ void DiLoCo::apply_pending(const Tensor& local) {
 }
 
 StateDict DiLoCo::named(const Tensor& flat) const {
-  StateDict out;
-  for (const nn::PlanEntry& e : inner_.plan().entries)
-    out[e.name] = flat.view(e.offset, e.shape).to(Device::cpu(), inner_.module().stream());
-  return out;
+  return named_of_flat(inner_.plan(), flat, inner_.module().stream());
 }
 
 Tensor DiLoCo::flat_of(const StateDict& state, const std::string& prefix) const {
-  Tensor host = Tensor::zeros({total_}, DType::f32);
-  for (const nn::PlanEntry& e : inner_.plan().entries) {
-    const auto it = state.find(prefix + e.name);
-    TUTTI_CHECK_ARG(it != state.end(), "DiLoCo::load_state_dict: no entry '", prefix, e.name,
-                    "' (the checkpoint is of another model, or not of --sync diloco)");
-    TUTTI_CHECK_ARG(it->second.shape() == e.shape && it->second.dtype() == DType::f32, "DiLoCo::load_state_dict: '",
-                    prefix, e.name, "' is ", it->second.str(), " but the parameter is ", shape_str(e.shape), " f32");
-    host.view(e.offset, e.shape).copy_from(it->second);
-  }
+  const Tensor host = flat_of_named(inner_.plan(), state, prefix, "DiLoCo::load_state_dict",
+                                    " (the checkpoint is of another model, or not of --sync diloco)");
   Tensor out = host.to(inner_.module().device(), inner_.module().stream());
   inner_.module().stream().synchronize();  // before `host` goes
   return out;

@@ -3,6 +3,7 @@
 // this rank's shard), the live views at stage 0, and the flat parameter vector DiLoCo reads and sets.
 #include <set>
 
+#include "ddp/plan_state.h"
 #include "ddp/zero3.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
@@ -13,12 +14,10 @@ namespace tutti::ddp {
 StateDict DistributedDataParallel::model_state_dict() {
   synchronize_parameters();
   if (!half_masters()) return model_.state_dict();
-  StateDict out = model_.extra_state();
   const Tensor full = gather_full(master_shard_);
-  const nn::FlatPlan& plan = reducer_->plan();
-  for (const nn::PlanEntry& e : plan.entries)
-    out[e.name] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
-  model_.stream().synchronize();
+  StateDict out = named_of_flat(reducer_->plan(), full, model_.stream());
+  out.merge(model_.extra_state());  // (a parameter's name wins)
+  model_.stream().synchronize();    // before `full` goes
   return out;
 }
 
@@ -32,15 +31,8 @@ void DistributedDataParallel::load_model_state_dict(const StateDict& state) {
   std::set<std::string> used;
   for (const auto& [name, t] : model_.extra_state()) used.insert(name);
   // Every entry checked before anything changes.
-  Tensor host = Tensor::zeros({plan.total}, DType::f32);
-  for (const nn::PlanEntry& e : plan.entries) {
-    const auto it = state.find(e.name);
-    TUTTI_CHECK_ARG(it != state.end(), "load_model_state_dict: no entry for parameter '", e.name, "'");
-    TUTTI_CHECK_ARG(it->second.shape() == e.shape && it->second.dtype() == DType::f32, "load_model_state_dict: '",
-                    e.name, "' is ", it->second.str(), " but the parameter is ", shape_str(e.shape), " f32");
-    host.view(e.offset, e.shape).copy_from(it->second);
-    used.insert(e.name);
-  }
+  const Tensor host = flat_of_named(plan, state, "", "load_model_state_dict");
+  for (const nn::PlanEntry& e : plan.entries) used.insert(e.name);
   for (const auto& [key, t] : state) {
     TUTTI_CHECK_ARG(used.count(key) == 1, "load_model_state_dict: entry '", key, "' matches no parameter or state");
   }

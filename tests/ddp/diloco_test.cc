@@ -300,7 +300,8 @@ TEST(DiLoCo, StreamingSyncsEachFragmentAtItsStep) {
 }
 
 // A 2-node checkpoint on 4 nodes: the period restarts from the global parameters. A state
-// without DiLoCo entries (a --sync ddp checkpoint's) is refused, naming --sync.
+// without DiLoCo entries (a --sync ddp checkpoint's) is refused, naming --sync, and one with a
+// global parameter missing or misshaped, naming the entry.
 TEST(DiLoCo, ResumeOnOtherNodeCountRestartsFromGlobalAndRefusesDdpState) {
   kernels::set_cpu_threads(1);
   StateDict saved;
@@ -334,6 +335,24 @@ TEST(DiLoCo, ResumeOnOtherNodeCountRestartsFromGlobalAndRefusesDdpState) {
       ADD_FAILURE() << "a state without DiLoCo entries was loaded";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("--sync ddp"), std::string::npos) << e.what();
+    }
+    // A global parameter missing, or of another shape, is refused naming its entry.
+    const std::string key = "global." + t.model->parameters().front()->name;
+    for (const bool missing : {true, false}) {
+      StateDict bad = saved;
+      if (missing)
+        bad.erase(key);
+      else
+        bad[key] = Tensor::zeros({3}, DType::f32);
+      try {
+        diloco.load_state_dict(bad);
+        ADD_FAILURE() << "loaded with '" << key << "' " << (missing ? "missing" : "of shape [3]");
+      } catch (const InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(missing ? "no entry for parameter '" + key + "'" : "'" + key + "' is Tensor[3] f32"),
+                  std::string::npos)
+            << what;
+      }
     }
     diloco.load_state_dict(saved);
     EXPECT_EQ(diloco.inner_step(), 0);
