@@ -3,7 +3,6 @@
 #include "tutti/comm/communicator.h"
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -13,6 +12,7 @@
 #include "comm/backend.h"
 #include "comm/fault.h"
 #include "comm/work_state.h"
+#include "core/format_bytes.h"
 #include "tutti/core/trace.h"
 
 namespace tutti {
@@ -41,19 +41,6 @@ std::string_view name_of(CollectiveKind kind) {
 
 namespace {
 
-std::string bytes_str(double bytes) {
-  char buf[32];
-  if (bytes < 1024)
-    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  else if (bytes < 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024);
-  else if (bytes < 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
-  else
-    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-  return buf;
-}
-
 // What every rank must agree on (the label may differ), and sendrecv's peers where known
 // (they differ per rank; a fingerprint does not carry them).
 std::string describe(std::uint64_t seq, CollectiveKind kind, ReduceOp op, DType dtype, std::int64_t count, int root,
@@ -65,7 +52,7 @@ std::string describe(std::uint64_t seq, CollectiveKind kind, ReduceOp op, DType 
   if (kind == CollectiveKind::sendrecv && send_to >= 0) s << "(to " << send_to << ", from " << recv_from << ')';
   if (kind != CollectiveKind::barrier) {
     s << ' ' << count << " x " << name_of(dtype) << " ("
-      << bytes_str(static_cast<double>(count) * static_cast<double>(size_of(dtype))) << ')';
+      << detail::format_bytes(static_cast<double>(count) * static_cast<double>(size_of(dtype)), 1) << ')';
   }
   return s.str();
 }

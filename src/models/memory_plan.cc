@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/format_bytes.h"
 #include "tutti/core/error.h"
 #include "tutti/nn/flat_plan.h"
 
@@ -26,15 +27,9 @@ std::string grouped(std::int64_t n) {
   return s;
 }
 
+// "0.12 MiB", "2.90 GiB": the table's unit.
 std::string human(std::int64_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
-  }
-  return buf;
+  return detail::format_bytes(static_cast<double>(bytes), 2, detail::ByteUnit::MiB);
 }
 
 // The Gpt's parameters as Gpt registers them (gpt.h lists the names): what its flat plan cuts.

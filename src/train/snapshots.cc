@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/format_bytes.h"
 #include "io/checkpoint_file.h"
 #include "tutti/core/error.h"
 
@@ -31,9 +32,8 @@ std::uint64_t statvfs_free(const std::string& dir) {
 }
 
 std::string mib(std::uint64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
+  return tutti::detail::format_bytes(static_cast<double>(bytes), 1, tutti::detail::ByteUnit::MiB,
+                                     tutti::detail::ByteUnit::MiB);
 }
 
 std::vector<std::int64_t> allgather_ints(Communicator& comm, const std::vector<std::int64_t>& mine, const char* label) {
