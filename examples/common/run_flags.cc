@@ -127,6 +127,16 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->check(CLI::PositiveNumber);
 }
 
+int parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return -1;
+}
+
 tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,
                                      tutti::train::Summary& summary) {
   tutti::train::RunOptions o;

@@ -52,6 +52,10 @@ struct RunFlags {
 // Adds the flags above to `app`, with f's values as the defaults.
 void add_run_flags(CLI::App& app, RunFlags& f);
 
+// app.parse: returns -1 to go on, else the trainer's exit code: 0 after --help, 2 for a bad
+// command line (CLI11 has printed why).
+int parse_command_line(CLI::App& app, int argc, char** argv);
+
 // The run control of these flags for a run of `steps` steps (the caller adds its metadata).
 // `summary`: where the run's summary goes (made from --json before the Job).
 tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, const tutti::Stream& stream,

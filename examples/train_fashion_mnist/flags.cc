@@ -75,13 +75,7 @@ int parse_flags(int argc, char** argv, Flags& f) {
                  "RANK:MS or RANK:P%: that rank busy-waits MS ms in every step, or P% of its own compute before "
                  "the first collective in the step before (to see a straggler)");
   example::add_run_flags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  return -1;
+  return example::parse_command_line(app, argc, argv);
 }
 
 std::string shaping_flags(const Flags& f) {

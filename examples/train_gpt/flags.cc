@@ -94,13 +94,7 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->capture_default_str();
   app.add_option("--device-memory", f.device_memory, "memory of one device for --plan, e.g. 141GB or 80GiB");
   example::add_run_flags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  return -1;
+  return example::parse_command_line(app, argc, argv);
 }
 
 }  // namespace gpt
