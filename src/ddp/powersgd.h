@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tutti/comm/communicator.h"
+#include "tutti/core/state_dict.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
 #include "tutti/ddp/powersgd.h"
@@ -43,6 +44,15 @@ class PowerSgd {
   std::int64_t compressed_count() const;
   std::int64_t compressed_numel() const;
 
+  // Checkpoints (powersgd_state.cc; tutti/ddp/powersgd.h says what is kept and when). `plan`
+  // is the one given to the constructor (for the parameters' names). COLLECTIVE: every rank's
+  // error is all-gathered, bucket by bucket; rank 0's result holds every rank's, the others'
+  // their own. Between steps only (no collective of a step in flight).
+  StateDict state_dict(const nn::FlatPlan& plan, const Stream& stream);
+  // Not collective. Checks every entry before anything changes (InvalidArgument naming it);
+  // returns "" when PowerSGD continues exactly, else what it did instead (for a start-up line).
+  std::string load_state_dict(const nn::FlatPlan& plan, const StateDict& state, const Stream& stream);
+
  private:
   struct Matrix {
     std::size_t entry = 0;
@@ -65,6 +75,7 @@ class PowerSgd {
   Tensor matrix_of(const Matrix& x) const { return buffer_.view(x.offset, {x.n, x.m}); }
   void draw_q(Bucket& bucket, const Stream& stream);
   void orthonormalize(Bucket& bucket, const Stream& stream);
+  void restart(const Stream& stream);  // step 0, zero error, no Q drawn (a fresh PowerSgd)
 
   Communicator& comm_;
   PowerSgdOptions options_;

@@ -422,6 +422,28 @@ std::int64_t Reducer::communication_bytes() const {
 std::int64_t Reducer::powersgd_compressed_count() const { return powersgd_ ? powersgd_->compressed_count() : 0; }
 std::int64_t Reducer::powersgd_compressed_numel() const { return powersgd_ ? powersgd_->compressed_numel() : 0; }
 
+StateDict Reducer::powersgd_state_dict(const Stream& stream) {
+  require_usable("powersgd_state_dict");
+  TUTTI_CHECK(phase_ != Phase::reducing,
+              "Reducer::powersgd_state_dict: a synchronized pass is in progress (finish() it first)");
+  if (!powersgd_) return {};
+  ErrorContext context("saving PowerSGD's state");
+  return powersgd_->state_dict(*plan_, stream);
+}
+
+std::string Reducer::load_powersgd_state_dict(const StateDict& state, const Stream& stream) {
+  require_usable("load_powersgd_state_dict");
+  TUTTI_CHECK(phase_ != Phase::reducing,
+              "Reducer::load_powersgd_state_dict: a synchronized pass is in progress (finish() it first)");
+  if (!powersgd_) {
+    return state.empty() ? ""
+                         : "the checkpoint holds PowerSGD state but this run does not compress: it is not used (the "
+                           "error feedback it still owed is dropped)";
+  }
+  ErrorContext context("loading PowerSGD's state");
+  return powersgd_->load_state_dict(*plan_, state, stream);
+}
+
 bool Reducer::compressing() const { return powersgd_ && powersgd_->active(); }
 
 void Reducer::zero() {

@@ -104,6 +104,13 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
     note = " (checkpoint written in " + saved_precision->second + ": the loss scaler starts afresh)";
   }
   for (const State::Entry& e : state.entries) e.load(io::strip_prefix(ckpt.state, e.prefix));
+  // PowerSGD continues exactly, or the note says what it did instead (restarted, its error
+  // zeroed on another world size, its state unused by a run without it).
+  const std::string powersgd = ddp.load_powersgd_state_dict(io::strip_prefix(ckpt.state, kPowerSgd));
+  if (!powersgd.empty()) {
+    const bool snapshot = from_memory && ddp.options().reducer.powersgd;
+    note += std::string(" (") + (snapshot ? "memory snapshots keep no PowerSGD state: " : "") + powersgd + ")";
+  }
   step = get_int_scalar(ckpt.state, kStep);
   if (ckpt.state.count(kLastLoss)) loss = get_scalar(ckpt.state, kLastLoss);
   resumed = true;
@@ -117,6 +124,8 @@ void Run::Impl::write_checkpoint(bool must) {
   // Collective entries (State::add_collective) on every rank first: rank 0 saves its result.
   for (const State::Entry& e : state.entries)
     if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
+  // PowerSGD's state (collective: every rank's error is gathered to rank 0).
+  if (ddp.options().reducer.powersgd) io::add_prefixed(collected, kPowerSgd, ddp.powersgd_state_dict());
   if (ddp.zero_stage() == 0) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,
     // which copies them (not collective). An optimizer that is not attached has no views:

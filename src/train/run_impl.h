@@ -21,6 +21,7 @@ namespace tutti::train {
 
 inline constexpr const char* kStep = "train.step";
 inline constexpr const char* kLastLoss = "train.last_loss";
+inline constexpr const char* kPowerSgd = "powersgd.";  // the prefix of PowerSGD's state (ddp/powersgd.h)
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
 // crc32 of a string (check_same without a Job, the snapshots' node of a host name).

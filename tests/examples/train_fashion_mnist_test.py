@@ -8,7 +8,8 @@ are refused, and bad flags or a missing data set fail clearly. And when things g
 preemption signal stops every rank at a step boundary with a checkpoint from which the run
 resumes bit-identically; ranks with different data, a failed save, a diverged loss and an
 unwritable --json end the job at once with a message that names the cause. --deterministic gives
-the same bits on any number of ranks. --sync diloco on faked nodes learns and resumes bit-identically.
+the same bits on any number of ranks. --sync diloco on faked nodes learns and resumes bit-identically, and so does
+--allreduce powersgd:R (its state is in the checkpoint).
 """
 import argparse
 import math
@@ -52,6 +53,7 @@ WEIGHTS = {
     "test_deterministic_mode_gives_the_same_bits_on_any_number_of_ranks": 6,
     "test_diloco_learns_resumes_exactly_and_refuses_bad_input": 16,
     "test_powersgd_learns_near_ddp_and_refuses_bad_flags": 4,
+    "test_powersgd_resumes_exactly_and_says_when_it_restarts": 6,
 }
 
 
@@ -273,6 +275,36 @@ class TrainFashionMnist(Case):
             p = run(2, *SUBSET, "--max-steps", "1", *flags, check=False, env=ENDS_AT_ONCE)
             self.assertNotEqual(p.returncode, 0, flags)
             self.assertIn(named, p.stdout + p.stderr, flags)
+
+    def test_powersgd_resumes_exactly_and_says_when_it_restarts(self):
+        # PowerSGD's state (the error of each rank, Q, the step count) is in the checkpoint: a run
+        # stopped at step 12 (compressing since step 5) and resumed ends with the uninterrupted
+        # run's parameters.
+        loud = [f for f in SUBSET if f != "--quiet"]  # the start-up line is printed
+        ps = [*SUBSET, "--allreduce", "powersgd:4", "--powersgd-start", "5"]
+        run(2, *ps, "--max-steps", "24", "--json", self.path("whole.json"))
+        d = self.path("ckpt")
+        run(2, *ps, "--max-steps", "12", "--checkpoint-dir", d)
+        shutil.copytree(d, self.path("ckpt2"))
+        shutil.copytree(d, self.path("ckpt3"))
+        run(2, *ps, "--max-steps", "24", "--checkpoint-dir", d, "--resume", "--json", self.path("resumed.json"))
+        a, b = summary(self.path("whole.json")), summary(self.path("resumed.json"))
+        self.assertEqual(b["resumed_from_step"], 12)
+        self.assertEqual(a["params_crc32"], b["params_crc32"])
+        # Resumed with other PowerSGD options, PowerSGD restarts its warm-up, and the start-up line
+        # says so. The companion: --powersgd-start 6 alone would change nothing (both warm-ups are
+        # over at step 12), so the run differs because the state was not used.
+        p = run(2, *loud, "--allreduce", "powersgd:4", "--powersgd-start", "6", "--max-steps", "24", "--checkpoint-dir",
+                self.path("ckpt2"), "--resume", "--json", self.path("restarted.json"))
+        self.assertIn("other options (options.start_step 5, here 6): PowerSGD starts afresh", p.stdout)
+        self.assertNotEqual(summary(self.path("restarted.json"))["params_crc32"], a["params_crc32"])
+        # On another number of ranks: the step count and Q are kept, the error starts at zero.
+        p = run(1, *loud, "--allreduce", "powersgd:4", "--powersgd-start", "5", "--max-steps", "13", "--checkpoint-dir",
+                self.path("ckpt3"), "--resume")
+        self.assertIn("PowerSGD state was written on 2 rank(s), here 1", p.stdout)
+        # A run without PowerSGD resumes it and says that the state is not used.
+        p = run(2, *loud, "--max-steps", "14", "--checkpoint-dir", self.path("ckpt3"), "--resume")
+        self.assertIn("holds PowerSGD state but this run does not compress", p.stdout)
 
     def test_diloco_learns_resumes_exactly_and_refuses_bad_input(self):
         # 2 faked nodes of 2 ranks, an outer sync every 5 steps (and at the last step).

@@ -231,6 +231,12 @@ class DistributedDataParallel {
   // size wrote them).
   void load_model_state_dict(const StateDict& state);
   void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
+  // PowerSGD's state (reducer.powersgd; ddp/powersgd.h, "Checkpoints"), on module().stream():
+  // Reducer::powersgd_state_dict (COLLECTIVE; rank 0's result holds every rank's error) and
+  // Reducer::load_powersgd_state_dict (not collective; returns "" when PowerSGD continues
+  // exactly, else what it did instead). train::Run keeps it under "powersgd.".
+  StateDict powersgd_state_dict();
+  std::string load_powersgd_state_dict(const StateDict& state);
   // The model's fp32 parameters, whole, in the plan's flat layout: a new f32 [plan().total] on
   // the model's device (padding between entries is 0), ordered on module().stream(). COLLECTIVE
   // under ZeRO with a half compute dtype (gathers the masters' shards), else not (a copy of the

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "tutti/comm/communicator.h"
+#include "tutti/core/state_dict.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
 #include "tutti/ddp/powersgd.h"
@@ -172,6 +173,19 @@ class Reducer {
   // they hold (0 without it).
   std::int64_t powersgd_compressed_count() const;
   std::int64_t powersgd_compressed_numel() const;
+  // PowerSGD's state for checkpoints (ddp/powersgd.h, "Checkpoints": what it holds, and what a
+  // load does on another world size or with other options). COLLECTIVE (every rank's error is
+  // all-gathered): rank 0's result holds every rank's error, the others' their own; empty
+  // without PowerSGD. Whole CPU tensors, copied on `stream`. Between steps only (not while a
+  // synchronized pass is reducing).
+  StateDict powersgd_state_dict(const Stream& stream = Stream());
+  // Not collective. Takes a powersgd_state_dict() of rank 0 (any world size); every entry is
+  // checked before anything changes (InvalidArgument naming it). Returns "" when PowerSGD
+  // continues exactly, else what it did instead, for the program's start-up line: an empty
+  // state or one of other options restarts PowerSGD (as a fresh Reducer), another world size
+  // keeps the step count and Q and zeroes the error; without PowerSGD a non-empty state is
+  // not used (the returned text says so).
+  std::string load_powersgd_state_dict(const StateDict& state, const Stream& stream = Stream());
   // shard_only: buffers in the pool now.
   int pool_size() const { return static_cast<int>(slots_.size()); }
 

@@ -37,8 +37,11 @@
 //
 // The checkpoint is one file, <checkpoint_dir>/checkpoint.tckp (io/checkpoint.h: written
 // atomically, checked on reading), holding "model." and "optim." (whole tensors: it resumes at
-// any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss" and the
-// program's entries (State::add). Every rank reads it on resume; rank 0 writes it with an
+// any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss", with
+// PowerSGD (DdpOptions::reducer.powersgd) "powersgd." (DistributedDataParallel::
+// powersgd_state_dict, every rank's error gathered: a resume on as many ranks continues
+// exactly, and note() says what a resume did otherwise) and the program's entries
+// (State::add). Every rank reads it on resume; rank 0 writes it with an
 // io::CheckpointWriter (io/checkpoint_writer.h) that the Run holds. At ZeRO stage 0 rank 0
 // alone takes the live tensors (DDP's *_state_views, not collective); under ZeRO every rank
 // gathers the whole tensors first (collective). RunOptions::checkpoint_mode async (the
@@ -176,7 +179,8 @@ struct RunOptions {
   // snapshot whose every part some rank holds when it is at least as new as the checkpoint
   // file, on any number of ranks and any stage; note() says which source it used and what was
   // lost. The construction refuses (InvalidArgument, before any step) when a node's folder has
-  // too little free space. The snapshot holds what the checkpoint file does. COLLECTIVE, a
+  // too little free space. The snapshot holds what the checkpoint file does, but PowerSGD's
+  // state (a resume from a snapshot restarts PowerSGD, and note() says so). COLLECTIVE, a
   // blocking copy to host memory and one exchange with the buddy: see docs/user-guide.md for
   // the cost. --snapshot-every.
   // kSnapshotAuto: K chosen by the Run so that snapshots take at most snapshot_cost of the
@@ -296,7 +300,9 @@ class Run {
   std::int64_t checkpoint_written_step() const;
   // A note on the resume for the program's start-up line ("" when none), e.g. " (checkpoint
   // written in fp32: the loss scaler starts afresh)", " from memory (step 120: 4 parts, 1 of
-  // them a buddy's copy; the checkpoint file is at step 100)".
+  // them a buddy's copy; the checkpoint file is at step 100)", " (the PowerSGD state was
+  // written on 4 rank(s), here 2: its step count and Q are kept, the error feedback starts at
+  // zero)".
   const std::string& note() const;
   // Whether the resume took a memory snapshot (RunOptions::snapshot_every) rather than the file.
   bool resumed_from_memory() const;
