@@ -33,10 +33,30 @@
 // steps · loss scale): use it without a dynamic loss scaler (fp32 or bf16 compute), since a
 // step that overflows puts inf into the error and a changed scale mis-scales it.
 // Costs and cadence: finish() runs the second half (orthonormalize, Q, the second allreduce,
-// the product) for every bucket, so only the allreduce of P overlaps backward. The state
-// (error, Q) lives in the Reducer and is not in checkpoints: a resumed run starts PowerSGD
-// afresh (start_step plain steps, zero error, random Q). docs/thin-links.md ("PowerSGD") has
-// the measurements.
+// the product) for every bucket, so only the allreduce of P overlaps backward.
+// docs/thin-links.md ("PowerSGD") has the measurements.
+//
+// Checkpoints. The state lives in the Reducer; DistributedDataParallel::powersgd_state_dict
+// (COLLECTIVE; the Reducer's of the same name) returns it and train::Run keeps it under
+// "powersgd.": the step count ("step": finish() calls, the warm-up's count), the world size
+// ("ranks"), the options ("options.<field>"), each compressed matrix's Q by parameter name
+// ("q.<name>", [m, r]; "q_drawn": a warm start has one) and every rank's error by rank and
+// parameter name ("rank<k>.error.<name>", the parameter's shape), all-gathered to rank 0 bucket
+// by bucket. Q and the step count are the same bits on every rank; the error is each rank's own.
+// load_powersgd_state_dict (not collective; every rank reads rank 0's state):
+//   - the same options and world size: PowerSGD continues exactly (bit for bit on the CPU); the
+//     entries are found by name, so another bucket layout loads them too;
+//   - another world size: as DiLoCo on another number of nodes, the replicated state (the step
+//     count, Q) is kept and the error starts at zero (it is what each old rank's own gradients
+//     were still owed);
+//   - other options (any field of PowerSgdOptions), or no PowerSGD state (a checkpoint of a run
+//     without it or of an older tutti, a memory snapshot): PowerSGD starts afresh, as a new
+//     Reducer (start_step plain steps, zero error, a new random Q);
+//   - a DistributedDataParallel without PowerSGD: the state is not used.
+// Each case but the first returns a note, which train::Run adds to its note() (the trainers'
+// start-up line). Truncated or mismatched entries throw InvalidArgument naming the entry, before
+// anything changes. The error is in the buffer's units (above): resume with the same
+// accumulation steps.
 #pragma once
 
 #include <cstdint>
