@@ -107,9 +107,10 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   // PowerSGD continues exactly, or the note says what it did instead (restarted, its error
   // zeroed on another world size, its state unused by a run without it).
   const std::string powersgd = ddp.load_powersgd_state_dict(io::strip_prefix(ckpt.state, kPowerSgd));
-  if (!powersgd.empty()) {
-    const bool snapshot = from_memory && ddp.options().reducer.powersgd;
-    note += std::string(" (") + (snapshot ? "memory snapshots keep no PowerSGD state: " : "") + powersgd + ")";
+  if (!powersgd.empty() && from_memory && ddp.options().reducer.powersgd) {
+    note += " (memory snapshots keep no PowerSGD state: PowerSGD starts afresh)";
+  } else if (!powersgd.empty()) {
+    note += " (" + powersgd + ")";
   }
   step = get_int_scalar(ckpt.state, kStep);
   if (ckpt.state.count(kLastLoss)) loss = get_scalar(ckpt.state, kLastLoss);

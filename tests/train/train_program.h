@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -56,8 +57,9 @@ struct Plan {
   // samples, and the accumulation steps keep the global batch at 24 (24 / (ranks x slice)):
   // the same slices of the global batch at every world size (DdpOptions::deterministic).
   std::int64_t slice = 0;
-  bool deterministic = false;  // DdpOptions::deterministic
-  int fraction_bits = 40;      // DdpOptions::fixed_point_fraction_bits
+  bool deterministic = false;                    // DdpOptions::deterministic
+  int fraction_bits = 40;                        // DdpOptions::fixed_point_fraction_bits
+  std::optional<ddp::PowerSgdOptions> powersgd;  // DdpOptions::reducer.powersgd
 };
 
 struct Result {
@@ -105,6 +107,7 @@ inline Result train(const Plan& plan) {
     o.deterministic = plan.deterministic;
     o.fixed_point_fraction_bits = plan.fraction_bits;
     o.zero_stage = plan.zero;
+    o.reducer.powersgd = plan.powersgd;
     ddp::DistributedDataParallel ddp(comm, model, o);
     optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(optimizer);
