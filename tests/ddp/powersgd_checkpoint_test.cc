@@ -3,9 +3,10 @@
 // checkpointed mid-way (past start_step) and resumed in fresh objects ends with the parameters
 // of the uninterrupted run, bit for bit, on 2 and 3 ranks, and differs when PowerSGD's state is
 // dropped; Q and the step count are the same bits on every rank and every rank's error reaches
-// rank 0's result; another world size keeps Q and the step count and zeroes the error; no
-// state, or a state of other options, restarts the warm-up; a run without PowerSGD ignores the
-// state with a note; truncated or mismatched entries are refused, naming the entry.
+// rank 0's result; another world size keeps Q and the step count and zeroes the error; another
+// bucket layout finds the entries by name and goes on alike; no state, or a state of other
+// options, restarts the warm-up; a run without PowerSGD ignores the state with a note; truncated
+// or mismatched entries are refused, naming the entry.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -53,7 +54,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // `powersgd_override` when given), trained from step `from` to `to` on a fixed data set (rows of
 // the step's global batch of 60); *save (rank 0's) and every rank's PowerSGD state at the end.
 Ranks train(int ranks, int from, int to, const Saved* load, Saved* save, std::optional<PowerSgdOptions> psgd,
-            const StateDict* powersgd_override = nullptr) {
+            const StateDict* powersgd_override = nullptr, bool bucket_per_parameter = false) {
   kernels::set_cpu_threads(1);  // the GEMMs' bits do not depend on the thread count
   ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(30)});
   const testing::Batch all = testing::global_batch({12}, 240, 77);
@@ -68,7 +69,9 @@ Ranks train(int ranks, int from, int to, const Saved* load, Saved* save, std::op
     model->init(testing::kSeed + (load ? 1 : 0));
     DdpOptions o;
     o.reducer.powersgd = psgd;
+    if (bucket_per_parameter) o.bucket_cap_mb = o.first_bucket_cap_mb = 1e-6;  // (the default: one bucket)
     DistributedDataParallel ddp(group.communicator(rank), *model, o);
+    if (rank == 0) EXPECT_EQ(ddp.plan().buckets.size(), bucket_per_parameter ? 6U : 1U);
     optim::SGD opt(model->parameters(), optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(opt);
     if (load) {
@@ -180,6 +183,23 @@ TEST(PowerSgdCheckpoint, AnotherWorldSizeKeepsQAndTheStepAndZeroesTheError) {
   EXPECT_LT(on.last_bytes[0], on.total * 4);
   EXPECT_EQ(on.params[1], on.params[0]);
   EXPECT_EQ(on.params[2], on.params[0]);
+}
+
+TEST(PowerSgdCheckpoint, AnotherBucketLayoutFindsTheEntriesByName) {
+  Saved saved;
+  train(2, 0, kCut, nullptr, &saved, options());  // one bucket
+  const Ranks whole = train(2, 0, kSteps, nullptr, nullptr, options());
+  // Resumed with a bucket per parameter: the same state, and (the thread backend sums in rank
+  // order whatever the bucket) the same parameters at the end.
+  const Ranks loaded = train(2, kCut, kCut, &saved, nullptr, options(), nullptr, true);
+  EXPECT_EQ(loaded.notes[0], "");
+  EXPECT_EQ(loaded.powersgd[0].size(), saved.powersgd.size());
+  for (const auto& [key, t] : loaded.powersgd[0]) {  // rank 0's: every rank's error too
+    ASSERT_TRUE(saved.powersgd.count(key)) << key;
+    EXPECT_TRUE(same_bits(t, saved.powersgd.at(key))) << key;
+  }
+  const Ranks resumed = train(2, kCut, kSteps, &saved, nullptr, options(), nullptr, true);
+  EXPECT_EQ(resumed.params[0], whole.params[0]);
 }
 
 TEST(PowerSgdCheckpoint, NoStateOrOtherOptionsRestartAndARunWithoutPowerSgdIgnoresIt) {
