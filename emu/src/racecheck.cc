@@ -17,7 +17,8 @@
 // How it sees the accesses: the translated kernels are compiled with GCC's ThreadSanitizer
 // instrumentation (-fsanitize=thread), which calls __tsan_read4(addr), __tsan_write8(addr), ...
 // before every load and store, and __tsan_atomic*() for every atomic; this file defines those
-// entry points itself (libtsan is not linked), as the Linux kernel's KCSAN does. So every access
+// entry points itself, racecheck_atomics.cc the atomic ones (libtsan is not linked), as the Linux
+// kernel's KCSAN does. So every access
 // that kernel code makes is seen: shared arrays, dynamic shared memory, global memory through
 // any pointer, in device helpers and through pointer arithmetic alike. Not seen: accesses in
 // code that is not translated (the emulated cuBLAS/cuDNN/NCCL, memcpy/memset calls, which are
@@ -26,8 +27,8 @@
 // return address with addr2line (racecheck_lines.cc; the kernels carry line tables, -g1).
 //
 // Both checks record at most what is needed for a report, so some hazards are missed (a third
-// reader of a shared byte; a block that reads other bytes of a granule another block read), but
-// none is reported that the rules above do not define.
+// reader of a shared byte; a block that reads other bytes of a granule, or bytes of a split line,
+// that another block read first), but none is reported that the rules above do not define.
 #include "racecheck.h"
 
 #include <sys/mman.h>
@@ -180,7 +181,7 @@ struct State {
   std::size_t shared_capacity = 0;
   BlockInfo block;
   std::uint32_t block_stamp = 0;  // launch_first + the block's linear id
-  bool stopped = false;           // a hazard was reported: the kernel ends
+  bool stopped = false;           // a hazard was reported: the kernel ends (and `active` is null)
   // The launch.
   std::uint32_t launch_first = 1, next_stamp = 1;
   bool global_off = false;  // a grid with more blocks than stamps: not checked
@@ -205,8 +206,12 @@ thread_local State state;
 TUTTI_EMU_TLS thread_local State* current = nullptr;
 TUTTI_EMU_TLS thread_local State* active = nullptr;
 
+PcSlot& pc_cached(State& s, const void* pc) {
+  return s.pc_cache[(reinterpret_cast<std::uintptr_t>(pc) >> 2) % kPcCache];
+}
+
 PcSlot& pc_slot(State& s, const void* pc) {
-  PcSlot& slot = s.pc_cache[(reinterpret_cast<std::uintptr_t>(pc) >> 2) % kPcCache];
+  PcSlot& slot = pc_cached(s, pc);
   if (slot.pc == pc) return slot;
   auto [it, fresh] = s.pc_ids.try_emplace(pc, std::uint16_t{0});
   if (fresh && s.pcs.size() <= UINT16_MAX) {
@@ -221,6 +226,7 @@ constexpr std::size_t kShadowBudget = std::size_t{512} << 20;  // then dropped a
 
 void report(State& s, const std::string& what) {
   s.stopped = true;
+  active = nullptr;
   if (s.block.fault->empty()) s.block.fault->assign(s.block.describe_running_thread() + ": " + what);
 }
 
@@ -377,7 +383,7 @@ Range& range_of(State& s, std::uintptr_t a) {
   return true;
 }
 
-void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
+[[gnu::noinline]] void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
   // An instruction mostly accesses one array: the range it found last is tried first.
   PcSlot& slot = pc_slot(s, pc);
   const Range* hint = &s.ranges[slot.range];
@@ -393,9 +399,9 @@ void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, con
   for (std::uintptr_t at = a - r.lo; at < end; at = (at | (kLine - 1)) + 1) {
     const std::uintptr_t line_end = std::min<std::uintptr_t>(end, (at | (kLine - 1)) + 1);
     GlobalLine& l = r.shadow->line()[skew(at / kLine)];
+    const std::uintptr_t n = line_end - at;
+    const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
     if (l.split != first) {
-      const std::uintptr_t n = line_end - at;
-      const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
       if (l.owner < first) {  // the line's first access in this launch
         l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, id, id};
         continue;
@@ -413,29 +419,58 @@ void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, con
       if (!split(s, *r.shadow, at / kLine)) return;
     }
     if (!cell_access(s, r, at, line_end, a, size, write, pc, id)) return;
+    (write ? l.written : l.read) |= bytes;  // a split line's record: what any block did
   }
+}
+
+// global_access's common case, small enough to inline into the hooks: an instruction seen
+// before, in the range it accessed last, within one line that no other block has touched in the
+// launch. False: global_access decides.
+inline bool global_access_fast(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
+  PcSlot& slot = pc_cached(s, pc);
+  if (slot.pc != pc) return false;
+  const Range& r = s.ranges[slot.range];
+  const std::uintptr_t at = a - r.lo;
+  if (size >= kLine || at >= r.hi - r.lo || r.hi - r.lo - at < size || at % kLine + size > kLine) return false;
+  if (r.shadow == nullptr) return true;  // not device memory
+  GlobalLine& l = r.shadow->line()[skew(at / kLine)];
+  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  const std::uint64_t bytes = ((std::uint64_t{1} << size) - 1) << (at % kLine);
+  // A read of bytes some block read and none wrote (weights every block reads) changes nothing.
+  if (l.split == first) return !write && (bytes & ~l.read) == 0 && (bytes & l.written) == 0;
+  if (l.owner == me) {
+    if (write) {
+      l.written |= bytes;
+      l.write_pc = slot.id;
+    } else {
+      if (l.read == 0) l.read_pc = slot.id;
+      l.read |= bytes;
+    }
+    return true;
+  }
+  if (l.owner >= first) return false;
+  l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, slot.id, slot.id};
+  return true;
 }
 
 // Every plain access of kernel code comes here.
 inline void access(const void* p, std::size_t size, bool write, const void* pc) {
   State* s = active;
-  if (s == nullptr || s->stopped) return;
+  if (s == nullptr) return;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (a - s->shared_lo < s->shared_span) return shared_access(*s, a - s->shared_lo, size, write, pc);
-  if (a - s->stack_lo < s->stack_span || s->global_off) return;  // the thread's own locals
-  global_access(*s, a, size, write, pc);
-}
-
-// Atomics on shared memory are checked against plain accesses; on global memory they are not
-// recorded.
-inline void atomic_access(const volatile void* p, std::size_t size, const void* pc) {
-  State* s = active;
-  if (s == nullptr || s->stopped) return;
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  if (a - s->shared_lo < s->shared_span) shared_access(*s, a - s->shared_lo, size, true, pc, true);
+  if (a - s->stack_lo < s->stack_span) return;  // the thread's own locals (or global_off: all)
+  if (!global_access_fast(*s, a, size, write, pc)) global_access(*s, a, size, write, pc);
 }
 
 }  // namespace
+
+void atomic_access(const volatile void* p, std::size_t size, const void* pc) {
+  State* s = active;
+  if (s == nullptr) return;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a - s->shared_lo < s->shared_span) shared_access(*s, a - s->shared_lo, size, true, pc, true);
+}
 
 // ---- what the scheduler tells the detector ----
 
@@ -483,9 +518,11 @@ void begin_block(const BlockInfo& block) {
 void enter(int linear, std::uintptr_t stack_lo, std::uintptr_t stack_hi) {
   State& s = *current;
   s.linear = linear;
-  s.stack_lo = stack_lo;
-  s.stack_span = stack_hi - stack_lo;
-  active = &s;
+  // The thread's own stack is not checked; nor is any address outside shared memory when global
+  // memory is not (global_off): the hooks then need one test for both.
+  s.stack_lo = s.global_off ? 0 : stack_lo;
+  s.stack_span = s.global_off ? UINTPTR_MAX : stack_hi - stack_lo;
+  active = s.stopped ? nullptr : &s;
 }
 
 void leave() { active = nullptr; }
@@ -537,64 +574,3 @@ extern "C" void __tsan_func_entry(void*) {}
 extern "C" void __tsan_func_exit() {}
 extern "C" void __tsan_vptr_update(void**, void*) {}
 extern "C" void __tsan_vptr_read(void**) {}
-
-// Atomics: done as asked (sequentially consistent, which is at least as strong); on shared
-// memory checked against plain accesses, on global memory not recorded.
-#define TUTTI_RACECHECK_ATOMIC(bits, T)                                                                     \
-  extern "C" T __tsan_atomic##bits##_load(const volatile T* a, int) {                                       \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                            \
-  }                                                                                                         \
-  extern "C" void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                    \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                               \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                    \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                   \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                      \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                   \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                      \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_and(volatile T* a, T v, int) {                                   \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                      \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_or(volatile T* a, T v, int) {                                    \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                       \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_xor(volatile T* a, T v, int) {                                   \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                      \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_fetch_nand(volatile T* a, T v, int) {                                  \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                         \
-  extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) { \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);          \
-  }                                                                                                         \
-  extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {   \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    return __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
-  }                                                                                                         \
-  extern "C" T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {       \
-    rc::atomic_access(a, sizeof(T), __builtin_return_address(0));                                           \
-    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                \
-    return expected;                                                                                        \
-  }
-TUTTI_RACECHECK_ATOMIC(8, std::uint8_t)
-TUTTI_RACECHECK_ATOMIC(16, std::uint16_t)
-TUTTI_RACECHECK_ATOMIC(32, std::uint32_t)
-TUTTI_RACECHECK_ATOMIC(64, std::uint64_t)
-#undef TUTTI_RACECHECK_ATOMIC
-
-extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }

@@ -40,6 +40,11 @@ void barrier();
 // before their later ones.
 void warp_synced(int warp, unsigned mask);
 
+// An atomic of kernel code on `size` bytes at `p` (the instruction's return address `pc`): on
+// shared memory checked against plain accesses (atomics do not conflict with each other); on
+// global memory not recorded.
+void atomic_access(const volatile void* p, std::size_t size, const void* pc);
+
 // For reports: "kernels/cuda/x.cu:77" for the instruction that called a hook, given the hook's
 // return address ("(a line not recorded)" for null). Slow (addr2line); cached.
 std::string source_line(const void* return_address);

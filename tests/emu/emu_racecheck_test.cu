@@ -252,6 +252,23 @@ TEST(Racecheck, SharedReadsOwnWritesAndAtomicsAreClean) {
   EXPECT_EQ(count, 256);
 }
 
+// Every block reads a weight, as kernels read their parameters, and the last block then
+// overwrites it with the store that wrote the other outputs: blocks after the second find the
+// line already read by others and only read it, and the store's instruction and array are known
+// (the detector's shortcuts), yet the write must still meet block 0's read.
+__global__ void readers_then_writer(int* data) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int weight = data[600];  // shared-weight-read
+  const bool last = blockIdx.x == gridDim.x - 1 && threadIdx.x == 0;
+  data[last ? 600 : 256 + i] = weight;  // weight-overwrite
+}
+
+TEST(Racecheck, WriteAfterManyBlocksReadIsReported) {
+  expect_hazard([](int* out) { readers_then_writer<<<4, 32>>>(out); },
+                {"block (3,0,0): thread (0,0,0)", "write of 4 bytes", line_of("weight-overwrite"),
+                 "block (0,0,0) read it at", line_of("shared-weight-read")});
+}
+
 // Neighbouring 2-byte elements written by different blocks do not conflict (per-byte masks).
 __global__ void halves(unsigned short* out) { out[blockIdx.x] = static_cast<unsigned short>(blockIdx.x); }
 
