@@ -1,16 +1,20 @@
 // Pieces shared by the DDP tests: small models, deterministic global batches, each rank's
-// slice of them, optimizers, and the distance between two models' parameters.
+// slice of them, optimizers, the distance between two models' parameters, and the text of a
+// refusal.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ddp_world.h"
+#include "tutti/core/error.h"
 #include "tutti/nn/layers.h"
 #include "tutti/optim/adamw.h"
 #include "tutti/optim/sgd.h"
@@ -103,6 +107,16 @@ inline double relative_difference(const Values& a, const Values& b) {
 // The same over the parameters of two models.
 inline double relative_difference(nn::Module& a, nn::Module& b) {
   return relative_difference(values_of(a), values_of(b));
+}
+
+// What `f` throws as InvalidArgument, or "(no error)".
+inline std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace tutti::testing

@@ -24,6 +24,7 @@
 namespace tutti::ddp {
 namespace {
 
+using testing::refusal;
 using testing::Values;
 
 constexpr int kStart = 3;   // start_step: steps 0-2 allreduce whole
@@ -222,15 +223,6 @@ TEST(PowerSgdCheckpoint, NoStateOrOtherOptionsRestartAndARunWithoutPowerSgdIgnor
   EXPECT_TRUE(plain.powersgd[0].empty());
   const Ranks plain_none = train(2, kCut, kCut, &saved, nullptr, std::nullopt, &none);
   EXPECT_EQ(plain_none.notes[0], "");
-}
-
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(PowerSgdCheckpoint, BadEntriesAreRefusedNamingThem) {

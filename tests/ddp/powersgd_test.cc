@@ -25,6 +25,7 @@
 namespace tutti::ddp {
 namespace {
 
+using testing::refusal;
 using testing::Values;
 
 // Matrices of several shapes (n < m, n > m, a 3-D one folded to [3, 8]), a vector and a
@@ -254,15 +255,6 @@ TEST(PowerSgd, TrainsAnMlpNearPlainDdp) {
     // PowerSGD rank 4 within 15% (relative) of plain DDP's loss after the same steps.
     EXPECT_LT(psgd, 1.15 * ddp + 0.02) << ranks << " ranks: DDP " << ddp << ", PowerSGD " << psgd;
   }
-}
-
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(PowerSgd, RefusalsNameTheOption) {
