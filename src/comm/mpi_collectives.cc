@@ -157,8 +157,9 @@ void Engine::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
     return;
   }
   if (overlap(in, out)) {
-    // In place: MPI may not read and write the same buffer; reduce into scratch.
-    std::vector<char> scratch(out.nbytes());
+    // In place (ZeRO's reducer, every bucket of every step): MPI may not read and write the same
+    // buffer; reduce into the engine's scratch, kept between calls.
+    if (scratch.size() < static_cast<std::size_t>(out.nbytes())) scratch.resize(static_cast<std::size_t>(out.nbytes()));
     TUTTI_MPI_CHECK(MPI_Reduce_scatter_block(in.data(), scratch.data(), count, mpi_type(dt), mpi_op(op), comm));
     std::memcpy(out.data(), scratch.data(), out.nbytes());
   } else {
