@@ -81,7 +81,7 @@ function(tutti_add_test)
     if(T_EMU_FILTER)
       set(args --gtest_filter=${T_EMU_FILTER})
     endif()
-    # The hazard detector (emu/src/racecheck.cc) costs 1.1-1.6x (docs/development.md): it checks
+    # The hazard detector (emu/src/racecheck.cc) costs 1.0-1.7x (docs/development.md): it checks
     # the kernels in their own tests (label "kernels"); the twins above them run the same kernels
     # with it off.
     set(env ${T_EMU_ENV})
