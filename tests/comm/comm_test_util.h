@@ -17,6 +17,7 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/comm/job.h"
 #include "tutti/core/device.h"
+#include "tutti/core/error.h"
 #include "tutti/core/tensor.h"
 
 namespace tutti::testing {
@@ -92,6 +93,20 @@ inline void expect_values(const std::vector<double>& actual, const std::vector<d
     if (!(std::fabs(a - e) <= atol + rtol * std::fabs(e)) && reported++ < 5) {
       ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e;
     }
+  }
+}
+
+// Waits for `work`, expecting a collective-mismatch error (InvalidArgument) that contains every
+// piece of `expected`.
+inline void expect_mismatch(const Work& work, const std::vector<std::string>& expected) {
+  try {
+    work.wait();
+    ADD_FAILURE() << "no mismatch reported";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("collective mismatch"), std::string::npos) << what;
+    for (const auto& piece : expected)
+      EXPECT_NE(what.find(piece), std::string::npos) << "'" << piece << "' in " << what;
   }
 }
 
