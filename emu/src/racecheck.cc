@@ -383,6 +383,25 @@ Range& range_of(State& s, std::uintptr_t a) {
   return true;
 }
 
+// Block `me`'s access to `bytes` of line `l`, not split in this launch (launch_first `first`),
+// when no other block has touched it in the launch: recorded, true. False: another block has.
+inline bool line_access(GlobalLine& l, std::uint32_t me, std::uint32_t first, std::uint64_t bytes, bool write,
+                        std::uint16_t id) {
+  if (l.owner < first) {  // the line's first access in this launch
+    l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, id, id};
+    return true;
+  }
+  if (l.owner != me) return false;
+  if (write) {
+    l.written |= bytes;
+    l.write_pc = id;
+  } else {
+    if (l.read == 0) l.read_pc = id;
+    l.read |= bytes;
+  }
+  return true;
+}
+
 [[gnu::noinline]] void global_access(State& s, std::uintptr_t a, std::size_t size, bool write, const void* pc) {
   // An instruction mostly accesses one array: the range it found last is tried first.
   PcSlot& slot = pc_slot(s, pc);
@@ -402,20 +421,7 @@ Range& range_of(State& s, std::uintptr_t a) {
     const std::uintptr_t n = line_end - at;
     const std::uint64_t bytes = (n == kLine ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1) << (at % kLine);
     if (l.split != first) {
-      if (l.owner < first) {  // the line's first access in this launch
-        l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, id, id};
-        continue;
-      }
-      if (l.owner == me) {
-        if (write) {
-          l.written |= bytes;
-          l.write_pc = id;
-        } else {
-          if (l.read == 0) l.read_pc = id;
-          l.read |= bytes;
-        }
-        continue;
-      }
+      if (line_access(l, me, first, bytes, write, id)) continue;
       if (!split(s, *r.shadow, at / kLine)) return;
     }
     if (!cell_access(s, r, at, line_end, a, size, write, pc, id)) return;
@@ -434,23 +440,11 @@ inline bool global_access_fast(State& s, std::uintptr_t a, std::size_t size, boo
   if (size >= kLine || at >= r.hi - r.lo || r.hi - r.lo - at < size || at % kLine + size > kLine) return false;
   if (r.shadow == nullptr) return true;  // not device memory
   GlobalLine& l = r.shadow->line()[skew(at / kLine)];
-  const std::uint32_t me = s.block_stamp, first = s.launch_first;
+  const std::uint32_t first = s.launch_first;
   const std::uint64_t bytes = ((std::uint64_t{1} << size) - 1) << (at % kLine);
   // A read of bytes some block read and none wrote (weights every block reads) changes nothing.
   if (l.split == first) return !write && (bytes & ~l.read) == 0 && (bytes & l.written) == 0;
-  if (l.owner == me) {
-    if (write) {
-      l.written |= bytes;
-      l.write_pc = slot.id;
-    } else {
-      if (l.read == 0) l.read_pc = slot.id;
-      l.read |= bytes;
-    }
-    return true;
-  }
-  if (l.owner >= first) return false;
-  l = GlobalLine{me, l.split, write ? bytes : 0, write ? 0 : bytes, slot.id, slot.id};
-  return true;
+  return line_access(l, s.block_stamp, s.launch_first, bytes, write, slot.id);
 }
 
 // Every plain access of kernel code comes here.
