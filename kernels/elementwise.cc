@@ -85,6 +85,38 @@ void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const St
     cpu::gelu_backward(x, dy, dx);
 }
 
+namespace {
+// x [..., 2F] and y (or dy) [..., F] with the same leading dimensions.
+void require_swiglu(const char* op, const Tensor& x, const char* name, const Tensor& half) {
+  detail::require_floating(op, "x", x);
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) % 2 == 0, op, ": x must be [..., 2F], got ", x.str());
+  Shape want = x.shape();
+  want.back() /= 2;
+  detail::require_dtype(op, name, half, x.dtype());
+  detail::require_shape(op, name, half, want);
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& y, const Stream& stream) {
+  constexpr const char* op = "swiglu_forward";
+  require_swiglu(op, x, "y", y);
+  if (detail::require_same_device(op, {&x, &y}, stream).is_cuda())
+    cuda::swiglu_forward(x, y, stream);
+  else
+    cpu::swiglu_forward(x, y);
+}
+
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream) {
+  constexpr const char* op = "swiglu_backward";
+  require_swiglu(op, x, "dy", dy);
+  detail::require_dtype(op, "dx", dx, x.dtype());
+  detail::require_shape(op, "dx", dx, x.shape());
+  if (detail::require_same_device(op, {&x, &dy, &dx}, stream).is_cuda())
+    cuda::swiglu_backward(x, dy, dx, stream);
+  else
+    cpu::swiglu_backward(x, dy, dx);
+}
+
 void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream) {
   constexpr const char* op = "add";
   require_like(op, "a", a, "b", b);

@@ -23,9 +23,11 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   detail::require_floating(op, "wte", wte);
   TUTTI_CHECK_ARG(wte.ndim() == 2, op, ": wte must be [V, C], got ", wte.str());
   const std::int64_t C = wte.dim(1), T = tokens.dim(1);
-  detail::require_dtype(op, "wpe", wpe, wte.dtype());
-  TUTTI_CHECK_ARG(wpe.ndim() == 2 && wpe.dim(1) == C && wpe.dim(0) >= T, op, ": wpe must be [T_max >= ", T, ", ", C,
-                  "] for tokens ", tokens.str(), " and wte ", wte.str(), ", got ", wpe.str());
+  if (wpe.defined()) {
+    detail::require_dtype(op, "wpe", wpe, wte.dtype());
+    TUTTI_CHECK_ARG(wpe.ndim() == 2 && wpe.dim(1) == C && wpe.dim(0) >= T, op, ": wpe must be [T_max >= ", T, ", ", C,
+                    "] for tokens ", tokens.str(), " and wte ", wte.str(), ", got ", wpe.str());
+  }
   detail::require_dtype(op, "out", out, wte.dtype());
   detail::require_shape(op, "out", out, {tokens.dim(0), T, C});
   const Device device = detail::require_same_device(op, {&tokens, &wte, &wpe, &out}, stream);

@@ -72,7 +72,53 @@ TUTTI_CPU_SIMD_CLONES void gelu_backward_f32(const float* x, const float* dy, fl
   for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], dy[i], bounds);
 }
 
+// SwiGLU: silu(g) · u with silu(g) = g · s, s = sigmoid(g) = 1 / (1 + e), e = e^-g. Backward:
+// d/dg = u · s · (1 + g · (1 - s)), with 1 - s = e · s (accurate where s is near 1); the caller's
+// bounds cap e at e^kGradExpMax so that e · s stays finite (1) where s underflows.
+inline float silu(float g, ExpBounds bounds) { return g / (1.0f + exp_f32(-g, bounds)); }
+
+TUTTI_CPU_SIMD_CLONES void swiglu_forward_rows(const float* x, float* y, int64_t rows, int64_t F) {
+  const ExpBounds bounds = exp_bounds();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = x + r * 2 * F;
+    const float* u = g + F;
+    float* out = y + r * F;
+    TUTTI_IVDEP
+    for (int64_t i = 0; i < F; ++i) out[i] = silu(g[i], bounds) * u[i];
+  }
+}
+TUTTI_CPU_SIMD_CLONES void swiglu_backward_rows(const float* x, const float* dy, float* dx, int64_t rows, int64_t F) {
+  const ExpBounds bounds = exp_bounds(kGradExpMax);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = x + r * 2 * F;
+    const float* u = g + F;
+    const float* d = dy + r * F;
+    float* dg = dx + r * 2 * F;
+    float* du = dg + F;
+    TUTTI_IVDEP
+    for (int64_t i = 0; i < F; ++i) {
+      const float e = exp_f32(-g[i], bounds);
+      const float sg = 1.0f / (1.0f + e);
+      dg[i] = d[i] * u[i] * (sg * (1.0f + g[i] * (e * sg)));
+      du[i] = d[i] * (g[i] * sg);
+    }
+  }
+}
+
 }  // namespace
+
+void swiglu_forward(const Tensor& x, const Tensor& y) {
+  const F32Buffer X(x, true), Y(y, false);
+  const int64_t F = x.dim(-1) / 2;
+  swiglu_forward_rows(X.data(), Y.data(), leading_rows(x), F);
+  Y.store();
+}
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const F32Buffer X(x, true), DY(dy, true), DX(dx, false);
+  const int64_t F = x.dim(-1) / 2;
+  swiglu_backward_rows(X.data(), DY.data(), DX.data(), leading_rows(x), F);
+  DX.store();
+}
 
 void relu_forward(const Tensor& x, const Tensor& y) {
   map1(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });

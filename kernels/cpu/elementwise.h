@@ -12,6 +12,8 @@ void relu_forward(const Tensor& x, const Tensor& y);
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 void gelu_forward(const Tensor& x, const Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+void swiglu_forward(const Tensor& x, const Tensor& y);
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float alpha, const Tensor& out);
 void add_scaled(const Tensor& x, float alpha, const Tensor& out);

@@ -28,8 +28,12 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   const F32Buffer E(wte, true), P(wpe, true), O(out, false);
   for (int64_t n = 0; n < N; ++n) {
     const float* e = E.data() + static_cast<int64_t>(tok[n]) * C;
-    const float* p = P.data() + (n % T) * C;
     float* o = O.data() + n * C;
+    if (P.data() == nullptr) {  // no position table (Llama: positions are rotations in attention)
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      continue;
+    }
+    const float* p = P.data() + (n % T) * C;
     for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
   }
   O.store();

@@ -115,6 +115,32 @@ void launch_map(const char* name, F f, const Tensor& in0, const Tensor& in1, con
   });
 }
 
+// SwiGLU over rows of x = [g | u] (2F columns) -> y (F columns), or backward into dx = [dg | du]:
+// a grid-stride loop over the F·rows outputs. silu(g) = g / (1 + e^-g); its derivative as the CPU
+// computes it (kernels/cpu/elementwise.cc), with 1 - sigmoid(g) = e^-g · sigmoid(g) and e^-g capped
+// so that the product stays finite where the sigmoid underflows.
+template <typename T>
+__global__ void swiglu_forward_kernel(const T* x, int64_t rows, int64_t F, T* y) {
+  const int64_t n = rows * F, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
+    const int64_t r = k / F, i = k % F;
+    const float g = load_f32(x[r * 2 * F + i]), u = load_f32(x[r * 2 * F + F + i]);
+    y[k] = store_as<T>(g / (1.0f + expf(-g)) * u);
+  }
+}
+template <typename T>
+__global__ void swiglu_backward_kernel(const T* x, const T* dy, int64_t rows, int64_t F, T* dx) {
+  const int64_t n = rows * F, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
+    const int64_t r = k / F, i = k % F;
+    const float g = load_f32(x[r * 2 * F + i]), u = load_f32(x[r * 2 * F + F + i]), d = load_f32(dy[k]);
+    const float e = expf(fminf(-g, 69.0f));
+    const float s = 1.0f / (1.0f + e);
+    dx[r * 2 * F + i] = store_as<T>(d * u * (s * (1.0f + g * (e * s))));
+    dx[r * 2 * F + F + i] = store_as<T>(d * (g * s));
+  }
+}
+
 // out[(n·C + c)·inner + i] = x[...] + bias[c].
 template <typename T>
 __global__ void bias_add_kernel(const T* x, const T* bias, int64_t total, int64_t channels, int64_t inner, T* out) {
@@ -189,6 +215,29 @@ void gelu_forward(const Tensor& x, const Tensor& y, const Stream& stream) {
 }
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream) {
   launch_map<2>("gelu_backward", GeluBackward{}, x, dy, dx, stream);
+}
+void swiglu_forward(const Tensor& x, const Tensor& y, const Stream& stream) {
+  const int64_t F = x.dim(-1) / 2;
+  if (F == 0 || x.numel() == 0) return;
+  const int64_t rows = x.numel() / (2 * F);
+  DeviceGuard guard(x.device());
+  detail::dispatch_floating("swiglu_forward", x.dtype(), [&](auto tag) {
+    using H = decltype(tag);
+    swiglu_forward_kernel<<<grid_for(rows * F, kBlock), kBlock, 0, native(stream)>>>(ptr<H>(x), rows, F, ptr<H>(y));
+    TUTTI_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
+  });
+}
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream) {
+  const int64_t F = x.dim(-1) / 2;
+  if (F == 0 || x.numel() == 0) return;
+  const int64_t rows = x.numel() / (2 * F);
+  DeviceGuard guard(x.device());
+  detail::dispatch_floating("swiglu_backward", x.dtype(), [&](auto tag) {
+    using H = decltype(tag);
+    swiglu_backward_kernel<<<grid_for(rows * F, kBlock), kBlock, 0, native(stream)>>>(ptr<H>(x), ptr<H>(dy), rows, F,
+                                                                                      ptr<H>(dx));
+    TUTTI_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+  });
 }
 void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream) {
   launch_map<2>("add", Add{}, a, b, out, stream);

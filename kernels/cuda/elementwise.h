@@ -13,6 +13,8 @@ void relu_forward(const Tensor& x, const Tensor& y, const Stream& stream);
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream);
 void gelu_forward(const Tensor& x, const Tensor& y, const Stream& stream);
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream);
+void swiglu_forward(const Tensor& x, const Tensor& y, const Stream& stream);
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream);
 void scale(const Tensor& x, float alpha, const Tensor& out, const Stream& stream);
 void add_scaled(const Tensor& x, float alpha, const Tensor& out, const Stream& stream);

@@ -37,7 +37,8 @@ __global__ void embedding_forward_kernel(const std::int32_t* tokens, const T* wt
     const int64_t pos = idx / C, c = idx % C;
     const int64_t tok = tokens[pos];
     const bool valid = tok >= 0 && tok < V;
-    out[idx] = store_as<T>(valid ? load_f32(wte[tok * C + c]) + load_f32(wpe[(pos % T_) * C + c]) : nan);
+    const float position = wpe != nullptr ? load_f32(wpe[(pos % T_) * C + c]) : 0.0f;
+    out[idx] = store_as<T>(valid ? load_f32(wte[tok * C + c]) + position : nan);
   }
 }
 
@@ -184,8 +185,8 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   detail::dispatch_floating("embedding_forward", wte.dtype(), [&](auto tag) {
     using H = decltype(tag);
     embedding_forward_kernel<<<grid_for(n, kBlock), kBlock, 0, native(stream)>>>(
-        static_cast<const std::int32_t*>(tokens.data()), ptr<H>(wte), ptr<H>(wpe), wte.dim(0), tokens.dim(1),
-        wte.dim(1), n, std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
+        static_cast<const std::int32_t*>(tokens.data()), ptr<H>(wte), wpe.defined() ? ptr<H>(wpe) : nullptr, wte.dim(0),
+        tokens.dim(1), wte.dim(1), n, std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
     TUTTI_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   });
 }

@@ -29,6 +29,8 @@ void relu_forward(const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("rel
 void relu_backward(const Tensor&, const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("relu_backward"); }
 void gelu_forward(const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("gelu_forward"); }
 void gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("gelu_backward"); }
+void swiglu_forward(const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("swiglu_forward"); }
+void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("swiglu_backward"); }
 void add(const Tensor&, const Tensor&, const Tensor&, const Stream&) { no_cuda_ka("add"); }
 void scale(const Tensor&, float, const Tensor&, const Stream&) { no_cuda_ka("scale"); }
 void add_scaled(const Tensor&, float, const Tensor&, const Stream&) { no_cuda_ka("add_scaled"); }
@@ -131,4 +133,32 @@ void quantize_blocks(const Tensor&, int, std::int64_t, const Tensor&, const Tens
 void dequantize_blocks(const Tensor&, const Tensor&, int, std::int64_t, const Tensor&, bool, const Stream&) {
   no_cuda("dequantize_blocks");
 }
+}  // namespace tutti::kernels::cuda
+
+// ---- flash_attention, rmsnorm, rope ----
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+
+namespace tutti::kernels::cuda {
+namespace {
+[[noreturn]] void unavailable(const char* op) {
+  TUTTI_THROW(BackendError, op, ": this build of tutti has no CUDA (TUTTI_WITH_CUDA=OFF)");
+}
+}  // namespace
+void flash_attention_forward(const Tensor&, const FlashShape&, const Tensor&, const Tensor&, const Stream&) {
+  unavailable("flash_attention_forward");
+}
+void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const FlashShape&,
+                              const Tensor&, const Stream&) {
+  unavailable("flash_attention_backward");
+}
+void rmsnorm_forward(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&, const Stream&) {
+  unavailable("rmsnorm_forward");
+}
+void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
+                      const Stream&) {
+  unavailable("rmsnorm_backward");
+}
+void rope_rotate(const Tensor&, const RopeShape&, const Tensor&, bool, const Stream&) { unavailable("rope_rotate"); }
 }  // namespace tutti::kernels::cuda

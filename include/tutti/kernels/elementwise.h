@@ -18,6 +18,15 @@ void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const St
 void gelu_forward(const Tensor& x, const Tensor& y, const Stream& stream = Stream());
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream = Stream());
 
+// SwiGLU (Shazeer 2020; Llama's MLP): x [..., 2F] holds a gate and a value side by side,
+// x = [g | u] (columns [0, F) and [F, 2F) of each row) -> y [..., F] = silu(g) · u, with
+// silu(g) = g · sigmoid(g). The gate's multiply is fused: the MLP's two input projections are one
+// GEMM whose output this reads.
+void swiglu_forward(const Tensor& x, const Tensor& y, const Stream& stream = Stream());
+// Given dy [..., F]: dx [..., 2F] = [dy · u · silu'(g) | dy · silu(g)] (written). x is the forward
+// input.
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Stream& stream = Stream());
+
 // out = a + b. out may alias a or b.
 void add(const Tensor& a, const Tensor& b, const Tensor& out, const Stream& stream = Stream());
 // out = alpha · x. out may be x.

@@ -7,6 +7,7 @@ namespace tutti::kernels {
 
 // tokens [B, T] i32 (each in [0, V)), wte [V, C], wpe [T_max, C] with T <= T_max:
 //   out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]
+// or, with wpe undefined (a model without a position table, such as Llama), wte's rows alone.
 // A token out of range is an InvalidArgument on the CPU; on the GPU, where the host cannot
 // read the tokens without a sync, its row of out is nan.
 void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& out,
