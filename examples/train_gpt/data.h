@@ -20,7 +20,7 @@ std::vector<std::string> default_corpus_files();
 
 struct GptData {
   tutti::data::TokenCorpus train, val;
-  bool bytes = true;  // byte-level (vocab 256) or llm.c token shards (GPT-2's vocabulary)
+  bool bytes = true;  // byte-level (vocab 256) or llm.c token shards (GPT-2's or Llama 3's vocabulary)
   std::string description;
 };
 

@@ -54,8 +54,8 @@ void set_or_null(tutti::train::Summary& summary, const std::string& key, double 
 }
 
 std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
-  const uLong crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(c.tokens.data()),
-                          static_cast<uInt>(c.tokens.size() * sizeof(std::uint16_t)));
+  const uLong crc = crc32_z(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(c.tokens.data()),
+                            static_cast<z_size_t>(c.tokens.size() * c.tokens.width()));
   char hex[32];
   std::snprintf(hex, sizeof hex, "%08lx/%lld", static_cast<unsigned long>(crc), static_cast<long long>(c.size()));
   return hex;

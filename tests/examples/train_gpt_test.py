@@ -247,10 +247,10 @@ class TrainGpt(unittest.TestCase):
         # Failed: see test_llmc_token_shards (a file that is not a token shard).
 
     def test_llmc_token_shards(self):
-        def shard(path, tokens):
+        def shard(path, tokens, llama3=False):  # llm.c's dev/data/data_common.py: GPT-2's or Llama 3's format
             with open(path, "wb") as f:
-                f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
-                f.write(struct.pack("<%dH" % len(tokens), *tokens))
+                f.write(struct.pack("<256i", *((20240801, 7) if llama3 else (20240520, 1)), len(tokens), *([0] * 253)))
+                f.write(struct.pack("<%d%s" % (len(tokens), "I" if llama3 else "H"), *tokens))
         text = open(corpus(ARGS.workdir), "rb").read()
         # A made-up "tokenization" (pairs of bytes) into GPT-2's id range.
         ids = [(text[i] * 191 + text[i + 1]) % 50257 for i in range(0, 40000, 2)]
@@ -260,6 +260,14 @@ class TrainGpt(unittest.TestCase):
                   os.path.join(self.dir, "t_val_000000.bin"), "--steps", "2", "--sample-tokens", "4")
         self.assertEqual(r["config"], "L2 H2 C32 T32 V50257/50304")
         self.assertTrue(r["sample"].startswith("<50256>"), r["sample"])  # ids without --tokenizer
+        # Llama 3's uint32 ids, up to 128255: the vocabulary follows.
+        ids32 = [(i * 40009 + t) % 128256 for i, t in enumerate(ids[:4000])]
+        shard(os.path.join(self.dir, "l_train.bin"), ids32[:3600], llama3=True)
+        shard(os.path.join(self.dir, "l_val.bin"), ids32[3600:], llama3=True)
+        r = train(1, self.dir, "shards32", "--data", os.path.join(self.dir, "l_train.bin"), "--val-data",
+                  os.path.join(self.dir, "l_val.bin"), "--steps", "1", "--batch-size", "2", "--sample-tokens", "0")
+        self.assertEqual(r["config"], "L2 H2 C32 T32 V128256")  # a multiple of 128: no padding
+        self.assertEqual(r["steps"], 1)
         bad = os.path.join(self.dir, "bad.bin")
         with open(bad, "wb") as f:
             f.write(b"not a shard" * 200)

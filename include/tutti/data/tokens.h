@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tutti/core/state_dict.h"
@@ -13,29 +14,69 @@
 
 namespace tutti::data {
 
+// Token ids in the width of their source: 2 bytes each (bytes of text, llm.c's GPT-2 shards) or
+// 4 (its Llama 3 shards: vocabularies above 65,536), so that a GPT-2 corpus keeps 2 bytes a
+// token in memory. A value type, like the vector it holds.
+class TokenIds {
+ public:
+  TokenIds() = default;  // empty, 2 bytes an id
+  // Implicit, so that `corpus.tokens = ids` reads as it did when the member was a vector.
+  TokenIds(std::vector<std::uint16_t> ids) : u16_(std::move(ids)) {}
+  TokenIds(std::vector<std::uint32_t> ids) : u32_(std::move(ids)), width_(4) {}
+
+  int width() const { return width_; }  // bytes an id: 2 or 4
+  std::int64_t size() const { return static_cast<std::int64_t>(width_ == 2 ? u16_.size() : u32_.size()); }
+  bool empty() const { return size() == 0; }
+  std::uint32_t operator[](std::int64_t i) const {
+    return width_ == 2 ? u16_[static_cast<std::size_t>(i)] : u32_[static_cast<std::size_t>(i)];
+  }
+  // size() * width() bytes (for checksums and files).
+  const void* data() const { return width_ == 2 ? static_cast<const void*>(u16_.data()) : u32_.data(); }
+  // The ids themselves; throw InvalidArgument when the width is the other one.
+  const std::vector<std::uint16_t>& u16() const;
+  const std::vector<std::uint32_t>& u32() const;
+  // Ids [begin, end), in the same width.
+  TokenIds slice(std::int64_t begin, std::int64_t end) const;
+
+ private:
+  std::vector<std::uint16_t> u16_;
+  std::vector<std::uint32_t> u32_;
+  int width_ = 2;
+};
+
 // Token ids back to back, in segments (one per shard or file); no window crosses a segment's
-// end. vocab: the number of distinct ids the source can hold (256 for bytes, the header's
-// for .bin shards: GPT-2's 50257 by default).
+// end. vocab: the number of distinct ids the source can hold (256 for bytes; for .bin shards the
+// one read_token_shards was given, by default its format's tokenizer's).
 struct TokenCorpus {
-  std::vector<std::uint16_t> tokens;
+  TokenIds tokens;
   std::vector<std::int64_t> segment_starts = {0};
   std::int64_t vocab = 256;
   std::string description;  // "3 files, 2.5 MB" ...
 
-  std::int64_t size() const { return static_cast<std::int64_t>(tokens.size()); }
+  std::int64_t size() const { return tokens.size(); }
 };
 
-// llm.c's token shards (dev/data/*.bin): a header of 256 little-endian int32 (magic 20240520,
-// version 1, the number of tokens), then that many uint16 tokens. Each file is a segment.
-// Throws InvalidArgument naming the file when it is missing, too short, or not such a shard.
-// vocab is GPT-2's 50257 (a token >= it is an error).
-TokenCorpus read_token_shards(const std::vector<std::string>& paths, std::int64_t vocab = 50257);
+// llm.c's token shards (its dev/data/data_common.py writes them): a header of 256
+// little-endian int32 (a magic, a version, the number of tokens n; the rest 0), then n ids.
+// Two formats, told apart by the magic:
+//   GPT-2:   magic 20240520, version 1, uint16 ids (2 bytes each);
+//   Llama 3: magic 20240801, version 7, uint32 ids (4 bytes each).
+// Each file is a segment; the corpus keeps its files' width, and all files must have the same
+// one (shards of one corpus come from one tokenizer). vocab: ids must be below it; 0 takes
+// the format's tokenizer's: GPT-2's 50257 for uint16 shards, Llama 3's 128256 for uint32 ones.
+// Throws InvalidArgument naming the file when it is missing, too short, not such a shard, of
+// a size its header does not account for, of another width than the files before it, or holds
+// an id >= vocab; BackendError when reading fails or memory runs out.
+TokenCorpus read_token_shards(const std::vector<std::string>& paths, std::int64_t vocab = 0);
 
-// Writes `tokens` as one llm.c shard (for tests and for converting other data).
+// Writes `tokens` as one llm.c shard: the GPT-2 format for uint16 ids, the Llama 3 format for
+// uint32 ids (for tests and for converting other data; scripts/tokenize.py writes them from
+// text).
 void write_token_shard(const std::string& path, const std::vector<std::uint16_t>& tokens);
+void write_token_shard(const std::string& path, const std::vector<std::uint32_t>& tokens);
 
-// The bytes of the files, in the given order, as one segment of tokens 0..255 (a byte-level
-// language model needs no tokenizer).
+// The bytes of the files, in the given order, as one segment of tokens 0..255, 2 bytes each (a
+// byte-level language model needs no tokenizer).
 TokenCorpus read_text_bytes(const std::vector<std::string>& paths);
 
 // The last `fraction` of the corpus's tokens (at a segment-independent cut) and the rest:
