@@ -13,7 +13,18 @@
 #   a GPU (e.g. "-Device.MissingGpuIsAClearError"); EMU_RANKS runs the twin at other world
 #   sizes than RANKS.
 #   Tests may include internal headers ("core/...", "kernels/...").
+#
+# tutti_add_ref_test(NAME <name> SCRIPT <file.py> [ARGS <args...>] [TIMEOUT <s>] [LABELS <l...>])
+#   A Python test run by the interpreter of the Python reference environment, TUTTI_REF_PYTHON
+#   (.venv-ref/bin/python, which scripts/setup.sh makes: Hugging Face transformers, tokenizers and
+#   safetensors on Debian's torch), through tests/ref_python.py: offline (HF_HUB_OFFLINE=1), and
+#   skipped with a message (exit 77) where that interpreter is missing, or failed where
+#   TUTTI_REQUIRE_REF_PYTHON=1 (scripts/test.sh sets it: CI made the environment, so a missing
+#   one is a broken setup). Label "python".
 find_package(GTest REQUIRED)
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+set(TUTTI_REF_PYTHON ${PROJECT_SOURCE_DIR}/.venv-ref/bin/python CACHE FILEPATH
+    "the Python reference environment's interpreter (scripts/setup.sh makes it)")
 
 # Open MPI refuses to run as root unless told; CI runs as root. Oversubscription lets
 # 4 ranks share 2 cores, and yielding when idle keeps busy-polling ranks from starving others.
@@ -96,4 +107,15 @@ function(tutti_add_test)
     endif()
     set_tests_properties(${names} PROPERTIES FAIL_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
   endif()
+endfunction()
+
+function(tutti_add_ref_test)
+  cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_test(NAME ${T_NAME}
+           COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/tests/ref_python.py ${TUTTI_REF_PYTHON}
+                   ${CMAKE_CURRENT_SOURCE_DIR}/${T_SCRIPT} ${T_ARGS})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}" SKIP_RETURN_CODE 77)
 endfunction()
