@@ -8,6 +8,7 @@
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/layernorm.h"
 #include "tutti/kernels/linear.h"
+#include "tutti/kernels/rmsnorm.h"
 
 namespace tutti::nn {
 
@@ -107,6 +108,28 @@ Tensor GELU::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+Tensor SwiGLU::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) % 2 == 0, "SwiGLU: input ", x.str(), " must be [..., 2F] ([gate | up])");
+  x_ = x;
+  Tensor y = buffer(0, with_last(x.shape(), x.dim(-1) / 2), x.dtype());
+  kernels::swiglu_forward(x, y, stream());
+  return y;
+}
+
+Tensor SwiGLU::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), "SwiGLU: backward before forward");
+  if (!input_grad_needed()) return Tensor();
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
+  kernels::swiglu_backward(x_, dy.reshape(with_last(x_.shape(), x_.dim(-1) / 2)), dx, stream());
+  return dx;
+}
+
+Flops SwiGLU::flops(const Shape& sample, Shape& out) const {
+  TUTTI_CHECK_ARG(!sample.empty() && sample.back() % 2 == 0, "SwiGLU::flops: a sample is [..., 2F]");
+  out = with_last(sample, sample.back() / 2);
+  return {};
+}
+
 // ---- Dropout ---------------------------------------------------------------------------
 
 Dropout::Dropout(float p) : p_(p) { TUTTI_CHECK_ARG(p >= 0.0f && p < 1.0f, "Dropout: p must be in [0, 1), got ", p); }
@@ -187,6 +210,35 @@ Tensor LayerNorm::backward_impl(const Tensor& dy) {
                               as_rows(dx, dim_), dgamma, dbeta, /*accumulate_params=*/true, stream());
   if (beta.requires_grad) grad_ready(beta);
   if (gamma.requires_grad) grad_ready(gamma);
+  return input_grad_needed() ? dx : Tensor();
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+
+RMSNorm::RMSNorm(std::int64_t dim, float eps) : weight({dim}, InitSpec::ones()), dim_(dim), eps_(eps) {
+  TUTTI_CHECK_ARG(dim > 0 && eps >= 0.0f, "RMSNorm(", dim, ", eps ", eps, "): dim must be positive, eps >= 0");
+  weight.no_weight_decay = true;
+  register_parameter("weight", weight);
+}
+
+std::string RMSNorm::describe() const { return detail::str("RMSNorm(", dim_, ")"); }
+
+Tensor RMSNorm::forward_impl(const Tensor& x) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == dim_, describe(), ": input ", x.str(), " must end in ", dim_);
+  x_ = x;
+  Tensor y = buffer(0, x.shape(), x.dtype());
+  rstd_ = buffer(1, {x.numel() / dim_}, DType::f32);
+  kernels::rmsnorm_forward(as_rows(x, dim_), weight.compute_value(), eps_, as_rows(y, dim_), rstd_, stream());
+  return y;
+}
+
+Tensor RMSNorm::backward_impl(const Tensor& dy) {
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  Tensor dx = buffer(2, x_.shape(), x_.dtype());
+  const Tensor dw = weight.requires_grad ? grad_of(weight) : Tensor();
+  kernels::rmsnorm_backward(as_rows(x_, dim_), weight.compute_value(), rstd_, as_rows(dy, dim_), as_rows(dx, dim_), dw,
+                            /*accumulate_params=*/true, stream());
+  if (weight.requires_grad) grad_ready(weight);
   return input_grad_needed() ? dx : Tensor();
 }
 

@@ -1,4 +1,5 @@
-// The layers: Linear, ReLU, GELU, Dropout, LayerNorm, Conv2d, MaxPool2d, Flatten, Residual.
+// The layers: Linear, ReLU, GELU, SwiGLU, Dropout, LayerNorm, RMSNorm, Conv2d, MaxPool2d, Flatten,
+// Residual.
 // Each is a Module (see module.h for what forward/backward promise) over the kernels of
 // tutti/kernels. Shapes: the first dimension is the batch.
 #pragma once
@@ -78,6 +79,23 @@ class GELU : public Module {
   Tensor x_;
 };
 
+// SwiGLU's gated activation (Llama's MLP): [..., 2F] holding [gate | up] (the output of one
+// Linear(C, 2F) whose first F rows are the gate projection) -> [..., F] = silu(gate) · up
+// (kernels::swiglu_forward). No parameters.
+class SwiGLU : public Module {
+ public:
+  std::string describe() const override { return "SwiGLU"; }
+  // [.., 2F] -> [.., F]; no FLOPs counted (elementwise).
+  Flops flops(const Shape& sample, Shape& out) const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Tensor x_;
+};
+
 // Drops each element with probability p in training mode (scaling kept ones by 1/(1-p));
 // the identity in eval mode. The mask comes from a counter-based generator keyed by the
 // seed init() gives: element e of a forward's global batch gets random number counter + e,
@@ -129,6 +147,26 @@ class LayerNorm : public Module {
   std::int64_t dim_;
   float eps_;
   Tensor x_, mean_, rstd_;
+};
+
+// Root-mean-square normalization over the last dimension (Llama's): y = x / sqrt(mean(x²) + eps) ·
+// weight, no mean subtracted and no bias (kernels::rmsnorm_forward). The weight (ones) is marked
+// no_weight_decay.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(std::int64_t dim, float eps = 1e-5f);
+  Parameter weight;  // ones
+  std::string describe() const override;
+  float eps() const { return eps_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  std::int64_t dim_;
+  float eps_;
+  Tensor x_, rstd_;
 };
 
 struct Conv2dOptions {

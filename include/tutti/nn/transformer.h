@@ -1,17 +1,120 @@
-// The layers a GPT needs beyond layers.h: the token + position embedding, causal multi-head
-// self-attention, and an output projection tied to the embedding's weight. Shapes are
-// [B, T, ...]: B sequences of T positions. A GPT-2 block is built from these and layers.h's
-// (tutti/models/gpt.h builds GPT-2 of them):
+// The layers a decoder-only transformer needs beyond layers.h: token embeddings (with a position
+// table, GPT-2's; or without, Llama's), rotary position embeddings, causal self-attention (multi-head
+// or grouped-query), and an output projection tied to the embedding's weight. Shapes are
+// [B, T, ...]: B sequences of T positions. A GPT-2 block and a Llama block are built from these and
+// layers.h's (tutti/models/gpt.h and llama.h):
 //
-//   Residual( LayerNorm(C), Linear(C, 3C), CausalSelfAttention(heads), Linear(C, C) )
-//   Residual( LayerNorm(C), Linear(C, 4C), GELU, Linear(4C, C) )
+//   GPT-2: Residual( LayerNorm(C), Linear(C, 3C), CausalSelfAttention(heads), Linear(C, C) )
+//          Residual( LayerNorm(C), Linear(C, 4C), GELU, Linear(4C, C) )
+//   Llama: Residual( RMSNorm(C), Linear(C, (H + 2G)·hs), RotaryEmbedding, CausalSelfAttention(H, G),
+//                    Linear(H·hs, C) )
+//          Residual( RMSNorm(C), Linear(C, 2F), SwiGLU, Linear(F, C) )
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "tutti/nn/module.h"
 
 namespace tutti::nn {
+
+// tokens [B, T] (i32, each in [0, vocab)) -> weight[tokens] as [B, T, width]: a model whose
+// positions enter elsewhere (RotaryEmbedding). The table is initialized N(0, 0.02²) (Llama's
+// initializer_range) and marked no_weight_decay. The input is data: backward returns an undefined
+// tensor.
+class TokenEmbedding : public Module {
+ public:
+  TokenEmbedding(std::int64_t vocab, std::int64_t width);
+  Parameter weight;  // [vocab, width]
+  std::string describe() const override;
+  // A gather: no FLOPs (an output head counts its multiply). [T] -> [T, width].
+  Flops flops(const Shape& sample, Shape& out) const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  std::int64_t vocab_, width_;
+  Tensor tokens_;
+};
+
+// Llama 3's rescaling of the rotary frequencies for long contexts (Hugging Face's rope_type
+// "llama3"): wavelengths above original_context / low_freq_factor are stretched by `factor`, those
+// below original_context / high_freq_factor kept, those between interpolated. factor 0: off.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  std::int64_t original_context = 8192;
+  friend bool operator==(const RopeScaling&, const RopeScaling&) = default;
+};
+
+struct RopeOptions {
+  double theta = 10000.0;  // rope_theta: the base of the frequencies
+  RopeScaling scaling;     // llama3 scaling, off by default
+  friend bool operator==(const RopeOptions&, const RopeOptions&) = default;
+};
+
+// The rotary frequencies inv_freq[i] = theta^(-2i / head_size), i < head_size / 2, with `scaling`,
+// computed in f32 as Hugging Face computes them (so that long positions turn by the same angles).
+std::vector<float> rope_inv_freq(std::int64_t head_size, const RopeOptions& options);
+
+// The (cos, sin) table of the rotary embedding (kernels::rope_table) on a device, shared by every
+// layer of a model: built on the host for the longest sequence asked so far and copied to the
+// device, again only when a longer one comes or the device changes. Not thread-safe (a model is
+// used by one thread at a time).
+class RopeTable {
+ public:
+  RopeTable(std::int64_t head_size, const RopeOptions& options);
+  // The table of at least T positions on `device`, [T', head_size / 2, 2] f32 with T' >= T.
+  const Tensor& get(std::int64_t T, Device device, const Stream& stream);
+  std::int64_t head_size() const { return head_size_; }
+  const RopeOptions& options() const { return options_; }
+  // Bytes the table holds now (0 before the first get).
+  std::int64_t bytes() const { return table_.defined() ? static_cast<std::int64_t>(table_.nbytes()) : 0; }
+
+ private:
+  std::int64_t head_size_;
+  RopeOptions options_;
+  std::vector<float> inv_freq_;
+  Tensor table_;
+};
+
+// Rotates the query and key heads of a packed qkv [B, T, (heads + 2 kv_heads)·hs] in place by
+// their positions 0..T-1 (kernels::rope_forward; Hugging Face's "rotate half" pairing), and its
+// gradient back in backward. Returns its input, rotated: it sits between the qkv projection (whose
+// output it rotates; that Linear's backward reads its own input, not this) and the attention.
+// No parameters.
+class RotaryEmbedding : public Module {
+ public:
+  RotaryEmbedding(std::int64_t heads, std::int64_t kv_heads, std::shared_ptr<RopeTable> table);
+  std::string describe() const override;
+  const RopeTable& table() const { return *table_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& qkv) override;
+  Tensor backward_impl(const Tensor& dqkv) override;
+
+ private:
+  std::int64_t heads_, kv_heads_;
+  std::shared_ptr<RopeTable> table_;
+};
+
+// Which kernel computes attention: the tiled one (kernels/flash_attention.h: keeps the output and a
+// log-sum-exp per query, memory linear in T, grouped-query heads) or the reference that keeps the
+// softmax probabilities [B, heads, T, T] (kernels/attention.h; multi-head only).
+enum class AttentionKernel : std::uint8_t { flash, materialized };
+// "flash" or "materialized"; InvalidArgument naming the choices otherwise.
+AttentionKernel parse_attention_kernel(const std::string& name);
+const char* name_of(AttentionKernel kernel);
+
+struct AttentionOptions {
+  std::int64_t kv_heads = 0;  // key/value heads (grouped-query attention; must divide heads); 0: heads
+  AttentionKernel kernel = AttentionKernel::flash;
+  std::int64_t query_tile = 0, key_tile = 0;  // the flash kernel's tiles (0: its choice)
+};
 
 // tokens [B, T] (i32, each in [0, vocab)) -> wte[tokens] + wpe[0..T) as [B, T, width], T <= context.
 // Both tables are initialized N(0, 0.02^2), GPT-2's. The input is data: backward returns an
@@ -34,15 +137,21 @@ class TokenPositionEmbedding : public Module {
   Tensor tokens_;
 };
 
-// Causal multi-head self-attention without projections (kernels/attention.h): [B, T, 3C]
-// (q, k, v side by side, the output of Linear(C, 3C)) -> [B, T, C]. Keeps the softmax
-// probabilities [B, heads, T, T] for backward. No parameters.
+// Causal self-attention without projections: [B, T, (H + 2G)·hs] (the H query heads, then the G
+// key heads, then the G value heads side by side: the output of one Linear; GPT-2's [q | k | v]
+// with G = H) -> [B, T, H·hs]. Query head h reads key/value head h / (H / G). With the flash kernel
+// (the default) it keeps its output and a log-sum-exp per query and head ([B, H, T] f32) for
+// backward; with the materialized one the probabilities [B, H, T, T]. No parameters.
 class CausalSelfAttention : public Module {
  public:
-  explicit CausalSelfAttention(std::int64_t heads);
+  explicit CausalSelfAttention(std::int64_t heads, AttentionOptions options = {});
   std::int64_t heads() const { return heads_; }
+  std::int64_t kv_heads() const { return kv_heads_; }
+  const AttentionOptions& options() const { return options_; }
   std::string describe() const override;
-  // [T, 3C] -> [T, C]: 4·T²·C forward (the scores and their use, the full T x T as PaLM counts).
+  // [T, (H + 2G)·hs] -> [T, H·hs]: 4·T²·H·hs forward (the scores and their use, the full T x T as
+  // PaLM counts; the flash kernel's recomputation in backward is not counted, as FlashAttention's
+  // MFU does not count it).
   Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
@@ -50,8 +159,9 @@ class CausalSelfAttention : public Module {
   Tensor backward_impl(const Tensor& dy) override;
 
  private:
-  std::int64_t heads_;
-  Tensor qkv_, probs_;
+  std::int64_t heads_, kv_heads_;
+  AttentionOptions options_;
+  Tensor qkv_, saved_, out_;  // saved_: the probabilities (materialized) or the log-sum-exp (flash)
 };
 
 // y[..., out] = x[..., in] · weight^T, with the weight [out, in] of another module: weight
