@@ -1,7 +1,7 @@
 // tutti: data-parallel training in C++/CUDA. The one header a training program includes.
 //
 // Layers, bottom to top (docs/architecture.md): core (dtypes, devices, tensors, streams,
-// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, models (GPT-2),
+// errors, the trace spans), kernels, comm (bootstrap and communicators), nn, models (GPT-2, Llama),
 // optim, amp, ddp, obs (trace files, Prometheus metrics, stragglers, MFU), train (run control:
 // resume, checkpoints, stop, divergence, the JSON summary).
 #pragma once
@@ -27,7 +27,9 @@
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/kernels.h"
+#include "tutti/models/causal_lm.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/llama.h"
 #include "tutti/models/memory_plan.h"
 #include "tutti/nn/flat_plan.h"
 #include "tutti/nn/init.h"

@@ -7,10 +7,16 @@
 #include <sstream>
 
 #include "core/format_bytes.h"
+#include "models/plan_layout.h"
 #include "tutti/core/error.h"
 #include "tutti/nn/flat_plan.h"
 
 namespace tutti::models {
+
+using detail::Body;
+using detail::BodyBuffer;
+using detail::DecoderLayout;
+using detail::GradEvent;
 
 namespace {
 
@@ -29,34 +35,12 @@ std::string grouped(std::int64_t n) {
 
 // "0.12 MiB", "2.90 GiB": the table's unit.
 std::string human(std::int64_t bytes) {
-  return detail::format_bytes(static_cast<double>(bytes), 2, detail::ByteUnit::MiB);
-}
-
-// The Gpt's parameters as Gpt registers them (gpt.h lists the names): what its flat plan cuts.
-std::vector<nn::PlanParam> gpt_params(const GptConfig& c) {
-  const std::int64_t C = c.width;
-  std::vector<nn::PlanParam> p;
-  p.push_back({"embed.wte", {c.padded_vocab, C}, true});
-  p.push_back({"embed.wpe", {c.context, C}, true});
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    for (const std::int64_t wide : {3 * C, 4 * C}) {  // attention's Linear(C, 3C), the MLP's Linear(C, 4C)
-      const std::string block = "blocks." + std::to_string(2 * l + (wide == 4 * C ? 1 : 0)) + ".body.";
-      p.push_back({block + "0.gamma", {C}, true});
-      p.push_back({block + "0.beta", {C}, true});
-      p.push_back({block + "1.weight", {wide, C}, true});
-      p.push_back({block + "1.bias", {wide}, true});
-      p.push_back({block + "3.weight", {C, wide == 4 * C ? 4 * C : C}, true});
-      p.push_back({block + "3.bias", {C}, true});
-    }
-  }
-  p.push_back({"ln_f.gamma", {C}, true});
-  p.push_back({"ln_f.beta", {C}, true});
-  return p;
+  return tutti::detail::format_bytes(static_cast<double>(bytes), 2, tutti::detail::ByteUnit::MiB);
 }
 
 // ZeRO-2's pool of bucket buffers (Reducer::acquire_slot): how many the backward pass needs,
 // replaying the order in which the layers place (grad_of) and report (grad_ready) gradients.
-int zero2_slots(const GptConfig& c, const nn::FlatPlan& plan) {
+int zero2_slots(const std::vector<GradEvent>& order, const nn::FlatPlan& plan) {
   const int nb = static_cast<int>(plan.buckets.size());
   std::vector<int> slots;  // bucket held by each slot, -1 free
   std::vector<int> slot_of(static_cast<std::size_t>(nb), -1);
@@ -94,48 +78,25 @@ int zero2_slots(const GptConfig& c, const nn::FlatPlan& plan) {
     --pending[bucket(i)];
     while (next < nb && pending[static_cast<std::size_t>(next)] == 0) launched[static_cast<std::size_t>(next++)] = true;
   };
-  // A layer with two parameters (weight, bias / gamma, beta) at entries i, i + 1 places both,
-  // then reports them in reverse order (Linear and LayerNorm backward).
-  auto layer = [&](std::size_t i) {
-    place(i);
-    place(i + 1);
-    ready(i + 1);
-    ready(i);
-  };
-  const std::size_t n = plan.entries.size();
-  place(0);      // the tied head adds its share of wte first
-  layer(n - 2);  // ln_f
-  for (std::int64_t l = c.layers; l-- > 0;) {
-    const std::size_t first = 2 + static_cast<std::size_t>(l) * 12;
-    for (const std::size_t block : {first + 6, first}) {  // the MLP, then attention
-      layer(block + 4);                                   // the output projection
-      layer(block + 2);                                   // the first Linear
-      layer(block);                                       // the LayerNorm
-    }
+  for (const GradEvent& e : order) {
+    if (e.ready)
+      ready(e.param);
+    else
+      place(e.param);
   }
-  place(0);  // the embedding: wte (placed already), then wpe; reported wpe, wte
-  place(1);
-  ready(1);
-  ready(0);
   return static_cast<int>(slots.size());
 }
 
 }  // namespace
 
-MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
-  const std::int64_t T = o.seq_len == 0 ? c.context : o.seq_len;
+MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   TUTTI_CHECK_ARG(
-      o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.micro_batch >= 1 && T >= 1 && T <= c.context,
-      "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage, " (0-3), micro_batch ",
-      o.micro_batch, " (>= 1) and seq_len ", T, " (1 to the context ", c.context, ") are out of range");
-  TUTTI_CHECK_ARG(
-      o.recompute.mode != Recompute::Mode::every || (o.recompute.every >= 1 && o.recompute.every <= c.layers),
-      "memory_plan: ", o.recompute.str(), " but ", c.fingerprint(), " has ", c.layers, " layers");
+      o.recompute.mode != Recompute::Mode::every || (o.recompute.every >= 1 && o.recompute.every <= d.layers),
+      "memory_plan: ", o.recompute.str(), " but ", d.fingerprint, " has ", d.layers, " layers");
   TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
                   "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
                   name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
-  const std::int64_t B = o.micro_batch, C = c.width, H = c.heads, V = c.padded_vocab, L = c.layers;
-  const std::int64_t N = B * T;  // tokens of the micro-batch
+  const std::int64_t L = d.layers;
   const std::int64_t cd = bytes_of(o.compute), gd = bytes_of(o.grad), wd = bytes_of(o.grad_comm);
   const bool half = o.compute != DType::f32;
 
@@ -144,18 +105,17 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
   po.first_bucket_cap_mb = o.first_bucket_cap_mb;
   po.grad_element_bytes = static_cast<std::size_t>(gd);
   po.world_size = o.zero_stage > 0 ? o.world_size : 1;
-  const std::vector<nn::PlanParam> params = gpt_params(c);
   const bool zero3 = o.zero_stage == 3;
-  std::vector<std::string> groups;  // ZeRO-3: Gpt::gather_group, a bucket per run of one group
+  std::vector<std::string> groups;  // ZeRO-3: the model's gather groups, a bucket per run of one group
   if (zero3) {
-    for (const nn::PlanParam& p : params) {
-      groups.push_back(Gpt::gather_group(p.name));
+    for (const nn::PlanParam& p : d.params) {
+      groups.push_back(d.gather_group(p.name));
       const bool same = po.segments.size() > 0 && groups.back() == groups[groups.size() - 2];
       po.segments.push_back(po.segments.empty() ? 0 : po.segments.back() + (same ? 0 : 1));
     }
     po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;
   }
-  const nn::FlatPlan plan = nn::make_flat_plan(params, po);
+  const nn::FlatPlan plan = nn::make_flat_plan(d.params, po);
   const std::int64_t total = plan.total, shard = o.zero_stage > 0 ? plan.shard_numel : plan.total;
   std::int64_t largest = 0, largest_group = 0, resident = 0;
   for (const nn::PlanBucket& b : plan.buckets) {
@@ -168,7 +128,7 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
   }
 
   MemoryPlan m;
-  m.parameters = c.parameter_count();
+  m.parameters = d.parameters;
   m.flat_total = total;
   m.shard = shard;
   m.buckets = static_cast<int>(plan.buckets.size());
@@ -192,11 +152,12 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
         "f32 values, " + grouped(total) + " elements (" + grouped(m.parameters) + " + padding)");
     row("master weights", 0, "none: the f32 values are the masters");
   }
-  // ZeRO-3's two gather buffers (the largest layer) and the resident group (embeddings, ln_f).
+  // ZeRO-3's two gather buffers (the largest group) and the resident group.
   row("gathered parameters", zero3 ? (2 * largest_group + resident) * cd : 0,
-      zero3 ? "2 gather buffers of " + grouped(largest_group) + " elements (a layer) + the resident group of " +
-                  grouped(resident) + " (embeddings, ln_f), " + std::string(name_of(o.compute))
-            : "none: the parameters are whole");
+      zero3
+          ? "2 gather buffers of " + grouped(largest_group) + " elements (the largest group) + the resident group of " +
+                grouped(resident) + " (" + d.resident + "), " + std::string(name_of(o.compute))
+          : "none: the parameters are whole");
   // The reducer's buffer (stages 0, 1) or ZeRO-2's and 3's shard.
   row("gradients", (o.zero_stage >= 2 ? shard : total) * gd,
       std::string(name_of(o.grad)) + (o.zero_stage >= 2 ? sh : ", the reducer's flat buffer"));
@@ -213,7 +174,7 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
     comm_detail = std::to_string(m.buckets) + " bucket(s)" +
                   (wd != gd ? ", staged in " + std::string(name_of(o.grad_comm)) : ", none staged (same dtype)");
   } else {
-    const int slots = zero2_slots(c, plan);
+    const int slots = zero2_slots(d.backward_order, plan);
     comm = slots * largest * (gd + (wd != gd ? wd : 0));
     comm_detail = std::to_string(slots) + " bucket buffer(s) of " + grouped(largest) + " elements (of " +
                   std::to_string(m.buckets) + " buckets)" + (wd != gd ? " + staging" : "");
@@ -223,77 +184,71 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
     comm_detail += ", exact-sum accumulator";
   }
   row("communication buffers", comm, comm_detail);
+  const std::int64_t T = o.seq_len, B = o.micro_batch, N = B * T;
   row("batch", o.batch_on_device ? 2 * N * 4 : 0,
       "tokens and targets, " + std::to_string(B) + " x " + std::to_string(T) + " i32 each");
 
-  // Activations: every layer's reusable buffers (Module::buffer), forward's and backward's.
-  // LayerNorm: y, dx [N, C], mean and rstd [N] f32. Linear: y [N, out], dx [N, in].
-  // Attention: y [N, C], probs [B, H, T, T], dqkv [N, 3C]. GELU: y, dx [N, 4C].
-  // Residual: y, dx [N, C] (its own, also when checkpointed).
-  const std::int64_t ln = 2 * N * C * cd + 2 * N * 4;
-  const std::int64_t residual = 2 * N * C * cd;
-  const std::int64_t attn_body =
-      ln + (3 * N * C + N * C) * cd + (N * C + B * H * T * T + 3 * N * C) * cd + (N * C + N * C) * cd;
-  const std::int64_t mlp_body = ln + (4 * N * C + N * C) * cd + (4 * N * C + 4 * N * C) * cd + (N * C + 4 * N * C) * cd;
+  // Activations: every layer's reusable buffers (Module::buffer), forward's and backward's; a
+  // checkpointed block keeps only its residual's (y and dx, its own also when checkpointed).
+  const std::int64_t attn_body = d.attention.bytes(), mlp_body = d.mlp.bytes();
   bool attn_ckpt = false, mlp_ckpt = false;
-  std::int64_t attn_blocks = 0;   // checkpointed attention blocks
-  std::int64_t act = N * C * cd;  // the embedding's output
+  std::int64_t attn_blocks = 0;  // checkpointed attention blocks
+  std::int64_t act = d.outside_bytes;
   for (std::int64_t l = 0; l < L; ++l) {
     const bool a = o.recompute.checkpoints(l, false), p = o.recompute.checkpoints(l, true);
     attn_ckpt = attn_ckpt || a;
     attn_blocks += a ? 1 : 0;
     mlp_ckpt = mlp_ckpt || p;
-    act += residual * 2 + (a ? 0 : attn_body) + (p ? 0 : mlp_body);
+    act += d.residual_bytes * 2 + (a ? 0 : attn_body) + (p ? 0 : mlp_body);
   }
-  act += ln;  // ln_f
-  m.layer_bytes_kept = 2 * residual + attn_body + mlp_body;
-  m.layer_bytes_checkpointed = 2 * residual;
+  m.layer_bytes_kept = 2 * d.residual_bytes + attn_body + mlp_body;
+  m.layer_bytes_checkpointed = 2 * d.residual_bytes;
   row("activations", act,
       std::to_string(L) + " layers: " + human(m.layer_bytes_kept) + " each kept" +
           (attn_ckpt || mlp_ckpt
                ? ", " + human(m.layer_bytes_checkpointed) + " each checkpointed (" + o.recompute.str() + ")"
-               : ""));
-  // The shared workspace of the checkpointed bodies (Gpt::set_recompute): per position in the
-  // body (LayerNorm, Linear, attention or GELU, Linear) and slot, the largest buffer of the
-  // kinds checkpointed.
+               : "") +
+          "; " + d.outside_detail);
+  // The shared workspace of the checkpointed bodies (CausalLm::set_recompute): per position in the
+  // body and slot, the largest buffer of the kinds checkpointed.
+  std::vector<std::pair<int, int>> keys;
+  for (const Body* body : {&d.attention, &d.mlp})
+    for (const BodyBuffer& b : body->buffers)
+      if (std::find(keys.begin(), keys.end(), std::pair{b.position, b.slot}) == keys.end())
+        keys.emplace_back(b.position, b.slot);
   std::int64_t ws = 0;
-  if (attn_ckpt || mlp_ckpt) {
-    auto big = [&](std::int64_t attn, std::int64_t mlp) { return std::max(attn_ckpt ? attn : 0, mlp_ckpt ? mlp : 0); };
-    ws = ln;
-    ws += (big(3 * N * C, 4 * N * C) + N * C) * cd;                                          // Linear(C, 3C | 4C)
-    ws += (big(N * C, 4 * N * C) + big(B * H * T * T, 4 * N * C) + big(3 * N * C, 0)) * cd;  // attention | GELU
-    ws += (N * C + big(N * C, 4 * N * C)) * cd;                                              // Linear(C | 4C, C)
-  }
+  for (const auto& [pos, slot] : keys)
+    ws += std::max(attn_ckpt ? d.attention.at(pos, slot) : 0, mlp_ckpt ? d.mlp.at(pos, slot) : 0);
   std::string ws_detail = ws ? "one body's buffers, shared by the checkpointed blocks" : "no recomputation";
   if (attn_ckpt && mlp_ckpt) {
-    // The first step grows the workspace's slots as the MLP body needs more than the attention
-    // body (Module::buffer reallocates); the old buffers stay alive while layer 0's attention
-    // modules still view them (its qkv and output, and its probabilities when GELU's gradient
-    // outgrows them at short T), that is until layer 0's attention block recomputes, last in
-    // backward, before its residual's input gradient is allocated.
-    // Allocated only after that: the residual's input gradient and, when no other attention
-    // block checkpoints, the workspace's dqkv.
-    const std::int64_t superseded = (3 * N * C + N * C + (4 * C > H * T ? B * H * T * T : 0)) * cd;
-    const std::int64_t after = (N * C + (attn_blocks == 1 ? 3 * N * C : 0)) * cd;
+    // The first step grows a workspace slot where the MLP body needs more than the attention body
+    // (Module::buffer reallocates); the attention's old buffer stays alive while the attention
+    // modules that keep a handle on it (an input, a saved statistic) still do, that is until layer
+    // 0's attention block recomputes, last in backward. (And likewise an MLP buffer that a larger
+    // attention one replaces.) Allocated only after that: the residual's input gradient and, when
+    // no other attention block checkpoints, the attention's backward buffers the MLP has not
+    // already grown.
+    std::int64_t superseded = 0, after = d.residual_bytes / 2;
+    for (const auto& [pos, slot] : keys) {
+      const std::int64_t a = d.attention.at(pos, slot), p = d.mlp.at(pos, slot);
+      for (const BodyBuffer& b : d.attention.buffers)
+        if (b.position == pos && b.slot == slot && b.held && p > a) superseded += a;
+      for (const BodyBuffer& b : d.mlp.buffers)
+        if (b.position == pos && b.slot == slot && b.held && a > p) superseded += p;
+      for (const BodyBuffer& b : d.attention.buffers)
+        if (b.position == pos && b.slot == slot && !b.forward && attn_blocks == 1)
+          after += std::max<std::int64_t>(0, a - p);
+    }
     m.first_step_extra = std::max<std::int64_t>(0, superseded - after);
     ws += m.first_step_extra;
     ws_detail += ", + the first step's superseded buffers (" + human(superseded) + ") until layer 0 recomputes";
   }
   row("recompute workspace", ws, ws_detail);
-  std::ostringstream logits;
-  logits << "[" << B << ", " << T << ", " << V << "] " << name_of(o.compute)
-         << " and the loss's gradient of them, + the head's input gradient";
-  row("logits", 2 * N * V * cd + N * C * cd, logits.str());
+  row("logits", d.logits_bytes, d.logits_detail);
   row("workspace", 16, "scalars: the loss, the reducer's flag, the gradient norm");
-  if (o.gpu) {
-    // kernels/cuda: attention backward's scratch (q, k, v, dy, dq, dk, dv head-major and dP),
-    // the largest stream-ordered scratch of a step, alive only during that kernel; cuBLASLt's
-    // workspace for the model's stream.
-    row("GPU kernel scratch", (7 * N * C + B * H * T * T) * cd + (32 << 20),
-        "attention backward's scratch + cuBLASLt's workspace (not in Storage's count)");
-  }
+  if (o.gpu) row("GPU kernel scratch", d.gpu_scratch, d.gpu_scratch_detail);
   if (o.evaluation) {
-    m.rows.push_back({"evaluation", N * V * cd + N * 4 + 16,
+    m.rows.push_back({"evaluation", d.eval_bytes,
                       "between steps: the evaluating loss's logits gradient, the targets, scalars", true});
   }
   if (o.state_dict) {
@@ -304,6 +259,32 @@ MemoryPlan memory_plan(const GptConfig& c, const PlanOptions& o) {
                       true});
   }
   return m;
+}
+
+namespace {
+
+// The options checked and the sequence length settled (0: the context).
+PlanOptions settled(const PlanOptions& o, std::int64_t context) {
+  PlanOptions s = o;
+  if (s.seq_len == 0) s.seq_len = context;
+  TUTTI_CHECK_ARG(s.world_size >= 1 && s.zero_stage >= 0 && s.zero_stage <= 3 && s.micro_batch >= 1 && s.seq_len >= 1 &&
+                      s.seq_len <= context,
+                  "memory_plan: world_size ", s.world_size, " (>= 1), zero_stage ", s.zero_stage,
+                  " (0-3), micro_batch ", s.micro_batch, " (>= 1) and seq_len ", s.seq_len, " (1 to the context ",
+                  context, ") are out of range");
+  return s;
+}
+
+}  // namespace
+
+MemoryPlan memory_plan(const GptConfig& config, const PlanOptions& options) {
+  const PlanOptions o = settled(options, config.context);
+  return detail::plan_decoder(detail::gpt_layout(config, o), o);
+}
+
+MemoryPlan memory_plan(const LlamaConfig& config, const PlanOptions& options) {
+  const PlanOptions o = settled(options, config.context);
+  return detail::plan_decoder(detail::llama_layout(config, o), o);
 }
 
 std::int64_t MemoryPlan::step_total() const {
@@ -345,12 +326,14 @@ std::string MemoryPlan::str() const {
   return s.str();
 }
 
-std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, std::int64_t device_bytes,
-                                 std::int64_t limit) {
+namespace detail {
+
+std::int64_t largest_micro_batch(const std::function<MemoryPlan(const PlanOptions&)>& plan, PlanOptions options,
+                                 std::int64_t device_bytes, std::int64_t limit) {
   // The total grows with the micro-batch: bisect.
   auto fits = [&](std::int64_t b) {
     options.micro_batch = b;
-    return memory_plan(config, options).total() <= device_bytes;
+    return plan(options).total() <= device_bytes;
   };
   if (!fits(1)) return 0;
   std::int64_t lo = 1, hi = limit;
@@ -362,17 +345,18 @@ std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, s
   return lo;
 }
 
-std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes) {
-  const std::int64_t now = memory_plan(config, options).total();
+std::string fit_advice(const std::function<MemoryPlan(const PlanOptions&)>& plan, const PlanOptions& options,
+                       std::int64_t device_bytes) {
+  const std::int64_t now = plan(options).total();
   if (now <= device_bytes) return "";
   std::ostringstream s;
   s << "does not fit: " << human(now) << " per rank, " << human(device_bytes)
     << " available. To fit, change one or more of:\n";
   auto option = [&](const std::string& what, const PlanOptions& o) {
-    const std::int64_t t = memory_plan(config, o).total();
+    const std::int64_t t = plan(o).total();
     s << "  - " << what << ": " << human(t) << (t <= device_bytes ? " (fits)" : " (still too large)") << "\n";
   };
-  const std::int64_t b = largest_micro_batch(config, options, device_bytes, options.micro_batch);
+  const std::int64_t b = largest_micro_batch(plan, options, device_bytes, options.micro_batch);
   if (b >= 1) {
     PlanOptions o = options;
     o.micro_batch = b;
@@ -403,6 +387,28 @@ std::string fit_advice(const GptConfig& config, const PlanOptions& options, std:
   least.zero_stage = 3;
   option("all at once (1 sequence per rank, --recompute blocks, --zero 3)", least);
   return s.str();
+}
+
+}  // namespace detail
+
+std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, std::int64_t device_bytes,
+                                 std::int64_t limit) {
+  return detail::largest_micro_batch([&](const PlanOptions& o) { return memory_plan(config, o); }, options,
+                                     device_bytes, limit);
+}
+
+std::int64_t largest_micro_batch(const LlamaConfig& config, PlanOptions options, std::int64_t device_bytes,
+                                 std::int64_t limit) {
+  return detail::largest_micro_batch([&](const PlanOptions& o) { return memory_plan(config, o); }, options,
+                                     device_bytes, limit);
+}
+
+std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes) {
+  return detail::fit_advice([&](const PlanOptions& o) { return memory_plan(config, o); }, options, device_bytes);
+}
+
+std::string fit_advice(const LlamaConfig& config, const PlanOptions& options, std::int64_t device_bytes) {
+  return detail::fit_advice([&](const PlanOptions& o) { return memory_plan(config, o); }, options, device_bytes);
 }
 
 std::int64_t parse_bytes(const std::string& text) {

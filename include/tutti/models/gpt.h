@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tutti/models/causal_lm.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/module.h"
 #include "tutti/nn/sequential.h"
@@ -32,6 +33,9 @@ struct GptConfig {
   std::int64_t layers = 4;
   std::int64_t heads = 4;
   std::int64_t width = 128;  // C; heads must divide it
+  // Which kernel computes attention: tiled (memory linear in T, the default) or the one that keeps
+  // the T x T probabilities. Not part of the fingerprint: the parameters are the same.
+  nn::AttentionKernel attention = nn::AttentionKernel::flash;
 
   // "gpt-tiny" (4 layers, 4 heads, 128 wide, context 128, byte vocabulary: for a 2-core CPU)
   // or GPT-2 in llm.c's configurations, context 1024 and vocabulary 50257 padded to 50304:
@@ -50,32 +54,6 @@ struct GptConfig {
 // Rounds v up to a multiple of 128 (llm.c's padding of GPT-2's vocabulary).
 std::int64_t pad_vocab(std::int64_t v);
 
-// Which of a Gpt's residual blocks recompute their activations in backward (activation
-// checkpointing, Gpt::set_recompute; nn::Residual::set_recompute does the work). Every layer
-// has two: attention and MLP. A checkpointed one keeps only its input and output between
-// forward and backward and runs its body's forward again in backward; gradients stay
-// bit-identical. docs/gpt.md measures what each saves and costs.
-struct Recompute {
-  enum class Mode : std::uint8_t {
-    none,    // keep every activation (the default)
-    blocks,  // both residuals of every layer: the least memory, about one more forward
-    every,   // both residuals of layers 0, k, 2k, ... (k = every)
-    attn,    // only the attention residuals (their [B, heads, T, T] probabilities are the
-             // largest activation at long T)
-    mlp,     // only the MLP residuals
-  };
-  Mode mode = Mode::none;
-  std::int64_t every = 1;  // k of Mode::every (>= 1)
-
-  // "none", "blocks", "every:K" (K >= 1), "attn" or "mlp"; InvalidArgument naming the choices
-  // otherwise.
-  static Recompute parse(std::string_view text);
-  // The spelling parse() reads.
-  std::string str() const;
-  // Whether layer `layer`'s MLP residual (mlp true) or attention residual (false) recomputes.
-  bool checkpoints(std::int64_t layer, bool mlp) const;
-};
-
 // Parameters (registration order, so Module::parameters() and state_dict() list them so):
 // "embed.wte" [padded_vocab, C] (also the output head's weight), "embed.wpe" [context, C], then
 // per layer l the blocks "blocks.<2l>.body.{0,1,3}" (attention: LayerNorm, Linear(C, 3C),
@@ -85,39 +63,30 @@ struct Recompute {
 // LayerNorm gains 1. The embeddings, biases and LayerNorms are marked no_weight_decay by their
 // layers, so optim::weight_decay_groups(model.parameters(), wd) decays exactly the blocks'
 // weight matrices (12·C² per layer).
-class Gpt : public nn::Module {
+//
+// What every model of tutti's layers shares (recompute, gather groups, FLOPs, generate()) is
+// CausalLm's (causal_lm.h).
+class Gpt : public CausalLm {
  public:
   // Throws InvalidArgument when heads do not divide the width, layers < 1 or padded_vocab < vocab.
   explicit Gpt(const GptConfig& config);
   const GptConfig& config() const { return config_; }
   std::string describe() const override;
-  // N of the MFU formula: every parameter but the position embedding (which does no
-  // multiply-add per token), as nanoGPT and PaLM count.
-  std::int64_t flop_parameters();
-  // Model FLOPs per trained token (forward + backward) at sequence length T, as the layers count
-  // them (Module::flops): 6·(12·L·C² + V·C) + 12·L·C·T, PaLM's 6·N + 12·L·C·T (appendix B: the
-  // attention scores and their use, the full T x T without halving for the causal mask) with N
-  // the weight matrices' parameters (biases and LayerNorms, 0.1% of GPT-2's, do no matrix product).
-  double flops_per_token(std::int64_t T) const;
-  // A sample is a sequence of T tokens: [T] -> [T, padded vocab]; the layers' FLOPs summed.
-  nn::Flops flops(const Shape& sample, Shape& out) const override;
+  std::int64_t vocab() const override { return config_.vocab; }
+  std::int64_t padded_vocab() const override { return config_.padded_vocab; }
+  std::int64_t context() const override { return config_.context; }
+  std::string fingerprint() const override { return config_.fingerprint(); }
+  // Every parameter but the position embedding. flops_per_token(T) is, as the layers count it,
+  // 6·(12·L·C² + V·C) + 12·L·C·T: PaLM's 6·N + 12·L·C·T (appendix B: the attention scores and their
+  // use, the full T x T without halving for the causal mask) with N the weight matrices'
+  // parameters (biases and LayerNorms, 0.1% of GPT-2's, do no matrix product).
+  std::int64_t flop_parameters() override;
   // The token embedding, which the output head shares.
   nn::Parameter& embed_weight() { return embed_.wte; }
   // The position embedding.
   const nn::Parameter* position_embedding() const { return &embed_.wpe; }
-  // The final LayerNorm's output of the last forward, [B, T, width]: what the head multiplies.
-  const Tensor& last_hidden() const { return hidden_; }
-  // Activation checkpointing by `policy` (see Recompute), from the next forward on; all
-  // checkpointed residuals share one workspace, sized for the largest body. Throws
-  // InvalidArgument for every:K with K > layers, or between a forward and its backward.
-  Gpt& set_recompute(const Recompute& policy);
-  const Recompute& recompute() const { return recompute_; }
-  // Bytes the checkpointed residuals' shared workspace holds now (0 without recomputation).
-  std::int64_t recompute_workspace_bytes() const;
-  // ZeRO-3's gather group of a Gpt's parameter (ddp::DdpOptions::gather_group): "layer <l>"
-  // for both residual blocks of layer l ("blocks.<2l>.*", "blocks.<2l+1>.*"), "" (the resident
-  // group: the embeddings, which the tied head reads again at the end, and ln_f) otherwise.
-  static std::string gather_group(const std::string& name);
+  // ZeRO-3's gather groups are CausalLm::gather_group's: a layer per group; the embeddings (which
+  // the tied head reads again at the end) and ln_f resident.
 
  protected:
   // tokens [B, T] i32 -> logits [B, T, padded_vocab].
@@ -127,24 +96,8 @@ class Gpt : public nn::Module {
  private:
   GptConfig config_;
   nn::TokenPositionEmbedding embed_;
-  nn::Sequential blocks_;
   nn::LayerNorm ln_f_;
   nn::TiedLinear head_;
-  Tensor hidden_;
-  Recompute recompute_;
-  std::shared_ptr<nn::RecomputeWorkspace> workspace_;
 };
-
-struct SampleOptions {
-  std::int64_t tokens = 200;  // new tokens to generate
-  float temperature = 0.8f;   // logits are divided by it (> 0)
-  std::int64_t top_k = 40;    // sample among the k likeliest (0: all)
-  std::uint64_t seed = 1;
-};
-
-// Continues `prompt` (at least one token) by options.tokens tokens drawn one at a time from
-// the model (eval mode; each step runs the last `context` tokens through it, no cache).
-// Reads each step's last logits on the host. Not collective: call it on one rank.
-std::vector<std::int32_t> generate(Gpt& model, std::vector<std::int32_t> prompt, const SampleOptions& options);
 
 }  // namespace tutti::models

@@ -1,5 +1,5 @@
-// How many bytes one rank's device holds to train a models::Gpt, predicted without building it:
-// what train_gpt --plan prints (docs/gpt.md, "Planning memory").
+// How many bytes one rank's device holds to train a models::Gpt or models::Llama, predicted without
+// building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory").
 //
 //   tutti::models::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
 //                                .grad_comm = tutti::DType::bf16, .micro_batch = 16};
@@ -22,6 +22,7 @@
 
 #include "tutti/core/dtype.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/llama.h"
 
 namespace tutti::models {
 
@@ -29,11 +30,11 @@ namespace tutti::models {
 // the optimizer that train_gpt takes from its flags.
 struct PlanOptions {
   int world_size = 1;            // ranks (>= 1)
-  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1, 2 or 3 (with Gpt::gather_group)
+  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1, 2 or 3 (with the model's gather groups)
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
   DType grad = DType::f32;       // amp::Policy::grad: the gradient buffers
   DType grad_comm = DType::f32;  // amp::Policy::comm: what the reducer sends
-  Recompute recompute;           // Gpt::set_recompute's policy
+  Recompute recompute;           // CausalLm::set_recompute's policy
   std::int64_t micro_batch = 1;  // sequences per rank per micro-batch (B)
   std::int64_t seq_len = 0;      // tokens per sequence (T); 0: the context
   enum class Optimizer : std::uint8_t { adamw, sgd, sgd_momentum } optimizer = Optimizer::adamw;
@@ -42,8 +43,9 @@ struct PlanOptions {
   bool deterministic = false;        // DdpOptions::deterministic (its exact-sum accumulator)
   bool batch_on_device = true;       // count the micro-batch's tokens and targets ([B, T] i32 each)
   // On a GPU: also count the CUDA kernels' own transient memory, which Storage does not track
-  // (attention backward's stream-ordered scratch, (7·B·T·C + B·heads·T²) compute elements, and
-  // cuBLASLt's 32 MiB workspace), as the row "GPU kernel scratch".
+  // (attention's stream-ordered scratch: kernels::flash_attention_gpu_scratch_bytes, or with the
+  // materialized kernel (7·B·T·C + B·heads·T²) compute elements; and cuBLASLt's 32 MiB workspace),
+  // as the row "GPU kernel scratch".
   bool gpu = false;
   // Between steps (not during one): a separate loss evaluates micro-batches of micro_batch
   // sequences (train_gpt's validation): its logits gradient, the targets (the inputs take the
@@ -101,11 +103,15 @@ struct MemoryPlan {
 // The plan of `config` trained with `options`. Throws InvalidArgument for options DDP or the
 // model would refuse (zero_stage outside 0-3, world_size < 1, micro_batch < 1, seq_len beyond
 // the context, every:K with K > layers, a gradient dtype other than f32 or the compute dtype).
+// The Llama's ZeRO-3 groups are Llama::gather_groups(config)'s.
 MemoryPlan memory_plan(const GptConfig& config, const PlanOptions& options);
+MemoryPlan memory_plan(const LlamaConfig& config, const PlanOptions& options);
 
 // The largest micro_batch (per rank) whose plan fits in `device_bytes`, searched up to `limit`
 // sequences; 0 when not even one fits.
 std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, std::int64_t device_bytes,
+                                 std::int64_t limit = 1 << 16);
+std::int64_t largest_micro_batch(const LlamaConfig& config, PlanOptions options, std::int64_t device_bytes,
                                  std::int64_t limit = 1 << 16);
 
 // What to change when `options` does not fit `device_bytes`: each of a smaller micro-batch,
@@ -113,6 +119,7 @@ std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, s
 // this many ranks, with the total each would give and whether that fits; "" when the plan fits.
 // One sentence per line, for a person.
 std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes);
+std::string fit_advice(const LlamaConfig& config, const PlanOptions& options, std::int64_t device_bytes);
 
 // "141GB", "80 GiB", "512MiB", "1.5TB" or plain bytes -> bytes (GB and TB are powers of 10,
 // GiB and TiB of 2). InvalidArgument otherwise.

@@ -1,0 +1,102 @@
+// What tutti's decoder-only language models share (models::Gpt, models::Llama): tokens [B, T] i32
+// -> logits [B, T, padded_vocab], a stack of `layers` transformer layers of two residual blocks
+// each (attention, then MLP), activation checkpointing by block, ZeRO-3's gather groups by layer,
+// the FLOPs of a token, and sampling. A trainer written against CausalLm trains either model
+// (examples/train_gpt does).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/nn/module.h"
+#include "tutti/nn/sequential.h"
+
+namespace tutti::models {
+
+// Which residual blocks recompute their activations in backward (activation checkpointing,
+// CausalLm::set_recompute; nn::Residual::set_recompute does the work). Every layer has two:
+// attention and MLP. A checkpointed one keeps only its input and output between forward and
+// backward and runs its body's forward again in backward; gradients stay bit-identical.
+// docs/gpt.md measures what each saves and costs.
+struct Recompute {
+  enum class Mode : std::uint8_t {
+    none,    // keep every activation (the default)
+    blocks,  // both residuals of every layer: the least memory, about one more forward
+    every,   // both residuals of layers 0, k, 2k, ... (k = every)
+    attn,    // only the attention residuals
+    mlp,     // only the MLP residuals
+  };
+  Mode mode = Mode::none;
+  std::int64_t every = 1;  // k of Mode::every (>= 1)
+
+  // "none", "blocks", "every:K" (K >= 1), "attn" or "mlp"; InvalidArgument naming the choices
+  // otherwise.
+  static Recompute parse(std::string_view text);
+  // The spelling parse() reads.
+  std::string str() const;
+  // Whether layer `layer`'s MLP residual (mlp true) or attention residual (false) recomputes.
+  bool checkpoints(std::int64_t layer, bool mlp) const;
+};
+
+class CausalLm : public nn::Module {
+ public:
+  // Tokens the data can hold, and the logits' width (>= vocab: rows the embedding may pad).
+  virtual std::int64_t vocab() const = 0;
+  virtual std::int64_t padded_vocab() const = 0;
+  // The longest sequence the model takes.
+  virtual std::int64_t context() const = 0;
+  // Transformer layers (two residual blocks each).
+  std::int64_t layers() const { return static_cast<std::int64_t>(blocks_.size()) / 2; }
+  // The shape in a few words ("L4 H4 C128 T128 V256"): what a checkpoint must match.
+  virtual std::string fingerprint() const = 0;
+  // N of the MFU formula: the parameters that take part in a multiply-add per token (every one but
+  // a position table), as nanoGPT and PaLM count.
+  virtual std::int64_t flop_parameters() = 0;
+  // Model FLOPs per trained token (forward + backward) at sequence length T, as the layers count
+  // them (Module::flops).
+  double flops_per_token(std::int64_t T) const;
+  // A sample is a sequence of T tokens: [T] -> [T, padded vocab]; the children's FLOPs summed in
+  // order.
+  nn::Flops flops(const Shape& sample, Shape& out) const override;
+  // The final norm's output of the last forward, [B, T, width]: what the head multiplies.
+  const Tensor& last_hidden() const { return hidden_; }
+
+  // Activation checkpointing by `policy` (see Recompute), from the next forward on; all
+  // checkpointed residuals share one workspace, sized for the largest body. Throws
+  // InvalidArgument for every:K with K > layers, or between a forward and its backward.
+  CausalLm& set_recompute(const Recompute& policy);
+  const Recompute& recompute() const { return recompute_; }
+  // Bytes the checkpointed residuals' shared workspace holds now (0 without recomputation).
+  std::int64_t recompute_workspace_bytes() const;
+
+  // ZeRO-3's gather group of a parameter (ddp::DdpOptions::gather_group) by the layer it belongs to:
+  // "layer <l>" for both residual blocks of layer l ("blocks.<2l>.*", "blocks.<2l+1>.*"), "" (the
+  // resident group) otherwise. Llama::gather_group refines it for an untied head.
+  static std::string gather_group(const std::string& name);
+
+ protected:
+  CausalLm() = default;
+  nn::Sequential blocks_;  // the layers' residual blocks, registered by the model as "blocks"
+  Tensor hidden_;
+
+ private:
+  Recompute recompute_;
+  std::shared_ptr<nn::RecomputeWorkspace> workspace_;
+};
+
+struct SampleOptions {
+  std::int64_t tokens = 200;  // new tokens to generate
+  float temperature = 0.8f;   // logits are divided by it (> 0)
+  std::int64_t top_k = 40;    // sample among the k likeliest (0: all)
+  std::uint64_t seed = 1;
+};
+
+// Continues `prompt` (at least one token) by options.tokens tokens drawn one at a time from
+// the model (eval mode; each step runs the last `context` tokens through it, no cache).
+// Reads each step's last logits on the host. Not collective: call it on one rank.
+std::vector<std::int32_t> generate(CausalLm& model, std::vector<std::int32_t> prompt, const SampleOptions& options);
+
+}  // namespace tutti::models

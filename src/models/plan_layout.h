@@ -1,0 +1,74 @@
+// What models::memory_plan needs to know of a decoder-only model to predict its bytes, stated by
+// the model's shape (gpt_layout, llama_layout in plan_layouts.cc) and read by one planner
+// (memory_plan.cc): the parameters as the model registers them (what its flat plan cuts), the order
+// in which backward places and reports their gradients (ZeRO-2's bucket pool), and the reusable
+// buffers (Module::buffer) of one attention body and one MLP body, by (position in the body,
+// slot), as the layers allocate them. Internal to src/models.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tutti/models/memory_plan.h"
+#include "tutti/nn/flat_plan.h"
+
+namespace tutti::models::detail {
+
+// One Module::buffer of a residual block's body.
+struct BodyBuffer {
+  int position;  // the layer's index in the body
+  int slot;      // Module::buffer's slot
+  std::int64_t bytes;
+  bool forward;  // allocated by the forward pass (else by backward)
+  bool held;     // a module of the body keeps a handle on it from forward to backward (its input, a
+                 // saved statistic): a larger buffer in its slot cannot free it before then
+};
+
+struct Body {
+  std::vector<BodyBuffer> buffers;
+  std::int64_t bytes() const;
+  // The bytes this body needs in (position, slot); 0 when it has none there.
+  std::int64_t at(int position, int slot) const;
+};
+
+// One step of backward as the flat plan's gradients see it: a parameter's gradient is placed
+// (grad_of) or reported ready (grad_ready), by index in `params`.
+struct GradEvent {
+  bool ready;
+  std::size_t param;
+};
+
+struct DecoderLayout {
+  std::string fingerprint;
+  std::int64_t parameters = 0;  // the model's parameter_count()
+  std::int64_t layers = 0;
+  std::vector<nn::PlanParam> params;                            // registration order
+  std::function<std::string(const std::string&)> gather_group;  // ZeRO-3's groups
+  std::string resident;                                         // what the resident group holds, in words
+  std::vector<GradEvent> backward_order;                        // one step's placements and reports
+  Body attention, mlp;                                          // one layer's two bodies
+  std::int64_t residual_bytes = 0;                              // each residual block's own buffers (y, dx)
+  std::int64_t outside_bytes = 0;  // the layers' buffers outside the blocks (embedding, final norm)
+  std::string outside_detail;
+  std::int64_t logits_bytes = 0;  // the head's logits, the loss's gradient of them, the head's input gradient
+  std::string logits_detail;
+  std::int64_t eval_bytes = 0;   // evaluation between steps (logits gradient of its own loss, targets)
+  std::int64_t gpu_scratch = 0;  // the largest stream-ordered scratch of a step's kernels (attention's)
+  std::string gpu_scratch_detail;
+};
+
+DecoderLayout gpt_layout(const GptConfig& config, const PlanOptions& options);
+DecoderLayout llama_layout(const LlamaConfig& config, const PlanOptions& options);
+
+// The plan of a layout (memory_plan's work once the model is described).
+MemoryPlan plan_decoder(const DecoderLayout& layout, const PlanOptions& options);
+
+// largest_micro_batch and fit_advice over any model: `plan` gives the plan of some options.
+std::int64_t largest_micro_batch(const std::function<MemoryPlan(const PlanOptions&)>& plan, PlanOptions options,
+                                 std::int64_t device_bytes, std::int64_t limit);
+std::string fit_advice(const std::function<MemoryPlan(const PlanOptions&)>& plan, const PlanOptions& options,
+                       std::int64_t device_bytes);
+
+}  // namespace tutti::models::detail

@@ -1,0 +1,223 @@
+// The layouts memory_plan reads (plan_layout.h): for each model, its parameters, the order of its
+// backward's gradient placements and reports, and its layers' reusable buffers, written from the
+// layers' code (src/nn/layers.cc, src/nn/transformer.cc: each Module::buffer call, its slot and its
+// shape) and the model's constructor (src/models/gpt.cc, llama.cc).
+#include <algorithm>
+
+#include "models/plan_layout.h"
+#include "tutti/kernels/flash_attention.h"
+
+namespace tutti::models::detail {
+
+std::int64_t Body::bytes() const {
+  std::int64_t n = 0;
+  for (const BodyBuffer& b : buffers) n += b.bytes;
+  return n;
+}
+
+std::int64_t Body::at(int position, int slot) const {
+  for (const BodyBuffer& b : buffers) {
+    if (b.position == position && b.slot == slot) return b.bytes;
+  }
+  return 0;
+}
+
+namespace {
+
+std::int64_t bytes_of(DType d) { return static_cast<std::int64_t>(size_of(d)); }
+
+// The sequence length a plan is for.
+std::int64_t seq_len(const PlanOptions& o, std::int64_t context) { return o.seq_len == 0 ? context : o.seq_len; }
+
+// Backward's events of a layer whose parameters are params [first, first + count): it places each
+// gradient in turn (grad_of), then reports them in reverse (grad_ready), as Linear, LayerNorm and
+// RMSNorm do.
+void layer_events(std::vector<GradEvent>& out, std::size_t first, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) out.push_back({false, first + i});
+  for (std::size_t i = count; i-- > 0;) out.push_back({true, first + i});
+}
+
+// Attention's saved tensor and the GPU scratch of its kernels.
+struct AttentionCost {
+  std::int64_t saved = 0;        // lse [B, H, T] f32, or the probabilities [B, H, T, T]
+  std::int64_t gpu_scratch = 0;  // the largest stream-ordered scratch of forward and backward
+  std::string detail;
+};
+AttentionCost attention_cost(nn::AttentionKernel kernel, std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t G,
+                             std::int64_t hs, DType compute) {
+  AttentionCost a;
+  const std::int64_t cd = bytes_of(compute);
+  if (kernel == nn::AttentionKernel::materialized) {
+    // kernels/cuda/attention.cu: backward's q, k, v, dy, dq, dk, dv head-major and dP.
+    a.saved = B * H * T * T * cd;
+    a.gpu_scratch = (7 * B * T * H * hs + B * H * T * T) * cd;
+    a.detail = "attention backward's scratch (q, k, v, dy, dq, dk, dv and the T x T dP)";
+  } else {
+    const kernels::FlashAttentionParams p{H, G};
+    a.saved = B * H * T * 4;
+    a.gpu_scratch = std::max(kernels::flash_attention_gpu_scratch_bytes(B, T, hs, p, compute, false),
+                             kernels::flash_attention_gpu_scratch_bytes(B, T, hs, p, compute, true));
+    a.detail = "tiled attention's scratch (head-major q, k, v, dy, dq and one tile of scores)";
+  }
+  return a;
+}
+
+constexpr std::int64_t kCublasLtWorkspace = 32 << 20;  // kernels/cuda/linear.cu's, per stream
+
+}  // namespace
+
+DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
+  const std::int64_t T = seq_len(o, c.context), B = o.micro_batch, N = B * T, C = c.width, V = c.padded_vocab;
+  const std::int64_t cd = bytes_of(o.compute);
+  DecoderLayout d;
+  d.fingerprint = c.fingerprint();
+  d.parameters = c.parameter_count();
+  d.layers = c.layers;
+  // Gpt registers (gpt.h): the embeddings, per layer the attention block (LayerNorm, Linear(C, 3C),
+  // attention, Linear(C, C)) and the MLP block (LayerNorm, Linear(C, 4C), GELU, Linear(4C, C)), ln_f.
+  d.params.push_back({"embed.wte", {V, C}});
+  d.params.push_back({"embed.wpe", {c.context, C}});
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    for (const std::int64_t wide : {3 * C, 4 * C}) {
+      const std::string block = "blocks." + std::to_string(2 * l + (wide == 4 * C ? 1 : 0)) + ".body.";
+      d.params.push_back({block + "0.gamma", {C}});
+      d.params.push_back({block + "0.beta", {C}});
+      d.params.push_back({block + "1.weight", {wide, C}});
+      d.params.push_back({block + "1.bias", {wide}});
+      d.params.push_back({block + "3.weight", {C, wide == 4 * C ? 4 * C : C}});
+      d.params.push_back({block + "3.bias", {C}});
+    }
+  }
+  d.params.push_back({"ln_f.gamma", {C}});
+  d.params.push_back({"ln_f.beta", {C}});
+  d.gather_group = CausalLm::gather_group;
+  d.resident = "embeddings, ln_f";
+  // Backward: the tied head adds its share of wte first; ln_f; the layers from the last, each
+  // MLP then attention, each block's output projection, first Linear, LayerNorm; the embeddings.
+  const std::size_t n = d.params.size();
+  d.backward_order.push_back({false, 0});
+  layer_events(d.backward_order, n - 2, 2);
+  for (std::int64_t l = c.layers; l-- > 0;) {
+    const std::size_t first = 2 + static_cast<std::size_t>(l) * 12;
+    for (const std::size_t block : {first + 6, first}) {
+      layer_events(d.backward_order, block + 4, 2);
+      layer_events(d.backward_order, block + 2, 2);
+      layer_events(d.backward_order, block, 2);
+    }
+  }
+  layer_events(d.backward_order, 0, 2);
+  // The bodies. LayerNorm: y, mean, rstd (forward), dx; Linear: y, then dx; attention: y, its saved
+  // tensor, then dqkv; GELU: y, then dx. Held: each layer's input (the previous one's y) and saved
+  // statistics.
+  const AttentionCost a = attention_cost(c.attention, B, T, c.heads, c.heads, C / c.heads, o.compute);
+  const auto layernorm = [&](Body& body) {
+    body.buffers.push_back({0, 0, N * C * cd, true, true});
+    body.buffers.push_back({0, 1, N * 4, true, true});
+    body.buffers.push_back({0, 2, N * 4, true, true});
+    body.buffers.push_back({0, 3, N * C * cd, false, false});
+  };
+  layernorm(d.attention);
+  d.attention.buffers.push_back({1, 0, 3 * N * C * cd, true, true});
+  d.attention.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.attention.buffers.push_back({2, 0, N * C * cd, true, true});
+  d.attention.buffers.push_back({2, 1, a.saved, true, true});
+  d.attention.buffers.push_back({2, 2, 3 * N * C * cd, false, false});
+  d.attention.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.attention.buffers.push_back({3, 1, N * C * cd, false, false});
+  layernorm(d.mlp);
+  d.mlp.buffers.push_back({1, 0, 4 * N * C * cd, true, true});
+  d.mlp.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.mlp.buffers.push_back({2, 0, 4 * N * C * cd, true, true});
+  d.mlp.buffers.push_back({2, 1, 4 * N * C * cd, false, false});
+  d.mlp.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.mlp.buffers.push_back({3, 1, 4 * N * C * cd, false, false});
+  d.residual_bytes = 2 * N * C * cd;
+  d.outside_bytes = N * C * cd + 2 * N * C * cd + 2 * N * 4;
+  d.outside_detail = "the embedding's output and ln_f";
+  d.logits_bytes = 2 * N * V * cd + N * C * cd;
+  d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
+                    std::string(name_of(o.compute)) + " and the loss's gradient of them, + the head's input gradient";
+  d.eval_bytes = N * V * cd + N * 4 + 16;
+  d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
+  d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+  return d;
+}
+
+DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
+  c.validate();
+  const std::int64_t T = seq_len(o, c.context), B = o.micro_batch, N = B * T, C = c.width, V = c.vocab;
+  const std::int64_t H = c.heads, G = c.kv_heads, hs = c.head_dim(), F = c.ffn, Wq = (H + 2 * G) * hs, Hc = H * hs;
+  const std::int64_t cd = bytes_of(o.compute);
+  DecoderLayout d;
+  d.fingerprint = c.fingerprint();
+  d.parameters = c.parameter_count();
+  d.layers = c.layers;
+  // Llama registers (llama.h): the embedding, per layer the attention block (RMSNorm, the q/k/v
+  // projection, the rotary embedding, attention, the output projection) and the MLP block (RMSNorm,
+  // the gate/up projection, SwiGLU, the down projection), the final norm, an untied head.
+  d.params.push_back({"embed.weight", {V, C}});
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::string attn = "blocks." + std::to_string(2 * l) + ".body.";
+    const std::string mlp = "blocks." + std::to_string(2 * l + 1) + ".body.";
+    d.params.push_back({attn + "0.weight", {C}});
+    d.params.push_back({attn + "1.weight", {Wq, C}});
+    d.params.push_back({attn + "4.weight", {C, Hc}});
+    d.params.push_back({mlp + "0.weight", {C}});
+    d.params.push_back({mlp + "1.weight", {2 * F, C}});
+    d.params.push_back({mlp + "3.weight", {C, F}});
+  }
+  d.params.push_back({"norm.weight", {C}});
+  if (!c.tied_head) d.params.push_back({"head.weight", {V, C}});
+  d.gather_group = Llama::gather_groups(c);
+  d.resident = c.tied_head ? "the embedding (the tied head's weight), the final norm" : "the final norm";
+  // Backward: the head (untied: its weight; tied: its share of the embedding's), the final norm,
+  // the layers from the last, each MLP then attention, each block's projections and norm from the
+  // last; the embedding.
+  const std::size_t n = d.params.size(), norm = c.tied_head ? n - 1 : n - 2;
+  if (c.tied_head)
+    d.backward_order.push_back({false, 0});
+  else
+    layer_events(d.backward_order, n - 1, 1);
+  layer_events(d.backward_order, norm, 1);
+  for (std::int64_t l = c.layers; l-- > 0;) {
+    const std::size_t first = 1 + static_cast<std::size_t>(l) * 6;
+    for (std::size_t i = 6; i-- > 0;) layer_events(d.backward_order, first + i, 1);
+  }
+  layer_events(d.backward_order, 0, 1);
+  // The bodies. RMSNorm: y, rstd (forward), dx; Linear: y, then dx; the rotary embedding rotates
+  // in place (no buffer); attention: y, its saved tensor, then dqkv; SwiGLU: y, then dx.
+  const AttentionCost a = attention_cost(c.attention, B, T, H, G, hs, o.compute);
+  const auto rmsnorm = [&](Body& body) {
+    body.buffers.push_back({0, 0, N * C * cd, true, true});
+    body.buffers.push_back({0, 1, N * 4, true, true});
+    body.buffers.push_back({0, 2, N * C * cd, false, false});
+  };
+  rmsnorm(d.attention);
+  d.attention.buffers.push_back({1, 0, N * Wq * cd, true, true});
+  d.attention.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.attention.buffers.push_back({3, 0, N * Hc * cd, true, true});
+  d.attention.buffers.push_back({3, 1, a.saved, true, true});
+  d.attention.buffers.push_back({3, 2, N * Wq * cd, false, false});
+  d.attention.buffers.push_back({4, 0, N * C * cd, true, false});
+  d.attention.buffers.push_back({4, 1, N * Hc * cd, false, false});
+  rmsnorm(d.mlp);
+  d.mlp.buffers.push_back({1, 0, N * 2 * F * cd, true, true});
+  d.mlp.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.mlp.buffers.push_back({2, 0, N * F * cd, true, true});
+  d.mlp.buffers.push_back({2, 1, N * 2 * F * cd, false, false});
+  d.mlp.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.mlp.buffers.push_back({3, 1, N * F * cd, false, false});
+  d.residual_bytes = 2 * N * C * cd;
+  // The embedding's output, the final norm's buffers and the rotary table the layers share.
+  d.outside_bytes = N * C * cd + 2 * N * C * cd + N * 4 + T * hs * 4;
+  d.outside_detail = "the embedding's output, the final norm and the rotary table";
+  d.logits_bytes = 2 * N * V * cd + N * C * cd;
+  d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
+                    std::string(name_of(o.compute)) + " and the loss's gradient of them, + the head's input gradient";
+  d.eval_bytes = N * V * cd + N * 4 + 16;
+  d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
+  d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+  return d;
+}
+
+}  // namespace tutti::models::detail
