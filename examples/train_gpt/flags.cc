@@ -3,16 +3,25 @@
 #include <tutti/tutti.h>
 #include <CLI/CLI.hpp>
 
+#include "model.h"
+
 namespace gpt {
 
 int parse_flags(int argc, char** argv, Flags& f) {
   CLI::App app{
-      "Data-parallel training of a GPT-2-style language model with tutti. Run it under mpirun, e.g.\n"
-      "  mpirun -np 2 train_gpt --model gpt-tiny"};
+      "Data-parallel training of a GPT-2 or Llama language model with tutti. Run it under mpirun, e.g.\n"
+      "  mpirun -np 2 train_gpt --model gpt-tiny\n"
+      "  mpirun -np 2 train_gpt --model llama-tiny"};
   app.add_option("--model", f.model,
-                 "gpt-tiny (4 layers, 4 heads, 128 wide, context 128), or GPT-2 as llm.c builds it: gpt2-124m, "
-                 "gpt2-350m, gpt2-774m or gpt2-1558m")
-      ->check(CLI::IsMember(tutti::models::GptConfig::preset_names()))
+                 "gpt-tiny (4 layers, 4 heads, 128 wide, context 128), GPT-2 as llm.c builds it (gpt2-124m, "
+                 "gpt2-350m, gpt2-774m, gpt2-1558m), llama-tiny (4 layers, 4 heads sharing 2 key/value heads, 128 "
+                 "wide, context 256), or the shapes of Llama 3 (llama3.2-1b, llama3.1-8b)")
+      ->check(CLI::IsMember(gpt::model_names()))
+      ->capture_default_str();
+  app.add_option("--attention", f.attention,
+                 "flash (tiled, memory linear in the sequence) or materialized (keeps the T x T probabilities; GPT "
+                 "and multi-head Llama only)")
+      ->check(CLI::IsMember({"flash", "materialized"}))
       ->capture_default_str();
   app.add_option("--recompute", f.recompute,
                  "activation checkpointing: none, blocks (every residual block recomputes its forward in "
@@ -33,6 +42,9 @@ int parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
   app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
   app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", f.kv_heads, "override a Llama preset's key/value heads (they must divide --heads)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ffn", f.ffn, "override a Llama preset's MLP width (intermediate_size)")->check(CLI::PositiveNumber);
   app.add_option("--data", f.data,
                  "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
   app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
@@ -40,7 +52,8 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::Range(0.001, 0.5))
       ->capture_default_str();
   app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
-  app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context)")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context, at most 1024)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -15,11 +15,13 @@ struct Flags : example::RunFlags {
   Flags() { progress_interval = 5.0; }
   std::string model = "gpt-tiny";
   std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
+  std::int64_t kv_heads = 0, ffn = 0;                          // a Llama's; 0: the preset's
+  std::string attention = "flash";                             // nn::parse_attention_kernel's spelling
   std::string recompute = "none";                              // models::Recompute::parse's spelling
   std::vector<std::string> data, val_data;
   double val_fraction = 0.1;
   std::string tokenizer;
-  std::int64_t seq_len = 0;  // 0: the context
+  std::int64_t seq_len = 0;  // 0: the context, at most 1024
   std::int64_t batch_size = 32;
   int accum_steps = 1;
   std::int64_t steps = 300;

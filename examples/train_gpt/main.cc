@@ -1,6 +1,7 @@
-// train_gpt: data-parallel training of a GPT-2-style language model.
+// train_gpt: data-parallel training of a GPT-2 or Llama language model.
 //
 //   mpirun -np 2 build/examples/train_gpt --model gpt-tiny                  # bytes of Debian's fortunes
+//   mpirun -np 2 build/examples/train_gpt --model llama-tiny                # a Llama, the same bytes
 //   mpirun -np 2 build/examples/train_gpt --data book.txt --steps 3000       # any text, byte-level
 //   mpirun -np 8 build/examples/train_gpt --model gpt2-124m --precision bf16 \
 //       --data fineweb_train_*.bin --val-data fineweb_val_000000.bin --tokenizer gpt2_tokenizer.bin
@@ -38,6 +39,7 @@
 #include "../common/sync.h"
 #include "data.h"
 #include "flags.h"
+#include "model.h"
 #include "plan.h"
 
 namespace {
@@ -61,15 +63,15 @@ std::string corpus_fingerprint(const tutti::data::TokenCorpus& c) {
   return hex;
 }
 
-std::string shaping_flags(const gpt::Flags& f, const tutti::models::GptConfig& c) {
+std::string shaping_flags(const gpt::Flags& f, const gpt::ModelConfig& c) {
   std::ostringstream s;
-  s << c.fingerprint() << " --seq-len " << f.seq_len << " --batch-size " << f.batch_size << " --accum-steps "
-    << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr " << f.min_lr << " --warmup-steps "
-    << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 " << f.beta2 << " --grad-clip "
-    << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm << " --bucket-mb " << f.bucket_mb
-    << " --zero " << f.zero << " --seed " << f.seed << " --eval-every " << f.eval_every << " --val-tokens "
-    << f.val_tokens << " --checkpoint-every " << f.checkpoint_every << " --max-steps " << f.max_steps << " --resume "
-    << f.resume;
+  s << gpt::fingerprint_of(c) << " --attention " << f.attention << " --seq-len " << f.seq_len << " --batch-size "
+    << f.batch_size << " --accum-steps " << f.accum_steps << " --steps " << f.steps << " --lr " << f.lr << " --min-lr "
+    << f.min_lr << " --warmup-steps " << f.warmup_steps << " --weight-decay " << f.weight_decay << " --beta2 "
+    << f.beta2 << " --grad-clip " << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm
+    << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every "
+    << f.eval_every << " --val-tokens " << f.val_tokens << " --checkpoint-every " << f.checkpoint_every
+    << " --max-steps " << f.max_steps << " --resume " << f.resume;
   return s.str();
 }
 
@@ -77,7 +79,7 @@ std::string shaping_flags(const gpt::Flags& f, const tutti::models::GptConfig& c
 // computing its contiguous share. COLLECTIVE.
 // sharded: ZeRO-3, whose every forward gathers parameters (collective): every rank runs as many
 // forwards, a rank with fewer windows one more of a window it does not count.
-double evaluate(tutti::Job& job, tutti::models::Gpt& model, const tutti::data::TokenLoader& val,
+double evaluate(tutti::Job& job, tutti::models::CausalLm& model, const tutti::data::TokenLoader& val,
                 std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream, bool sharded) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
@@ -123,34 +125,24 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const bool chatty = job.rank() == 0 && !f.quiet;
   example::warn_if_blas_kernels_are_old(job, "train_gpt");
 
-  // The model's shape: the preset, then the overrides.
-  tutti::models::GptConfig config = tutti::models::GptConfig::preset(f.model);
-  if (f.layers > 0) config.layers = f.layers;
-  if (f.heads > 0) config.heads = f.heads;
-  if (f.width > 0) config.width = f.width;
-  if (f.context > 0) config.context = f.context;
-  if (f.seq_len == 0) f.seq_len = config.context;
-  if (f.min_lr < 0) f.min_lr = f.lr / 10;
-  TUTTI_CHECK_ARG(f.seq_len <= config.context, "--seq-len ", f.seq_len, " is longer than the context ", config.context);
-  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
+  // The data, then the model's shape: the preset, the overrides, the data's vocabulary.
   TUTTI_CHECK_ARG(f.resume == "no" || !f.checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
   summary.set_rank(job.rank());  // a summary that cannot be written fails now, not at the end
-
   const example::GptData data = example::load_gpt_data(f.data, f.val_data, f.val_fraction);
-  if (data.bytes) {
-    config.vocab = 256;
-    config.padded_vocab = 256;
-  } else {
-    config.vocab = data.train.vocab;
-    config.padded_vocab = tutti::models::pad_vocab(config.vocab);
-  }
+  const gpt::ModelConfig config = gpt::model_config(f, data.bytes ? 256 : data.train.vocab);
+  const std::int64_t context = gpt::context_of(config);
+  if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context, 1024);
+  if (f.min_lr < 0) f.min_lr = f.lr / 10;
+  TUTTI_CHECK_ARG(f.seq_len <= context, "--seq-len ", f.seq_len, " is longer than the context ", context);
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
   job.check_same("the flags that shape the run", shaping_flags(f, config));
   job.check_same("the training data (crc32/tokens)", corpus_fingerprint(data.train));
   job.check_same("the validation data (crc32/tokens)", corpus_fingerprint(data.val));
 
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
-  tutti::models::Gpt model(config);
+  const std::unique_ptr<tutti::models::CausalLm> owned_model = gpt::make_model(config);
+  tutti::models::CausalLm& model = *owned_model;
   model.set_recompute(tutti::models::Recompute::parse(f.recompute));
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
@@ -161,7 +153,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
-  ddp_options.gather_group = tutti::models::Gpt::gather_group;  // ZeRO-3: a transformer layer per group
+  ddp_options.gather_group = gpt::gather_groups(config);  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
   example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
@@ -211,7 +203,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
   const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
   tutti::train::RunOptions run_options = example::run_options(f, last_step, stream, summary);
-  run_options.metadata = {{"model", config.fingerprint()}, {"program", "train_gpt"}};
+  run_options.metadata = {{"model", model.fingerprint()}, {"program", "train_gpt"}};
   double last_val = -1;
   tutti::train::State state(ddp, optimizer, scaler, loader);
   state.add_scalar("train.last_val_loss", last_val);
@@ -236,7 +228,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
         "x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
         "%lld steps%s%s\n",
-        world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), config.fingerprint().c_str(),
+        world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), model.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
         std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.recompute.c_str(),
         static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
@@ -258,7 +250,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);
   summary.set("model", f.model);
-  summary.set("config", config.fingerprint());
+  summary.set("config", model.fingerprint());
+  summary.set("attention", f.attention);
   summary.set("parameters", params);
   summary.set("global_batch_size", f.batch_size);
   summary.set("seq_len", f.seq_len);
@@ -366,9 +359,11 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
       so.top_k = f.top_k;
       so.seed = f.seed;
       const example::Detokenizer detok(data.bytes, f.tokenizer);
-      std::vector<std::int32_t> prompt = data.bytes ? example::Detokenizer::bytes_of(f.prompt)
-                                                    : std::vector<std::int32_t>{50256};  // GPT-2's <|endoftext|>
-      if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : 50256);
+      // Token data: the tokenizer's document token (GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|>).
+      const std::int32_t document = gpt::document_token(model.vocab());
+      std::vector<std::int32_t> prompt =
+          data.bytes ? example::Detokenizer::bytes_of(f.prompt) : std::vector<std::int32_t>{document};
+      if (prompt.empty()) prompt.push_back(data.bytes ? '\n' : document);
       sample = detok.decode(tutti::models::generate(model, prompt, so));
     }
     if (job.rank() == 0) {

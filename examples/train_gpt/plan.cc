@@ -5,17 +5,14 @@
 #include <tutti/tutti.h>
 
 #include "../common/run_support.h"
+#include "model.h"
 
 namespace gpt {
 
 int print_plan(Flags f) {
   namespace m = tutti::models;
-  m::GptConfig config = m::GptConfig::preset(f.model);  // the preset's vocabulary: --data is not read
-  if (f.layers > 0) config.layers = f.layers;
-  if (f.heads > 0) config.heads = f.heads;
-  if (f.width > 0) config.width = f.width;
-  if (f.context > 0) config.context = f.context;
-  if (f.seq_len == 0) f.seq_len = config.context;
+  const ModelConfig config = model_config(f, 0);  // the preset's vocabulary: --data is not read
+  if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context_of(config), 1024);
   const int world = f.world_size;
   f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);  // checks the batch divides
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
@@ -33,11 +30,11 @@ int print_plan(Flags f) {
   o.gpu = f.device != "cpu";
   o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
   o.state_dict = true;  // checkpoints and the final params_crc32
-  const m::MemoryPlan plan = m::memory_plan(config, o);
+  const m::MemoryPlan plan = memory_plan(config, o);
   std::printf(
       "train_gpt --plan: %s (%s, %lld parameters), %d rank(s), zero %d, %s, recompute %s, micro-batch %lld x "
       "%lld tokens per rank (batch %lld = %d rank(s) x %d accumulation step(s) x %lld)%s\n",
-      f.model.c_str(), config.fingerprint().c_str(), static_cast<long long>(plan.parameters), world, f.zero,
+      f.model.c_str(), fingerprint_of(config).c_str(), static_cast<long long>(plan.parameters), world, f.zero,
       f.precision.c_str(), o.recompute.str().c_str(), static_cast<long long>(o.micro_batch),
       static_cast<long long>(o.seq_len), static_cast<long long>(f.batch_size), world, f.accum_steps,
       static_cast<long long>(o.micro_batch), o.gpu ? ", GPU kernel scratch counted" : "");
@@ -47,10 +44,10 @@ int print_plan(Flags f) {
     return 0;
   }
   const std::int64_t memory = m::parse_bytes(f.device_memory);
-  const std::int64_t largest = m::largest_micro_batch(config, o, memory);
+  const std::int64_t largest = largest_micro_batch(config, o, memory);
   std::printf("largest micro-batch that fits %s per rank: %lld sequence(s) of %lld tokens\n", f.device_memory.c_str(),
               static_cast<long long>(largest), static_cast<long long>(o.seq_len));
-  const std::string advice = m::fit_advice(config, o, memory);
+  const std::string advice = fit_advice(config, o, memory);
   if (advice.empty()) {
     std::printf("fits: %.1f%% of %s\n", 100.0 * static_cast<double>(plan.total()) / static_cast<double>(memory),
                 f.device_memory.c_str());
