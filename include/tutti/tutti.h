@@ -26,6 +26,7 @@
 #include "tutti/ddp/powersgd.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
+#include "tutti/io/safetensors.h"
 #include "tutti/kernels.h"
 #include "tutti/models/causal_lm.h"
 #include "tutti/models/gpt.h"

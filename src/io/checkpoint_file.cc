@@ -48,6 +48,19 @@ void Fd::close_checked(const std::string& path) {
   if (::close(fd) != 0) throw_errno("close", path, errno);
 }
 
+void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("write", path, errno);
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
 std::uint64_t FilePlan::data_bytes() const {
   std::uint64_t n = 0;
   for (std::uint64_t b : nbytes) n += b;
@@ -82,19 +95,6 @@ void put_string(std::vector<unsigned char>& b, const std::string& s, const char*
 }
 
 // ---- POSIX writing -------------------------------------------------------------------------
-
-void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<std::size_t>(n, std::size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("write", path, errno);
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
 
 constexpr const char* kTmpMarker = ".tmp.";
 std::string pid_suffix() { return kTmpMarker + std::to_string(::getpid()); }
@@ -257,6 +257,10 @@ std::vector<unsigned char> encode_checkpoint(const FilePlan& plan, const std::ve
 
 void write_file_atomically(const std::string& path, const void* bytes, std::size_t n) {
   write_atomically(path, [&](int fd, const std::string& tmp) { write_all(fd, bytes, n, tmp); });
+}
+
+void write_file_atomically(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& fill) {
+  write_atomically(path, fill);
 }
 
 HostData host_data(const StateDict& state) {

@@ -1,6 +1,7 @@
 // The writing half of the checkpoint format (include/tutti/io/checkpoint.h describes the
-// bytes), shared by io::save_checkpoint and io::CheckpointWriter, and the helpers the reading
-// half uses too. Internal header: not installed.
+// bytes), shared by io::save_checkpoint and io::CheckpointWriter, the helpers the reading
+// half uses too, and the atomic file writing that safetensors files share. Internal header: not
+// installed.
 //
 // A save is two calls: plan_checkpoint validates the entries and encodes the header (on the
 // caller's thread, so that a bad entry throws InvalidArgument before anything is copied or
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,13 @@ std::vector<unsigned char> encode_checkpoint(const FilePlan& plan, const std::ve
 // Writes `n` bytes to `path` as write_checkpoint_file writes a file: temporary, fsync, atomic
 // rename, directory fsync; the same errors.
 void write_file_atomically(const std::string& path, const void* bytes, std::size_t n);
+// The same with the bytes written by `fill(fd, tmp)` (with write_all) to the temporary file `tmp`
+// opened as `fd`, so that a large file is streamed rather than assembled in memory. An exception
+// from `fill` removes the temporary and leaves `path` as it was.
+void write_file_atomically(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& fill);
+// write(2) until all `n` bytes are written (retrying short writes and EINTR); BackendError naming
+// `path` otherwise.
+void write_all(int fd, const void* data, std::size_t n, const std::string& path);
 
 // The reading half (checkpoint.cc). load_checkpoint_file is io::load_checkpoint; with
 // metadata_only it verifies the sizes and the header's crc and returns the metadata alone (no
