@@ -42,6 +42,16 @@ int parse_flags(int argc, char** argv, Flags& f) {
   app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
   app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
   app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
+  app.add_option("--init-from", f.init_from,
+                 "start from a Hugging Face folder (config.json and safetensors of a GPT-2 or Llama, as transformers' "
+                 "save_pretrained writes them): the model's shape and weights come from there (--model and the shape "
+                 "flags are not used); the data's token ids must be below its vocabulary");
+  app.add_option("--export", f.export_dir,
+                 "at the end of a completed run, write the model as a Hugging Face folder (config.json and "
+                 "safetensors, sharded above 5 GB) that transformers' from_pretrained loads");
+  app.add_option("--export-dtype", f.export_dtype, "the exported weights' dtype: f32, bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--kv-heads", f.kv_heads, "override a Llama preset's key/value heads (they must divide --heads)")
       ->check(CLI::PositiveNumber);
   app.add_option("--ffn", f.ffn, "override a Llama preset's MLP width (intermediate_size)")->check(CLI::PositiveNumber);

@@ -17,7 +17,10 @@ struct Flags : example::RunFlags {
   std::int64_t layers = 0, heads = 0, width = 0, context = 0;  // 0: the preset's
   std::int64_t kv_heads = 0, ffn = 0;                          // a Llama's; 0: the preset's
   std::string attention = "flash";                             // nn::parse_attention_kernel's spelling
-  std::string recompute = "none";                              // models::Recompute::parse's spelling
+  std::string init_from;             // --init-from: a Hugging Face folder (models/hf.h) to start from
+  std::string export_dir;            // --export: a Hugging Face folder written at the end
+  std::string export_dtype = "f32";  // --export-dtype: f32, bf16 or f16
+  std::string recompute = "none";    // models::Recompute::parse's spelling
   std::vector<std::string> data, val_data;
   double val_fraction = 0.1;
   std::string tokenizer;

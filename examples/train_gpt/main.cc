@@ -71,7 +71,8 @@ std::string shaping_flags(const gpt::Flags& f, const gpt::ModelConfig& c) {
     << f.beta2 << " --grad-clip " << f.grad_clip << " --precision " << f.precision << " --grad-comm " << f.grad_comm
     << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every "
     << f.eval_every << " --val-tokens " << f.val_tokens << " --checkpoint-every " << f.checkpoint_every
-    << " --max-steps " << f.max_steps << " --resume " << f.resume;
+    << " --max-steps " << f.max_steps << " --resume " << f.resume << " --init-from " << f.init_from << " --export "
+    << f.export_dir;
   return s.str();
 }
 
@@ -131,6 +132,15 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const example::GptData data = example::load_gpt_data(f.data, f.val_data, f.val_fraction);
   const gpt::ModelConfig config = gpt::model_config(f, data.bytes ? 256 : data.train.vocab);
   const std::int64_t context = gpt::context_of(config);
+  if (!f.init_from.empty()) {  // the vocabulary is the folder's: the data must fit it
+    const std::int64_t vocab = std::visit([](const auto& c) { return c.vocab; }, config);
+    for (const tutti::data::TokenCorpus* c : {&data.train, &data.val}) {
+      std::int64_t largest = 0;
+      for (std::int64_t i = 0; i < c->size(); ++i) largest = std::max<std::int64_t>(largest, c->tokens[i]);
+      TUTTI_CHECK_ARG(c->size() == 0 || largest < vocab, "--init-from ", f.init_from, ": the model's vocabulary is ",
+                      vocab, " tokens, but the data (", c->description, ") holds token ", largest);
+    }
+  }
   if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context, 1024);
   if (f.min_lr < 0) f.min_lr = f.lr / 10;
   TUTTI_CHECK_ARG(f.seq_len <= context, "--seq-len ", f.seq_len, " is longer than the context ", context);
@@ -147,6 +157,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
   model.to(device, stream).init(f.seed);
+  // Pretrained weights: every rank reads the folder, one tensor at a time (models/hf.h), before DDP
+  // shards them. A resume then loads the checkpoint over them.
+  if (!f.init_from.empty()) tutti::models::hf::load_weights(f.init_from, model);
 
   tutti::ddp::DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = f.bucket_mb;
@@ -337,7 +350,19 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     if (curve.empty())
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream, f.zero == 3);
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
+    const tutti::StateDict final_state = ddp.model_state_dict();  // COLLECTIVE under ZeRO
+    const std::uint32_t crc = example::parameters_crc32(final_state);
+    if (!f.export_dir.empty() && job.rank() == 0) {
+      tutti::models::hf::ExportOptions eo;
+      eo.dtype = f.export_dtype == "bf16"  ? tutti::DType::bf16
+                 : f.export_dtype == "f16" ? tutti::DType::f16
+                                           : tutti::DType::f32;
+      tutti::models::hf::save(f.export_dir, model, final_state, eo);
+      summary.set("exported_to", f.export_dir);
+      if (!f.quiet)
+        std::printf("train_gpt: exported %s to %s (%s)\n", model.describe().c_str(), f.export_dir.c_str(),
+                    f.export_dtype.c_str());
+    }
     const double tokens_per_s =
         train_seconds > 0 ? static_cast<double>((step - first_step) * tokens_per_step) / train_seconds : 0;
     const std::int64_t steady_steps = step - first_step - warm_steps;

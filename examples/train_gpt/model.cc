@@ -11,6 +11,15 @@ std::vector<std::string> model_names() {
 }
 
 ModelConfig model_config(const Flags& f, std::int64_t vocab) {
+  if (!f.init_from.empty()) {
+    TUTTI_CHECK_ARG(f.layers == 0 && f.heads == 0 && f.kv_heads == 0 && f.width == 0 && f.ffn == 0 && f.context == 0,
+                    "--init-from ", f.init_from, ": the model's shape is the folder's (config.json); drop --layers, ",
+                    "--heads, --kv-heads, --width, --ffn and --context");
+    ModelConfig c = tutti::models::hf::read_config(f.init_from).model;
+    std::visit([&](auto& m) { m.attention = tutti::nn::parse_attention_kernel(f.attention); }, c);
+    if (auto* llama = std::get_if<m::LlamaConfig>(&c)) llama->validate();
+    return c;
+  }
   const bool llama = f.model.rfind("llama", 0) == 0;
   if (!llama) {
     TUTTI_CHECK_ARG(f.kv_heads == 0 && f.ffn == 0, "--kv-heads and --ffn are a Llama's; ", f.model,

@@ -24,7 +24,8 @@ std::vector<std::string> model_names();
 // The preset of --model with --layers, --heads, --kv-heads, --width, --ffn, --context and
 // --attention applied, for a vocabulary of `vocab` tokens (0: the preset's own). A GPT pads it
 // to a multiple of 128 (256 stays 256). InvalidArgument for a flag the model has not (--kv-heads,
-// --ffn on a GPT).
+// --ffn on a GPT). With --init-from, the folder's config.json instead (its vocabulary; the shape
+// flags refused) and --attention.
 ModelConfig model_config(const Flags& f, std::int64_t vocab);
 
 std::unique_ptr<tutti::models::CausalLm> make_model(const ModelConfig& config);

@@ -30,6 +30,7 @@
 #include "tutti/kernels.h"
 #include "tutti/models/causal_lm.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/hf.h"
 #include "tutti/models/llama.h"
 #include "tutti/models/memory_plan.h"
 #include "tutti/nn/flat_plan.h"

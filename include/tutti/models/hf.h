@@ -1,0 +1,88 @@
+// Hugging Face model folders in and out: a GPT-2 (GPT2LMHeadModel) or a Llama (LlamaForCausalLM)
+// as transformers' save_pretrained writes it — config.json and safetensors weights (one file, or
+// shards and model.safetensors.index.json) under transformers' tensor names — loaded into a
+// models::Gpt or models::Llama, and a trained model written back so that transformers'
+// from_pretrained loads it (tests/models/hf checks both ways against transformers itself).
+//
+//   const tutti::models::hf::Config c = tutti::models::hf::read_config("Llama-3.2-1B");
+//   tutti::models::Llama model(std::get<tutti::models::LlamaConfig>(c.model));
+//   model.to(device);
+//   tutti::models::hf::load_weights("Llama-3.2-1B", model);   // every rank, before DDP
+//   ...
+//   tutti::models::hf::save("out", model, ddp.model_state_dict());  // rank 0, after training
+//
+// The names: GPT-2's "transformer.wte.weight", "transformer.h.<l>.attn.c_attn.weight" (a Conv1D,
+// stored [in, out]: transposed on the way in and out), ...; Llama's "model.embed_tokens.weight",
+// "model.layers.<l>.self_attn.q_proj.weight" (q, k and v are one tutti Linear whose rows they fill
+// in turn; gate and up likewise), ..., "lm_head.weight" (absent when tied). tensor_map lists them.
+//
+// Untrusted input: every file is validated by io::SafetensorsFolder before anything is read, and
+// a config.json that is not JSON, lacks a key, or asks for what tutti does not build (biases in a
+// Llama's projections, another activation, another rope type, cross-attention...), a tensor
+// missing or left over, or a tensor whose dtype or shape disagrees with config.json throws
+// InvalidArgument naming the file and the key or tensor, before any tensor is loaded. Nothing here
+// is collective.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "tutti/core/state_dict.h"
+#include "tutti/models/gpt.h"
+#include "tutti/models/llama.h"
+
+namespace tutti::models::hf {
+
+// A folder's config.json as tutti reads it.
+struct Config {
+  std::variant<GptConfig, LlamaConfig> model;  // the shape; a GPT's vocabulary padded as llm.c pads it
+  std::string model_type;                      // "gpt2" or "llama"
+  std::optional<DType> dtype;                  // torch_dtype: what the weights are stored as, when it says
+};
+
+// Reads <dir>/config.json ("model_type" gpt2 or llama).
+Config read_config(const std::string& dir);
+
+// The config.json transformers writes for such a model with weights stored in `dtype`.
+std::string config_json(const GptConfig& config, DType dtype);
+std::string config_json(const LlamaConfig& config, DType dtype);
+
+// One tensor of a folder and where it goes: rows [row_begin, row_begin + rows) of tutti's
+// parameter `param`, transposed for GPT-2's Conv1D weights.
+struct TensorMap {
+  std::string hf_name;
+  Shape hf_shape;
+  std::string param;
+  std::int64_t row_begin = 0;
+  bool transposed = false;
+};
+// Every tensor transformers saves for the model, in its order; each tutti parameter's rows are
+// covered exactly once (but a GPT's padded vocabulary rows, which stay 0).
+std::vector<TensorMap> tensor_map(const GptConfig& config);
+std::vector<TensorMap> tensor_map(const LlamaConfig& config);
+
+// Loads the weights of the folder `dir` into `model` (a Gpt or Llama of read_config(dir)'s shape:
+// InvalidArgument otherwise) one tensor at a time, converted to f32 on the host and copied to its
+// parameter on the model's device: host memory for one parameter at a time, never the whole
+// model. Then refreshes the compute copies and marks every parameter initialized. Call it before
+// handing the model to DistributedDataParallel (every rank reads the folder). Synchronizes.
+// Tensors transformers keeps but tutti has no use for are skipped: a tied "lm_head.weight", older
+// releases' buffers ("*.attn.bias", "*.attn.masked_bias", "*.rotary_emb.inv_freq").
+void load_weights(const std::string& dir, CausalLm& model);
+
+struct ExportOptions {
+  DType dtype = DType::f32;                       // the weights' dtype in the files (f32, bf16 or f16)
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // above it, shards and an index (transformers' 5GB)
+};
+
+// Writes a Hugging Face folder for `model`'s shape: config.json and the weights of `state` (a
+// whole model state dict, model.state_dict() or DistributedDataParallel::model_state_dict(), CPU
+// tensors) under transformers' names, in options.dtype, each file atomically; the folder is
+// created when missing and files of another shard count removed. InvalidArgument when a
+// parameter is missing from `state` or has another shape. Call it on one rank.
+void save(const std::string& dir, const CausalLm& model, const StateDict& state, const ExportOptions& options = {});
+
+}  // namespace tutti::models::hf
