@@ -216,7 +216,13 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
   const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
   tutti::train::RunOptions run_options = example::run_options(f, last_step, stream, summary);
-  run_options.metadata = {{"model", model.fingerprint()}, {"program", "train_gpt"}};
+  // The model's configuration as Hugging Face's config.json: what examples/export_hf reads to turn
+  // a checkpoint into a folder transformers loads.
+  run_options.metadata = {
+      {"model", model.fingerprint()},
+      {"program", "train_gpt"},
+      {"model_config",
+       std::visit([](const auto& c) { return tutti::models::hf::config_json(c, tutti::DType::f32); }, config)}};
   double last_val = -1;
   tutti::train::State state(ddp, optimizer, scaler, loader);
   state.add_scalar("train.last_val_loss", last_val);

@@ -53,13 +53,8 @@ struct ConfigFile {
   }
 };
 
-ConfigFile open(const std::string& dir) {
-  ConfigFile f{dir + "/config.json", {}};
-  std::ifstream in(f.path);
-  TUTTI_CHECK_ARG(in.good(), "Hugging Face folder '", dir, "': no readable config.json");
-  std::ostringstream text;
-  text << in.rdbuf();
-  f.j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+ConfigFile parse(const std::string& text, const std::string& source) {
+  ConfigFile f{source, json::parse(text, nullptr, /*allow_exceptions=*/false)};
   TUTTI_CHECK_ARG(!f.j.is_discarded() && f.j.is_object(), "Hugging Face config '", f.path, "': not a JSON object");
   return f;
 }
@@ -179,7 +174,16 @@ LlamaConfig llama_of(const ConfigFile& f) {
 }  // namespace
 
 Config read_config(const std::string& dir) {
-  const ConfigFile f = open(dir);
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  TUTTI_CHECK_ARG(in.good(), "Hugging Face folder '", dir, "': no readable config.json");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path);
+}
+
+Config parse_config(const std::string& json_text, const std::string& source) {
+  const ConfigFile f = parse(json_text, source);
   Config c;
   c.model_type = f.text("model_type");
   c.dtype = torch_dtype(f);

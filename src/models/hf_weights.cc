@@ -175,15 +175,16 @@ void load_weights(const std::string& dir, CausalLm& model) {
   stream.synchronize();
 }
 
-void save(const std::string& dir, const CausalLm& model, const StateDict& state, const ExportOptions& options) {
+namespace {
+
+void save_shape(const std::string& dir, const std::variant<GptConfig, LlamaConfig>& shape, const std::string& what,
+                const StateDict& state, const ExportOptions& options) {
   TUTTI_CHECK_ARG(options.dtype == DType::f32 || options.dtype == DType::bf16 || options.dtype == DType::f16,
                   "Hugging Face export: weights are f32, bf16 or f16, not ", name_of(options.dtype));
-  const std::variant<GptConfig, LlamaConfig> shape = config_of(model);
   io::NamedTensors tensors;
   for (const TensorMap& t : map_of(shape)) {
     const auto it = state.find(t.param);
-    TUTTI_CHECK_ARG(it != state.end(), "Hugging Face export: the state has no '", t.param, "' (", model.describe(),
-                    ")");
+    TUTTI_CHECK_ARG(it != state.end(), "Hugging Face export: the state has no '", t.param, "' (", what, ")");
     const Tensor& whole = it->second;
     const std::int64_t cols = whole.ndim() == 2 ? whole.dim(1) : 1, n = numel_of(t.hf_shape);
     const std::int64_t rows_needed = t.transposed ? t.hf_shape[1] : (t.hf_shape.empty() ? 1 : t.hf_shape[0]);
@@ -213,6 +214,20 @@ void save(const std::string& dir, const CausalLm& model, const StateDict& state,
   io::save_safetensors_folder(dir, tensors, {{"format", "pt"}}, fo);
   const std::string json = std::visit([&](const auto& c) { return config_json(c, options.dtype); }, shape);
   io::detail::write_file_atomically(dir + "/config.json", json.data(), json.size());
+}
+
+}  // namespace
+
+void save(const std::string& dir, const CausalLm& model, const StateDict& state, const ExportOptions& options) {
+  save_shape(dir, config_of(model), model.describe(), state, options);
+}
+
+void save(const std::string& dir, const GptConfig& config, const StateDict& state, const ExportOptions& options) {
+  save_shape(dir, config, config.fingerprint(), state, options);
+}
+
+void save(const std::string& dir, const LlamaConfig& config, const StateDict& state, const ExportOptions& options) {
+  save_shape(dir, config, config.fingerprint(), state, options);
 }
 
 }  // namespace tutti::models::hf

@@ -45,6 +45,9 @@ struct Config {
 
 // Reads <dir>/config.json ("model_type" gpt2 or llama).
 Config read_config(const std::string& dir);
+// The same from the text of a config.json; `source` names it in errors (a file, a checkpoint's
+// metadata).
+Config parse_config(const std::string& json_text, const std::string& source);
 
 // The config.json transformers writes for such a model with weights stored in `dtype`.
 std::string config_json(const GptConfig& config, DType dtype);
@@ -84,5 +87,8 @@ struct ExportOptions {
 // created when missing and files of another shard count removed. InvalidArgument when a
 // parameter is missing from `state` or has another shape. Call it on one rank.
 void save(const std::string& dir, const CausalLm& model, const StateDict& state, const ExportOptions& options = {});
+// The same for a configuration, without a model built (a checkpoint's state converted).
+void save(const std::string& dir, const GptConfig& config, const StateDict& state, const ExportOptions& options = {});
+void save(const std::string& dir, const LlamaConfig& config, const StateDict& state, const ExportOptions& options = {});
 
 }  // namespace tutti::models::hf

@@ -13,9 +13,9 @@ by tutti (models/hf.h, through tests/models/hf/hf_tool), and compared on one bat
     buffers kept);
   - train_gpt --init-from a transformers folder, 20 steps at ZeRO-3 on 2 ranks and at ZeRO-0 on 1,
     --export: transformers loads the result and gives tutti's logits within 1e-4, and the two runs
-    agree.
+    agree; export_hf turns the run's checkpoint into the same folder.
 
-  hf_compare_test.py HF_TOOL TRAIN_GPT     (ctest: models_hf_compare_test)
+  hf_compare_test.py HF_TOOL TRAIN_GPT EXPORT_HF     (ctest: models_hf_compare_test)
 """
 import math
 import os
@@ -35,7 +35,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 transformers.utils.logging.disable_progress_bar()
 
-HF_TOOL = TRAIN_GPT = None
+HF_TOOL = TRAIN_GPT = EXPORT_HF = None
 B, T, VOCAB = 2, 16, 96
 
 
@@ -232,7 +232,8 @@ class HfComparison(unittest.TestCase):
             out = os.path.join(self.dir, "tuned-np%d-zero%d" % (ranks, zero))
             cmd = ["mpirun", "-np", str(ranks), TRAIN_GPT, "--init-from", start, "--export", out, "--data", shard,
                    "--steps", "20", "--batch-size", "8", "--seq-len", "32", "--lr", "3e-3", "--warmup-steps", "2",
-                   "--zero", str(zero), "--eval-every", "0", "--sample-tokens", "0", "--device", "cpu"]
+                   "--zero", str(zero), "--eval-every", "0", "--sample-tokens", "0", "--device", "cpu",
+                   "--checkpoint-dir", out + "-ckpt"]
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             exports[(ranks, zero)] = out
@@ -249,9 +250,16 @@ class HfComparison(unittest.TestCase):
         worst = max(relative(b[n], a[n]) for n in a)
         print("train_gpt: np 2 ZeRO-3 against np 1 ZeRO-0 after 20 steps: %.2e" % worst)
         self.assertLess(worst, 1e-4)
+        # The checkpoint of the same run, converted: the same weights.
+        converted = os.path.join(self.dir, "converted")
+        run(EXPORT_HF, exports[(1, 0)] + "-ckpt/checkpoint.tckp", converted)
+        c = safetensors.numpy.load_file(os.path.join(converted, "model.safetensors"))
+        self.assertEqual(sorted(c), sorted(a))
+        for n in a:
+            np.testing.assert_array_equal(c[n], a[n], n)
 
 
 if __name__ == "__main__":
-    HF_TOOL, TRAIN_GPT = sys.argv[1], sys.argv[2]
+    HF_TOOL, TRAIN_GPT, EXPORT_HF = sys.argv[1], sys.argv[2], sys.argv[3]
     torch.set_num_threads(1)
     unittest.main(argv=sys.argv[:1], verbosity=2)
