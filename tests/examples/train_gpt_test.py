@@ -3,7 +3,9 @@
 (unittest): the same training on 1, 2 and 4 ranks, a resumed run bit-identical to an
 uninterrupted one, the data order that the PyTorch peer reproduces (benchmarks/peers/gpt_data.py),
 the JSON summary and MFU, the sample, llm.c token shards, the default corpus (Debian's
-fortunes); with --emu-binary, the trainer on the emulated GPU against the CPU.
+fortunes); a Llama (TrainLlama): the same training on 1 and 2 ranks and at every ZeRO stage, a
+resume across stages bit-identical, recomputation and deterministic mode bit-identical, DiLoCo,
+memory snapshots; with --emu-binary, the trainer on the emulated GPU against the CPU (GPT, Llama).
 """
 import argparse
 import json
@@ -31,6 +33,8 @@ WEIGHTS = {
     "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 2,
     "test_default_corpus_is_debians_fortunes": 1.5, "test_recompute_trains_bit_identically": 3,
     "test_plan_prints_the_table_and_what_to_change": 0.1,
+    "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
+    "test_diloco_and_memory_snapshots": 5,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -297,12 +301,63 @@ class TrainGptOnEmulatedGpu(unittest.TestCase):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         data = ["--data", corpus(ARGS.workdir), "--steps", "3", "--eval-every", "0", "--sample-tokens", "4"]
-        cpu = train(2, d, "cpu", *data, "--device", "cpu")
-        gpu = train(2, d, "gpu", *data, "--device", "cuda", binary=ARGS.emu_binary, env={"TUTTI_EMU_DEVICES": "2"})
-        self.assertEqual(gpu["backend"], "nccl")
-        self.assertIn("cuda", gpu["device"].lower() + " cuda")
-        for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
-            self.assertAlmostEqual(gpu[key], cpu[key], delta=1e-4 * abs(cpu[key]), msg=key)
+        for name, model in (("gpt", []), ("llama", LLAMA)):
+            cpu = train(2, d, name + "-cpu", *data, *model, "--device", "cpu")
+            gpu = train(2, d, name + "-gpu", *data, *model, "--device", "cuda", binary=ARGS.emu_binary,
+                        env={"TUTTI_EMU_DEVICES": "2"})
+            self.assertEqual(gpu["backend"], "nccl")
+            self.assertIn("cuda", gpu["device"].lower() + " cuda")
+            for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+                self.assertAlmostEqual(gpu[key], cpu[key], delta=1e-4 * abs(cpu[key]), msg=name + " " + key)
+
+
+# A Llama of TINY's size: 4 query heads sharing 2 key/value heads, an MLP of 64.
+LLAMA = ["--model", "llama-tiny", "--heads", "4", "--kv-heads", "2", "--ffn", "64"]
+
+
+class TrainLlama(unittest.TestCase):
+    """What works for the GPT works for the Llama (issue 34): the same trainer, --model llama-tiny."""
+
+    def setUp(self):
+        self.dir = os.path.join(ARGS.workdir, self.id().split(".")[-1])
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.data = ["--data", corpus(ARGS.workdir), *LLAMA]
+
+    def test_ranks_and_zero_stages_train_alike(self):
+        one = train(1, self.dir, "np1", *self.data)
+        self.assertTrue(one["config"].startswith("Llama L2 H4/2 C32 F64 T32 V256"), one["config"])
+        self.assertLess(one["final_train_loss"], one["initial_train_loss"] - 0.3, "it learns")
+        for zero in (0, 1, 2, 3):
+            r = train(2, self.dir, "zero%d" % zero, *self.data, "--zero", str(zero))
+            self.assertEqual(r["zero"], zero)
+            for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+                self.assertAlmostEqual(r[key], one[key], delta=5e-5 * abs(one[key]), msg="zero %d %s" % (zero, key))
+
+    def test_resume_across_stages_recompute_and_deterministic(self):
+        ckpt = os.path.join(self.dir, "ckpt")
+        straight = train(2, self.dir, "straight", *self.data, "--zero", "2")
+        train(2, self.dir, "first", *self.data, "--zero", "2", "--checkpoint-dir", ckpt, "--max-steps", "4")
+        resumed = train(2, self.dir, "resumed", *self.data, "--zero", "2", "--checkpoint-dir", ckpt, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
+        # ... and from ZeRO-2 at 2 ranks to ZeRO-3 at 4: the same training within rounding.
+        other = train(4, self.dir, "zero3", *self.data, "--zero", "3", "--checkpoint-dir", ckpt, "--resume")
+        self.assertAlmostEqual(other["final_train_loss"], straight["final_train_loss"],
+                               delta=5e-5 * abs(straight["final_train_loss"]))
+        blocks = train(2, self.dir, "blocks", *self.data, "--zero", "2", "--recompute", "blocks")
+        self.assertEqual(blocks["params_crc32"], straight["params_crc32"])
+        det = [train(n, self.dir, "det%d" % n, *self.data, "--deterministic", "--max-micro-batch", "4") for n in (1, 2)]
+        self.assertEqual(det[0]["params_crc32"], det[1]["params_crc32"])
+        self.assertEqual(det[0]["final_train_loss"], det[1]["final_train_loss"])
+
+    def test_diloco_and_memory_snapshots(self):
+        r = train(2, self.dir, "diloco", *self.data, "--sync", "diloco:2", "--ranks-per-node", "1")
+        self.assertEqual(r["sync"], "diloco:2")
+        self.assertLess(r["final_train_loss"], r["initial_train_loss"] - 0.3, "it learns")
+        ckpt = os.path.join(self.dir, "ckpt")
+        s = train(2, self.dir, "snap", *self.data, "--zero", "1", "--checkpoint-dir", ckpt, "--snapshot-every", "2")
+        self.assertEqual(s["steps"], 6)
 
 
 if __name__ == "__main__":
@@ -313,7 +368,7 @@ if __name__ == "__main__":
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--shard", default="0/1",
                         help="I/N: the I-th of N shards of about equal length (ctest runs them side by side)")
-    parser.add_argument("tests", nargs="*", default=["TrainGpt", "TrainGptOnEmulatedGpu"])
+    parser.add_argument("tests", nargs="*", default=["TrainGpt", "TrainLlama", "TrainGptOnEmulatedGpu"])
     ARGS = parser.parse_args()
     os.makedirs(ARGS.workdir, exist_ok=True)
     os.environ.update(GIVEN_PEAK)  # no GEMM ceiling measured but where a test asks (train_fashion_mnist_test.py)
