@@ -37,6 +37,7 @@
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/cross_entropy.h"
 #include "tutti/kernels/elementwise.h"
+#include "tutti/kernels/flash_attention.h"
 #include "tutti/kernels/layernorm.h"
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/optimizer.h"
@@ -227,10 +228,13 @@ struct Ctx {
   Bench& bench;
   std::vector<Result>& results;  // ceilings are filled in once every op has run
   CopyProbe& copy;
-  double last_copy_gbps = 0;  // the copy measured after the previous memory-bound op
+  double last_copy_gbps = 0;                             // the copy measured after the previous memory-bound op
+  std::string only;                                      // --only: run the ops whose name contains it
+  std::vector<std::pair<int64_t, int64_t>> flash_tiles;  // --flash-tiles: (query, key) tiles to time
 };
 
 void memory_op(Ctx& c, const std::string& op, DType dt, double bytes, const std::function<void()>& f) {
+  if (op.find(c.only) == std::string::npos) return;
   Result r;
   r.op = op;
   r.dtype = dt;
@@ -244,6 +248,7 @@ void memory_op(Ctx& c, const std::string& op, DType dt, double bytes, const std:
 }
 
 void compute_op(Ctx& c, const std::string& op, DType dt, double flops, const std::function<void()>& f) {
+  if (op.find(c.only) == std::string::npos) return;
   Result r;
   r.op = op;
   r.dtype = dt;
@@ -395,7 +400,44 @@ void bench_compute_ops(Ctx& c, DType dt, bool gpu) {
       attention_forward(qkv, heads, out, probs, s);
       attention_backward(qkv, probs, dout, heads, dqkv, s);
     });
+    Tensor lse = Tensor::empty({B, heads, T}, DType::f32, dev);
+    compute_op(c, "flash_attention_fwd_bwd", dt, flops, [&] {
+      flash_attention_forward(qkv, {heads}, out, lse, s);
+      flash_attention_backward(qkv, out, lse, dout, {heads}, dqkv, s);
+    });
   });
+  // Long sequences, the two kernels side by side (issue 34: the tiled one at least as fast at
+  // T >= 1024 on the CPU): one sequence of GPT-2 124M's heads (12 of 64) on the CPU, 4 on the GPU.
+  // "_T<T>" rows; with --flash-tiles, also the tiled kernel at each (query x key) tile size.
+  for (const int64_t T : gpu ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096}) {
+    guarded("long attention", [&] {
+      const int64_t B = gpu ? 4 : 1, heads = 12, C = 768;
+      const std::string t = "_T" + std::to_string(T);
+      Tensor qkv = make({B, T, 3 * C}, dt, dev), dout = make({B, T, C}, dt, dev);
+      Tensor out = Tensor::empty({B, T, C}, dt, dev), dqkv = Tensor::empty({B, T, 3 * C}, dt, dev);
+      Tensor lse = Tensor::empty({B, heads, T}, DType::f32, dev);
+      const double flops = 12.0 * static_cast<double>(B * T * T * C);
+      if (std::string("attention_fwd_bwd" + t).find(c.only) != std::string::npos) {
+        Tensor probs = Tensor::empty({B, heads, T, T}, dt, dev);
+        compute_op(c, "attention_fwd_bwd" + t, dt, flops, [&] {
+          attention_forward(qkv, heads, out, probs, s);
+          attention_backward(qkv, probs, dout, heads, dqkv, s);
+        });
+      }
+      compute_op(c, "flash_attention_fwd_bwd" + t, dt, flops, [&] {
+        flash_attention_forward(qkv, {heads}, out, lse, s);
+        flash_attention_backward(qkv, out, lse, dout, {heads}, dqkv, s);
+      });
+      for (const auto& [q, k] : c.flash_tiles) {
+        const FlashAttentionParams p{heads, 0, q, k};
+        compute_op(c, "flash_attention_fwd_bwd" + t + "_q" + std::to_string(q) + "_k" + std::to_string(k), dt, flops,
+                   [&] {
+                     flash_attention_forward(qkv, p, out, lse, s);
+                     flash_attention_backward(qkv, out, lse, dout, p, dqkv, s);
+                   });
+      }
+    });
+  }
 }
 
 }  // namespace
@@ -417,6 +459,10 @@ int main(int argc, char** argv) {
                  "threads of the CPU GEMMs (kernels::set_cpu_threads), ceiling and ops alike")
       ->check(CLI::Range(1, 1024));
   app.add_option("--json", json_path, "write one JSON object per op to this file");
+  std::string only, flash_tiles;
+  app.add_option("--only", only, "run only the ops whose name contains this (the ceilings always run)");
+  app.add_option("--flash-tiles", flash_tiles,
+                 "also time the tiled attention at these tile sizes, e.g. 64x256,32x128 (queries x keys)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -464,7 +510,15 @@ int main(int argc, char** argv) {
     };
     measure_ceilings();
 
-    Ctx ctx{bench, results, copy, copy_result.rate};
+    Ctx ctx{bench, results, copy, copy_result.rate, only, {}};
+    for (std::size_t at = 0; at < flash_tiles.size();) {
+      const std::size_t end = std::min(flash_tiles.find(',', at), flash_tiles.size());
+      const std::string tile = flash_tiles.substr(at, end - at);
+      const std::size_t x = tile.find('x');
+      TUTTI_CHECK_ARG(x != std::string::npos, "--flash-tiles: '", tile, "' is not QxK");
+      ctx.flash_tiles.emplace_back(std::stoll(tile.substr(0, x)), std::stoll(tile.substr(x + 1)));
+      at = end + 1;
+    }
     for (DType dt : dtypes) {
       bench_memory_ops(ctx, dt, n);
       bench_compute_ops(ctx, dt, gpu);
