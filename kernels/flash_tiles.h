@@ -17,10 +17,15 @@ struct FlashShape {
   std::int64_t width() const { return (H + 2 * G) * hs; }
 };
 
-// CPU: a 64-query x 256-key tile of f32 scores is 64 KiB, which stays in L2 beside the q, k and v
-// rows it is made of (measured against 32/64/128 x 64-512 by benchmarks/kernels' attention rows,
-// docs/benchmarks.md).
-inline std::int64_t cpu_query_tile(const FlashShape& s) { return std::min(s.T, s.query_tile > 0 ? s.query_tile : 64); }
+// CPU: 64 queries x 256 keys (32 queries up to T = 256, where the GEMMs are small and the diagonal
+// tile's waste counts), a 64 KiB tile of f32 scores beside the q, k and v rows it is made of.
+// Measured with one thread, 12 heads of 64, forward + backward against the materialized kernel
+// (kernel_bench --flash-tiles, docs/bring-your-own-model.md): at T 1024 to 4096 tiles of 64-128
+// queries x 128-256 keys are within a few % of each other; 32 queries were slower there, and
+// faster at T 128.
+inline std::int64_t cpu_query_tile(const FlashShape& s) {
+  return std::min(s.T, s.query_tile > 0 ? s.query_tile : (s.T <= 256 ? 32 : 64));
+}
 inline std::int64_t cpu_key_tile(const FlashShape& s) { return std::min(s.T, s.key_tile > 0 ? s.key_tile : 256); }
 
 // CUDA: the tiles are cuBLAS GEMMs batched over the B·G key/value heads (kernels/cuda/flash_attention.cu), so

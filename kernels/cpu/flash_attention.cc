@@ -163,16 +163,19 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
           const float* row_lse = L + (b * H + h) * T;
           const float* row_d = D.data() + (b * H + h) * T;
           for (int64_t r0 = c0 / bq * bq; r0 < T; r0 += bq) {  // the query tiles that see some key of this one
-            const int64_t rows = std::min(bq, T - r0);
-            gemm(false, true, rows, cols, hs, scale, q + r0 * W, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
-            tile_probabilities(p.data(), bk, rows, cols, r0, c0, row_lse);
-            gemm(true, false, cols, hs, rows, 1.0f, p.data(), bk, dy + r0 * HC, HC, 1.0f, dv_tile.data(),
-                 hs);  // P^T dy
-            gemm(false, true, rows, cols, hs, 1.0f, dy + r0 * HC, HC, v + c0 * W, W, 0.0f, dp.data(),
-                 bk);                                                                 // dP = dy v^T
-            tile_score_grads(p.data(), dp.data(), bk, rows, cols, r0, row_d, scale);  // dS
-            gemm(false, false, rows, hs, cols, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + r0 * W, W);     // dS k
-            gemm(true, false, cols, hs, rows, 1.0f, dp.data(), bk, q + r0 * W, W, 1.0f, dk_tile.data(), hs);  // dS^T q
+            // Near the diagonal only part of the pair is visible: queries before c0 see none of
+            // these keys, keys after the tile's last query are seen by none of its queries.
+            const int64_t r1 = std::min(T, r0 + bq), first = std::max(r0, c0), rows = r1 - first;
+            const int64_t seen = std::min(cols, r1 - c0);
+            const float* qr = q + first * W;
+            const float* dyr = dy + first * HC;
+            gemm(false, true, rows, seen, hs, scale, qr, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
+            tile_probabilities(p.data(), bk, rows, seen, first, c0, row_lse);
+            gemm(true, false, seen, hs, rows, 1.0f, p.data(), bk, dyr, HC, 1.0f, dv_tile.data(), hs);  // dv += P^T dy
+            gemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);    // dP = dy v^T
+            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);               // dS
+            gemm(false, false, rows, hs, seen, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + first * W, W);  // dS k
+            gemm(true, false, seen, hs, rows, 1.0f, dp.data(), bk, qr, W, 1.0f, dk_tile.data(), hs);  // dk += dS^T q
           }
         }
         for (int64_t j = 0; j < cols; ++j)

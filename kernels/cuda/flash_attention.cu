@@ -363,21 +363,24 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
       TUTTI_CUDA_CHECK(cudaMemsetAsync(dv, 0, static_cast<std::size_t>(Z * bk * hs) * sizeof(float), st));
       const Operand kc{k + c0 * hs, dt, hs, s.T * hs}, vc{v + c0 * hs, dt, hs, s.T * hs};
       for (int64_t r0 = c0 / bq * bq; r0 < s.T; r0 += bq) {  // the query tiles that see some key of this one
-        const int64_t M = (std::min(s.T, r0 + bq) - r0) * R;
-        const Operand qr{q + r0 * R * hs, dt, hs, s.T * R * hs}, dyr{dy + r0 * R * hs, dt, hs, s.T * R * hs};
+        // Near the diagonal only part of the pair is visible: queries before c0 see none of these
+        // keys, keys after the tile's last query are seen by none of its queries.
+        const int64_t r1 = std::min(s.T, r0 + bq), first = std::max(r0, c0), M = (r1 - first) * R;
+        const int64_t seen = std::min(cols, r1 - c0);
+        const Operand qr{q + first * R * hs, dt, hs, s.T * R * hs}, dyr{dy + first * R * hs, dt, hs, s.T * R * hs};
         const Operand p{P, dt, bk, tile_rows * bk}, ds{dS, dt, bk, tile_rows * bk};
-        gemm(handle, false, true, M, cols, hs, scale, qr, kc, 0.0f, SD, CUDA_R_32F, bk, tile_rows * bk, Z);  // S
-        flash_probs_kernel<<<row_blocks(Z * M), kBlock, 0, st>>>(SD, P, bk, Z, M, tile_rows, R, r0, c0, cols, s.T,
+        gemm(handle, false, true, M, seen, hs, scale, qr, kc, 0.0f, SD, CUDA_R_32F, bk, tile_rows * bk, Z);  // S
+        flash_probs_kernel<<<row_blocks(Z * M), kBlock, 0, st>>>(SD, P, bk, Z, M, tile_rows, R, first, c0, seen, s.T,
                                                                  static_cast<int>(s.G), ptr<float>(lse));
         TUTTI_CUDA_CHECK_LAUNCH("flash_probs_kernel");
-        gemm(handle, true, false, cols, hs, M, 1.0f, p, dyr, 1.0f, dv, CUDA_R_32F, hs, bk * hs, Z);  // dv += P^T dy
-        gemm(handle, false, true, M, cols, hs, 1.0f, dyr, vc, 0.0f, SD, CUDA_R_32F, bk, tile_rows * bk, Z);  // dP
-        flash_score_grads_kernel<<<row_blocks(Z * M), kBlock, 0, st>>>(P, SD, dS, bk, Z, M, tile_rows, r0, R, s.T, Dsum,
-                                                                       cols, scale);
+        gemm(handle, true, false, seen, hs, M, 1.0f, p, dyr, 1.0f, dv, CUDA_R_32F, hs, bk * hs, Z);  // dv += P^T dy
+        gemm(handle, false, true, M, seen, hs, 1.0f, dyr, vc, 0.0f, SD, CUDA_R_32F, bk, tile_rows * bk, Z);  // dP
+        flash_score_grads_kernel<<<row_blocks(Z * M), kBlock, 0, st>>>(P, SD, dS, bk, Z, M, tile_rows, first, R, s.T,
+                                                                       Dsum, seen, scale);
         TUTTI_CUDA_CHECK_LAUNCH("flash_score_grads_kernel");
-        gemm(handle, false, false, M, hs, cols, 1.0f, ds, kc, 1.0f, dq + r0 * R * hs, CUDA_R_32F, hs, s.T * R * hs,
-             Z);                                                                                     // dq += dS k
-        gemm(handle, true, false, cols, hs, M, 1.0f, ds, qr, 1.0f, dk, CUDA_R_32F, hs, bk * hs, Z);  // dk += dS^T q
+        gemm(handle, false, false, M, hs, seen, 1.0f, ds, kc, 1.0f, dq + first * R * hs, CUDA_R_32F, hs,
+             s.T * R * hs, Z);                                                                       // dq += dS k
+        gemm(handle, true, false, seen, hs, M, 1.0f, ds, qr, 1.0f, dk, CUDA_R_32F, hs, bk * hs, Z);  // dk += dS^T q
       }
       flash_store_kv_kernel<<<row_grid(s.B * cols), kBlock, 0, st>>>(dk, dv, s.B, s.T, static_cast<int>(s.G), hs, bk,
                                                                      c0, cols, s.width(), s.H * hs, ptr<H>(dqkv));

@@ -25,8 +25,8 @@ namespace tutti::kernels {
 struct FlashAttentionParams {
   std::int64_t heads = 1;     // H, query heads
   std::int64_t kv_heads = 0;  // G, key/value heads; 0 means H (multi-head attention)
-  // Tile sizes in queries and keys; 0 lets the kernel choose (CPU: 64 queries x 256 keys, sized
-  // for L2; CUDA: 256 x 256). Only speed and scratch memory depend on them (and the rounding of
+  // Tile sizes in queries and keys; 0 lets the kernel choose (CPU: 64 queries x 256 keys, 32
+  // queries up to T = 256; CUDA: 256 x 256). Only speed and scratch memory depend on them (and the rounding of
   // the sums: each tile is added in turn), so tests shrink them to cross many tiles.
   std::int64_t query_tile = 0;
   std::int64_t key_tile = 0;
