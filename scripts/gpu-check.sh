@@ -119,8 +119,8 @@ done
 say "$(grep -m1 'tutti: CUDA=' "$OUT/configure.log" | sed 's/^-- //') ($(elapsed "$start"))"
 
 # ---- build, part 1: the library and the tests of [1] and [2]
-kernel_families="linear elementwise cross_entropy layernorm conv reduce cast optimizer embedding attention"
-first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test models_gpt_test"
+kernel_families="linear elementwise cross_entropy layernorm conv reduce cast optimizer embedding attention flash_attention rmsnorm rope"
+first_tests="cuda_semantics_test ddp_gpu_test core_tensor_test core_cuda_checks_test nn_test optim_test amp_test comm_test obs_test models_gpt_test models_llama_test"
 for f in $kernel_families; do first_tests+=" kernels_${f}_test"; done
 b=$(date +%s)
 t=$(step_timeout 360 "build (part 1)") || exit 1
@@ -244,6 +244,8 @@ CU
     echo "synccheck kernels_cast_test *UnscaleTest*Cuda*"
     echo "synccheck kernels_elementwise_test ElementwiseCuda.BiasAddAndBackwardMatchCpu"
     echo "synccheck kernels_embedding_test *Cuda*"
+    echo "racecheck kernels_rmsnorm_test *Cuda*"
+    echo "synccheck kernels_rmsnorm_test *Cuda*"
   } > "$OUT/sanitizer_plan.txt"
   # Each tool gets its share of the sanitizer's budget (memcheck 45%, racecheck 35%, synccheck
   # 20%), each run at most 60 s of it, so that a slow tool cannot starve the others.

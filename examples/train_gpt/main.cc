@@ -159,7 +159,17 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   model.to(device, stream).init(f.seed);
   // Pretrained weights: every rank reads the folder, one tensor at a time (models/hf.h), before DDP
   // shards them. A resume then loads the checkpoint over them.
-  if (!f.init_from.empty()) tutti::models::hf::load_weights(f.init_from, model);
+  if (!f.init_from.empty()) {
+    auto last = Clock::now();
+    tutti::models::hf::load_weights(f.init_from, model, [&](std::int64_t read, std::int64_t total) {
+      if (!chatty || (read < total && Clock::now() - last < std::chrono::seconds(5))) return;
+      last = Clock::now();
+      std::printf("train_gpt: loading %s: %.0f%% (%.2f of %.2f GB)\n", f.init_from.c_str(),
+                  100.0 * static_cast<double>(read) / static_cast<double>(std::max<std::int64_t>(total, 1)),
+                  static_cast<double>(read) / 1e9, static_cast<double>(total) / 1e9);
+      std::fflush(stdout);
+    });
+  }
 
   tutti::ddp::DdpOptions ddp_options;
   ddp_options.bucket_cap_mb = f.bucket_mb;

@@ -114,7 +114,7 @@ std::vector<TensorMap> tensor_map(const LlamaConfig& c) {
   return m;
 }
 
-void load_weights(const std::string& dir, CausalLm& model) {
+void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& progress) {
   const std::variant<GptConfig, LlamaConfig> shape = config_of(model);
   const Config file = read_config(dir);
   check_shape(dir, shape, file);
@@ -142,6 +142,9 @@ void load_weights(const std::string& dir, CausalLm& model) {
     TUTTI_CHECK_ARG(mapped.count(name) || ignorable(name, tied), "Hugging Face file '", folder.file_of(name).path(),
                     "': tensor '", name, "' belongs to no parameter of ", model.describe());
   }
+  std::int64_t total = 0, read = 0;
+  for (const TensorMap& t : map)
+    total += static_cast<std::int64_t>(folder.entry(stored_name(folder, t.hf_name)).nbytes());
   // One parameter at a time: its rows from each of its tensors, on the host in f32, then to its
   // device.
   std::map<std::string, std::vector<const TensorMap*>> by_param;
@@ -155,6 +158,7 @@ void load_weights(const std::string& dir, CausalLm& model) {
     for (const TensorMap* t : it->second) {
       const std::string name = stored_name(folder, t->hf_name);
       const std::int64_t n = numel_of(t->hf_shape);
+      read += static_cast<std::int64_t>(folder.entry(name).nbytes());
       if (!t->transposed) {
         folder.read_elements_into(name, 0, host.view(t->row_begin * cols, {n}));
         continue;
@@ -170,6 +174,7 @@ void load_weights(const std::string& dir, CausalLm& model) {
     p->value.copy_from(host, stream);
     stream.synchronize();  // `host` is freed next
     p->initialized = true;
+    if (progress) progress(read, total);
   }
   model.refresh_compute_copies();
   stream.synchronize();

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <variant>
@@ -74,7 +75,10 @@ std::vector<TensorMap> tensor_map(const LlamaConfig& config);
 // handing the model to DistributedDataParallel (every rank reads the folder). Synchronizes.
 // Tensors transformers keeps but tutti has no use for are skipped: a tied "lm_head.weight", older
 // releases' buffers ("*.attn.bias", "*.attn.masked_bias", "*.rotary_emb.inv_freq").
-void load_weights(const std::string& dir, CausalLm& model);
+// `progress`, when given, is called after each parameter with the bytes of the folder's tensors
+// read so far and in all (a large model takes a while: a program can say how far it is).
+using LoadProgress = std::function<void(std::int64_t bytes_read, std::int64_t bytes_total)>;
+void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& progress = {});
 
 struct ExportOptions {
   DType dtype = DType::f32;                       // the weights' dtype in the files (f32, bf16 or f16)
