@@ -172,8 +172,8 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
             gemm(false, true, rows, seen, hs, scale, qr, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
             tile_probabilities(p.data(), bk, rows, seen, first, c0, row_lse);
             gemm(true, false, seen, hs, rows, 1.0f, p.data(), bk, dyr, HC, 1.0f, dv_tile.data(), hs);  // dv += P^T dy
-            gemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);    // dP = dy v^T
-            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);               // dS
+            gemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);      // dP = dy v^T
+            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);                // dS
             gemm(false, false, rows, hs, seen, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + first * W, W);  // dS k
             gemm(true, false, seen, hs, rows, 1.0f, dp.data(), bk, qr, W, 1.0f, dk_tile.data(), hs);  // dk += dS^T q
           }

@@ -378,8 +378,8 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
         flash_score_grads_kernel<<<row_blocks(Z * M), kBlock, 0, st>>>(P, SD, dS, bk, Z, M, tile_rows, first, R, s.T,
                                                                        Dsum, seen, scale);
         TUTTI_CUDA_CHECK_LAUNCH("flash_score_grads_kernel");
-        gemm(handle, false, false, M, hs, seen, 1.0f, ds, kc, 1.0f, dq + first * R * hs, CUDA_R_32F, hs,
-             s.T * R * hs, Z);                                                                       // dq += dS k
+        gemm(handle, false, false, M, hs, seen, 1.0f, ds, kc, 1.0f, dq + first * R * hs, CUDA_R_32F, hs, s.T * R * hs,
+             Z);                                                                                     // dq += dS k
         gemm(handle, true, false, seen, hs, M, 1.0f, ds, qr, 1.0f, dk, CUDA_R_32F, hs, bk * hs, Z);  // dk += dS^T q
       }
       flash_store_kv_kernel<<<row_grid(s.B * cols), kBlock, 0, st>>>(dk, dv, s.B, s.T, static_cast<int>(s.G), hs, bk,
