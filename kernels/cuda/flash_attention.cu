@@ -268,18 +268,45 @@ unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), static_cast<int64_t>(sm_count()) * 32));
 }
 
+// What both launchers set up: the cuBLAS handle bound to the stream, the tiles and the scale.
+// The caller holds a DeviceGuard for qkv's device first.
+struct Setup {
+  cudaStream_t st;
+  cublasHandle_t handle;
+  int R;                             // query heads per key/value head
+  int64_t bq, bk, Z, hs, tile_rows;  // tiles, B·G batch entries, head size, rows of a query tile
+  float scale;
+};
+Setup setup(const Tensor& qkv, const FlashShape& s, const Stream& stream) {
+  Setup u{native(stream),
+          cublas_handle(qkv.device().index),
+          static_cast<int>(s.group()),
+          gpu_query_tile(s),
+          gpu_key_tile(s),
+          s.B * s.G,
+          s.hs,
+          0,
+          1.0f / std::sqrt(static_cast<float>(s.hs))};
+  u.tile_rows = u.bq * u.R;
+  TUTTI_CUBLAS_CHECK(cublasSetStream(u.handle, u.st));
+  return u;
+}
+
+// q, k and v of the packed qkv, head-major in groups (see the layout above).
+template <typename D>
+void split_heads(const D* x, const FlashShape& s, int R, D* q, D* k, D* v, cudaStream_t st) {
+  to_groups(x, s.width(), 0, s, R, q, st);
+  to_groups(x, s.width(), s.H * s.hs, s, 1, k, st);
+  to_groups(x, s.width(), (s.H + s.G) * s.hs, s, 1, v, st);
+}
+
 }  // namespace
 
 void flash_attention_forward(const Tensor& qkv, const FlashShape& s, const Tensor& out, const Tensor& lse,
                              const Stream& stream) {
   if (s.B == 0) return;
   DeviceGuard guard(qkv.device());
-  const cudaStream_t st = native(stream);
-  const cublasHandle_t handle = cublas_handle(qkv.device().index);
-  TUTTI_CUBLAS_CHECK(cublasSetStream(handle, st));
-  const int R = static_cast<int>(s.group());
-  const int64_t bq = gpu_query_tile(s), bk = gpu_key_tile(s), Z = s.B * s.G, hs = s.hs, tile_rows = bq * R;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const auto [st, handle, R, bq, bk, Z, hs, tile_rows, scale] = setup(qkv, s, stream);
   detail::dispatch_floating("flash_attention_forward", qkv.dtype(), [&](auto tag) {
     using H = decltype(tag);
     using D = device_t<H>;
@@ -294,10 +321,7 @@ void flash_attention_forward(const Tensor& qkv, const FlashShape& s, const Tenso
     float* acc = carve.take<float>(Z * tile_rows * hs);
     float* m = carve.take<float>(Z * tile_rows);
     float* l = carve.take<float>(Z * tile_rows);
-    const D* x = ptr<H>(qkv);
-    to_groups(x, s.width(), 0, s, R, q, st);
-    to_groups(x, s.width(), s.H * hs, s, 1, k, st);
-    to_groups(x, s.width(), (s.H + s.G) * hs, s, 1, v, st);
+    split_heads(ptr<H>(qkv), s, R, q, k, v, st);
     for (int64_t r0 = 0; r0 < s.T; r0 += bq) {
       const int64_t r1 = std::min(s.T, r0 + bq), M = (r1 - r0) * R;
       flash_init_rows_kernel<<<grid_for(Z * tile_rows * hs, kBlock), kBlock, 0, st>>>(m, l, Z * tile_rows, acc, hs);
@@ -324,12 +348,7 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
                               const FlashShape& s, const Tensor& dqkv, const Stream& stream) {
   if (s.B == 0) return;
   DeviceGuard guard(qkv.device());
-  const cudaStream_t st = native(stream);
-  const cublasHandle_t handle = cublas_handle(qkv.device().index);
-  TUTTI_CUBLAS_CHECK(cublasSetStream(handle, st));
-  const int R = static_cast<int>(s.group());
-  const int64_t bq = gpu_query_tile(s), bk = gpu_key_tile(s), Z = s.B * s.G, hs = s.hs, tile_rows = bq * R;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const auto [st, handle, R, bq, bk, Z, hs, tile_rows, scale] = setup(qkv, s, stream);
   detail::dispatch_floating("flash_attention_backward", qkv.dtype(), [&](auto tag) {
     using H = decltype(tag);
     using D = device_t<H>;
@@ -348,10 +367,7 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
     float* dq = carve.take<float>(nq);
     float* dk = carve.take<float>(Z * bk * hs);
     float* dv = carve.take<float>(Z * bk * hs);
-    const D* x = ptr<H>(qkv);
-    to_groups(x, s.width(), 0, s, R, q, st);
-    to_groups(x, s.width(), s.H * hs, s, 1, k, st);
-    to_groups(x, s.width(), (s.H + s.G) * hs, s, 1, v, st);
+    split_heads(ptr<H>(qkv), s, R, q, k, v, st);
     to_groups(ptr<H>(dout), s.H * hs, 0, s, R, dy, st);
     flash_row_dot_kernel<<<row_blocks(s.B * s.T * s.H), kBlock, 0, st>>>(ptr<H>(out), ptr<H>(dout), s.B * s.T * s.H,
                                                                          s.T, static_cast<int>(s.G), R, hs, Dsum);

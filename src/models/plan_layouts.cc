@@ -64,6 +64,19 @@ AttentionCost attention_cost(nn::AttentionKernel kernel, std::int64_t B, std::in
 
 constexpr std::int64_t kCublasLtWorkspace = 32 << 20;  // kernels/cuda/linear.cu's, per stream
 
+// What every decoder's head, loss and kernels add: the logits [B, T, V], the loss's gradient of
+// them and the head's input gradient; an evaluation's loss between steps; the GPU scratch.
+void head_and_scratch(DecoderLayout& d, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V, DType compute,
+                      const AttentionCost& a) {
+  const std::int64_t N = B * T, cd = bytes_of(compute);
+  d.logits_bytes = 2 * N * V * cd + N * C * cd;
+  d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
+                    std::string(name_of(compute)) + " and the loss's gradient of them, + the head's input gradient";
+  d.eval_bytes = N * V * cd + N * 4 + 16;
+  d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
+  d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+}
+
 }  // namespace
 
 DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
@@ -134,12 +147,7 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   d.residual_bytes = 2 * N * C * cd;
   d.outside_bytes = N * C * cd + 2 * N * C * cd + 2 * N * 4;
   d.outside_detail = "the embedding's output and ln_f";
-  d.logits_bytes = 2 * N * V * cd + N * C * cd;
-  d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
-                    std::string(name_of(o.compute)) + " and the loss's gradient of them, + the head's input gradient";
-  d.eval_bytes = N * V * cd + N * 4 + 16;
-  d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
-  d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+  head_and_scratch(d, B, T, C, V, o.compute, a);
   return d;
 }
 
@@ -211,12 +219,7 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   // The embedding's output, the final norm's buffers and the rotary table the layers share.
   d.outside_bytes = N * C * cd + 2 * N * C * cd + N * 4 + T * hs * 4;
   d.outside_detail = "the embedding's output, the final norm and the rotary table";
-  d.logits_bytes = 2 * N * V * cd + N * C * cd;
-  d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
-                    std::string(name_of(o.compute)) + " and the loss's gradient of them, + the head's input gradient";
-  d.eval_bytes = N * V * cd + N * 4 + 16;
-  d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
-  d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+  head_and_scratch(d, B, T, C, V, o.compute, a);
   return d;
 }
 

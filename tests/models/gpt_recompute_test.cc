@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/kernel_test_util.h"
+#include "models/model_test_util.h"
 #include "tutti/core/tensor.h"
 #include "tutti/models/gpt.h"
 #include "tutti/nn/loss.h"
@@ -30,10 +31,7 @@ GptConfig small() {
 }
 
 Tensor tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
-  return Tensor::from_ints(v, {B, T}, DType::i32);
+  return testing::random_tokens(B, T, V, seed);
 }
 
 struct Trace {

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "kernels/kernel_test_util.h"
+#include "models/model_test_util.h"
 #include "tutti/kernels.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/optimizer.h"
@@ -32,12 +33,7 @@ GptConfig tiny() {
   return c;
 }
 
-Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
-  return Tensor::from_ints(v, {B, T}, DType::i32);
-}
+using testing::random_tokens;
 
 // Values far from GPT-2's small initialization, so that every path carries a gradient
 // well above rounding: weights U(-0.5, 0.5), LayerNorm gains 1 + U(-0.3, 0.3).
