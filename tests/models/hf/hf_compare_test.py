@@ -161,7 +161,14 @@ class HfComparison(unittest.TestCase):
         self.compare_f32(gpt2(), "gpt2")
 
     def test_llama_gqa_untied_f32(self):
-        self.compare_f32(llama(), "llama")
+        d, tokens, targets, logits = self.compare_f32(llama(), "llama")
+        # The same model as transformers shards it (several files and model.safetensors.index.json).
+        model = llama()
+        sharded = os.path.join(self.dir, "llama-sharded")
+        model.save_pretrained(sharded, safe_serialization=True, max_shard_size="20KB")
+        self.assertIn("model.safetensors.index.json", os.listdir(sharded))
+        t_logits, _, _ = self.tutti(sharded, tokens, targets, tag="sharded")
+        self.assertLess(relative(t_logits, logits), 1e-4, "sharded")
 
     def test_llama_tied_llama3_rope_f32(self):
         self.compare_f32(llama(tied=True, llama3=True), "llama3")
