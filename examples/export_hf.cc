@@ -7,6 +7,7 @@
 // into every checkpoint); its weights are the checkpoint's "model." tensors. Not collective: run it
 // once, anywhere the checkpoint is. train_gpt --export DIR writes the same folder at the end of a run.
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include <tutti/tutti.h>
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   app.add_option("--max-shard-bytes", shard, "bytes of weights per file; more go to shards and an index")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(std::uint64_t{1}, std::numeric_limits<std::uint64_t>::max()))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

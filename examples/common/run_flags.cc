@@ -1,10 +1,50 @@
 #include "run_flags.h"
 
+#include <cmath>
+
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
 namespace example {
+
+namespace {
+
+// A check of the text of a whole number (integer) or any number, with its bound.
+CLI::Validator number_check(bool integer, bool zero_allowed) {
+  const std::string what =
+      std::string(integer ? "a " : "a number ") +
+      (integer ? (zero_allowed ? "whole number >= 0" : "positive integer") : (zero_allowed ? ">= 0" : "> 0"));
+  return CLI::Validator(
+      [integer, zero_allowed, what](std::string& text) -> std::string {
+        std::size_t used = 0;
+        bool ok = false;
+        try {
+          if (integer) {
+            const long long v = std::stoll(text, &used);
+            ok = used == text.size() && (zero_allowed ? v >= 0 : v > 0);
+          } else {
+            const double v = std::stod(text, &used);
+            ok = used == text.size() && std::isfinite(v) && (zero_allowed ? v >= 0 : v > 0);
+          }
+        } catch (const std::exception&) {
+          ok = false;
+        }
+        return ok ? std::string() : "must be " + what + ", got '" + text + "'";
+      },
+      integer ? (zero_allowed ? "INT>=0" : "INT>0") : (zero_allowed ? "NUMBER>=0" : "NUMBER>0"));
+}
+
+}  // namespace
+
+CLI::Validator positive(const int&) { return number_check(true, false); }
+CLI::Validator positive(const std::int64_t&) { return number_check(true, false); }
+CLI::Validator positive(const std::uint64_t&) { return number_check(true, false); }
+CLI::Validator positive(const double&) { return number_check(false, false); }
+CLI::Validator non_negative(const int&) { return number_check(true, true); }
+CLI::Validator non_negative(const std::int64_t&) { return number_check(true, true); }
+CLI::Validator non_negative(const double&) { return number_check(false, true); }
+CLI::Validator non_negative_integer() { return number_check(true, true); }
 
 void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--device", f.device, "auto, cpu, cuda or cuda:N")->capture_default_str();
@@ -15,7 +55,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "gradient dtype on the wire: fp32, bf16 or fp16 (default: the precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--bucket-mb", f.bucket_mb, "gradient bucket size in MiB")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.bucket_mb))
       ->capture_default_str();
   app.add_option("--zero", f.zero,
                  "ZeRO stage: 0 (every rank keeps everything), 1 (optimizer state and fp32 masters sharded), 2 (also "
@@ -40,7 +80,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->capture_default_str();
   app.add_option("--powersgd-start", f.powersgd_start,
                  "--allreduce powersgd:R: steps that allreduce every gradient uncompressed before PowerSGD starts")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.powersgd_start))
       ->capture_default_str();
   app.add_option("--sync", f.sync,
                  "how ranks stay in step: ddp (gradients averaged over every rank at every step) or diloco:H (DDP "
@@ -61,13 +101,13 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "--sync diloco:H: cut the model into F fragments whose outer syncs are spread over the H steps "
                  "(fragment f at step f*H/F of each period), so that the link carries 1/F of the model at a time "
                  "(1: off; at most H)")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.streaming))
       ->capture_default_str();
   app.add_option("--overlap", f.overlap,
                  "--sync diloco:H: let each outer sync travel while the next T inner steps compute, applied T steps "
                  "later with the inner progress made meanwhile kept (0: each sync blocks its step; at most "
                  "H/--streaming)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.overlap))
       ->capture_default_str();
   app.add_option("--outer-exchange", f.outer_exchange,
                  "--sync diloco with --outer-dtype int8/int4: allgather (every node gets every node's bytes), "
@@ -78,11 +118,11 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--ranks-per-node", f.ranks_per_node,
                  "the node map for --sync diloco and --allreduce hierarchical: 0 (the hosts), or N: ranks r with the "
                  "same r / N are a node (fakes nodes on one machine)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.ranks_per_node))
       ->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "where rank 0 writes checkpoint.tckp");
   app.add_option("--checkpoint-every", f.checkpoint_every, "also checkpoint every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.checkpoint_every))
       ->capture_default_str();
   app.add_option("--resume", f.resume,
                  "continue from the checkpoint in --checkpoint-dir (an error if there is none); --resume auto: "
@@ -104,12 +144,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "also keep the state in the nodes' memory (and, with --zero, a buddy's copy on another node) every "
                  "N steps: a resume after a lost node takes it when newer than the checkpoint file (0: off; auto: N "
                  "such that snapshots take at most 2% of the time)")
-      ->check(CLI::IsMember({"auto"}) | CLI::NonNegativeNumber)
+      ->check(CLI::IsMember({"auto"}) | example::non_negative_integer())
       ->capture_default_str();
   app.add_option("--max-micro-batch", f.max_micro_batch,
                  "samples per rank and micro-step at most: the accumulation steps (at least --accum-steps) rise when "
                  "ranks fall, so that a job relaunched on fewer ranks keeps its global batch and fits (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(example::non_negative(f.max_micro_batch));
   app.add_flag(
       "--deterministic", f.deterministic,
       "a model that does not depend on the number of ranks, bit for bit: gradients summed exactly per "
@@ -119,12 +159,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
   app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.progress_interval))
       ->capture_default_str();
   app.add_option("--peak-tflops", f.peak_tflops,
                  "peak TFLOP/s per rank for MFU (default: a known GPU's from tutti's table, on the CPU the measured "
                  "GEMM ceiling; $TUTTI_PEAK_TFLOPS)")
-      ->check(CLI::PositiveNumber);
+      ->check(example::positive(f.peak_tflops));
 }
 
 int parse_command_line(CLI::App& app, int argc, char** argv) {

@@ -12,9 +12,23 @@
 
 namespace CLI {
 class App;
-}
+class Validator;
+}  // namespace CLI
 
 namespace example {
+
+// Checks of a flag's value with a plain message naming what it must be ("must be a positive
+// integer", "must be a number >= 0"), for the flag's type (CLI11's own PositiveNumber says "not
+// in range 0.000000 to 1797..." for every type). The argument only picks the overload.
+CLI::Validator positive(const int&);
+CLI::Validator positive(const std::int64_t&);
+CLI::Validator positive(const std::uint64_t&);
+CLI::Validator positive(const double&);
+CLI::Validator non_negative(const int&);
+CLI::Validator non_negative(const std::int64_t&);
+CLI::Validator non_negative(const double&);
+// For a flag held as text that may also be a word ("auto"): a whole number >= 0.
+CLI::Validator non_negative_integer();
 
 struct RunFlags {
   std::string device = "auto";

@@ -38,10 +38,10 @@ int parse_flags(int argc, char** argv, Flags& f) {
           },
           "POLICY"))
       ->capture_default_str();
-  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
-  app.add_option("--width", f.width, "override the preset's width")->check(CLI::PositiveNumber);
-  app.add_option("--context", f.context, "override the preset's context length")->check(CLI::PositiveNumber);
+  app.add_option("--layers", f.layers, "override the preset's layers")->check(example::positive(f.layers));
+  app.add_option("--heads", f.heads, "override the preset's heads")->check(example::positive(f.heads));
+  app.add_option("--width", f.width, "override the preset's width")->check(example::positive(f.width));
+  app.add_option("--context", f.context, "override the preset's context length")->check(example::positive(f.context));
   app.add_option("--init-from", f.init_from,
                  "start from a Hugging Face folder (config.json and safetensors of a GPT-2 or Llama, as transformers' "
                  "save_pretrained writes them): the model's shape and weights come from there (--model and the shape "
@@ -53,8 +53,9 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   app.add_option("--kv-heads", f.kv_heads, "override a Llama preset's key/value heads (they must divide --heads)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--ffn", f.ffn, "override a Llama preset's MLP width (intermediate_size)")->check(CLI::PositiveNumber);
+      ->check(example::positive(f.kv_heads));
+  app.add_option("--ffn", f.ffn, "override a Llama preset's MLP width (intermediate_size)")
+      ->check(example::positive(f.ffn));
   app.add_option("--data", f.data,
                  "text files (byte-level, vocabulary 256) or llm.c .bin token shards; default: Debian's fortunes");
   app.add_option("--val-data", f.val_data, "validation files (default: the last --val-fraction of --data)");
@@ -63,57 +64,57 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->capture_default_str();
   app.add_option("--tokenizer", f.tokenizer, "llm.c's gpt2_tokenizer.bin, to print the sample of a token-shard run");
   app.add_option("--seq-len", f.seq_len, "tokens per sequence (default: the context, at most 1024)")
-      ->check(CLI::PositiveNumber);
+      ->check(example::positive(f.seq_len));
   app.add_option("--batch-size", f.batch_size, "GLOBAL sequences per optimizer step, split evenly across ranks")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.batch_size))
       ->capture_default_str();
   app.add_option("--accum-steps", f.accum_steps, "micro-batches accumulated per optimizer step")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.accum_steps))
       ->capture_default_str();
   app.add_option("--steps", f.steps, "optimizer steps (the cosine schedule ends there)")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.steps))
       ->capture_default_str();
   app.add_option("--max-steps", f.max_steps,
                  "stop after this many steps in all (0: --steps); the schedule spans --steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.max_steps))
       ->capture_default_str();
-  app.add_option("--lr", f.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", f.lr, "peak learning rate")->check(example::positive(f.lr))->capture_default_str();
   app.add_option("--min-lr", f.min_lr, "learning rate at the end of the cosine (default lr / 10)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(example::non_negative(f.min_lr));
   app.add_option("--warmup-steps", f.warmup_steps, "linear warm-up steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.warmup_steps))
       ->capture_default_str();
   app.add_option("--weight-decay", f.weight_decay,
                  "AdamW weight decay of the weight matrices (not of LayerNorm, biases, embeddings)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.weight_decay))
       ->capture_default_str();
   app.add_option("--beta1", f.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--beta2", f.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--grad-clip", f.grad_clip, "global gradient-norm clipping (0: off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.grad_clip))
       ->capture_default_str();
   app.add_option("--seed", f.seed, "seed of the initialization, the data order and the sample")->capture_default_str();
   app.add_option("--eval-every", f.eval_every, "validation loss every N steps (0: only at the end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.eval_every))
       ->capture_default_str();
   app.add_option("--val-tokens", f.val_tokens, "validation tokens per evaluation (the first windows)")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.val_tokens))
       ->capture_default_str();
   app.add_option("--sample-tokens", f.sample_tokens, "tokens of text to generate at the end (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.sample_tokens))
       ->capture_default_str();
   app.add_option("--temperature", f.temperature, "sampling temperature")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.temperature))
       ->capture_default_str();
   app.add_option("--top-k", f.top_k, "sample among the k likeliest tokens (0: all)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(example::non_negative(f.top_k))
       ->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample continues (byte-level data)");
   app.add_flag("--plan", f.plan,
                "print each rank's memory plan (parameters, gradients, optimizer state, activations...) for these "
                "flags and the largest micro-batch that fits --device-memory, then exit without training");
   app.add_option("--world-size", f.world_size, "ranks that --plan plans for")
-      ->check(CLI::PositiveNumber)
+      ->check(example::positive(f.world_size))
       ->capture_default_str();
   app.add_option("--device-memory", f.device_memory, "memory of one device for --plan, e.g. 141GB or 80GiB");
   example::add_run_flags(app, f);

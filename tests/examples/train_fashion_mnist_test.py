@@ -247,8 +247,15 @@ class TrainFashionMnist(Case):
         self.assertIn("--optimizer", p.stdout + p.stderr)
         p = run(1, "--no-such-flag", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
-        p = run(1, "--batch-size", "0", check=False, env=ENDS_AT_ONCE)
-        self.assertNotEqual(p.returncode, 0)
+        # Each flag says what it must be, in words (not CLI11's range of doubles).
+        for flag, value, says in (("--batch-size", "0", "--batch-size: must be a positive integer, got '0'"),
+                                  ("--epochs", "1.5", "--epochs: must be a positive integer, got '1.5'"),
+                                  ("--lr", "-1", "--lr: must be a number > 0, got '-1'"),
+                                  ("--checkpoint-every", "-2", "--checkpoint-every: must be a whole number >= 0")):
+            p = run(1, flag, value, check=False, env=ENDS_AT_ONCE)
+            self.assertEqual(p.returncode, 2, flag)
+            self.assertIn(says, p.stdout + p.stderr)
+            self.assertNotIn("1797", p.stdout + p.stderr)
         p = run(2, *SUBSET[:4], "--batch-size", "65", "--max-steps", "1", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("divisible", p.stderr)
