@@ -3,6 +3,7 @@
 // checkpoints (every N steps, at the end, on a stop), a stop signal on any rank that stops
 // every rank after the same step, divergence, and the JSON summary. The step itself stays
 // the program's (llm.c style): it runs its micro-steps, its optimizer, its evaluation.
+// docs/gpt.md ("In your own program") has this loop as a whole program that CI compiles and runs.
 //
 //   tutti::train::Summary summary(json_path);                 // optional (train/summary.h)
 //   tutti::Job job(argc, argv, {.catch_stop_signals = true}); // SIGTERM & co. set a flag
@@ -15,7 +16,7 @@
 //       ... loss.forward(ddp.forward(x), y, scaler.scale()); ddp.backward(loss.grad(), scaler.scale());
 //       run.add_loss(loss.loss(), 1.0f / k);                  // this rank's mean loss of the step
 //     }
-//     if (scaler.update(ddp.found_nonfinite())) optimizer.step();
+//     if (scaler.update(ddp.found_nonfinite())) optimizer.step(ddp.grad_norm(1.0).coefficient);  // clipped
 //     ddp.zero_grad();
 //     run.end_step();                                         // COLLECTIVE: loss, stop flag, checkpoint
 //   }
