@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Every C++ block of README.md and docs/*.md, compiled against the installed package.
+"""Every C++ block of README.md and docs/*.md, and every example in the comments of the public
+headers (include/tutti/**/*.h), compiled against the installed package.
 
 At test time (never from a committed copy, so that a doc edit is checked by the next run):
 reads the Markdown files, finds every ```cpp / ```c++ block and the marker right before it,
@@ -146,6 +147,70 @@ def scan(path, rel, errors):
     return blocks
 
 
+HEADER_MARKER = re.compile(r"^\s*//\s*doc-test:\s*(\S+)(.*)$")
+HEADER_SETUP = re.compile(r"^\s*//\s*setup:\s?(.*)$")
+HEADER_CODE = re.compile(r"^\s*//   (.*)$")
+
+
+def scan_header(path, rel, errors):
+    """The examples in the comments of one public header: a marker line `// doc-test: MODE [args]`,
+    for wrap-* optional `// setup: LINE` lines, then the example, every line `//   CODE` (three
+    spaces). An example that looks like C++ without a marker is an error, as in the docs."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    blocks = []
+    marked = set()
+    i = 0
+    while i < len(lines):
+        m = HEADER_MARKER.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        mode, args = m.group(1), m.group(2).strip()
+        if mode not in MODES:
+            errors.append(f"{rel}:{i + 1}: unknown doc-test mode '{mode}' (one of {', '.join(MODES)})")
+        j = i + 1
+        setup = []
+        while j < len(lines) and HEADER_SETUP.match(lines[j]):
+            setup.append(HEADER_SETUP.match(lines[j]).group(1))
+            j += 1
+        first = j
+        while j < len(lines) and HEADER_CODE.match(lines[j]):
+            j += 1
+        if first == j:
+            errors.append(f"{rel}:{i + 1}: doc-test marker not followed by an example (lines '//   code')")
+            i = j
+            continue
+        block = Block(path, rel, first, [HEADER_CODE.match(line).group(1) for line in lines[first:j]])
+        block.mode, block.setup, block.setup_line = mode, setup, i + 1
+        if mode == "fragment":
+            block.reason = args
+        else:
+            for word in args.split():
+                key, _, value = word.partition("=")
+                block.options[key] = value
+        check_block(block, errors)
+        blocks.append(block)
+        marked.update(range(first, j))
+        i = j
+    n = 0
+    while n < len(lines):  # unmarked examples
+        if HEADER_CODE.match(lines[n]) and n not in marked:
+            start = n
+            while n < len(lines) and HEADER_CODE.match(lines[n]) and n not in marked:
+                n += 1
+            code = [HEADER_CODE.match(line).group(1) for line in lines[start:n]]
+            # Headers' examples are comment lines set off by an empty one (prose that wraps under a
+            # list item is not): there a statement's ';' also tells.
+            set_off = start > 0 and lines[start - 1].strip() == "//"
+            if any(LOOKS_LIKE_CPP.search(line) or (set_off and re.search(r";\s*(//.*)?$", line)) for line in code):
+                errors.append(f"{rel}:{start + 1}: an example in a comment without a doc-test marker: put "
+                              f"'// doc-test: {' | '.join(MODES)}' on the line before it "
+                              f"(docs/development.md, \"Code in the docs\")")
+        n += 1
+    return blocks
+
+
 def check_block(block, errors):
     has_main = any(HAS_MAIN.search(line) for line in block.code)
     if block.mode in ("run", "compile") and not has_main:
@@ -215,10 +280,14 @@ def main():
     root = os.path.abspath(args.source_dir)
     docs = [os.path.abspath(d) for d in args.docs] or \
         [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    headers = [] if args.docs else sorted(glob.glob(os.path.join(root, "include", "tutti", "**", "*.h"), recursive=True))
     errors = []
     blocks = []
     for doc in docs:
         blocks += scan(doc, os.path.relpath(doc, root), errors)
+    for header in headers:
+        blocks += scan_header(header, os.path.relpath(header, root), errors)
+    docs += headers
     if errors:
         print("\n".join(errors))
         print(f"FAILED: {len(errors)} marker error(s) in {len(blocks)} C++ block(s)")

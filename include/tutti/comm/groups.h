@@ -1,6 +1,11 @@
 // Node groups and the hierarchical allreduce: two levels of communication for clusters whose
 // nodes are joined by a thinner link than their ranks within a node.
 //
+// doc-test: wrap-main
+// setup: tutti::Job job(argc, argv);
+// setup: tutti::Tensor x = tutti::Tensor::zeros({8}, tutti::DType::f32, job.device());
+// setup: tutti::nn::Sequential model;
+// setup: model.add<tutti::nn::Linear>(8, 8);
 //   tutti::NodeGroups groups = job.node_groups();          // COLLECTIVE
 //   groups.intra->allreduce(x).wait();                     // the ranks of this node
 //   auto hier = tutti::hierarchical_communicator(job.communicator(), groups);

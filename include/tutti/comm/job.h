@@ -1,9 +1,14 @@
 // Job: the one object a program creates at start to join the job of all ranks.
 //
+// doc-test: run np=2
+//   #include <tutti/tutti.h>
+//   #include <cstdio>
 //   int main(int argc, char** argv) {
-//     auto job = tutti::init(argc, argv);          // MPI, ranks, device, NCCL
-//     if (job.rank() == 0) std::fputs(job.summary().c_str(), stdout);   // summary is collective
-//     job.communicator().allreduce(grad).wait();
+//     auto job = tutti::init(argc, argv);                   // MPI, ranks, device, NCCL
+//     const std::string summary = job.summary();            // COLLECTIVE: every rank calls it,
+//     if (job.rank() == 0) std::fputs(summary.c_str(), stdout);  // one prints it
+//     tutti::Tensor grad = tutti::Tensor::zeros({1024}, tutti::DType::f32, job.device());
+//     job.communicator().allreduce(grad).wait();            // COLLECTIVE: the sum on every rank
 //   }
 //
 // It works under mpirun/mpiexec, under Slurm's srun (whatever MPI the cluster has), and with

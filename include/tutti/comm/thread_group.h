@@ -5,6 +5,7 @@
 // chosen collectives late, fail, or complete out of issue order (CollectiveFault), to check
 // that the code above waits for what it reads and survives what it must.
 //
+// doc-test: fragment a sketch: one rank's program is elided
 //   tutti::ThreadGroup group(3);
 //   group.inject({.seq = 2, .action = tutti::CollectiveFault::Action::delay, .delay = 20ms});
 //   group.run([&](int rank) {

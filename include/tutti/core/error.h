@@ -5,8 +5,11 @@
 // (the innermost ErrorContext on this thread). Library code never calls exit() and never
 // prints to stdout on its own.
 //
+// doc-test: wrap-main
+// setup: const int n = 8;
+// setup: const tutti::Tensor x = tutti::Tensor::zeros({4}, tutti::DType::f32), y = x;
 //   TUTTI_CHECK(n > 0, "batch size must be positive, got ", n);       // throws tutti::Error
-//   TUTTI_CHECK_ARG(x.dtype() == DType::f32, "relu: x must be f32");  // throws InvalidArgument
+//   TUTTI_CHECK_ARG(x.dtype() == tutti::DType::f32, "relu: x must be f32");  // throws InvalidArgument
 //   TUTTI_ENFORCE_EQ(x.numel(), y.numel(), "add: x and y");           // prints both values
 #pragma once
 

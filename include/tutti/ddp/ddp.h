@@ -13,6 +13,7 @@
 //
 // A training step with k micro-batches per step and a loss scaler:
 //
+// doc-test: fragment a step; the model, the optimizer, the loss and the batches are elided
 //   ddp.attach(optimizer);                                 // once: the optimizer takes the plan
 //   for (int micro = 0; micro < k; ++micro) {
 //     const Tensor& logits = ddp.forward(x[micro]);

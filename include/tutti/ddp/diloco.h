@@ -7,6 +7,7 @@
 // it to the global parameters, from which every node continues. The link carries the whole
 // parameter vector once per H steps instead of the gradients at every step.
 //
+// doc-test: fragment a sketch: the inner step is elided
 //   tutti::NodeGroups groups = job.node_groups();                         // COLLECTIVE
 //   tutti::ddp::DistributedDataParallel ddp(*groups.intra, model);        // within the node
 //   ddp.attach(optimizer);

@@ -24,6 +24,7 @@
 // The protocol, in a training loop (only the rank that writes needs a writer; gather the
 // state on every rank first where that is collective, as with ZeRO):
 //
+// doc-test: fragment a sketch: the training loop is elided
 //   io::CheckpointWriter writer({.mode = io::CheckpointMode::async});
 //   for (step = ...) {
 //     writer.check();                            // every step: cheap (one atomic load)

@@ -4,6 +4,9 @@
 // GPT-2's initialization. examples/train_gpt trains it (docs/gpt.md); a program of its own
 // builds it in one line:
 //
+// doc-test: wrap-main
+// setup: const tutti::Device device = tutti::Device::cpu();
+// setup: const std::uint64_t seed = 1;
 //   tutti::models::Gpt model(tutti::models::GptConfig::preset("gpt-tiny"));
 //   model.to(device).init(seed);   // tokens [B, T] i32 -> logits [B, T, padded_vocab]
 //

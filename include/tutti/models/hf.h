@@ -4,12 +4,18 @@
 // models::Gpt or models::Llama, and a trained model written back so that transformers'
 // from_pretrained loads it (tests/models/hf checks both ways against transformers itself).
 //
+// doc-test: wrap-main
+// setup: tutti::Job job(argc, argv);
 //   const tutti::models::hf::Config c = tutti::models::hf::read_config("Llama-3.2-1B");
-//   tutti::models::Llama model(std::get<tutti::models::LlamaConfig>(c.model));
-//   model.to(device);
+//   const auto& shape = std::get<tutti::models::LlamaConfig>(c.model);
+//   tutti::models::Llama model(shape);
+//   model.to(job.device());
 //   tutti::models::hf::load_weights("Llama-3.2-1B", model);   // every rank, before DDP
-//   ...
-//   tutti::models::hf::save("out", model, ddp.model_state_dict());  // rank 0, after training
+//   tutti::ddp::DdpOptions options{.zero_stage = 3, .gather_group = tutti::models::Llama::gather_groups(shape)};
+//   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, options);
+//   // ... train (docs/bring-your-own-model.md has the whole program) ...
+//   const tutti::StateDict state = ddp.model_state_dict();       // COLLECTIVE: every rank
+//   if (job.rank() == 0) tutti::models::hf::save("out", model, state);
 //
 // The names: GPT-2's "transformer.wte.weight", "transformer.h.<l>.attn.c_attn.weight" (a Conv1D,
 // stored [in, out]: transposed on the way in and out), ...; Llama's "model.embed_tokens.weight",

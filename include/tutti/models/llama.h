@@ -5,6 +5,9 @@
 // transformers' LlamaForCausalLM's (tests/models/hf checks it against transformers), so a model
 // saved there loads here (models/hf.h) and back. A program builds it in one line:
 //
+// doc-test: wrap-main
+// setup: const tutti::Device device = tutti::Device::cpu();
+// setup: const std::uint64_t seed = 1;
 //   tutti::models::Llama model(tutti::models::LlamaConfig::preset("llama-tiny"));
 //   model.to(device).init(seed);   // tokens [B, T] i32 -> logits [B, T, vocab]
 #pragma once

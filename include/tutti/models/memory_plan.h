@@ -1,10 +1,12 @@
 // How many bytes one rank's device holds to train a models::Gpt or models::Llama, predicted without
 // building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory").
 //
+// doc-test: wrap-main
 //   tutti::models::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
 //                                .grad_comm = tutti::DType::bf16, .micro_batch = 16};
 //   o.recompute = tutti::models::Recompute::parse("blocks");
-//   const tutti::models::MemoryPlan plan = tutti::models::memory_plan(GptConfig::preset("gpt2-1558m"), o);
+//   const auto config = tutti::models::GptConfig::preset("gpt2-1558m");
+//   const tutti::models::MemoryPlan plan = tutti::models::memory_plan(config, o);
 //   plan.total();  // bytes at the peak of a training step on each rank
 //
 // The figures are the sizes of the tensors tutti allocates (Storage: what Storage::peak_bytes

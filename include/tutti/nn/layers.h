@@ -226,6 +226,9 @@ class Flatten : public Module {
 };
 
 // y = x + body(x); body must keep the shape. Build the body in place:
+// doc-test: wrap-main
+// setup: using namespace tutti::nn;
+// setup: Sequential model;
 //   model.emplace<Residual>().body().add<LayerNorm>(64).add<Linear>(64, 64);
 //
 // Activation checkpointing (set_recompute): the body's layers then take their buffers from a

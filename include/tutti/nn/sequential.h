@@ -1,6 +1,8 @@
 // Sequential: a chain of modules, each fed the previous one's output. Children are named by
 // their index, so parameters are "0.weight", "0.bias", "2.weight", ...
 //
+// doc-test: wrap-main
+// setup: const tutti::Device device = tutti::Device::cpu();
 //   tutti::nn::Sequential model;
 //   model.add<tutti::nn::Linear>(784, 512).add<tutti::nn::ReLU>().add<tutti::nn::Linear>(512, 10);
 //   model.to(device).init(/*seed=*/1);

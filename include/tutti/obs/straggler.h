@@ -15,6 +15,7 @@
 // one window of 50 steps measured one rank 27% "slower" than the other while both ran the same
 // code: means over one window; see docs/observability.md.)
 //
+// doc-test: fragment a sketch of when each call comes
 //   obs::StragglerDetector stragglers(rank, world, obs::all_hosts(job.cpu_communicator(), host));
 //   each step:  stragglers.add_step(step, stats.compute_before_comm_ms / 1e3, data_seconds);
 //   when stragglers.due(step):  report = stragglers.exchange(job.cpu_communicator());

@@ -2,6 +2,7 @@
 // chrome://tracing open it): one file per rank and one merged file with a track per rank.
 // docs/observability.md ("Watching a job") shows how to turn it on and read it.
 //
+// doc-test: fragment a sketch: the training loop is elided
 //   auto trace = tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
 //   for (...) { tutti::trace::begin_step(step); ...; tutti::trace::end_step(); }
 //   if (trace) trace->write();                        // COLLECTIVE: every rank

@@ -5,6 +5,7 @@
 // the program's (llm.c style): it runs its micro-steps, its optimizer, its evaluation.
 // docs/gpt.md ("In your own program") has this loop as a whole program that CI compiles and runs.
 //
+// doc-test: fragment a sketch; docs/gpt.md ("In your own program") is the whole program, run in CI
 //   tutti::train::Summary summary(json_path);                 // optional (train/summary.h)
 //   tutti::Job job(argc, argv, {.catch_stop_signals = true}); // SIGTERM & co. set a flag
 //   ...  model, ddp, optimizer, scaler, loader  ...

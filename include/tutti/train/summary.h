@@ -15,6 +15,7 @@
 // Make it first in main(), before the Job, so that an error anywhere is summarized, and hand
 // it to the train::Run (RunOptions::summary), which sets the rank, the steps and the ending:
 //
+// doc-test: fragment a sketch: the run is elided
 //   tutti::train::Summary summary("run.json");
 //   try { ... run(..., {.summary = &summary}) ... }
 //   catch (const std::exception& e) { summary.failed(e.what()); throw; }
