@@ -23,8 +23,8 @@ import time
 import unittest
 
 import sharding
-from trainer_harness import (ENDS_AT_ONCE, FASHION_MNIST_DIR_ENV, GIVEN_PEAK, ranks_of, read_bytes, summary, wait_for_file,
-                             write_bytes, write_smaller_copy)
+from trainer_harness import (ENDS_AT_ONCE, FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_job, ranks_of, read_bytes, summary,
+                             wait_for_file, write_bytes, write_smaller_copy)
 
 ARGS = None
 SUBSET = ["--train-subset", "4096", "--test-subset", "1000", "--batch-size", "64", "--quiet"]
@@ -202,7 +202,7 @@ class TrainFashionMnist(Case):
         while not os.path.exists(ckpt) and time.time() < deadline and p.poll() is None:
             time.sleep(0.05)
         killed = p.poll() is None
-        os.killpg(p.pid, signal.SIGKILL)  # mpirun and both ranks, at once
+        kill_job(p.pid)  # mpirun and both ranks, at once
         p.wait()
         self.assertTrue(killed, "the run ended before it could be killed: make it longer")
         self.assertTrue(os.path.exists(ckpt))

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import unittest
 
-from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, write_smaller_copy
+from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_job, write_smaller_copy
 
 ARGS = None
 SUBSET = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--max-steps", "12", "--quiet"]
@@ -99,11 +99,11 @@ class SnapshotsOnEmulatedGpu(unittest.TestCase):
                 m = re.search(r"step (\d+)/40", line)
                 if m and int(m.group(1)) >= 12:
                     reached = int(m.group(1))
-                    os.killpg(p.pid, signal.SIGKILL)  # mpirun and the ranks: no checkpoint file, no finish()
+                    kill_job(p.pid)  # mpirun and the ranks: no checkpoint file, no finish()
                     break
         finally:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_job(p.pid)
             p.wait()
             p.stdout.close()
         self.assertGreaterEqual(reached, 12, "the emulated run never reached step 12")

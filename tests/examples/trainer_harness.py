@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -24,6 +25,22 @@ def wait_for_file(p, path, timeout=120):
         if p.poll() is not None or time.time() > deadline:
             raise AssertionError("the run ended (or took too long) before writing %s" % path)
         time.sleep(0.01)
+
+
+def kill_job(mpirun_pid, sig=signal.SIGKILL):
+    """Sends `sig` to mpirun and to every rank at once: every process of mpirun's session (the test
+    started it with start_new_session=True). Open MPI starts each rank in a process group of its
+    own, so os.killpg(mpirun) reaches mpirun alone: the ranks went on training, and under load wrote
+    the checkpoint of the step a killed run was never to reach (a flake of the memory-snapshot test
+    on the emulated GPUs)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        pid, sid = (int(x) for x in line.split())
+        if sid == mpirun_pid:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def ranks_of(mpirun_pid):
