@@ -70,6 +70,18 @@ TEST(TokenShards, RoundTripAndSegments) {
   EXPECT_EQ(c.tokens[1000], b[0]);
 }
 
+// An empty shard is an empty segment, first or later. The first one once passed the null data()
+// of the empty corpus to memcpy (undefined behaviour: UBSan in the asan preset and the fuzz
+// target tests/fuzz/tokens_fuzz.cc report it).
+TEST(TokenShards, EmptyShardsAreEmptySegments) {
+  write_token_shard(temp_path("empty.bin"), std::vector<std::uint16_t>{});
+  write_token_shard(temp_path("three.bin"), std::vector<std::uint16_t>{5, 6, 7});
+  const TokenCorpus c = read_token_shards({temp_path("empty.bin"), temp_path("three.bin"), temp_path("empty.bin")});
+  EXPECT_EQ(c.tokens.u16(), (std::vector<std::uint16_t>{5, 6, 7}));
+  EXPECT_EQ(c.segment_starts, (std::vector<std::int64_t>{0, 0, 3}));
+  EXPECT_EQ(read_token_shards({temp_path("empty.bin")}).size(), 0);
+}
+
 // The bytes llm.c's dev/data/data_common.py writes: 256 int32 (magic, version, count, zeros),
 // then the ids.
 TEST(TokenShards, BothFormatsAreLlmcsBytes) {
