@@ -30,6 +30,7 @@ if [ "${1:-}" != "--main-job" ]; then
     python3-matplotlib                  # scripts/trace_plot.py: a picture of the timeline
     clang-format shellcheck             # scripts/lint.sh
     python3-torch python3-venv python3-packaging  # the Python reference environment (below)
+    clang-14 libclang-rt-14-dev         # the fuzz targets: libFuzzer, ASan, UBSan (scripts/fuzz.sh)
   )
 fi
 

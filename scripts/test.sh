@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command (CI runs it): sets up (apt, and pip for .venv-ref/), checks formatting, shell scripts and
-# commit subjects (scripts/lint.sh), builds everything (Release) and runs the whole test suite.
+# The README's test command (CI runs it): sets up (apt, and pip for .venv-ref/), checks formatting,
+# shell scripts and commit subjects (scripts/lint.sh), builds everything (Release), runs the whole
+# test suite, then builds the fuzz targets of the file readers and runs each for 15 s
+# (scripts/fuzz.sh --ci: fails on any crash).
 # Extra arguments go to the configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -15,3 +17,4 @@ bash scripts/build.sh "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . scripts/openblas-env.sh
 ctest --preset default
+bash scripts/fuzz.sh --ci
