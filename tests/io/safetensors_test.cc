@@ -277,6 +277,22 @@ TEST(Safetensors, OtherDtypesListButReadingThemNamesFileTensorAndDtype) {
   EXPECT_NE(msg.find("tensor 'd' has dtype F64"), std::string::npos) << msg;
 }
 
+TEST(Safetensors, DeviceTensorsAreWrittenFromTheHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU visible: the device-to-host copy of save_safetensors not exercised";
+  TempDir dir;
+  NamedTensors host, device;
+  for (DType dtype : kDtypes) {
+    const std::string name(name_of(dtype));
+    host.emplace_back(name, random_bits({17, 3}, dtype, 40));
+    device.emplace_back(name, host.back().second.to(Device::cuda()));
+  }
+  device.emplace_back("empty", Tensor::empty({0}, DType::f32, Device::cuda()));
+  host.emplace_back("empty", Tensor::empty({0}, DType::f32));
+  save_safetensors(dir.file("device.safetensors"), device, {{"format", "pt"}});
+  save_safetensors(dir.file("host.safetensors"), host, {{"format", "pt"}});
+  EXPECT_EQ(read_file(dir.file("device.safetensors")), read_file(dir.file("host.safetensors")));
+}
+
 // ---- writing: refusals and atomicity -------------------------------------------------------
 
 TEST(Safetensors, SaveRefusesBadEntriesBeforeTouchingTheFile) {
