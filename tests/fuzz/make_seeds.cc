@@ -85,8 +85,11 @@ int main(int argc, char** argv) {
   put_gzip(out / "idx" / "images.idx.gz", idx(0x08, {2, 4, 4}, std::string(32, '\x10')));
 
   // Token shards.
-  data::write_token_shard((out / "tokens" / "shard.bin").string(), {0, 1, 2, 50256, 464, 3290});
-  data::write_token_shard((out / "tokens" / "empty.bin").string(), {});
+  data::write_token_shard((out / "tokens" / "shard.bin").string(),
+                          std::vector<std::uint16_t>{0, 1, 2, 50256, 464, 3290});
+  data::write_token_shard((out / "tokens" / "empty.bin").string(), std::vector<std::uint16_t>{});
+  // Llama 3's format: uint32 ids (magic 20240801, version 7).
+  data::write_token_shard((out / "tokens" / "llama3.bin").string(), std::vector<std::uint32_t>{128000, 9906, 1917, 0});
 
   // safetensors: every dtype tutti holds, 0-d and empty tensors, metadata; a dtype it does not
   // hold (written by hand); and the empty file.
