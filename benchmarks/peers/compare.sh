@@ -8,7 +8,7 @@
 # llama-bench (or llama-tiny) compares train_gpt's Llama with torch_llama.py, eager and under
 # torch.compile, from the same initial weights (a Hugging Face folder that torch_llama.py writes
 # first and both load with --init-from): tokens/s of the three, their ratios, MFU against the GEMM
-# peak train_gpt measures, and the losses at equal tokens (README.md, "Llama").
+# peak train_gpt measures, and the losses at equal tokens (README.md).
 #
 #   benchmarks/peers/compare.sh [-n RANKS] [-e EPOCHS] [-b GLOBAL_BATCH] [-l LR] [-o OPTIMIZER]
 #                               [-m MOMENTUM] [-r REPEATS] [-s STEPS]
