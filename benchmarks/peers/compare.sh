@@ -237,6 +237,10 @@ if ts and ps:
         print(f"validation loss tutti - pytorch: {diff:+.4f} nats; same data order (first batch crc32): "
               f"{'yes' if same else 'NO'}")
         summary.update({"val_loss_difference": diff, "same_data_order": same})
+        if c:  # a Llama: train_gpt's "config" and the peer's "fingerprint" name the same shape
+            fps = {r.get("config") for r in t} | {r["fingerprint"] for _, rs in sides[1:] for r in rs if "fingerprint" in r}
+            print(f"same model: {'yes' if len(fps) == 1 else 'NO'} ({', '.join(sorted(map(str, fps)))})")
+            summary["same_model"] = len(fps) == 1
     else:
         summary["accuracy_difference"] = med(t, "test_accuracy") - med(p, "test_accuracy")
 # Losses at equal tokens: the evaluations of the loss curves, [step, tokens, train, val], medians.

@@ -221,6 +221,14 @@ def load_hf(model, path):
     assert cfg["vocab"] == model.embed.weight.size(0)
 
 
+def fingerprint(cfg):
+    """tutti::models::LlamaConfig::fingerprint (train_gpt's JSON "config") of an untied Llama."""
+    hs = "" if cfg["head_dim"] * cfg["heads"] == cfg["width"] else f" hs{cfg['head_dim']}"
+    theta = "" if cfg["rope_theta"] == 10000.0 else f" theta{cfg['rope_theta']:g}"
+    return (f"Llama L{cfg['layers']} H{cfg['heads']}/{cfg['kv_heads']} C{cfg['width']} F{cfg['ffn']} "
+            f"T{cfg['context']} V{cfg['vocab']}{hs}{theta}")
+
+
 def lr_at(step, a):
     """tutti::optim::LrSchedule::cosine at step (0-based)."""
     if a.warmup_steps > 0 and step < a.warmup_steps:
@@ -405,7 +413,8 @@ def main():
     out = {"steps": a.steps, "tokens": a.steps * tokens_per_step, "initial_train_loss": first_loss,
            "final_train_loss": last_loss, "final_val_loss": last_val, "tokens_per_s": tokens_per_s,
            "train_s": train_s, "tokens_per_s_steady": steady, "mfu_steady": mfu_steady, "warm_steps": warm,
-           "wall_s": time.perf_counter() - WALL_START, "ranks": world, "model": a.model, "config": cfg,
+           "wall_s": time.perf_counter() - WALL_START, "ranks": world, "model": None if a.init_from else a.model,
+           "fingerprint": fingerprint(cfg), "config": cfg,
            "init_from": a.init_from, "parameters": n_params, "flops_per_token": fpt, "peak_tflops": peak or None,
            "mfu": mfu, "gqa": a.gqa, "compiled": a.compile, "fused_adamw": fused, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "seq_len": T, "global_batch_size": a.batch_size,
