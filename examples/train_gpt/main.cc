@@ -242,6 +242,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
 
   std::int64_t params = 0;
   for (auto* p : model.parameters()) params += p->numel();
+  // What the run trains: the preset, or the Hugging Face folder it started from.
+  const std::string model_name = f.init_from.empty() ? f.model : f.init_from;
   // MFU: the model's FLOPs as its layers count them (Module::flops), over the peak of tutti's table
   // (a known GPU), the GEMM ceiling measured now (CPU) or --peak-tflops (docs/observability.md).
   const double flops_per_token = model.flops_per_token(f.seq_len);
@@ -257,7 +259,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
         "x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
         "%lld steps%s%s\n",
-        world, device_name.c_str(), std::string(job.backend()).c_str(), f.model.c_str(), model.fingerprint().c_str(),
+        world, device_name.c_str(), std::string(job.backend()).c_str(), model_name.c_str(), model.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
         std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.recompute.c_str(),
         static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
@@ -278,7 +280,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("sync", sync.mode());
   summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);
-  summary.set("model", f.model);
+  summary.set("model", model_name);
   summary.set("config", model.fingerprint());
   summary.set("attention", f.attention);
   summary.set("parameters", params);
