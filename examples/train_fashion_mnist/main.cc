@@ -266,6 +266,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   const bool bar = f.progress == "bar" || (f.progress == "auto" && !under_open_mpi && isatty(STDOUT_FILENO));
   example::Progress progress(chatty, f.progress_interval, total_steps, run.first_step(), bar);
   double first_loss = -1, accuracy = -1, train_seconds = 0;
+  bool probed_at_end = false;  // the peak probed after the last step (the summary's)
   while (run.next()) {
     // A step never straddles two epochs: skip the tail of micro-batches that cannot fill one.
     if (loader.position().step + f.accum_steps > loader.steps_per_epoch()) {
@@ -305,6 +306,14 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     if (first_loss < 0) first_loss = end.loss;
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count() - end.checkpoint_seconds;
     train_seconds += step_s;
+    // A measured CPU ceiling probed again after steps 1, 2, 4, ... and the last, every rank at the
+    // same step, outside the step's time; MFU is against the best probe so far, so the last
+    // progress line and the summary state one figure (obs::peak_probe_due).
+    if (peak.measured && (end.last || tutti::obs::peak_probe_due(step - run.first_step()))) {
+      peak = tutti::obs::remeasure_peak(peak, end.last ? 0.2 : 0.05);
+      if (watch.metrics) watch.metrics->set_peak_flops(peak.flops);
+      probed_at_end = end.last;
+    }
     const double samples_per_s = static_cast<double>((step - run.first_step()) * f.batch_size) / train_seconds;
     const double mfu = peak.flops > 0 ? tutti::obs::mfu(flops_per_sample, samples_per_s, world, peak.flops) : -1;
     if (watch.metrics) {
@@ -355,8 +364,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
     const double samples_per_s =
         train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
-    // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
-    peak = tutti::obs::remeasure_peak(peak);
+    // Resumed at the end (no step ran): the CPU's ceiling once more, every rank at once.
+    if (!probed_at_end) peak = tutti::obs::remeasure_peak(peak);
     const double last_loss = run.loss();
     if (job.rank() == 0 && !f.quiet) {
       if (peak.flops > 0 && train_seconds > 0) {

@@ -298,6 +298,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // requests, cold caches): at most 10, a fifth of the run.
   const std::int64_t warm_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(10, (last_step - first_step) / 5));
   double steady_seconds = 0;
+  bool probed_at_end = false;  // the peak probed after the last step (the "done" line's)
   auto last_print = Clock::now();
   nlohmann::json curve = nlohmann::json::array();  // (step, tokens, train loss, val loss)
   // crc32 of this rank's first micro-batch (its inputs as int32): a peer that reads the same
@@ -336,6 +337,14 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     train_seconds += step_seconds;
     if (step > first_step + warm_steps) steady_seconds += step_seconds;
     if (end.diverged) break;
+    // A measured CPU ceiling probed again after steps 1, 2, 4, ... and the last, every rank at the
+    // same step, outside the step's time; MFU is against the best probe so far, so the last
+    // progress line and the "done" line state one figure (obs::peak_probe_due).
+    if (peak_info.measured && (end.last || tutti::obs::peak_probe_due(step - first_step))) {
+      peak_info = tutti::obs::remeasure_peak(peak_info, end.last ? 0.2 : 0.05);
+      peak = peak_info.flops / 1e12;
+      probed_at_end = end.last;
+    }
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
     const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || end.last;
     if (eval_now) {
@@ -387,8 +396,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     const double steady_tokens_per_s = steady_seconds > 0 && steady_steps > 0
                                            ? static_cast<double>(steady_steps * tokens_per_step) / steady_seconds
                                            : tokens_per_s;
-    // The CPU's ceiling once more, every rank at once, the larger kept (obs::remeasure_peak).
-    peak_info = tutti::obs::remeasure_peak(peak_info);
+    // Resumed at the end (no step ran): the CPU's ceiling once more, every rank at once.
+    if (!probed_at_end) peak_info = tutti::obs::remeasure_peak(peak_info);
     peak = peak_info.flops / 1e12;
     const double mfu = peak > 0 ? flops_per_token * tokens_per_s / (world * peak * 1e12) : -1;
     const double steady_mfu = peak > 0 ? flops_per_token * steady_tokens_per_s / (world * peak * 1e12) : -1;

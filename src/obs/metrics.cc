@@ -173,6 +173,12 @@ TrainingMetrics::TrainingMetrics(MetricLabels labels, TrainingMetricsOptions opt
   if (options_.peak_flops > 0) r.set("tutti_peak_flops", options_.peak_flops);
 }
 
+void TrainingMetrics::set_peak_flops(double flops) {
+  TUTTI_CHECK_ARG(flops >= 0, "TrainingMetrics::set_peak_flops: ", flops, " FLOP/s is negative");
+  options_.peak_flops = flops;
+  if (flops > 0) registry_.set("tutti_peak_flops", flops);
+}
+
 void TrainingMetrics::observe_step(const StepRecord& s) {
   MetricRegistry& r = registry_;
   r.add("tutti_steps_total", 1);

@@ -80,8 +80,8 @@ PeakFlops peak_flops(Device device, DType compute, double override_tflops) {
   return {measure_cpu_gemm_flops(), "measured CPU GEMM (f32)", true};
 }
 
-PeakFlops remeasure_peak(PeakFlops peak) {
-  if (peak.measured) peak.flops = std::max(peak.flops, measure_cpu_gemm_flops());
+PeakFlops remeasure_peak(PeakFlops peak, double min_seconds) {
+  if (peak.measured) peak.flops = std::max(peak.flops, measure_cpu_gemm_flops(384, min_seconds));
   return peak;
 }
 

@@ -214,6 +214,30 @@ class TrainGpt(unittest.TestCase):
         self.assertAlmostEqual(without_peak["mfu"], without_peak["flops_per_token"] * without_peak["tokens_per_s"] /
                                (without_peak["peak_tflops"] * 1e12), delta=1e-9)
 
+    def test_progress_and_done_lines_state_one_mfu(self):
+        # On the CPU the ceiling is probed after steps 1, 2, 4, ... and the last; the last progress
+        # line and the "done" line use the same best probe, so they print the same MFU, and the
+        # summary's is that figure against the peak it names.
+        out = os.path.join(self.dir, "mfu.json")
+        flags = [f for f in merged(self.data + ["--steps", "9"]) if f != "--quiet"]
+        cmd = [ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.binary, *flags, "--json", out]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "TUTTI_PEAK_TFLOPS": ""})
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        progress = [line for line in p.stdout.splitlines() if line.startswith("step ") and "MFU" in line]
+        done = [line for line in p.stdout.splitlines() if line.startswith("done: ")]
+        self.assertTrue(progress and progress[-1].startswith("step 9/9 "), p.stdout)
+        self.assertEqual(len(done), 1, p.stdout)
+        last_mfu = progress[-1].split("MFU ")[1].split("%")[0]
+        done_mfu = done[0].split("MFU ")[1].split("%")[0]
+        self.assertEqual(last_mfu, done_mfu, p.stdout)
+        with open(out) as f:
+            s = json.load(f)
+        self.assertEqual(s["peak_source"], "measured CPU GEMM (f32)")
+        self.assertEqual("%.1f" % (100 * s["mfu"]), done_mfu)
+        self.assertAlmostEqual(s["mfu"], s["flops_per_token"] * s["tokens_per_s"] / (2 * s["peak_tflops"] * 1e12),
+                               delta=1e-9)
+        self.assertIn("of %.3g TFLOP/s per rank" % s["peak_tflops"], done[0])
+
     def test_summary_says_how_the_run_ended(self):
         # Diverged: a learning rate that overflows the weights; the summary names the step, the
         # loss and the last finite one (exit code 3).

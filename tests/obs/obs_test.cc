@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/ddp_test_util.h"
 #include "tutti/core/trace.h"
@@ -466,6 +468,44 @@ TEST(Mfu, PeakTableOverrideAndCpuCeiling) {
   EXPECT_LT(cpu.flops, 1e13);
   EXPECT_NEAR(mfu(100.0, 10.0, 2, 1000.0), 0.5, 1e-12);
   EXPECT_EQ(mfu(100.0, 10.0, 2, 0.0), 0.0);
+}
+
+TEST(Mfu, ProbesKeepTheBestAndComeAtPowersOfTwo) {
+  // A measured peak probed again keeps the larger: one measured absurdly high stays as it is,
+  // one measured absurdly low is replaced by the probe.
+  PeakFlops high{1e18, "measured CPU GEMM (f32)", true};
+  EXPECT_EQ(remeasure_peak(high, 0.01).flops, 1e18);
+  PeakFlops low{1.0, "measured CPU GEMM (f32)", true};
+  const PeakFlops probed = remeasure_peak(low, 0.01);
+  EXPECT_GT(probed.flops, 0.5e9);
+  EXPECT_EQ(probed.source, low.source);
+  // A peak that was given or looked up is not measured, so never probed.
+  PeakFlops given{2.5e12, "override", false};
+  EXPECT_EQ(remeasure_peak(given, 0.01).flops, 2.5e12);
+  std::vector<std::int64_t> due;
+  for (std::int64_t steps = 0; steps <= 40; ++steps) {
+    if (peak_probe_due(steps)) due.push_back(steps);
+  }
+  EXPECT_EQ(due, (std::vector<std::int64_t>{1, 2, 4, 8, 16, 32}));
+}
+
+TEST(Metrics, NewPeakSetsTheMfuOfLaterSteps) {
+  TrainingMetricsOptions o;
+  o.peak_flops = 1e12;
+  TrainingMetrics m(labels(), o);
+  StepRecord s;
+  s.step = 1;
+  s.step_seconds = 0.5;
+  s.samples = 8;
+  s.flops = 2e11;
+  m.observe_step(s);
+  EXPECT_DOUBLE_EQ(m.registry().value("tutti_mfu"), 0.4);
+  m.set_peak_flops(4e12);
+  EXPECT_EQ(m.registry().value("tutti_peak_flops"), 4e12);
+  s.step = 2;
+  m.observe_step(s);
+  EXPECT_DOUBLE_EQ(m.registry().value("tutti_mfu"), 0.1);
+  EXPECT_THROW(m.set_peak_flops(-1), InvalidArgument);
 }
 
 }  // namespace

@@ -95,6 +95,9 @@ class TrainingMetrics {
   // Stragglers found by obs::StragglerDetector (straggler.h): the rank (-1: none), how much
   // slower than the median (ratio - 1), and whether this rank is the one.
   void observe_straggler(int rank, double slower_by, bool this_rank);
+  // A new peak for tutti_peak_flops and the MFU of the steps after it (a measured CPU ceiling
+  // probed again: obs::remeasure_peak). 0: no MFU from here on.
+  void set_peak_flops(double flops);
   // Device memory in use (bytes); host memory (resident set) is read at each step.
   void set_device_memory(std::int64_t bytes);
   MetricRegistry& registry() { return registry_; }

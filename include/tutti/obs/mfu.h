@@ -4,6 +4,7 @@
 // sparsity), the measured GEMM ceiling of this process on the CPU, or an override.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -38,12 +39,18 @@ struct PeakFlops {
 // CPU the measured GEMM ceiling (measure_cpu_gemm_flops, run here: ~0.25 s).
 PeakFlops peak_flops(Device device, DType compute, double override_tflops = 0);
 
-// A measured peak measured again (at the end of a run; every rank of a host at the same time)
-// and the larger of the two kept; any other peak as it is. A measurement that other processes
-// slowed underestimates the ceiling, and an underestimate inflates MFU, past 100% when training
-// ran faster than the measurement: two measurements minutes apart both have to be slowed for
-// that (docs/observability.md, "MFU").
-PeakFlops remeasure_peak(PeakFlops peak);
+// A measured peak measured again (every rank of a host at the same time), for min_seconds, and
+// the larger of the two kept; any other peak as it is. A measurement that other processes slowed
+// underestimates the ceiling, and an underestimate inflates MFU, past 100% when training ran
+// faster than the measurement. The trainers probe while they train (peak_probe_due) and state
+// MFU against the best probe so far: one figure per run, that any quiet moment corrects
+// (docs/observability.md, "MFU").
+PeakFlops remeasure_peak(PeakFlops peak, double min_seconds = 0.2);
+
+// Whether a trainer probes the peak again after `steps_done` steps of its run: after 1, 2, 4, 8,
+// ... steps (a probe of 0.05 s costs a run of n steps log2(n) x 0.05 s), and after the last step
+// with the full 0.2 s. Every rank reaches the same steps, so the ranks of a host probe together.
+inline bool peak_probe_due(std::int64_t steps_done) { return steps_done > 0 && (steps_done & (steps_done - 1)) == 0; }
 
 // MFU of `ranks` ranks together: flops_per_item x items_per_s / (ranks x peak_flops); 0 when
 // the peak is unknown.
