@@ -155,15 +155,28 @@ void Watchdog::loop() {
         answer_notices();
       }
     }
-    if (peer_failed_.load() && !ending_.load() && since(peer_failed_at_) > kPeerKillWait && channel_up_.load()) {
-      // The failed rank has not ended the job (it may be stuck itself): end it from here.
-      print_line("the failed rank did not end the job within " + seconds(kPeerKillWait) + "; ending it from here.");
+    if (peer_failed_.load() && !ending_.load() && channel_up_.load() && peer_kill_overdue()) {
+      // The failed rank has not ended the job (it may be stuck itself, or cut off from the
+      // launcher): end it from here.
+      print_line("the failed rank did not end the job within " + seconds(since(peer_failed_at_)) +
+                 "; ending it from here.");
       ending_.store(true);
       control_->end_job("the failed rank did not end the job", kExitPeerFailed);
       if (process_wide_) std::_Exit(kExitPeerFailed);
     }
     lock.lock();
   }
+}
+
+bool Watchdog::peer_kill_overdue() {
+  if (since(peer_failed_at_) > kPeerKillWait) return true;
+  // Under mpirun the launcher kills every rank within ~0.1 s of an MPI_Abort; a rank still
+  // here well after the ending rank's process is gone was not reached by it.
+  if (!peer_gone_at_) {
+    const auto b = board();
+    if (auto s = b ? b->read(peer_failed_from_) : std::nullopt; s && s->gone) peer_gone_at_ = Clock::now();
+  }
+  return peer_gone_at_ && since(*peer_gone_at_) > kPeerGoneWait;
 }
 
 void Watchdog::check_regions() {
@@ -315,6 +328,7 @@ void Watchdog::answer_notices() {
       n.answered = true;
       if (!peer_failed_.load()) {
         peer_failed_at_ = Clock::now();
+        peer_failed_from_ = n.from;
         peer_failed_.store(true);
         if (process_wide_) job_failing.store(true);
         if (auto b = board()) b->set_phase(Phase::leaving);

@@ -20,7 +20,8 @@
 //
 // A rank told that another rank is ending prints one line naming that rank and its cause and
 // waits for the launcher to end it; if nothing has ended it after kPeerKillWait, it ends the
-// job itself.
+// job itself; after kPeerGoneWait already when the ending rank runs on this host and its
+// process is gone (its MPI_Abort did not reach the launcher: this host is cut off).
 //
 // Which rank reports a missed deadline: every rank waiting in the collective sees the deadline
 // pass at about the same time; the lowest of them reports at once and the others give it
@@ -81,6 +82,7 @@ class Watchdog {
   static constexpr double kAckWait = 1.0;       // s an ending rank waits for the others' "printed"
   static constexpr double kLeaveGrace = 0.2;    // s a told rank waits to see whether it is leaving too
   static constexpr double kPeerKillWait = 3.0;  // s a told rank waits to be ended before it ends the job
+  static constexpr double kPeerGoneWait = 1.0;  // the same, once the ending rank's process is gone
   static constexpr double kDeferReport = 1.0;   // s a rank lets a lower waiting rank report a timeout
   static constexpr double kStatusWait = 1.0;    // s a report waits for other hosts' progress
 
@@ -185,6 +187,7 @@ class Watchdog {
   void loop();
   void check_regions();
   void poll_backends();
+  bool peer_kill_overdue();  // whether a told rank stops waiting for the launcher (loop thread)
   // With control_mutex_ held: receive and handle whatever the other ranks sent.
   void drain();
   void answer_notices();
@@ -233,6 +236,8 @@ class Watchdog {
   std::atomic<bool> ending_{false};
   std::atomic<bool> peer_failed_{false};
   std::chrono::steady_clock::time_point peer_failed_at_;
+  int peer_failed_from_ = -1;                                          // the rank whose notice set peer_failed_
+  std::optional<std::chrono::steady_clock::time_point> peer_gone_at_;  // when that rank was seen gone
   std::chrono::steady_clock::time_point deferred_since_{};
   bool deferring_ = false;
 

@@ -138,6 +138,33 @@ def expect_in(pattern, text, what=""):
         raise AssertionError("expected /%s/ %s" % (pattern, what))
 
 
+def fault_job_running(c, step=20, tries=3):
+    """Starts the fault program's training loop across the cluster (4 ranks, tutti's deadline
+    DEADLINE) and returns it once rank 0 has said "STEP <step>". The deadline is short on
+    purpose, so on a loaded machine the start-up alone can miss it (the job then ends with
+    tutti's TIMEOUT before any cut): such a start is tried again, up to `tries` times in all. A
+    job that ends early for any other reason fails the scenario with everything it printed."""
+    for attempt in range(1, tries + 1):
+        p = c.popen(mpirun(4, ARGS.fault, "idiom"), {"FAULT_TEST_STEPS": "100000", "TUTTI_TIMEOUT_S": str(DEADLINE)})
+        said = []
+        while True:
+            line = p.stdout.readline()
+            said.append(line)
+            if re.search(r"\bSTEP %d\b" % step, line):
+                return p
+            if line == "" and p.poll() is not None:
+                break
+            if line == "":
+                time.sleep(0.01)
+        out, err = p.communicate()
+        report = "the job ended (exit %s) before step %d\n--- stdout\n%s%s--- stderr\n%s" % (
+            p.returncode, step, "".join(said), out, err)
+        if "TIMEOUT" not in err or attempt == tries:
+            raise AssertionError(report)
+        print("attempt %d of %d missed the %g s deadline before the cut; starting again:\n%s" % (
+            attempt, tries, DEADLINE, report))
+
+
 # ---- scenarios -----------------------------------------------------------------------------
 
 def job_and_ddp():
@@ -176,12 +203,7 @@ def node_unreachable():
     """node1's link is cut mid-run (every packet lost, no connection reset): every rank must be
     gone within the deadline + BOUND, and node0's report must name node1 and its ranks."""
     with Cluster() as c:
-        p = c.popen(mpirun(4, ARGS.fault, "idiom"), {"FAULT_TEST_STEPS": "100000", "TUTTI_TIMEOUT_S": str(DEADLINE)})
-        # Cut once the job is running.
-        line = ""
-        while "STEP 20" not in line:
-            line = p.stdout.readline()
-            expect(line != "" or p.poll() is None, "the job ended before it ran")
+        p = fault_job_running(c)  # cut once the job is running
         subprocess.run(["bash", ARGS.cluster, "link", "--name", c.name, "--node", "node1", "down"], check=True)
         cut = time.time()
         print("cut node1's link at %.3f" % cut)
@@ -215,11 +237,7 @@ def node_unreachable():
 def node_killed():
     """Every process of node1 is killed mid-run: the job ends within BOUND, and says which host."""
     with Cluster() as c:
-        p = c.popen(mpirun(4, ARGS.fault, "idiom"), {"FAULT_TEST_STEPS": "100000", "TUTTI_TIMEOUT_S": str(DEADLINE)})
-        line = ""
-        while "STEP 20" not in line:
-            line = p.stdout.readline()
-            expect(line != "" or p.poll() is None, "the job ended before it ran")
+        p = fault_job_running(c)
         victims = c.pids("node1")
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
