@@ -28,8 +28,11 @@ int print_plan(Flags f) {
   o.bucket_cap_mb = f.bucket_mb;
   o.deterministic = f.deterministic;
   o.gpu = f.device != "cpu";
+  o.cpu = !o.gpu;       // host memory is the device's: the host copies below count
   o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
-  o.state_dict = true;  // checkpoints and the final params_crc32
+  o.state_dict = true;  // the final params_crc32
+  if (!f.checkpoint_dir.empty())
+    o.checkpoint = f.checkpoint_mode == "sync" ? m::PlanOptions::Checkpoint::sync : m::PlanOptions::Checkpoint::async;
   const m::MemoryPlan plan = memory_plan(config, o);
   std::printf(
       "train_gpt --plan: %s (%s, %lld parameters), %d rank(s), zero %d, %s, recompute %s, micro-batch %lld x "

@@ -236,10 +236,12 @@ Tensor DistributedDataParallel::gather_full(const Tensor& shard) {
   CallOptions call;
   call.stream = model_.stream();
   call.label = "zero checkpoint gather";
+  // The host waits for each gather (not the stream): a GPU backend's Work lets go of `full` once
+  // it has seen the collective complete, which a stream wait leaves to its watchdog's next poll;
+  // the state dicts gather one vector after another and must hold one at a time.
   for (const nn::PlanBucket& pb : plan.buckets) {
     if (pb.numel() == 0) continue;
-    comm_.allgather(shard.view(pb.shard_offset, {pb.chunk}), full.view(pb.begin, {pb.numel()}), call)
-        .wait(model_.stream());
+    comm_.allgather(shard.view(pb.shard_offset, {pb.chunk}), full.view(pb.begin, {pb.numel()}), call).wait();
   }
   return full;
 }

@@ -11,6 +11,12 @@ StateDict named_of_flat(const nn::FlatPlan& plan, const Tensor& flat, const Stre
   return out;
 }
 
+StateDict named_views_of_flat(const nn::FlatPlan& plan, const Tensor& flat) {
+  StateDict out;
+  for (const nn::PlanEntry& e : plan.entries) out[e.name] = flat.view(e.offset, e.shape);
+  return out;
+}
+
 Tensor flat_of_named(const nn::FlatPlan& plan, const StateDict& state, const std::string& prefix, std::string_view call,
                      std::string_view missing_hint) {
   Tensor host = Tensor::zeros({plan.total}, DType::f32);

@@ -17,6 +17,11 @@ namespace tutti::ddp {
 // device), enqueued on `stream`; the caller synchronizes before using them or letting `flat` go.
 StateDict named_of_flat(const nn::FlatPlan& plan, const Tensor& flat, const Stream& stream);
 
+// Every entry of `plan` by name as a view of `flat` (f32 [plan.total]), no copy: for a flat
+// vector made for the caller (a gather), whose storage the views then keep. On the CPU this is
+// what named_of_flat would copy, without holding the state twice.
+StateDict named_views_of_flat(const nn::FlatPlan& plan, const Tensor& flat);
+
 // A CPU f32 [plan.total] (zero in the padding) holding the entries prefix + name of `state`.
 // Every entry is checked before its copy: InvalidArgument "<call>: no entry for parameter
 // '<prefix><name>'<missing_hint>" or "<call>: '<prefix><name>' is <tensor> but the parameter is

@@ -16,7 +16,10 @@ StateDict DistributedDataParallel::model_state_dict() {
   synchronize_parameters();
   if (!half_masters()) return model_.state_dict();
   const Tensor full = gather_full(master_shard_);
-  StateDict out = named_of_flat(reducer_->plan(), full, model_.stream());
+  // On the CPU the gathered vector is already host memory: its views are the state dict (a
+  // copy would hold the model twice while a checkpoint is made).
+  StateDict out = full.device().is_cpu() ? named_views_of_flat(reducer_->plan(), full)
+                                         : named_of_flat(reducer_->plan(), full, model_.stream());
   out.merge(model_.extra_state());  // (a parameter's name wins)
   model_.stream().synchronize();    // before `full` goes
   return out;
@@ -97,15 +100,20 @@ StateDict DistributedDataParallel::optimizer_state_dict(optim::Optimizer& optimi
   if (options_.zero_stage == 0 || comm_.size() == 1) return optimizer.state_dict();
   StateDict out;
   out["step"] = int_scalar_tensor(optimizer.steps());
-  // One state at a time gathered whole (collective, the same order on every rank).
+  // One state at a time gathered whole (collective, the same order on every rank). On a GPU
+  // each is copied to the host and its gather freed before the next (one state's whole on the
+  // device at a time); on the CPU the gathered vectors are the state dict's storage.
   Tensor full;
   std::size_t gathered = SIZE_MAX;
+  const bool on_cpu = model_.device().is_cpu();
   for_each_optimizer_state(optimizer, [&](const std::string& key, std::size_t k, const nn::PlanEntry& e) {
     if (k != gathered) {
+      if (!on_cpu) model_.stream().synchronize();  // the copies out of the previous state's gather
+      full = Tensor();
       full = gather_full(optimizer.flat_state(k));
       gathered = k;
     }
-    out[key] = full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
+    out[key] = on_cpu ? full.view(e.offset, e.shape) : full.view(e.offset, e.shape).to(Device::cpu(), model_.stream());
   });
   model_.stream().synchronize();
   return out;

@@ -27,7 +27,8 @@ struct Job {
   std::int64_t step = -1;
   detail::FilePlan plan;
   std::vector<const void*> data;
-  int rank = -1;  // the owner's error rank, for the messages of the background thread
+  StateDict kept;  // tensors handed over (save_handing_over): written where they are, freed after
+  int rank = -1;   // the owner's error rank, for the messages of the background thread
 };
 
 // The GPU streams a snapshot's copies were issued on, each synchronized once.
@@ -68,11 +69,16 @@ struct CheckpointWriter::Impl {
   std::thread worker;
 
   void run_worker();
+  void check_failed();  // check()
   static std::exception_ptr write(const Job& job, const CheckpointHooks& hooks) noexcept;
   SaveResult save_sync(const std::string& path, std::int64_t step, const StateDict& state,
                        const detail::FilePlan& plan);
+  // Copies every tensor of `state` into the buffer, except the host tensors whose keys are in
+  // `kept` (written where they are); data[i] is where the i-th one's bytes are.
   double copy_to_buffer(const StateDict& state, const detail::FilePlan& plan, const Stream& stream,
-                        std::vector<const void*>& data);
+                        const StateDict& kept, std::vector<const void*>& data);
+  SaveResult save(const std::string& path, std::int64_t step, const StateDict& state, StateDict kept,
+                  const Metadata& metadata, const Stream& stream);
 };
 
 // ---- the background thread ---------------------------------------------------------------
@@ -136,12 +142,14 @@ CheckpointWriter::~CheckpointWriter() {
   if (impl_->worker.joinable()) impl_->worker.join();
 }
 
-void CheckpointWriter::check() {
-  if (!impl_->failed.load(std::memory_order_acquire)) return;
+void CheckpointWriter::check() { impl_->check_failed(); }
+
+void CheckpointWriter::Impl::check_failed() {
+  if (!failed.load(std::memory_order_acquire)) return;
   std::exception_ptr err;
   {
-    std::lock_guard lock(impl_->mutex);
-    err = impl_->error;
+    std::lock_guard lock(mutex);
+    err = error;
   }
   std::rethrow_exception(err);
 }
@@ -183,20 +191,30 @@ SaveResult CheckpointWriter::Impl::save_sync(const std::string& path, std::int64
 }
 
 double CheckpointWriter::Impl::copy_to_buffer(const StateDict& state, const detail::FilePlan& plan,
-                                              const Stream& stream, std::vector<const void*>& data) {
+                                              const Stream& stream, const StateDict& kept,
+                                              std::vector<const void*>& data) {
   const auto t0 = std::chrono::steady_clock::now();
+  auto is_kept = [&](const std::string& name, const Tensor& t) { return t.device().is_cpu() && kept.count(name) == 1; };
   std::uint64_t total = 0;
-  for (std::uint64_t n : plan.nbytes) total += detail::align_up(n);
-  if (!buffer || buffer->nbytes() < total) {
+  std::size_t i = 0;
+  for (const auto& [name, t] : state) {
+    if (!is_kept(name, t)) total += detail::align_up(plan.nbytes[i]);
+    ++i;
+  }
+  if (total > 0 && (!buffer || buffer->nbytes() < total)) {
     buffer.reset();  // free the old one first: both need not fit at once
     buffer = Storage::allocate(static_cast<std::size_t>(std::max<std::uint64_t>(total, detail::kAlign)), Device::cpu(),
                                options.pinned);
   }
-  auto* base = static_cast<unsigned char*>(buffer->data());
+  auto* base = total > 0 ? static_cast<unsigned char*>(buffer->data()) : nullptr;
   StreamSet streams;
   std::uint64_t at = 0;
   data.clear();
   for (const auto& [name, t] : state) {
+    if (is_kept(name, t)) {
+      data.push_back(t.nbytes() == 0 ? nullptr : t.data());
+      continue;
+    }
     unsigned char* dst = base + at;
     data.push_back(dst);
     at += detail::align_up(t.nbytes());
@@ -216,8 +234,23 @@ double CheckpointWriter::Impl::copy_to_buffer(const StateDict& state, const deta
 
 SaveResult CheckpointWriter::save(const std::string& path, std::int64_t step, const StateDict& state,
                                   const Metadata& metadata, const Stream& stream) {
-  check();
-  Impl& m = *impl_;
+  return impl_->save(path, step, state, {}, metadata, stream);
+}
+
+SaveResult CheckpointWriter::save_handing_over(const std::string& path, std::int64_t step, const StateDict& state,
+                                               StateDict handed_over, const Metadata& metadata, const Stream& stream) {
+  StateDict all = state;
+  for (const auto& [key, t] : handed_over) {
+    TUTTI_CHECK_ARG(all.emplace(key, t).second, "CheckpointWriter::save_handing_over: '", key,
+                    "' is both in the state and in the state handed over");
+  }
+  return impl_->save(path, step, all, std::move(handed_over), metadata, stream);
+}
+
+SaveResult CheckpointWriter::Impl::save(const std::string& path, std::int64_t step, const StateDict& state,
+                                        StateDict kept, const Metadata& metadata, const Stream& stream) {
+  check_failed();
+  Impl& m = *this;
   std::optional<trace::Span> span;
   if (trace::on()) span.emplace("checkpoint save", "checkpoint");
   ErrorContext context("saving the checkpoint of step " + std::to_string(step) + " to '" + path + "'");
@@ -244,13 +277,14 @@ SaveResult CheckpointWriter::save(const std::string& path, std::int64_t step, co
       r.waited_s = seconds_since(t0);
     }
   }
-  check();  // the write waited for may have failed
+  check_failed();  // the write waited for may have failed
 
   Job job;
   job.path = path;
   job.step = step;
   job.rank = error_rank();
-  r.copy_s = m.copy_to_buffer(state, plan, stream, job.data);
+  r.copy_s = m.copy_to_buffer(state, plan, stream, kept, job.data);
+  job.kept = std::move(kept);
   r.file_bytes = plan.file_size;
   job.plan = std::move(plan);
   if (!m.worker.joinable()) m.worker = std::thread([&m] { m.run_worker(); });

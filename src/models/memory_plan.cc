@@ -96,6 +96,8 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
                   "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
                   name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
+  TUTTI_CHECK_ARG(!(o.cpu && o.gpu),
+                  "memory_plan: PlanOptions::cpu and ::gpu are both set: the device is one or the other");
   const std::int64_t L = d.layers;
   const std::int64_t cd = bytes_of(o.compute), gd = bytes_of(o.grad), wd = bytes_of(o.grad_comm);
   const bool half = o.compute != DType::f32;
@@ -251,12 +253,39 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
     m.rows.push_back({"evaluation", d.eval_bytes,
                       "between steps: the evaluating loss's logits gradient, the targets, scalars", true});
   }
-  if (o.state_dict) {
-    const bool gathers = o.zero_stage > 0 && (half || zero3);
-    m.rows.push_back({"state dict", gathers ? total * 4 : 0,
-                      gathers ? "between steps: model_state_dict gathers the f32 values whole"
-                              : "between steps: nothing (the values are whole on every rank)",
-                      true});
+  // model_state_dict: with ZeRO's f32 shards a gather of the values whole (on the CPU its views
+  // are the state dict); otherwise a host copy of each parameter, which on a GPU is not the
+  // device's memory.
+  const bool gathers = o.zero_stage > 0 && (half || zero3);
+  const std::int64_t values_whole = gathers ? total * 4 : o.cpu ? m.parameters * 4 : 0;
+  const std::string values_detail = gathers ? "the f32 values gathered whole"
+                                    : o.cpu ? "a copy of the f32 values (host memory is the device's)"
+                                            : "nothing on the device (the values are whole on every rank)";
+  if (o.state_dict)
+    m.rows.push_back({"state dict", values_whole, "between steps: model_state_dict: " + values_detail, true});
+  if (o.checkpoint != PlanOptions::Checkpoint::none) {
+    // io::CheckpointWriter's format: each tensor at a 64-byte aligned offset; the optimizer's
+    // state is whole in the file whatever the stage.
+    MemoryRow r{"checkpoint", 0, "", true};
+    if (!o.cpu) {
+      // One rank's ZeRO has nothing to gather but the f32 masters of half precision or ZeRO-3.
+      const bool gathered = o.zero_stage > 0 && (o.world_size > 1 || gathers);
+      r.bytes = gathered ? total * 4 : 0;
+      r.detail = gathered ? "between steps: the state gathered whole, one f32 vector at a time"
+                          : "between steps: nothing on the device (the writer copies to host memory)";
+    } else if (o.zero_stage > 0) {
+      r.bytes = values_whole + states * total * 4;
+      r.detail = "between steps, until written: " + values_detail + " and " + std::to_string(states) +
+                 " optimizer state(s) gathered whole";
+    } else if (o.checkpoint == PlanOptions::Checkpoint::async) {
+      r.bytes = (1 + states) * m.parameters * 4 + 64 * static_cast<std::int64_t>(d.params.size()) * (1 + states);
+      r.kept = true;
+      r.detail = "kept from the first checkpoint on: the async writer's buffers, the f32 values and " +
+                 std::to_string(states) + " optimizer state(s)";
+    } else {
+      r.detail = "between steps: nothing (the sync writer writes the live tensors)";
+    }
+    m.rows.push_back(std::move(r));
   }
   return m;
 }
@@ -294,9 +323,14 @@ std::int64_t MemoryPlan::step_total() const {
 }
 
 std::int64_t MemoryPlan::total() const {
-  std::int64_t between = 0;
-  for (const MemoryRow& r : rows) between = std::max(between, r.between_steps ? r.bytes : 0);
-  return std::max(step_total(), step_total() - first_step_extra + between);
+  std::int64_t kept = 0, between = 0;
+  for (const MemoryRow& r : rows) {
+    if (r.kept)
+      kept += r.bytes;
+    else if (r.between_steps)
+      between = std::max(between, r.bytes);
+  }
+  return std::max(step_total(), step_total() - first_step_extra + kept + between);
 }
 
 std::int64_t MemoryPlan::bytes(const std::string& name) const {
@@ -319,9 +353,12 @@ std::string MemoryPlan::str() const {
     std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", r.name.c_str(), human(r.bytes).c_str(), r.detail.c_str());
     s << line;
   }
+  const bool any_kept = std::any_of(rows.begin(), rows.end(), [](const MemoryRow& r) { return r.kept && r.bytes > 0; });
   std::snprintf(line, sizeof line, "  %-22s %12s  (%s bytes)%s\n", "total", human(total()).c_str(),
                 grouped(total()).c_str(),
-                total() == step_total() ? "" : ": after the first step, with the largest between-step row");
+                total() == step_total() ? ""
+                : any_kept ? ": after the first step, with the kept row and the largest other between-step row"
+                           : ": after the first step, with the largest between-step row");
   s << line;
   return s.str();
 }

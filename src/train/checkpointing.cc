@@ -122,6 +122,8 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
 void Run::Impl::write_checkpoint(bool must) {
   ddp::DistributedDataParallel& ddp = *state.ddp;
   StateDict model_state, optim_state, collected;
+  std::int64_t early_busy_step = -1;  // ZeRO: the write rank 0 waited for before gathering
+  double early_wait_s = 0;
   // Collective entries (State::add_collective) on every rank first: rank 0 saves its result.
   for (const State::Entry& e : state.entries)
     if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
@@ -139,7 +141,22 @@ void Run::Impl::write_checkpoint(bool must) {
       optim_state = ddp.optimizer_state_dict(*state.optimizer);
     }
   } else {
-    // ZeRO: every rank gathers the whole tensors from the shards (collective).
+    // ZeRO: every rank gathers the whole tensors from the shards (collective). A write in flight
+    // holds the previous gather (handed over below): rank 0 waits for it first, when the save
+    // would wait anyway, so that the host holds one gathered state at a time.
+    if (rank == 0 && writer->busy() && (must || options.checkpoint_busy == io::WhenBusy::wait)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      early_busy_step = pending_step;
+      if (options.checkpoint_hooks.before_wait) options.checkpoint_hooks.before_wait(pending_step);
+      try {
+        writer->finish();
+      } catch (const Error& e) {
+        if (std::string_view(e.what()).find(path) != std::string_view::npos) throw;
+        TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", path, " failed: ", e.what());
+      }
+      note_written();
+      early_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     model_state = ddp.model_state_dict();
     optim_state = ddp.optimizer_state_dict(*state.optimizer);
     if (rank != 0) return;
@@ -155,8 +172,13 @@ void Run::Impl::write_checkpoint(bool must) {
       if (!e.collective) io::add_prefixed(all, e.prefix, e.save());
     for (auto& [key, t] : collected) all[key] = t;
     io::add_prefixed(all, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
-    io::add_prefixed(all, "model.", model_state);
-    io::add_prefixed(all, "optim.", optim_state);
+    // Stage 0 hands the writer live views, which it copies; ZeRO's gathered state was made for
+    // this checkpoint and is handed over, written where it is: the host holds it once.
+    StateDict gathered;
+    io::add_prefixed(ddp.zero_stage() == 0 ? all : gathered, "model.", model_state);
+    io::add_prefixed(ddp.zero_stage() == 0 ? all : gathered, "optim.", optim_state);
+    model_state = {};
+    optim_state = {};
     io::Metadata metadata = metadata_of(options);
     metadata[kStep] = std::to_string(step);  // read alone on a resume, to compare with memory snapshots
     if (must) {
@@ -166,13 +188,13 @@ void Run::Impl::write_checkpoint(bool must) {
       writer->finish();
       note_written();
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r = writer->save(path, step, all, metadata, ddp.module().stream());
+      r = writer->save_handing_over(path, step, all, std::move(gathered), metadata, ddp.module().stream());
       writer->finish();
       r.busy_step = busy;
       r.waited_s += waited;
     } else {
       note_written();
-      r = writer->save(path, step, all, metadata, ddp.module().stream());
+      r = writer->save_handing_over(path, step, all, std::move(gathered), metadata, ddp.module().stream());
       note_written();  // the write this one waited for
     }
   } catch (const Error& e) {
@@ -180,6 +202,10 @@ void Run::Impl::write_checkpoint(bool must) {
     TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", path, " failed: ", e.what());
   } catch (const std::exception& e) {
     TUTTI_THROW(Error, "saving the checkpoint of step ", step, " to ", path, " failed: ", e.what());
+  }
+  if (early_busy_step >= 0) {
+    r.busy_step = early_busy_step;
+    r.waited_s += early_wait_s;
   }
   end.checkpoint_skipped = r.skipped;
   end.checkpoint_busy_step = r.busy_step;

@@ -149,8 +149,8 @@ void Run::Impl::start() {
     writer = std::make_unique<io::CheckpointWriter>(io::CheckpointWriterOptions{
         .mode = options.checkpoint_mode, .when_busy = options.checkpoint_busy, .hooks = options.checkpoint_hooks});
   }
-  const Device device =
-      state.ddp->module().parameters().empty() ? Device::cpu() : state.ddp->module().parameters()[0]->device();
+  // The module's device, not its first parameter's: under ZeRO-3 a parameter may be released.
+  const Device device = state.ddp->module().device();
   one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
   sync = Tensor::zeros({2}, DType::f32, device);
   if (state.ddp->options().deterministic) exact_loss = Tensor::zeros({3}, DType::i64, device);

@@ -10,6 +10,7 @@ memory snapshots; with --emu-binary, the trainer on the emulated GPU against the
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -32,7 +33,7 @@ WEIGHTS = {
     "test_zero_stages_and_resume_across_them": 8, "test_resume_is_bit_identical": 4,
     "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 2,
     "test_default_corpus_is_debians_fortunes": 1.5, "test_recompute_trains_bit_identically": 3,
-    "test_plan_prints_the_table_and_what_to_change": 0.1,
+    "test_plan_prints_the_table_and_what_to_change": 0.1, "test_plan_counts_checkpoints_as_the_flags_ask": 0.1,
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
     "test_diloco_and_memory_snapshots": 5,
 }
@@ -184,6 +185,28 @@ class TrainGpt(unittest.TestCase):
         self.assertEqual(p.returncode, 1, msg=p.stdout)
         for what in ("does not fit", "micro-batch", "--recompute blocks", "--zero 1", "4 ranks"):
             self.assertIn(what, p.stderr)
+
+    def test_plan_counts_checkpoints_as_the_flags_ask(self):
+        # --checkpoint-dir adds the row "checkpoint": on the CPU at stage 0 the async writer's
+        # buffers, kept on top of every later step; the sync writer writes the live tensors.
+        base = [ARGS.binary, "--plan", "--model", "gpt-tiny", "--batch-size", "8", "--world-size", "2",
+                "--device", "cpu"]
+
+        def total(*flags):
+            p = subprocess.run(base + list(flags), capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, msg=p.stderr)
+            return p.stdout, int(re.search(r"^  total .*\(([\d,]+) bytes\)", p.stdout, re.M).group(1).replace(",", ""))
+
+        plain, without = total()
+        self.assertNotIn("checkpoint", plain)
+        folder = os.path.join(self.dir, "plan_ckpt")
+        out, async_total = total("--checkpoint-dir", folder)
+        self.assertIn("kept from the first checkpoint on", out)
+        self.assertGreater(async_total, without)
+        out, sync_total = total("--checkpoint-dir", folder, "--checkpoint-mode", "sync")
+        self.assertIn("the sync writer writes the live tensors", out)
+        self.assertEqual(sync_total, without)
+        self.assertFalse(os.path.exists(folder), "--plan creates nothing")
 
     def test_data_order_is_the_one_the_python_peer_reads(self):
         r = train(2, self.dir, "order", *self.data, "--seed", "7")

@@ -147,6 +147,47 @@ TEST(CheckpointWriter, SaveTakesASnapshot) {
   expect_file_holds(dir.file("snap"), original);
 }
 
+TEST(CheckpointWriter, HandedOverTensorsAreWrittenInPlaceAndKeptUntilWritten) {
+  // save_handing_over(state, handed): the file is save() of both; the handed tensors take no
+  // buffer, and the writer holds them (not a copy) until their write ends, then frees them.
+  TempDir dir;
+  const StateDict all = sample_state(9);
+  save_checkpoint(dir.file("reference"), all, kMeta);
+  StateDict state, handed;
+  std::int64_t handed_bytes = 0;
+  for (const auto& [name, t] : all) {
+    if (name.rfind("model.", 0) == 0) {
+      handed[name] = t.clone();  // made for the save: nothing else refers to it
+      handed_bytes += static_cast<std::int64_t>(t.nbytes());
+    } else {
+      state[name] = t;
+    }
+  }
+  ASSERT_GT(handed_bytes, 0);
+  ASSERT_FALSE(state.empty());
+
+  auto gate = std::make_shared<Gate>();
+  CheckpointWriter writer({.hooks = {.before_write = [gate](std::int64_t, const std::string&) { gate->wait(); }}});
+  OpenOnExit guard{gate};
+  const SaveResult r = writer.save_handing_over(dir.file("handed"), 3, state, std::move(handed), kMeta);
+  EXPECT_TRUE(r.started);
+  EXPECT_TRUE(writer.busy());
+  // Only `state` was copied into buffers: they are smaller than the file by the handed bytes.
+  EXPECT_LE(writer.buffer_bytes() + static_cast<std::uint64_t>(handed_bytes), r.file_bytes);
+  const std::int64_t while_writing = Storage::live_bytes(Device::cpu());
+  gate->open();
+  writer.finish();
+  EXPECT_EQ(while_writing - Storage::live_bytes(Device::cpu()), handed_bytes)
+      << "the writer held the handed tensors until their write ended, and no longer";
+  EXPECT_EQ(read_file(dir.file("handed")), read_file(dir.file("reference")));
+
+  // A key in both is refused before anything starts.
+  StateDict twice;
+  twice["optim.step"] = int_scalar_tensor(1);
+  EXPECT_THROW(writer.save_handing_over(dir.file("twice"), 4, state, twice, kMeta), InvalidArgument);
+  EXPECT_FALSE(fs::exists(dir.file("twice")));
+}
+
 TEST(CheckpointWriter, WaitPolicyWaitsForTheWriteInFlight) {
   TempDir dir;
   auto gate = std::make_shared<Gate>();

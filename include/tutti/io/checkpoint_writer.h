@@ -40,6 +40,9 @@
 // finish() first, so that no write is in flight, then save(), then finish(). The writer does
 // not create directories.
 //
+// A state made for the save (ZeRO's gathered tensors) is handed over instead (save_handing_over):
+// the writer writes its host tensors where they are, so the host holds them once.
+//
 // `state` may hold the live tensors themselves (views of a model's parameters or an
 // optimizer's state on its device): save() copies them, so there is no need for the CPU
 // copies that state_dict() functions make. Pass the stream they are produced on.
@@ -123,6 +126,15 @@ class CheckpointWriter {
   SaveResult save(const std::string& path, std::int64_t step, const StateDict& state, const Metadata& metadata = {},
                   const Stream& stream = Stream());
 
+  // As save() of `state` and `handed_over` together (their keys must differ: InvalidArgument),
+  // where `handed_over` was made for this save and nothing else refers to its tensors (a ZeRO
+  // gather, a state_dict() copy): in async mode its host tensors are not copied into the buffers
+  // but written where they are, and the writer keeps them until their write ends, so such a
+  // state is held once, not twice (its GPU tensors are copied as by save()). A skipped save
+  // drops them at once.
+  SaveResult save_handing_over(const std::string& path, std::int64_t step, const StateDict& state,
+                               StateDict handed_over, const Metadata& metadata = {}, const Stream& stream = Stream());
+
   // Throws the error of a background write that failed; otherwise returns at once. Cheap
   // enough for every step.
   void check();
@@ -134,7 +146,7 @@ class CheckpointWriter {
   bool busy() const;
   // The step of the last file this writer completed (renamed into place); -1 if none.
   std::int64_t last_written_step() const;
-  // Bytes of host memory the snapshot buffers hold.
+  // Bytes of host memory the snapshot buffers hold (not the tensors handed over).
   std::uint64_t buffer_bytes() const;
   const CheckpointWriterOptions& options() const;
 

@@ -53,10 +53,20 @@ struct PlanOptions {
   // sequences (train_gpt's validation): its logits gradient, the targets (the inputs take the
   // training batch's place in the embedding) and a few scalars, as the row "evaluation".
   bool evaluation = false;
-  // Between steps: DistributedDataParallel::model_state_dict (a checkpoint, train_gpt's final
-  // checksum), which with ZeRO 1-2 in half precision, and at ZeRO-3, gathers the f32 values whole on the device
-  // for a moment, as the row "state dict".
+  // Between steps: DistributedDataParallel::model_state_dict (train_gpt's final checksum), which
+  // with ZeRO 1-2 in half precision, and at ZeRO-3, gathers the f32 values whole on the device
+  // for a moment (on the CPU, where host memory is the device's, every stage holds the f32 values
+  // whole: a copy, or the gather itself), as the row "state dict".
   bool state_dict = false;
+  // The device is the CPU: host memory is the device's, so the host copies of state dicts and
+  // checkpoints count (Storage::peak_bytes(Device::cpu()) sees them).
+  bool cpu = false;
+  // Checkpoints (train::Run, io::CheckpointWriter in this mode), as the row "checkpoint". With
+  // ZeRO the state is gathered whole, one f32 vector at a time on a GPU, all of it (the values and
+  // the optimizer's state) on the CPU until its write ends. On the CPU at stage 0 an async writer
+  // copies the state into buffers it keeps from the first checkpoint on (a row counted on top of
+  // every later step); a sync one writes the live tensors.
+  enum class Checkpoint : std::uint8_t { none, sync, async } checkpoint = Checkpoint::none;
 };
 
 // One line of the plan: a name ("optimizer state"), its bytes on each rank, and how they
@@ -66,6 +76,7 @@ struct MemoryRow {
   std::int64_t bytes = 0;
   std::string detail;
   bool between_steps = false;  // held between steps, on top of what a step keeps (see total())
+  bool kept = false;           // between steps, and kept from then on (a checkpoint writer's buffers)
 };
 
 struct MemoryPlan {
@@ -76,7 +87,7 @@ struct MemoryPlan {
   // logits (the head's logits, the loss's gradient of them and the head's input gradient),
   // workspace (scalars: the loss, norms, flags), and with PlanOptions::gpu the GPU kernel
   // scratch (the only row Storage::peak_bytes does not see); then the between-step rows of
-  // PlanOptions::evaluation and state_dict.
+  // PlanOptions::evaluation, state_dict and checkpoint.
   std::vector<MemoryRow> rows;
   // Activations of one layer (attention and MLP blocks) as kept with and without this plan's
   // recomputation, for the table (bytes for the micro-batch; the checkpointed figure is the
@@ -94,7 +105,7 @@ struct MemoryPlan {
   // forward and backward nothing the step allocates is freed: the step reuses the buffers).
   std::int64_t step_total() const;
   // The peak: step_total(), or after the first step (step_total() - first_step_extra) plus the
-  // largest between-step row, whichever is more.
+  // kept rows and the largest other between-step row, whichever is more.
   std::int64_t total() const;
   // The bytes of the row named `name`; 0 when there is none.
   std::int64_t bytes(const std::string& name) const;
