@@ -34,7 +34,7 @@ std::vector<Fault> parse(const char* spec) {
     const auto colon = one.find(':');
     const auto at = one.find('@');
     TUTTI_CHECK_ARG(colon != std::string::npos && at != std::string::npos && colon < at, "TUTTI_FAULT='", one,
-                    "' is not <rank>:<throw|stall|exit>@<start|ready|collective=N>");
+                    "' is not <rank>:<throw|stall|exit>@<start|init|ready|collective=N>");
     Fault f;
     f.text = one;
     f.rank = std::atoi(one.substr(0, colon).c_str());
@@ -44,13 +44,15 @@ std::vector<Fault> parse(const char* spec) {
                     "': the action must be throw, stall or exit");
     if (point == "start") {
       f.point = FaultPoint::start;
+    } else if (point == "init") {
+      f.point = FaultPoint::init;
     } else if (point == "ready") {
       f.point = FaultPoint::ready;
     } else if (point.rfind("collective=", 0) == 0) {
       f.point = FaultPoint::collective;
       f.n = std::strtoull(point.c_str() + 11, nullptr, 10);
     } else {
-      TUTTI_THROW(InvalidArgument, "TUTTI_FAULT='", one, "': the point must be start, ready or collective=N");
+      TUTTI_THROW(InvalidArgument, "TUTTI_FAULT='", one, "': the point must be start, init, ready or collective=N");
     }
     out.push_back(f);
   }

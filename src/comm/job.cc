@@ -274,6 +274,7 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   j.mpi_allreduce = apply_mpi_allreduce(options.mpi_allreduce, !initialized);
   int provided = 0;
   if (j.board) j.board->set_phase(detail::Phase::mpi_init);
+  detail::inject_fault(detail::FaultPoint::init);  // in the start-up's deadline, before MPI_Init
   if (!initialized) {
     // Every rank runs a compute thread and a communication thread, so a host's cores are
     // shared even with one rank per core. Open MPI busy-polls inside blocking calls; told to

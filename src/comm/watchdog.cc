@@ -203,16 +203,29 @@ void Watchdog::check_regions() {
       }
     }
   }
-  std::vector<int> not_there;
-  const std::vector<RankSnapshot> all = gather_progress();
-  const std::string where = where_everyone_is(all, -1, 0, expired->min_phase, &not_there);
   std::string report = "TIMEOUT: " + expired->what + " did not complete within its deadline of " +
                        seconds(expired->timeout_s) + " (TUTTI_TIMEOUT_S or CommOptions::timeout).";
+  if (auto b = board()) {
+    // A rank of this host ending the job already reported why (this rank may only have been
+    // stopped until the launcher's kill continued it): one line, not a report that blames it.
+    for (int r = 0; r < size_.load(); ++r) {
+      const auto s = r == rank_.load() ? std::nullopt : b->read(r);
+      if (s && s->phase == Phase::leaving) {
+        end_job(report + " Rank " + std::to_string(r) + " of this host is ending the job already: its report says why.",
+                kExitTimeout);
+        return;
+      }
+    }
+  }
+  std::vector<int> not_there, stopped;
+  const std::vector<RankSnapshot> all = gather_progress();
+  const std::string where = where_everyone_is(all, -1, 0, expired->min_phase, &not_there, &stopped);
   if (!not_there.empty()) {
     report += " Not there:";
     for (int r : not_there) report += " rank " + std::to_string(r);
     report += ".";
   }
+  report += stopped_sentence(stopped);
   report += silent_hosts(all);
   report += "\n  Where each rank is:" + where;
   end_job(report, kExitTimeout);
@@ -475,7 +488,7 @@ std::vector<RankSnapshot> Watchdog::gather_progress() {
 }
 
 std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, int board_comm, std::uint64_t seq,
-                                        Phase min_phase, std::vector<int>* not_there) {
+                                        Phase min_phase, std::vector<int>* not_there, std::vector<int>* stopped) {
   std::string out;
   const bool collective = board_comm >= 0 && board_comm < kBoardComms && seq > 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
@@ -510,7 +523,10 @@ std::string Watchdog::where_everyone_is(const std::vector<RankSnapshot>& all, in
         if (c.issued > c.started) line += "; issued up to #" + std::to_string(c.issued);
       }
     }
-    if (s.rank >= 0 && s.stopped) line += " [process " + std::to_string(s.pid) + " is stopped (SIGSTOP, a debugger?)]";
+    if (s.rank >= 0 && s.stopped) {
+      line += " [process " + std::to_string(s.pid) + " is stopped (SIGSTOP, a debugger?)]";
+      if (stopped != nullptr) stopped->push_back(r);
+    }
     if (s.rank >= 0 && s.gone) line += " [process " + std::to_string(s.pid) + " is gone]";
     if (!there && not_there != nullptr) not_there->push_back(r);
     out += line;
@@ -548,8 +564,17 @@ std::string Watchdog::silent_hosts(const std::vector<RankSnapshot>& all) {
   return out;
 }
 
+std::string stopped_sentence(const std::vector<int>& stopped) {
+  if (stopped.empty()) return "";
+  std::string s = " Stopped:";
+  for (std::size_t i = 0; i < stopped.size(); ++i) s += (i ? ", rank " : " rank ") + std::to_string(stopped[i]);
+  return s + " (SIGSTOP, a debugger?): " + (stopped.size() == 1 ? "its process does" : "their processes do") +
+         " not run until continued (SIGCONT).";
+}
+
 std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
-                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there) {
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there,
+                             const std::vector<int>& stopped) {
   char times[96];
   std::snprintf(times, sizeof times, "within its deadline of %.1f s (waited %.1f s)", timeout_s, waited_s);
   std::string s =
@@ -560,6 +585,8 @@ std::string timeout_headline(std::string_view backend, const CollectiveInfo& inf
     s += " Not reached by";
     for (std::size_t i = 0; i < not_there.size(); ++i) s += (i ? ", rank " : " rank ") + std::to_string(not_there[i]);
     s += ".";
+  } else if (!stopped.empty()) {
+    // Every rank reached it, and one cannot finish it while it does not run.
   } else if (debug) {
     // Debug mode compared every collective before it ran.
     s += " Debug mode (TUTTI_DEBUG) is on and found no mismatch, and every rank is in this collective: MPI or "
@@ -568,7 +595,7 @@ std::string timeout_headline(std::string_view backend, const CollectiveInfo& inf
     s += " Every rank reached a collective with this number, so some rank issued a different one (run with "
          "TUTTI_DEBUG=1 to compare them).";
   }
-  return s;
+  return s + stopped_sentence(stopped);
 }
 
 std::optional<std::string> Watchdog::collective_missed(std::string_view backend, const CollectiveInfo& info,
@@ -593,10 +620,11 @@ std::optional<std::string> Watchdog::collective_missed(std::string_view backend,
       if (s.rank >= 0 && !s.stopped && (waiting || s.phase == Phase::leaving)) return std::nullopt;
     }
   }
-  std::vector<int> not_there;
-  const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there);
-  const std::string report = timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there) +
-                             silent_hosts(all) + "\n  Where each rank is:" + where;
+  std::vector<int> not_there, stopped;
+  const std::string where = where_everyone_is(all, board_comm, info.seq, Phase::running, &not_there, &stopped);
+  const std::string report =
+      timeout_headline(backend, info, timeout_s, waited_s, queued_behind, debug, not_there, stopped) +
+      silent_hosts(all) + "\n  Where each rank is:" + where;
   if (abort_job) {
     end_job(report, kExitTimeout);
     return std::nullopt;  // thread ranks: the job has ended (every Work failed with the report)

@@ -59,10 +59,13 @@ extern std::atomic<bool> job_failing;
 class Watchdog;
 
 // The first line of the report of collective `info` that missed its deadline: what, how long,
-// and who had not reached it (not_there), else what that means (suggesting TUTTI_DEBUG=1 only
-// when debug mode is off).
+// who had not reached it (not_there) and whose process is stopped (stopped), else what that
+// means (suggesting TUTTI_DEBUG=1 only when debug mode is off).
 std::string timeout_headline(std::string_view backend, const CollectiveInfo& info, double timeout_s, double waited_s,
-                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there);
+                             std::size_t queued_behind, bool debug, const std::vector<int>& not_there,
+                             const std::vector<int>& stopped = {});
+// " Stopped: rank 1, rank 3 (SIGSTOP, a debugger?): ..." for a report, or "" when none is.
+std::string stopped_sentence(const std::vector<int>& stopped);
 
 // A backend, as the watchdog sees it.
 class Watched {
@@ -201,7 +204,7 @@ class Watchdog {
   // One line per rank: where it is; with a collective (board_comm >= 0, seq > 0), whether it
   // reached it; else its phase (ranks below min_phase are not there).
   std::string where_everyone_is(const std::vector<RankSnapshot>& all, int board_comm, std::uint64_t seq,
-                                Phase min_phase, std::vector<int>* not_there);
+                                Phase min_phase, std::vector<int>* not_there, std::vector<int>* stopped = nullptr);
   // " Host node1 (ranks 2, 3) did not answer: ..." for every host none of whose ranks answered
   // (other hosts only), or "".
   std::string silent_hosts(const std::vector<RankSnapshot>& all);

@@ -226,6 +226,21 @@ TEST(CommTimeout, ReportSuggestsDebugModeOnlyWhenItIsOff) {
   }
 }
 
+TEST(CommTimeout, ReportNamesStoppedRanksInsteadOfGuessing) {
+  // Every rank reached the collective, one of them is stopped: that is the cause, not a
+  // collective issued differently.
+  const CollectiveInfo info{.seq = 4, .kind = CollectiveKind::barrier, .label = "test"};
+  const std::string report = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/false, {}, {1});
+  EXPECT_EQ(report.find("issued a different one"), std::string::npos) << report;
+  EXPECT_NE(report.find(" Stopped: rank 1 (SIGSTOP, a debugger?): its process does not run until continued"),
+            std::string::npos)
+      << report;
+  const std::string two = detail::timeout_headline("mpi", info, 1.0, 1.5, 0, /*debug=*/false, {2}, {1, 2});
+  EXPECT_NE(two.find("Not reached by rank 2. Stopped: rank 1, rank 2 (SIGSTOP, a debugger?): their processes"),
+            std::string::npos)
+      << two;
+}
+
 TEST(CommInfo, DescribesTheCollective) {
   CollectiveInfo info{.seq = 17,
                       .kind = CollectiveKind::allreduce,

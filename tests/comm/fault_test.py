@@ -176,6 +176,21 @@ def stall_start():
     expect_in(r"rank 0: in MPI_Init", job.err)
 
 
+def stall_init():
+    # Rank 1 stops inside the start-up's deadline (in MPI_Init): the report names it as stopped,
+    # and when mpirun's kill continues it (SIGCONT, then SIGTERM), its own expired deadline
+    # does not blame rank 0, which is ending the job (was "Not there: rank 0").
+    fault = "1:stall@init"
+    job = run(["idiom"], 3, {"TUTTI_FAULT": fault, "TUTTI_TIMEOUT_S": str(DEADLINE)})
+    t = job.stamp(r"TUTTI_FAULT='%s': stopping" % re.escape(fault))
+    expect(job.rc == 14, "exit code 14 (a deadline), got %d" % job.rc, job)
+    expect_fast(job, t, DEADLINE + BOUND)
+    expect_in(r"tutti \[rank 0\]: TIMEOUT: the job's start-up \(MPI_Init.* Stopped: rank 1 \(SIGSTOP", job.err)
+    expect_in(r"rank 1: in MPI_Init for [0-9.]+ s \[process \d+ is stopped", job.err)
+    expect(re.search(r"Not there: rank 0", job.err) is None, "no rank blames rank 0, which reported", job)
+    expect(len(re.findall(r"Where each rank is", job.err)) == 1, "one report", job)
+
+
 def stall_collective(private_board=False):
     # Rank 2 stops before its 5th collective, after the communicators exist.
     fault = "2:stall@collective=5"
@@ -288,6 +303,7 @@ def hello_ranks():
 
 SCENARIOS = {
     "throw_rank0.np2": throw_rank0,
+    "stall_init.np3": stall_init,
     "throw_last.np3": lambda: throw_last(3),
     "throw_last.np4": lambda: throw_last(4),
     "throw_before_first.np2": throw_before_first,
