@@ -203,13 +203,15 @@ void Engine::poll(Watchdog& watchdog) {
     std::lock_guard lock(queue_mutex);
     if (current == nullptr || broken.load()) return;
     waited = seconds_since(started);
-    if (waited <= timeout_s) return;
+    if (waited <= std::min(timeout_s, Watchdog::kAbandonedWait)) return;
     info = current->info();
     behind = queue.size();
   }
   // Without the lock: the report may wait for other hosts' answers.
   const std::optional<std::string> report =
-      watchdog.collective_missed("mpi", info, board_comm, timeout_s, waited, behind, debug, abort_on_timeout);
+      waited <= timeout_s
+          ? watchdog.collective_abandoned("mpi", info, board_comm, size, timeout_s, waited, abort_on_timeout)
+          : watchdog.collective_missed("mpi", info, board_comm, timeout_s, waited, behind, debug, abort_on_timeout);
   if (!report) return;  // a lower rank reports it, or the job is ending
   std::lock_guard lock(queue_mutex);
   if (current != nullptr && current->info().seq == info.seq) fail_broken(*report);

@@ -96,6 +96,7 @@ struct NcclEngine final : Watched {
   bool debug = false;
   std::shared_ptr<ProgressBoard> board;
   int board_comm = -1;
+  int size = 1;  // the communicator's ranks
 
   std::mutex mutex;  // outstanding, broken_report
   std::deque<std::shared_ptr<NcclWork>> outstanding;
@@ -171,6 +172,15 @@ struct NcclEngine final : Watched {
         }
       }
       return w.poll();
+    }
+    if (waited > Watchdog::kAbandonedWait && !broken.load()) {
+      if (Watchdog* wd = Watchdog::current()) {
+        if (auto report =
+                wd->collective_abandoned("nccl", w.info(), board_comm, size, timeout_s, waited, abort_on_timeout)) {
+          fatal(*report, /*timeout=*/true);
+          return w.poll();
+        }
+      }
     }
     return false;
   }
@@ -280,6 +290,7 @@ class NcclBackend final : public Backend {
     if (Watchdog* w = Watchdog::current()) {
       e.board = w->board();
       e.board_comm = board_comm;
+      e.size = size;
       w->watch(engine_);
     }
   }

@@ -179,15 +179,56 @@ bool Watchdog::peer_kill_overdue() {
   return peer_gone_at_ && since(*peer_gone_at_) > kPeerGoneWait;
 }
 
+std::vector<int> Watchdog::ranks_that_left(double min_age_s, int board_comm, std::uint64_t seq) {
+  std::vector<int> left;
+  const auto b = board();
+  if (!b) return left;
+  const auto me = b->read(rank_.load());
+  if (!me || me->phase != Phase::running) return left;  // finalizing itself, or leaving
+  for (int r = 0; r < size_.load(); ++r) {
+    const auto s = r == rank_.load() ? std::nullopt : b->read(r);
+    if (!s || (s->phase != Phase::finalizing && s->phase != Phase::finished) || s->phase_age_s < min_age_s) continue;
+    // In a collective: only a rank that never started it (one that did may have finished it).
+    if (board_comm >= 0 && board_comm < kBoardComms && s->comm[board_comm].started >= seq) continue;
+    left.push_back(r);
+  }
+  return left;
+}
+
+namespace {
+
+std::string left_sentence(const std::vector<int>& left) {
+  std::string s = left.size() == 1 ? " Rank" : " Ranks";
+  for (std::size_t i = 0; i < left.size(); ++i) s += (i ? ", " : " ") + std::to_string(left[i]);
+  return s + (left.size() == 1 ? " has ended its Job" : " have ended their Jobs") +
+         " (in MPI_Finalize) without it: a call that every rank must make was made by some ranks only "
+         "(Job::summary, a state dict under ZeRO, a collective under `if (job.rank() == 0)`?).";
+}
+
+}  // namespace
+
 void Watchdog::check_regions() {
-  std::optional<RegionEntry> expired;
+  std::optional<RegionEntry> expired, oldest;
   {
     std::lock_guard lock(mutex_);
     for (const auto& r : regions_) {
       if (since(r.started) > r.timeout_s) expired = r;
+      if (!r.quiet && (!oldest || r.started < oldest->started)) oldest = r;
     }
   }
-  if (!expired || ending_.load()) return;
+  if (ending_.load()) return;
+  if (!expired && oldest && since(oldest->started) > kAbandonedWait) {
+    // Long before the deadline: a rank of this host that left will never come.
+    if (const std::vector<int> left = ranks_that_left(kAbandonedWait); !left.empty()) {
+      const std::vector<RankSnapshot> all = gather_progress();
+      end_job("TIMEOUT: " + oldest->what + " cannot complete." + left_sentence(left) + " Ended after " +
+                  seconds(since(oldest->started)) + " of its deadline of " + seconds(oldest->timeout_s) + "." +
+                  "\n  Where each rank is:" + where_everyone_is(all, -1, 0, oldest->min_phase, nullptr),
+              kExitTimeout);
+    }
+    return;
+  }
+  if (!expired) return;
   if (expired->quiet) {
     print_line(expired->quiet->first);
     if (process_wide_) std::_Exit(expired->quiet->second);
@@ -596,6 +637,25 @@ std::string timeout_headline(std::string_view backend, const CollectiveInfo& inf
          "TUTTI_DEBUG=1 to compare them).";
   }
   return s + stopped_sentence(stopped);
+}
+
+std::optional<std::string> Watchdog::collective_abandoned(std::string_view backend, const CollectiveInfo& info,
+                                                          int board_comm, int comm_size, double timeout_s,
+                                                          double waited_s, bool abort_job) {
+  if (ending_.load() || peer_failed_.load() || waited_s < kAbandonedWait || comm_size != size_.load())
+    return std::nullopt;
+  const std::vector<int> left = ranks_that_left(0.0, board_comm, info.seq);
+  if (left.empty()) return std::nullopt;
+  const std::vector<RankSnapshot> all = gather_progress();
+  const std::string report =
+      "TIMEOUT: collective " + info.str() + " on backend " + std::string(backend) + " cannot complete." +
+      left_sentence(left) + " Ended after " + seconds(waited_s) + " of its deadline of " + seconds(timeout_s) + "." +
+      "\n  Where each rank is:" + where_everyone_is(all, board_comm, info.seq, Phase::running, nullptr);
+  if (abort_job) {
+    end_job(report, kExitTimeout);
+    return std::nullopt;
+  }
+  return report;
 }
 
 std::optional<std::string> Watchdog::collective_missed(std::string_view backend, const CollectiveInfo& info,

@@ -88,6 +88,10 @@ class Watchdog {
   static constexpr double kPeerGoneWait = 1.0;  // the same, once the ending rank's process is gone
   static constexpr double kDeferReport = 1.0;   // s a rank lets a lower waiting rank report a timeout
   static constexpr double kStatusWait = 1.0;    // s a report waits for other hosts' progress
+  // s after which a wait that a rank of this host can no longer join (it ended its Job, and
+  // has been in MPI_Finalize this long) is reported, long before the deadline: a call made by
+  // some ranks only (Job::summary, a collective under `if (rank == 0)`).
+  static constexpr double kAbandonedWait = 5.0;
 
   // process_wide: the process's watchdog (the Job's): Watchdog::current() returns it, it sets
   // job_failing, and ending the job ends this process if the channel did not. Otherwise (one
@@ -156,6 +160,12 @@ class Watchdog {
   std::optional<std::string> collective_missed(std::string_view backend, const CollectiveInfo& info, int board_comm,
                                                double timeout_s, double waited_s, std::size_t queued_behind, bool debug,
                                                bool abort_job);
+  // A collective waited in for more than kAbandonedWait, before its deadline: if a rank of
+  // this host ended its Job without starting it, it never completes; then as collective_missed
+  // (the report says so). Otherwise nullopt and nothing happens. Only for communicators of
+  // every rank (comm_size == the job's size): the board does not say who is in a group.
+  std::optional<std::string> collective_abandoned(std::string_view backend, const CollectiveInfo& info, int board_comm,
+                                                  int comm_size, double timeout_s, double waited_s, bool abort_job);
   // Ends the whole job now (see the top of this file). Any thread; a second caller waits for
   // the first to finish (process-wide watchdog) or returns at once. Returns only where the
   // channel ends the job without ending the process (thread ranks).
@@ -189,6 +199,10 @@ class Watchdog {
   };
   void loop();
   void check_regions();
+  // The ranks of this host that ended their Jobs (in MPI_Finalize for at least min_age_s, and
+  // with board_comm >= 0, without starting its collective `seq`): they will never join what
+  // this rank waits in. Empty when this rank is not running itself.
+  std::vector<int> ranks_that_left(double min_age_s, int board_comm = -1, std::uint64_t seq = 0);
   void poll_backends();
   bool peer_kill_overdue();  // whether a told rank stops waiting for the launcher (loop thread)
   // With control_mutex_ held: receive and handle whatever the other ranks sent.

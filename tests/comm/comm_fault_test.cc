@@ -160,13 +160,41 @@ int mismatch(int argc, char** argv, std::int64_t a, std::int64_t b) {
 
 }  // namespace
 
+// A call every rank must make, made by rank 0 only (the old job.h example): `what` is
+// "summary" (Job::summary) or "collective" (an allreduce); the other ranks end their Jobs.
+int one_sided(int argc, char** argv, const std::string& what) {
+  const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  int rank = env_rank != nullptr ? std::atoi(env_rank) : -1;
+  try {
+    tutti::Job job(argc, argv, cpu_options());
+    rank = job.rank();
+    hello(job);
+    if (job.rank() == 0) {
+      std::printf("ALONE at %.3f\n", now());
+      std::fflush(stdout);
+      if (what == "summary") {
+        std::printf("%s\n", job.summary().c_str());
+      } else {
+        auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
+        job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "rank 0 alone"}).wait();
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
+    return 1;
+  }
+  std::printf("DONE rank %d\n", rank);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "idiom") return idiom(argc, argv);
   if (mode == "terminate") return terminate(argc, argv);
   if (mode == "groups") return groups(argc, argv);
   if (mode == "abort") return abort_mode(argc, argv);
+  if (mode == "one_sided" && argc > 2) return one_sided(argc, argv, argv[2]);
   if (mode == "mismatch" && argc > 3) return mismatch(argc, argv, std::atoll(argv[2]), std::atoll(argv[3]));
-  std::fprintf(stderr, "usage: %s idiom|groups|terminate|abort|mismatch A B\n", argv[0]);
+  std::fprintf(stderr, "usage: %s idiom|groups|terminate|abort|one_sided summary|collective|mismatch A B\n", argv[0]);
   return 2;
 }

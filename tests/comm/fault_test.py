@@ -191,6 +191,21 @@ def stall_init():
     expect(len(re.findall(r"Where each rank is", job.err)) == 1, "one report", job)
 
 
+def one_sided(what):
+    # Rank 0 alone calls what every rank must (Job::summary, an allreduce); the others end their
+    # Jobs. With the default deadline (300 s) the job ends within kAbandonedWait (5 s) + BOUND,
+    # naming the ranks that left.
+    job = run(["one_sided", what], 3, {}, env_drop=("TUTTI_TIMEOUT_S",))
+    t = job.stamp(r"ALONE")
+    expect(job.rc == 14, "exit code 14 (a wait that cannot end), got %d" % job.rc, job)
+    expect_fast(job, t, 5.0 + BOUND)
+    headline = r"Job::summary \(every rank waits there" if what == "summary" else r"collective #\d+ allreduce"
+    expect_in(r"tutti \[rank 0\]: TIMEOUT: %s.* cannot complete\. Ranks 1, 2 have ended their Jobs \(in MPI_Finalize\) "
+              r"without it: a call that every rank must make was made by some ranks only" % headline, job.err)
+    expect_in(r"of its deadline of 300\.0 s", job.err)
+    expect_in(r"rank 1: in MPI_Finalize", job.err)
+
+
 def stall_collective(private_board=False):
     # Rank 2 stops before its 5th collective, after the communicators exist.
     fault = "2:stall@collective=5"
@@ -304,6 +319,8 @@ def hello_ranks():
 SCENARIOS = {
     "throw_rank0.np2": throw_rank0,
     "stall_init.np3": stall_init,
+    "one_sided_summary.np3": lambda: one_sided("summary"),
+    "one_sided_collective.np3": lambda: one_sided("collective"),
     "throw_last.np3": lambda: throw_last(3),
     "throw_last.np4": lambda: throw_last(4),
     "throw_before_first.np2": throw_before_first,

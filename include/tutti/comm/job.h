@@ -164,6 +164,8 @@ class Job {
 
   // COLLECTIVE, blocks: every rank's line (rank, host, local rank, device, backend) and the
   // versions of tutti, MPI, NCCL and CUDA, the same text on every rank. Print it on one rank.
+  // Called on some ranks only while the others end their Jobs, it ends the job with a report
+  // after about 5 s (when those ranks share the caller's host), else at the deadline.
   std::string summary() const;
 
   // COLLECTIVE, blocks (within the deadline): checks that every rank passes the same value for
