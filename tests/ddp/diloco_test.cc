@@ -42,6 +42,53 @@ void expect_h1_equals_ddp(int nodes, int local) {
 TEST(DiLoCo, H1WithPlainOuterSgdEqualsDdpOnTwoNodesOfTwo) { expect_h1_equals_ddp(2, 2); }
 TEST(DiLoCo, H1WithPlainOuterSgdEqualsDdpOnTwoNodesOfOne) { expect_h1_equals_ddp(2, 1); }
 
+// H = 1 with a plain outer SGD of lr 1 is DDP only with SGD inside. With AdamW inside, each
+// node's AdamW steps on its node's gradient with moments of its own, and the nodes' parameters
+// are averaged after every step (the reference, by hand); DDP's one AdamW steps on the average
+// gradient, and ends elsewhere.
+TEST(DiLoCo, H1WithAdamWInsideAveragesTheNodesAdamWStepsAndIsNotDdp) {
+  constexpr int kNodes = 2, kLocal = 2, kSteps = 10;
+  const DiLoCoOptions o{.sync_every = 1, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false};
+  const std::vector<Values> got = train_diloco(kNodes, kLocal, o, kSteps, /*adamw=*/true);
+
+  auto start = make_model();
+  start->init(kSeed);
+  Values global = values_of(*start);
+  std::vector<std::unique_ptr<nn::Sequential>> models;
+  std::vector<std::unique_ptr<optim::AdamW>> adams;  // one per node: its moments persist across syncs
+  for (int node = 0; node < kNodes; ++node) {
+    models.push_back(make_model());
+    models.back()->init(kSeed);
+    adams.push_back(std::make_unique<optim::AdamW>(models.back()->parameters(), optim::AdamWOptions{.lr = 1e-2f}));
+  }
+  nn::CrossEntropyLoss loss;
+  const std::int64_t per_node = kRows / kNodes;
+  for (int s = 0; s < kSteps; ++s) {
+    Values avg = global;
+    for (auto& v : avg) std::fill(v.begin(), v.end(), 0.0f);
+    for (int node = 0; node < kNodes; ++node) {
+      nn::Sequential& m = *models[static_cast<std::size_t>(node)];
+      const std::vector<nn::Parameter*> ps = m.parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        ps[i]->value.copy_from(Tensor::from_floats(global[i], ps[i]->shape()));
+      const Batch b = rows(batch_of(s), node * per_node, per_node);
+      loss.forward(m.forward(b.x), b.y);
+      m.backward(loss.grad());
+      adams[static_cast<std::size_t>(node)]->step();
+      m.zero_grad();
+      const Values local = values_of(m);
+      for (std::size_t i = 0; i < avg.size(); ++i)
+        for (std::size_t j = 0; j < avg[i].size(); ++j) avg[i][j] += local[i][j] / kNodes;
+    }
+    global = avg;
+  }
+  for (std::size_t r = 0; r < got.size(); ++r) EXPECT_LT(relative_difference(got[r], global), 1e-5) << "rank " << r;
+  const std::vector<Values> ddp = train_ddp(kNodes * kLocal, kSteps, /*adamw=*/true);
+  const double apart = relative_difference(ddp[0], global);
+  std::printf("H = 1, AdamW inside, outer SGD lr 1: %.3g from DDP's parameters (relative L2)\n", apart);
+  EXPECT_GT(apart, 1e-3) << "with AdamW inside, H = 1 is not DDP";
+}
+
 // Inside each node, any ZeRO stage: the same training as stage 0 (AdamW inside, the default outer
 // Nesterov); at stage 3 the outer sync reads and sets parameters that live as shards. (Not with
 // streaming: fragments are cut in the plan's layout, whose padding depends on the stage.)

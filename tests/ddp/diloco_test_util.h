@@ -76,13 +76,13 @@ struct Trainer {
   }
 };
 
-// Every rank's parameters after `steps` steps of DDP over all ranks (inner SGD).
-std::vector<Values> train_ddp(int ranks, int steps) {
+// Every rank's parameters after `steps` steps of DDP over all ranks (SGD, or AdamW).
+std::vector<Values> train_ddp(int ranks, int steps, bool adamw = false) {
   kernels::set_cpu_threads(1);
   ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
   std::vector<Values> out(static_cast<std::size_t>(ranks));
   group.run([&](int rank) {
-    Trainer t(group.communicator(rank), rank, false);
+    Trainer t(group.communicator(rank), rank, adamw);
     for (int s = 0; s < steps; ++s) t.step(s, rank * (kRows / ranks), kRows / ranks);
     out[static_cast<std::size_t>(rank)] = values_of(*t.model);
   });
