@@ -32,6 +32,17 @@ bool has_avx2_kernels(std::string_view core) {
   return false;
 }
 
+// The kernel sets among those whose GEMMs use AVX-512.
+bool has_avx512_kernels(std::string_view core) {
+  constexpr std::array<std::string_view, 3> avx512 = {"skylakex", "cooperlake", "sapphirerapids"};
+  std::string lower(core);
+  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (std::string_view name : avx512) {
+    if (lower == name) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 CpuBlasInfo cpu_blas_info() {
@@ -53,6 +64,8 @@ CpuBlasInfo cpu_blas_info() {
   }
   if ((info.cpu_isa == "avx512" || info.cpu_isa == "avx2") && !has_avx2_kernels(info.core)) {
     info.suggested = info.cpu_isa == "avx512" ? "SkylakeX" : "Haswell";
+  } else if (info.cpu_isa == "avx512" && !has_avx512_kernels(info.core)) {
+    info.suggested = "SkylakeX";
   }
 #else
   info.cpu_isa = "other";
@@ -62,6 +75,13 @@ CpuBlasInfo cpu_blas_info() {
 
 std::string CpuBlasInfo::warning() const {
   if (suggested.empty()) return "";
+  if (has_avx2_kernels(core)) {
+    return "OpenBLAS runs its " + core +
+           " kernels (AVX2) on a CPU with AVX-512 (OPENBLAS_CORETYPE says so, or OpenBLAS knows the CPU's model "
+           "only as AVX2): the CPU GEMMs can run up to 1.6x faster on its AVX-512 kernels. Unset OPENBLAS_CORETYPE, "
+           "or set OPENBLAS_CORETYPE=" +
+           suggested + ", before starting the job (mpirun -x OPENBLAS_CORETYPE for other nodes)";
+  }
   return "OpenBLAS runs its " + core + " kernels on a CPU with " + (cpu_isa == "avx512" ? "AVX-512" : "AVX2") +
          " (it did not recognize the CPU's model): the CPU GEMMs run several times slower than they could. "
          "Set OPENBLAS_CORETYPE=" +

@@ -11,7 +11,10 @@
 // oldest x86-64 kernels (SSE3, "Prescott"): on a 2-core AVX-512 machine measured 3.5x slower
 // GEMMs than its "SkylakeX" kernels (docs/benchmarks.md). Nothing in the process can change the
 // choice afterwards; the environment variable OPENBLAS_CORETYPE, set before the program starts,
-// does. cpu_blas_info() says when the choice is that bad, and what to set.
+// does. cpu_blas_info() says when the choice is that bad, and what to set. It also says when
+// an AVX-512 CPU runs AVX2 kernels (OPENBLAS_CORETYPE=Haswell in the environment, or a CPU
+// model OpenBLAS knows only as AVX2): on a 2-core AMD EPYC with AVX-512, train_gpt's gpt-tiny
+// ran 1.6x faster on the "Cooperlake" kernels OpenBLAS chose itself than on "Haswell".
 #pragma once
 
 #include <string>
@@ -26,7 +29,8 @@ struct CpuBlasInfo {
   std::string core;       // OpenBLAS's kernel set in use: "SkylakeX", "Haswell", "Prescott", ...
   std::string cpu_isa;    // the widest vector ISA of this CPU that the OS enables: "avx512", "avx2", "avx", "sse"
   std::string suggested;  // OPENBLAS_CORETYPE to set: non-empty only when `core` has no AVX2
-                          // kernels but the CPU has AVX2 ("Haswell") or AVX-512 ("SkylakeX")
+                          // kernels but the CPU has AVX2 ("Haswell") or AVX-512 ("SkylakeX"),
+                          // or `core` has AVX2 kernels only and the CPU AVX-512 ("SkylakeX")
   std::string conv;       // what the CPU convolutions run on: "oneDNN 2.6.3 (avx512_core_bf16, OpenMP)
                           // for f32, im2col + OpenBLAS for halves", or "im2col + OpenBLAS" (a build
                           // without oneDNN: TUTTI_WITH_ONEDNN)
