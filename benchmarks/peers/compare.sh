@@ -126,9 +126,10 @@ if [ "$llama" -eq 1 ] && [ "$summary_only" -eq 0 ] && [ ! -f "$out/init/config.j
   "$python" "$peer" --model "$model" --save-init "$out/init" --seed "${INIT_SEED:-1}" > "$out/init.log" 2>&1 ||
     { cat "$out/init.log"; exit 1; }
 fi
-# The peers' variants: PyTorch eager, and for a Llama also under torch.compile (JSON torch-compiled.R.json).
+# The peers' variants: PyTorch eager, and for a Llama (or a GPT with COMPILE=1: torch 2.x) also
+# under torch.compile (JSON torch-compiled.R.json).
 variants=(eager)
-[ "$llama" -eq 1 ] && variants=(eager compiled)
+{ [ "$llama" -eq 1 ] || { [ "$gpt" -eq 1 ] && [ "${COMPILE:-0}" = 1 ]; }; } && variants=(eager compiled)
 tutti_ran=0
 if [ "$summary_only" -eq 0 ] && [ "$torch_only" -eq 0 ] && [ ! -x "$trainer" ]; then
   echo "--- tutti: $trainer is not built (cmake --build $build --target train_fashion_mnist); skipped" >&2
@@ -153,14 +154,14 @@ for r in $(seq 1 "$repeats"); do
   # MFU of the peer against the same ceiling: the GEMM peak tutti's run just measured (PEAK_TFLOPS
   # when tutti does not run).
   peak=${PEAK_TFLOPS:-}
-  if [ "$llama" -eq 1 ] && [ -f "$out/tutti.$r.json" ]; then
+  if [ "$gpt" -eq 1 ] && [ -f "$out/tutti.$r.json" ]; then
     peak=$("$python" -c "import json,sys; print(json.load(open(sys.argv[1])).get('peak_tflops') or '')" \
       "$out/tutti.$r.json")
   fi
   for v in "${variants[@]}"; do
     name=torch label=pytorch extra=()
     [ "$v" = compiled ] && name=torch-compiled label="pytorch compiled" extra=(--compile)
-    [ "$llama" -eq 1 ] && [ -n "$peak" ] && extra+=(--peak-tflops "$peak")
+    [ "$gpt" -eq 1 ] && [ -n "$peak" ] && extra+=(--peak-tflops "$peak")
     echo "--- $label ($r/$repeats): mpirun -np $ranks $python $peer ${common[*]} ${extra[*]}"
     mpirun -np "$ranks" "${mpiflags[@]}" -x MASTER_ADDR -x MASTER_PORT \
       "$python" "$peer" "${common[@]}" "${extra[@]}" --threads "$threads" --json "$out/$name.$r.json" \

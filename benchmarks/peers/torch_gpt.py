@@ -23,7 +23,8 @@ Same as train_gpt, flag for flag:
   user writes; flash attention on a GPU); on 1.x (Debian's 1.13), the explicit
   softmax(q k^T / sqrt(hs) + causal mask) v. --attention manual forces the latter.
 - --precision bf16 / fp16: torch.autocast on the GPU (fp32 master weights, as tutti); fp16
-  with a GradScaler. --compile: torch.compile (2.x).
+  with a GradScaler. --compile: torch.compile (2.x) on the inner model (the module DDP wraps).
+- AdamW fused (fused=True) where this torch has it.
 
 Output (rank 0): one JSON object (--json FILE) with the keys compare.sh and gpt_gpu.sh read:
 tokens_per_s, train_s, wall_s, final_train_loss, final_val_loss, loss_curve [[step, tokens,
@@ -176,16 +177,21 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     flop_params = n_params - model.wpe.weight.numel()
     flops_per_token = 6 * flop_params + 12 * cfg["layers"] * cfg["width"] * T
-    ddp = DDP(model, device_ids=[device.index] if cuda else None)
-    run = torch.compile(ddp) if a.compile else ddp
+    # --compile: the inner model, the one DDP wraps (PyTorch's advice: DDP's hooks stay eager).
+    inner = torch.compile(model) if a.compile else model
+    ddp = DDP(inner, device_ids=[device.index] if cuda else None)
+    run = ddp
     # Two groups, as train_gpt: the blocks' weight matrices decay; embeddings (the tied head
     # too), LayerNorms and biases do not.
     embeddings = {id(model.wte.weight), id(model.wpe.weight)}
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
     no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt_kw = dict(lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
+    try:  # fused where this torch has it (2.x; not 1.13's CPU)
+        opt, fused = torch.optim.AdamW(groups, fused=True, **opt_kw), True
+    except (RuntimeError, TypeError, ValueError):
+        opt, fused = torch.optim.AdamW(groups, **opt_kw), False
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
     scaler = torch.cuda.amp.GradScaler(enabled=a.precision == "fp16" and cuda)
 
@@ -274,7 +280,7 @@ def main():
            "tokens_per_s_steady": steady, "mfu_steady": mfu_steady, "warm_steps": warm,
            "wall_s": time.perf_counter() - WALL_START, "ranks": world, "precision": a.precision,
            "model": a.model, "parameters": n_params, "flops_per_token": flops_per_token, "mfu": mfu,
-           "attention": attention, "compiled": a.compile, "torch": torch.__version__,
+           "attention": attention, "compiled": a.compile, "fused_adamw": fused, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "loss_curve": curve, "first_batch_crc32": first_crc}
     if rank == 0:
         print(f"done: {a.steps} steps, train loss {last_loss:.4f}, val loss {last_val:.4f}, "
