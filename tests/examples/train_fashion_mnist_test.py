@@ -394,19 +394,26 @@ class MfuUnderKernelSets(Case):
 class WhenThingsGoWrong(Case):
     """The trainer's part of docs/user-guide.md's "When things go wrong" (a ctest of its own)."""
 
-    def stop(self, name, target, sig, steps):
+    def stop(self, name, target, sig, steps, tries=1):
         """Starts a run, signals it once its first checkpoint (step 10) exists, checks the stop;
         returns the step it stopped at. (Not from its progress lines: mpirun passes them on
-        late, in blocks.)"""
+        late, in blocks.) With tries > 1, a run that ended without its stop message is started
+        afresh, up to `tries` times in all (for the stop that races a kill delay, below)."""
         d = self.path(name)
-        p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--checkpoint-dir", d,
-                   "--checkpoint-every", "10",
-                   "--json", self.path(name + "-stopped.json"))
-        wait_for_file(p, os.path.join(d, "checkpoint.tckp"))
-        os.kill(ranks_of(p.pid)[-1] if target == "rank" else p.pid, sig)
-        out, err = p.communicate(timeout=60)
-        m = re.search(r"stopped at step (\d+) of %s by (SIGTERM|SIGUSR1|a signal to another rank).*Checkpoint "
-                      r"written to .*Resume with the same command and --resume" % steps, err)
+        for attempt in range(1, tries + 1):
+            shutil.rmtree(d, ignore_errors=True)
+            p = launch(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--checkpoint-dir", d,
+                       "--checkpoint-every", "10",
+                       "--json", self.path(name + "-stopped.json"))
+            wait_for_file(p, os.path.join(d, "checkpoint.tckp"))
+            os.kill(ranks_of(p.pid)[-1] if target == "rank" else p.pid, sig)
+            out, err = p.communicate(timeout=60)
+            m = re.search(r"stopped at step (\d+) of %s by (SIGTERM|SIGUSR1|a signal to another rank).*Checkpoint "
+                          r"written to .*Resume with the same command and --resume" % steps, err)
+            if m is not None or attempt == tries:
+                break
+            print("%s: attempt %d of %d ended without its stop message (exit %s), again:\n%s" % (
+                name, attempt, tries, p.returncode, err))
         self.assertIsNotNone(m, "%s: no stop message in:\n%s" % (name, err))
         if target == "rank" or sig != signal.SIGTERM:  # (mpirun answers SIGTERM with its own exit code, 1)
             self.assertEqual(p.returncode, 75, "%s: a stopped run exits with 75\n%s" % (name, err))
@@ -444,7 +451,10 @@ class WhenThingsGoWrong(Case):
         # mpirun answers SIGTERM by sending SIGTERM to the ranks 1 s later and SIGKILL 1 s after
         # that: the step in flight and the save must fit in that second (the run must outlast it).
         # 4000 steps: the run must outlast mpirun's second even in a starved test process.
-        stopped_at = self.stop("term", "mpirun", signal.SIGTERM, "4000")
+        # Timing-sensitive: on the loaded 2-core machine (ctest -j4) the step, the save and the
+        # message once missed that second (1 of 6 full runs): such a run is started again, 3
+        # tries in all.
+        stopped_at = self.stop("term", "mpirun", signal.SIGTERM, "4000", tries=3)
         run(2, *SUBSET, "--max-steps", str(stopped_at + 2), "--epochs", epochs_for("4000"), "--checkpoint-dir",
             self.path("term"),
             "--resume", "--json", self.path("term.json"))
