@@ -31,7 +31,7 @@ tokens_per_s, train_s, wall_s, final_train_loss, final_val_loss, loss_curve [[st
 train, val]], first_batch_crc32 (of rank 0's first micro-batch, as train_gpt's), mfu.
 """
 import argparse
-import json
+import contextlib
 import math
 import os
 import sys
@@ -47,6 +47,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_data  # noqa: E402
+import peer_common  # noqa: E402
+from peer_common import lr_at  # noqa: E402
 
 PRESETS = {"gpt-tiny": dict(layers=4, heads=4, width=128, context=128, vocab=256),
            "gpt2-124m": dict(layers=12, heads=12, width=768, context=1024, vocab=50257)}
@@ -95,14 +97,6 @@ class GPT(nn.Module):
         for b in self.blocks:
             x = b(x)
         return F.linear(self.ln_f(x), self.wte.weight)  # tied head
-
-
-def lr_at(step, a):
-    if a.warmup_steps > 0 and step < a.warmup_steps:
-        return a.lr * (step + 1) / a.warmup_steps
-    span = a.steps - a.warmup_steps
-    t = 1.0 if span <= 0 else min(1.0, (step - a.warmup_steps) / span)
-    return a.min_lr + (a.lr - a.min_lr) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def main():
@@ -187,11 +181,7 @@ def main():
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
     no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
     groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt_kw = dict(lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
-    try:  # fused where this torch has it (2.x; not 1.13's CPU)
-        opt, fused = torch.optim.AdamW(groups, fused=True, **opt_kw), True
-    except (RuntimeError, TypeError, ValueError):
-        opt, fused = torch.optim.AdamW(groups, **opt_kw), False
+    opt, fused = peer_common.adamw(groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
     scaler = torch.cuda.amp.GradScaler(enabled=a.precision == "fp16" and cuda)
 
@@ -243,7 +233,7 @@ def main():
                 first_crc = gpt_data.tokens_crc32(rows)
             x, y = as_tensors(rows)
             sync = micro == a.accum_steps - 1
-            ctx = run.no_sync() if not sync and hasattr(run, "no_sync") else _null()
+            ctx = run.no_sync() if not sync and hasattr(run, "no_sync") else contextlib.nullcontext()
             with ctx:
                 with autocast():
                     logits = run(x)
@@ -282,22 +272,7 @@ def main():
            "model": a.model, "parameters": n_params, "flops_per_token": flops_per_token, "mfu": mfu,
            "attention": attention, "compiled": a.compile, "fused_adamw": fused, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "loss_curve": curve, "first_batch_crc32": first_crc}
-    if rank == 0:
-        print(f"done: {a.steps} steps, train loss {last_loss:.4f}, val loss {last_val:.4f}, "
-              f"{tokens_per_s:.0f} tokens/s" + (f", MFU {100 * mfu:.1f}%" if mfu else ""), flush=True)
-        print(json.dumps({k: v for k, v in out.items() if k != "loss_curve"}))
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(out, f, indent=2)
-    dist.destroy_process_group()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    peer_common.report(a, rank, out)
 
 
 if __name__ == "__main__":

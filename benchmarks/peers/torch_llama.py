@@ -35,8 +35,8 @@ loss_curve [[step, tokens, train, val]], first_batch_crc32 (of rank 0's first mi
 train_gpt's), flops_per_token (counted as tutti's layers count them), mfu (with --peak-tflops).
 """
 import argparse
+import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -51,6 +51,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt_data  # noqa: E402
+import peer_common  # noqa: E402
+from peer_common import lr_at  # noqa: E402
 
 # tutti's presets (tutti::models::LlamaConfig::preset) that fit a CPU, and compare.sh's benchmark shape.
 PRESETS = {"llama-tiny": dict(layers=4, heads=4, kv_heads=2, width=128, ffn=384, context=256, vocab=256),
@@ -229,15 +231,6 @@ def fingerprint(cfg):
             f"T{cfg['context']} V{cfg['vocab']}{hs}{theta}")
 
 
-def lr_at(step, a):
-    """tutti::optim::LrSchedule::cosine at step (0-based)."""
-    if a.warmup_steps > 0 and step < a.warmup_steps:
-        return a.lr * (step + 1) / a.warmup_steps
-    span = a.steps - a.warmup_steps
-    t = 1.0 if span <= 0 else min(1.0, (step - a.warmup_steps) / span)
-    return a.min_lr + (a.lr - a.min_lr) * 0.5 * (1 + math.cos(math.pi * t))
-
-
 def flops_per_token(cfg, T):
     """Training FLOPs per token as tutti's layers count them (Module::flops): 6 per weight of every
     matrix but the embedding (forward 2, backward 4), plus attention's 12 T H hs a layer (q k^T and
@@ -333,11 +326,7 @@ def main():
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("embed.")]
     no_decay = [p for n, p in model.named_parameters() if p.dim() != 2 or n.startswith("embed.")]
     groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    opt_kw = dict(lr=a.lr, betas=(a.beta1, a.beta2), eps=1e-8)
-    try:
-        opt, fused = torch.optim.AdamW(groups, fused=True, **opt_kw), True
-    except (RuntimeError, TypeError, ValueError):
-        opt, fused = torch.optim.AdamW(groups, **opt_kw), False
+    opt, fused = peer_common.adamw(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=1e-8)
 
     def as_tensors(rows):
         x = torch.tensor([r[0] for r in rows], dtype=torch.long)
@@ -381,7 +370,7 @@ def main():
                 first_crc = gpt_data.tokens_crc32(rows)
             x, y = as_tensors(rows)
             sync = micro == a.accum_steps - 1
-            with (ddp.no_sync() if not sync else _null()):
+            with (ddp.no_sync() if not sync else contextlib.nullcontext()):
                 loss = ddp(x, y)
                 (loss / a.accum_steps).backward()
             step_loss += loss.detach() / a.accum_steps
@@ -419,22 +408,7 @@ def main():
            "mfu": mfu, "gqa": a.gqa, "compiled": a.compile, "fused_adamw": fused, "torch": torch.__version__,
            "threads": torch.get_num_threads(), "seq_len": T, "global_batch_size": a.batch_size,
            "loss_curve": curve, "first_batch_crc32": first_crc}
-    if rank == 0:
-        print(f"done: {a.steps} steps, train loss {last_loss:.4f}, val loss {last_val:.4f}, "
-              f"{tokens_per_s:.0f} tokens/s" + (f", MFU {100 * mfu:.1f}%" if mfu else ""), flush=True)
-        print(json.dumps({k: v for k, v in out.items() if k != "loss_curve"}))
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(out, f, indent=2)
-    dist.destroy_process_group()
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    peer_common.report(a, rank, out)
 
 
 if __name__ == "__main__":
