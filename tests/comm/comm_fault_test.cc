@@ -69,7 +69,10 @@ void train_a_little(tutti::Job& job) {
   }
 }
 
-int idiom(int argc, char** argv) {
+// The idiom every mode below follows: a Job, "PID rank", `body`; a tutti error is caught and
+// printed ("CAUGHT rank R at T: ..."), exit 1; else "DONE rank R", exit 0.
+template <class Body>
+int with_job(int argc, char** argv, Body body) {
   // The launcher's number: the Job's constructor may be what throws.
   const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   int rank = env_rank != nullptr ? std::atoi(env_rank) : -1;
@@ -77,7 +80,7 @@ int idiom(int argc, char** argv) {
     tutti::Job job(argc, argv, cpu_options());
     rank = job.rank();
     hello(job);
-    train_a_little(job);
+    body(job);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
     return 1;
@@ -86,25 +89,17 @@ int idiom(int argc, char** argv) {
   return 0;
 }
 
+int idiom(int argc, char** argv) { return with_job(argc, argv, train_a_little); }
+
 int groups(int argc, char** argv) {
-  const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  int rank = env_rank != nullptr ? std::atoi(env_rank) : -1;
-  try {
-    tutti::Job job(argc, argv, cpu_options());
-    rank = job.rank();
-    hello(job);
+  return with_job(argc, argv, [](tutti::Job& job) {
     auto hier = tutti::hierarchical_communicator(job.communicator(), job.node_groups({}, 2));
     auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
     for (int i = 0; i < 40; ++i) {
       hier->allreduce(x, tutti::ReduceOp::sum, {.label = "step " + std::to_string(i)}).wait();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
-    return 1;
-  }
-  std::printf("DONE rank %d\n", rank);
-  return 0;
+  });
 }
 
 int terminate(int argc, char** argv) {
@@ -163,28 +158,17 @@ int mismatch(int argc, char** argv, std::int64_t a, std::int64_t b) {
 // A call every rank must make, made by rank 0 only (the old job.h example): `what` is
 // "summary" (Job::summary) or "collective" (an allreduce); the other ranks end their Jobs.
 int one_sided(int argc, char** argv, const std::string& what) {
-  const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  int rank = env_rank != nullptr ? std::atoi(env_rank) : -1;
-  try {
-    tutti::Job job(argc, argv, cpu_options());
-    rank = job.rank();
-    hello(job);
-    if (job.rank() == 0) {
-      std::printf("ALONE at %.3f\n", now());
-      std::fflush(stdout);
-      if (what == "summary") {
-        std::printf("%s\n", job.summary().c_str());
-      } else {
-        auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
-        job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "rank 0 alone"}).wait();
-      }
+  return with_job(argc, argv, [&](tutti::Job& job) {
+    if (job.rank() != 0) return;
+    std::printf("ALONE at %.3f\n", now());
+    std::fflush(stdout);
+    if (what == "summary") {
+      std::printf("%s\n", job.summary().c_str());
+    } else {
+      auto x = tutti::Tensor::zeros({1000}, tutti::DType::f32, job.device());
+      job.communicator().allreduce(x, tutti::ReduceOp::sum, {.label = "rank 0 alone"}).wait();
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
-    return 1;
-  }
-  std::printf("DONE rank %d\n", rank);
-  return 0;
+  });
 }
 
 int main(int argc, char** argv) {
