@@ -277,6 +277,7 @@ LAUNCH_NODES = 4   # x 1 rank each; the global batch divides by 4 and by 3
 FLAGS = ["--train-subset", "19200", "--test-subset", "500", "--batch-size", "96", "--epochs", "2", "--seed", "5"]
 STEPS = 400        # 19200 / 96 x 2 epochs
 KILL_AT = 100      # the step (as printed) after which node1 is killed
+LATE_KILL = 200    # a kill after a later step tests too little of the run: it is tried again
 EVERY = 20         # --checkpoint-every
 RELAUNCH_BOUND = 15.0   # s from the kill to the relaunch (the survivors' end, the probes, mpirun)
 STEP_BOUND = 30.0       # s from the kill to the relaunched job's first printed step
@@ -334,10 +335,20 @@ def launch(c, hostfile, *args, env_extra=None, probe_timeout=10):
     return c.popen(cmd, env_extra)
 
 
+class LateKill(Exception):
+    """The kill came too late to test a failure mid-run (see launch_and_kill_node1)."""
+
+
 def launch_and_kill_node1(c, run_flags):
     """tutti-launch runs the trainer with run_flags on cluster c; after step KILL_AT every process
     of node1, its holder too (the machine is gone), gets SIGKILL. Returns the launcher's process
-    (ended), its Lines and the time of the kill."""
+    (ended), its Lines and the time of the kill.
+
+    Timing-sensitive, so it says so: the kill follows the first progress line at or past KILL_AT
+    that reaches this test, and on a loaded 2-core machine that line has arrived after the run's
+    last step (CI saw "after step 400" once): the job then ends from its final checkpoint, and the
+    scenario tests nothing. A kill past LATE_KILL raises LateKill, and the scenario runs again
+    (with_late_kill_retry)."""
     p = launch(c, c.hostfile(), *run_flags)
     out = Lines(p)
     try:
@@ -352,7 +363,27 @@ def launch_and_kill_node1(c, run_flags):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+    # The latest step printed before the kill: the matched line, or one after it when finding the
+    # node's processes took long.
+    steps = [(t, int(n.group(1)), line) for t, s, line in out.lines
+             if s == "out" and (n := re.search(r"step (\d+)/%d" % STEPS, line))]
+    reached = max(n for t, n, _ in steps if t <= killed)
+    if reached > LATE_KILL:
+        raise LateKill("the kill came after step %d, past %d; progress lines as they arrived (s after the first):\n%s"
+                       % (reached, LATE_KILL, "\n".join("  %7.2f  %s" % (t - steps[0][0], line) for t, _, line in steps)))
     return p, out, killed
+
+
+def with_late_kill_retry(scenario, tries=3):
+    """Runs scenario (a function that calls launch_and_kill_node1) again, from scratch, when its
+    kill came too late; any other failure is a failure at once."""
+    for attempt in range(1, tries + 1):
+        try:
+            return scenario()
+        except LateKill as e:
+            print("try %d of %d: %s" % (attempt, tries, e))
+            if attempt == tries:
+                raise AssertionError("every try's kill came too late: %s" % e) from None
 
 
 def launcher_node_killed():
@@ -521,8 +552,8 @@ def launcher_unreachable_host():
 
 
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
-             "node_killed": node_killed, "launcher_node_killed": launcher_node_killed,
-             "launcher_node_killed_memory": launcher_node_killed_memory,
+             "node_killed": node_killed, "launcher_node_killed": lambda: with_late_kill_retry(launcher_node_killed),
+             "launcher_node_killed_memory": lambda: with_late_kill_retry(launcher_node_killed_memory),
              "launcher_unreachable_host": launcher_unreachable_host}
 
 if __name__ == "__main__":
