@@ -151,16 +151,26 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
 
   const tutti::Device device = job.device();
   const tutti::Stream stream = device.is_cuda() ? tutti::Stream::create(device) : tutti::Stream();
-  const std::unique_ptr<tutti::models::CausalLm> owned_model = gpt::make_model(config);
+  // At ZeRO-3 the model is built without storage (nn::DeferredParameters): DDP fills each rank's
+  // shards one transformer layer at a time, from the seed or the --init-from folder, so that no
+  // rank ever holds the whole model. The other stages keep it whole anyway.
+  std::unique_ptr<tutti::models::CausalLm> owned_model;
+  if (f.zero == 3) {
+    tutti::nn::DeferredParameters defer;
+    owned_model = gpt::make_model(config);
+  } else {
+    owned_model = gpt::make_model(config);
+  }
   tutti::models::CausalLm& model = *owned_model;
   model.set_recompute(tutti::models::Recompute::parse(f.recompute));
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   tutti::amp::apply(policy, model);
   model.to(device, stream).init(f.seed);
   // Pretrained weights: every rank reads the folder, one tensor at a time (models/hf.h), before DDP
-  // shards them. A resume then loads the checkpoint over them.
+  // shards them; at ZeRO-3 rank 0 reads each tensor as DDP fills its group, and broadcasts the
+  // group. A resume then loads the checkpoint over them.
+  auto last = Clock::now();  // of the loading's progress line, which DDP's construction may print
   if (!f.init_from.empty()) {
-    auto last = Clock::now();
     tutti::models::hf::load_weights(f.init_from, model, [&](std::int64_t read, std::int64_t total) {
       if (!chatty || (read < total && Clock::now() - last < std::chrono::seconds(5))) return;
       last = Clock::now();
@@ -181,6 +191,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
+  // What building, loading and sharding the model took at its worst (the optimizer's state is
+  // not made yet).
+  const std::int64_t setup_peak_bytes = tutti::Storage::peak_bytes(device);
 
   // Two parameter groups: the weight matrices decay; LayerNorm gains, biases and the two
   // embeddings (the token embedding is also the tied output head) do not (GPT-2's and
@@ -197,6 +210,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // decay (stage 0), or this rank's shard and the all-gather after each step (ZeRO).
   ddp.attach(optimizer);
   sync.start(ddp, optimizer);  // --sync diloco: node 0's parameters everywhere (COLLECTIVE)
+
   std::int64_t decayed = 0;
   for (const auto& g : optimizer.groups()) {
     if (optimizer.weight_decay_of(g) > 0) {
@@ -450,6 +464,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     // The most bytes this rank's tensors held on its device at once (tutti's allocations:
     // not CUDA's context, cuBLAS's or NCCL's own).
     summary.set("peak_device_bytes", tutti::Storage::peak_bytes(device));
+    // The same when the model was built, loaded and sharded, before the optimizer's state (at
+    // ZeRO-3 one layer at a time, never the whole model).
+    summary.set("setup_peak_device_bytes", setup_peak_bytes);
     // Gradient bytes this rank put on the wire in the last step (DDP's StepStats: the buckets,
     // or PowerSGD's P, Q and uncompressed gradients), and the communicator DDP used.
     summary.set("reduced_bytes_last_step", ddp.last_stats().bytes_reduced);

@@ -46,6 +46,10 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
 
+  // Deferred parameters (nn::DeferredParameters): ZeRO-3 fills its shards one gather group at a
+  // time (below); the other stages keep the whole model anyway.
+  if (options_.zero_stage < 3) model_.materialize();
+  const bool deferred = model_.has_deferred_parameters();
   params_ = model_.parameters();
   for (std::size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i], i);
   const int zero = options_.zero_stage;
@@ -69,22 +73,33 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
       std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
   const nn::FlatPlan& plan = reducer_->plan();
   model_.drop_grads();
-  model_.storage().flatten(plan);
+  if (!deferred) model_.storage().flatten(plan);
   if (zero < 2) {
     // Every gradient is written straight into its bucket.
     model_.storage().set_grad_buffer(reducer_->buffer(), plan);
   }
   // Before the hooks: a refusal here must not leave the model calling into a DDP never made.
-  if (options_.broadcast_parameters) broadcast_parameters();
+  if (options_.broadcast_parameters) broadcast_parameters(!deferred);
   if (zero == 3 || (zero > 0 && model_.storage().compute_copies().defined())) {
     // Half compute: the model reads its compute copies; the fp32 masters are this rank's shard.
     master_shard_ = Tensor::empty({plan.shard_numel}, DType::f32, model_.device());
-    for (const nn::PlanBucket& b : plan.buckets) {
-      master_shard_.view(b.shard_offset, {b.chunk})
-          .copy_from(model_.storage().values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
+    std::vector<Tensor> resident;  // deferred: the resident buckets' values
+    if (deferred) {
+      resident = shard_deferred_parameters(comm_, model_, plan, groups, options_.broadcast_parameters, master_shard_);
+    } else {
+      for (const nn::PlanBucket& b : plan.buckets) {
+        master_shard_.view(b.shard_offset, {b.chunk})
+            .copy_from(model_.storage().values().view(b.chunk_of(comm_.rank()).begin, {b.chunk}), model_.stream());
+      }
     }
     if (zero == 3) {
-      zero3_ = std::make_unique<Zero3Parameters>(comm_, model_, plan, groups, options_.gather_buffer_mb, master_shard_);
+      const auto bucket_values = [&](int b) {
+        const nn::PlanBucket& pb = plan.buckets[static_cast<std::size_t>(b)];
+        return deferred ? resident[static_cast<std::size_t>(b)]
+                        : model_.storage().values().view(pb.begin, {pb.numel()});
+      };
+      zero3_ = std::make_unique<Zero3Parameters>(comm_, model_, plan, groups, options_.gather_buffer_mb, master_shard_,
+                                                 bucket_values);
     } else {
       model_.storage().release_masters();
     }
@@ -291,7 +306,7 @@ void DistributedDataParallel::verify_same_model() {
               " differ from rank 0); ", detail);
 }
 
-void DistributedDataParallel::broadcast_parameters() {
+void DistributedDataParallel::broadcast_parameters(bool values) {
   // One small broadcast first: whether rank 0 has initialized every parameter (the index of
   // the first it has not, or -1), so that every rank refuses alike instead of training rank
   // 0's uninitialized memory; then the layers' state (Dropout's seeds and positions), which
@@ -327,6 +342,7 @@ void DistributedDataParallel::broadcast_parameters() {
   }
   model_.load_extra_state(extra);
 
+  if (!values) return;  // deferred parameters: ZeRO-3 broadcasts them group by group
   CallOptions call;
   call.label = "ddp parameter broadcast";
   call.stream = model_.stream();

@@ -66,8 +66,43 @@ void check_tied(nn::Module& m, const std::vector<nn::Parameter*>& params, const 
 
 }  // namespace
 
+std::vector<Tensor> shard_deferred_parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
+                                              const std::vector<std::string>& groups, bool broadcast,
+                                              const Tensor& master_shard) {
+  const std::vector<nn::Parameter*> params = model.parameters();
+  const Stream& stream = model.stream();
+  const bool reads = !broadcast || comm.rank() == 0;
+  std::vector<Tensor> resident(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    const nn::PlanBucket& pb = plan.buckets[b];
+    if (pb.entries.empty()) continue;
+    Tensor whole = Tensor::zeros({pb.numel()}, DType::f32, model.device());  // the padding stays 0
+    if (reads) {
+      for (std::size_t i : pb.entries) {
+        const nn::PlanEntry& e = plan.entries[i];
+        Tensor view = whole.view(e.offset - pb.begin, e.shape);
+        nn::fill_from_source(*params[i], view, stream);
+      }
+    }
+    if (broadcast) {
+      CallOptions call;
+      call.stream = stream;
+      call.label = "ddp parameter broadcast (deferred, group " + std::to_string(b) + ")";
+      comm.broadcast(whole, 0, call).wait(stream);
+    }
+    if (pb.chunk > 0) {
+      master_shard.view(pb.shard_offset, {pb.chunk})
+          .copy_from(whole.view(pb.chunk_of(comm.rank()).begin - pb.begin, {pb.chunk}), stream);
+    }
+    if (groups[pb.entries.front()].empty()) resident[b] = whole;
+    stream.synchronize();  // `whole` is freed next, unless resident
+  }
+  return resident;
+}
+
 Zero3Parameters::Zero3Parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
-                                 const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard)
+                                 const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard,
+                                 const std::function<Tensor(int bucket)>& bucket_values)
     : comm_(comm), model_(model), plan_(plan), params_(model.parameters()), half_(is_half(model.compute_dtype())) {
   check_tied(model_, params_, groups);
   const std::size_t nb = plan_.buckets.size();
@@ -97,27 +132,28 @@ Zero3Parameters::Zero3Parameters(Communicator& comm, nn::Module& model, const nn
   pending_.resize(nb);
   resident_buffers_.resize(nb);
   const Stream& stream = model_.stream();
-  nn::FlatStorage& storage = model_.storage();
-  const Tensor& whole = half_ ? storage.compute_copies() : storage.values();
   const DType dtype = model_.compute_dtype();
+  // The compute copies are the masters cast (nn::FlatStorage), so the compute shard is the
+  // master shard cast.
   if (half_) {
     compute_shard_ = Tensor::empty({plan_.shard_numel}, dtype, model_.device());
-    for (const nn::PlanBucket& pb : plan_.buckets) {
-      if (pb.chunk == 0) continue;
-      compute_shard_.view(pb.shard_offset, {pb.chunk})
-          .copy_from(whole.view(pb.chunk_of(comm_.rank()).begin, {pb.chunk}), stream);
-    }
+    kernels::cast(master_shard, compute_shard_, stream);
   } else {
     compute_shard_ = master_shard;
   }
   for (std::size_t b = 0; b < nb; ++b) {
     if (!resident_[b]) continue;
     const nn::PlanBucket& pb = plan_.buckets[b];
+    const Tensor values = bucket_values(static_cast<int>(b));
     resident_buffers_[b] = Tensor::empty({pb.numel()}, dtype, model_.device());
-    resident_buffers_[b].copy_from(whole.view(pb.begin, {pb.numel()}), stream);
+    if (half_) {
+      kernels::cast(values, resident_buffers_[b], stream);
+    } else {
+      resident_buffers_[b].copy_from(values, stream);
+    }
   }
   for (Tensor& s : slots_) s = Tensor::zeros({std::max<std::int64_t>(buffer_numel, 1)}, dtype, model_.device());
-  storage.release_parameters();  // synchronizes: the copies above are done
+  model_.storage().release_parameters();  // synchronizes: the copies above are done
   for (std::size_t b = 0; b < nb; ++b) {
     if (resident_[b]) place(static_cast<int>(b), resident_buffers_[b]);
   }

@@ -31,15 +31,17 @@ namespace tutti::ddp {
 
 class Zero3Parameters {
  public:
-  // Takes this rank's shard and the resident buckets from the model's flat values and compute
-  // copies (whole and equal on every rank: after DDP's broadcast), then releases them
-  // (FlatStorage::release_parameters). groups: each parameter's gather group (gather_segments;
-  // "": resident). buffer_mb: each gather buffer's size in MiB (0: the largest group's; a larger
-  // group is refused, naming it). master_shard: the f32 shard DDP keeps (the compute shard under
-  // f32 compute). Refuses a layer that reads another module's parameter (nn::TiedLinear) of a
-  // group that is not resident.
+  // Makes the compute shard from master_shard (the f32 shard DDP keeps, filled already; also
+  // the compute shard under f32 compute) and the resident buckets from bucket_values(b) (bucket
+  // b's whole fp32 values, plan layout from its begin; asked for the resident buckets only, and
+  // equal on every rank), then releases the model's parameters (FlatStorage::release_parameters).
+  // groups: each parameter's gather group (gather_segments; "": resident). buffer_mb: each
+  // gather buffer's size in MiB (0: the largest group's; a larger group is refused, naming it).
+  // Refuses a layer that reads another module's parameter (nn::TiedLinear) of a group that is
+  // not resident.
   Zero3Parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
-                  const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard);
+                  const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard,
+                  const std::function<Tensor(int bucket)>& bucket_values);
   ~Zero3Parameters();
   Zero3Parameters(const Zero3Parameters&) = delete;
   Zero3Parameters& operator=(const Zero3Parameters&) = delete;
@@ -104,6 +106,16 @@ class Zero3Parameters {
 std::vector<int> gather_segments(const std::vector<nn::Parameter*>& params,
                                  const std::function<std::string(const std::string&)>& group,
                                  std::vector<std::string>& groups);
+
+// ZeRO-3 for a model with deferred parameters (nn::DeferredParameters): fills master_shard
+// (this rank's shard, plan layout) one bucket at a time from the parameters' sources, never
+// holding more than one bucket whole beside the resident ones. With `broadcast` only rank 0
+// reads the sources and broadcasts each bucket (rank 0's values everywhere, as
+// DdpOptions::broadcast_parameters promises); else every rank reads them. Returns the resident
+// buckets' whole fp32 values (undefined for the others: see Zero3Parameters). Synchronizes.
+std::vector<Tensor> shard_deferred_parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
+                                              const std::vector<std::string>& groups, bool broadcast,
+                                              const Tensor& master_shard);
 
 // The gather group of a parameter by default (DdpOptions::gather_group unset): its name up to
 // the first numeric component ("blocks.3.body.1.weight" -> "blocks.3"), "" when it has none.

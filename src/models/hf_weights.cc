@@ -2,6 +2,7 @@
 // parameters, read one tensor at a time from a validated io::SafetensorsFolder, and written back.
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "io/checkpoint_file.h"
@@ -118,7 +119,8 @@ void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& p
   const std::variant<GptConfig, LlamaConfig> shape = config_of(model);
   const Config file = read_config(dir);
   check_shape(dir, shape, file);
-  const io::SafetensorsFolder folder(dir);  // every file's header validated here
+  const auto folder_ptr = std::make_shared<const io::SafetensorsFolder>(dir);  // every header validated here
+  const io::SafetensorsFolder& folder = *folder_ptr;
   const std::vector<TensorMap> map = map_of(shape);
   // Everything checked before anything is loaded: each tensor present, of its shape and a float
   // dtype (config.json's when it names one); nothing left over.
@@ -142,39 +144,57 @@ void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& p
     TUTTI_CHECK_ARG(mapped.count(name) || ignorable(name, tied), "Hugging Face file '", folder.file_of(name).path(),
                     "': tensor '", name, "' belongs to no parameter of ", model.describe());
   }
-  std::int64_t total = 0, read = 0;
-  for (const TensorMap& t : map)
-    total += static_cast<std::int64_t>(folder.entry(stored_name(folder, t.hf_name)).nbytes());
-  // One parameter at a time: its rows from each of its tensors, on the host in f32, then to its
-  // device.
-  std::map<std::string, std::vector<const TensorMap*>> by_param;
-  for (const TensorMap& t : map) by_param[t.param].push_back(&t);
-  const Stream& stream = model.stream();
-  for (nn::Parameter* p : model.parameters()) {
-    const auto it = by_param.find(p->name);
-    TUTTI_CHECK_ARG(it != by_param.end(), "Hugging Face weights: no tensor maps to ", p->name);
-    const std::int64_t cols = p->ndim() == 2 ? p->shape()[1] : 1;
-    Tensor host = Tensor::zeros(p->shape(), DType::f32);  // a GPT's padded vocabulary rows stay 0
-    for (const TensorMap* t : it->second) {
-      const std::string name = stored_name(folder, t->hf_name);
-      const std::int64_t n = numel_of(t->hf_shape);
-      read += static_cast<std::int64_t>(folder.entry(name).nbytes());
-      if (!t->transposed) {
-        folder.read_elements_into(name, 0, host.view(t->row_begin * cols, {n}));
+  // What each parameter is filled from; shared by the sources of a deferred model, which read
+  // when the parameter is materialized.
+  struct Reading {
+    std::shared_ptr<const io::SafetensorsFolder> folder;
+    std::map<std::string, std::vector<TensorMap>> by_param;
+    std::int64_t total = 0, read = 0;
+    LoadProgress progress;
+  };
+  auto reading = std::make_shared<Reading>();
+  reading->folder = folder_ptr;
+  reading->progress = progress;
+  for (const TensorMap& t : map) {
+    reading->total += static_cast<std::int64_t>(folder.entry(stored_name(folder, t.hf_name)).nbytes());
+    reading->by_param[t.param].push_back(t);
+  }
+  // One parameter's rows from each of its tensors, on the host in f32.
+  const auto fill = [](Reading& r, const std::string& param, Tensor& host) {
+    const io::SafetensorsFolder& f = *r.folder;
+    const std::int64_t cols = host.shape().size() == 2 ? host.shape()[1] : 1;
+    host.zero();  // a GPT's padded vocabulary rows stay 0
+    for (const TensorMap& t : r.by_param.at(param)) {
+      const std::string name = stored_name(f, t.hf_name);
+      const std::int64_t n = numel_of(t.hf_shape);
+      r.read += static_cast<std::int64_t>(f.entry(name).nbytes());
+      if (!t.transposed) {
+        f.read_elements_into(name, 0, host.view(t.row_begin * cols, {n}));
         continue;
       }
       // Conv1D's [in, out] into tutti's [out, in] rows.
-      const Tensor stored = folder.read(name, DType::f32);
-      const std::int64_t in = t->hf_shape[0], out = t->hf_shape[1];
+      const Tensor stored = f.read(name, DType::f32);
+      const std::int64_t in = t.hf_shape[0], out = t.hf_shape[1];
       const float* src = stored.data_as<float>();
-      float* dst = host.data_as<float>() + t->row_begin * cols;
+      float* dst = host.data_as<float>() + t.row_begin * cols;
       for (std::int64_t i = 0; i < in; ++i)
         for (std::int64_t o = 0; o < out; ++o) dst[o * in + i] = src[i * out + o];
     }
+    if (r.progress) r.progress(r.read, r.total);
+  };
+  const Stream& stream = model.stream();
+  for (nn::Parameter* p : model.parameters()) {
+    TUTTI_CHECK_ARG(reading->by_param.count(p->name), "Hugging Face weights: no tensor maps to ", p->name);
+    if (p->deferred) {  // read when it is materialized (nn::DeferredParameters)
+      p->source = [reading, fill, name = p->name](Tensor& host) { fill(*reading, name, host); };
+      p->initialized = true;
+      continue;
+    }
+    Tensor host = Tensor::empty(p->shape(), DType::f32);
+    fill(*reading, p->name, host);
     p->value.copy_from(host, stream);
     stream.synchronize();  // `host` is freed next
     p->initialized = true;
-    if (progress) progress(read, total);
   }
   model.refresh_compute_copies();
   stream.synchronize();

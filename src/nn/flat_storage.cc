@@ -41,6 +41,7 @@ FlatPlan FlatStorage::make_plan(const FlatPlanOptions& options) { return make_fl
 void FlatStorage::flatten(const FlatPlan& plan) {
   require_root("flatten");
   require_masters("flatten");
+  model_.require_materialized("flatten");
   const std::vector<Parameter*> params = model_.parameters();
   plan.check_matches(params, "flatten");
   const Stream& s = model_.stream();
@@ -75,14 +76,18 @@ void FlatStorage::move_values(Device device, const Stream& stream) {
     }
     values_ = moved;
   } else {
-    for (Parameter* p : params) p->value = p->value.to(device, stream);
+    for (Parameter* p : params) {
+      if (!p->deferred) p->value = p->value.to(device, stream);  // a deferred one is filled on `device`
+    }
   }
 }
 
 void FlatStorage::make_compute_copies(DType dtype) {
   const std::vector<Parameter*> params = model_.parameters();
-  const bool have_copies =
-      !params.empty() && params.front()->compute.defined() && params.front()->compute.dtype() == dtype;
+  // Deferred parameters get theirs when they are materialized.
+  const bool have_copies = std::all_of(params.begin(), params.end(), [dtype](const Parameter* p) {
+    return p->deferred || (p->compute.defined() && p->compute.dtype() == dtype);
+  });
   if (!is_half(dtype)) {
     for (Parameter* p : params) p->compute = Tensor();
     compute_ = Tensor();
@@ -96,7 +101,11 @@ void FlatStorage::make_compute_copies(DType dtype) {
     }
   } else {
     compute_ = Tensor();
-    for (Parameter* p : params) p->compute = Tensor::empty(p->shape(), dtype, model_.device());
+    for (Parameter* p : params) {
+      if (p->deferred) continue;
+      if (!p->compute.defined() || p->compute.dtype() != dtype)
+        p->compute = Tensor::empty(p->shape(), dtype, model_.device());
+    }
   }
   model_.refresh_compute_copies();
 }
@@ -114,11 +123,14 @@ void FlatStorage::release_masters() {
 
 void FlatStorage::release_parameters() {
   require_root("release_parameters");
-  TUTTI_CHECK_ARG(value_plan_ != nullptr, "release_parameters: the values are not flat (storage().flatten first)");
+  TUTTI_CHECK_ARG(value_plan_ != nullptr || model_.has_deferred_parameters(),
+                  "release_parameters: the values are not flat (storage().flatten first)");
   model_.stream().synchronize();
   for (Parameter* p : model_.parameters()) {
     p->value = Tensor();
     p->compute = Tensor();
+    p->deferred = false;  // its owner holds its values now
+    p->source = nullptr;
   }
   values_ = Tensor();
   compute_ = Tensor();

@@ -100,6 +100,9 @@ void Module::check_initialized() {
   for (Parameter* p : parameters()) {
     TUTTI_CHECK_ARG(p->initialized, "parameter ", p->name, " of ", describe(),
                     " was never initialized: call init(seed) or load_state_dict() on the model first");
+    TUTTI_CHECK_ARG(!p->deferred, "parameter ", p->name, " of ", describe(),
+                    " is deferred (made under nn::DeferredParameters) and has no storage yet: call materialize() "
+                    "on the model, or hand it to DistributedDataParallel, first");
   }
   checked_initialized_ = true;
 }
@@ -213,6 +216,15 @@ void Module::require_masters(const char* what) const {
   if (storage_) storage_->require_masters(what);
 }
 
+void Module::require_materialized(const char* what) {
+  for (const Parameter* p : parameters()) {
+    TUTTI_CHECK_ARG(!p->deferred, what, ": parameter ", p->name,
+                    " is deferred (made under nn::DeferredParameters) and has no storage yet: call materialize() on "
+                    "the model first (or, for DistributedDataParallel's model, use its model_state_dict and "
+                    "load_model_state_dict)");
+  }
+}
+
 FlatStorage& Module::storage() {
   require_root("storage");
   if (!storage_) {
@@ -299,6 +311,14 @@ Module& Module::init(std::uint64_t seed) {
   const Stream& s = stream();
   for (std::size_t i = 0; i < params.size(); ++i) {
     Parameter& p = *params[i];
+    if (p.deferred) {  // the same values, drawn when the parameter is materialized
+      p.source = [spec = p.init, param_seed = derive_seed(seed, i)](Tensor& host) {
+        InitRng rng(param_seed);
+        fill_init(host, spec, rng);
+      };
+      p.initialized = true;
+      continue;
+    }
     Tensor host = Tensor::empty(p.shape(), DType::f32);
     InitRng rng(derive_seed(seed, i));
     fill_init(host, p.init, rng);
@@ -313,6 +333,33 @@ Module& Module::init(std::uint64_t seed) {
   for (std::size_t i = 0; i < modules.size(); ++i) modules[i]->on_init(derive_seed(~seed, i));
   s.synchronize();
   return *this;
+}
+
+Module& Module::materialize() {
+  require_root("materialize");
+  const std::vector<Parameter*> params = parameters();
+  const Stream& s = stream();
+  bool any = false;
+  for (Parameter* p : params) {
+    if (!p->deferred) continue;
+    Tensor value = Tensor::empty(p->shape(), DType::f32, device());
+    fill_from_source(*p, value, s);
+    p->value = value;
+    p->deferred = false;
+    p->source = nullptr;
+    p->initialized = true;
+    any = true;
+  }
+  if (any) storage().make_compute_copies(compute_dtype());  // for the new ones; refreshes all
+  s.synchronize();
+  return *this;
+}
+
+bool Module::has_deferred_parameters() {
+  for (const Parameter* p : parameters()) {
+    if (p->deferred) return true;
+  }
+  return false;
 }
 
 Module& Module::set_grad_comm_dtype(DType dtype) {
@@ -442,6 +489,7 @@ void Module::drop_grads() {
 
 StateDict Module::state_dict() {
   require_masters("state_dict");
+  require_materialized("state_dict");
   StateDict out = extra_state();
   for (Parameter* p : parameters()) out[p->name] = p->value.to(Device::cpu(), stream());
   stream().synchronize();
@@ -486,6 +534,7 @@ void Module::load_extra_state(const StateDict& state, bool strict) {
 void Module::load_state_dict(const StateDict& state, bool strict) {
   require_root("load_state_dict");
   require_masters("load_state_dict");
+  require_materialized("load_state_dict");
   std::set<std::string> used;
   for (const auto& [name, t] : extra_state()) used.insert(name);
   load_extra_state(state, strict);

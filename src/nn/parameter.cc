@@ -2,10 +2,35 @@
 
 #include <cstddef>
 
+#include "tutti/core/error.h"
+
 namespace tutti::nn {
+namespace {
+
+thread_local int deferred_scopes = 0;
+
+}  // namespace
 
 Parameter::Parameter(Shape shape, InitSpec init_spec)
-    : value(Tensor::zeros(shape, DType::f32)), init(init_spec), shape_(std::move(shape)), numel_(numel_of(shape_)) {}
+    : value(deferred_scopes > 0 ? Tensor() : Tensor::zeros(shape, DType::f32)),
+      init(init_spec),
+      deferred(deferred_scopes > 0),
+      shape_(std::move(shape)),
+      numel_(numel_of(shape_)) {}
+
+DeferredParameters::DeferredParameters() { ++deferred_scopes; }
+DeferredParameters::~DeferredParameters() { --deferred_scopes; }
+bool DeferredParameters::active() { return deferred_scopes > 0; }
+
+void fill_from_source(const Parameter& p, Tensor& dst, const Stream& stream) {
+  TUTTI_CHECK_ARG(static_cast<bool>(p.source), "parameter ", p.name,
+                  " is deferred (made under nn::DeferredParameters) and was never initialized: call init(seed) or a "
+                  "loader (models::hf::load_weights) on the model before it is materialized");
+  Tensor host = Tensor::empty(p.shape(), DType::f32);
+  p.source(host);
+  dst.copy_from(host, stream);
+  stream.synchronize();  // `host` is freed next
+}
 
 std::vector<Tensor> coalesce_views(const std::vector<Tensor>& tensors) {
   std::vector<Tensor> out;

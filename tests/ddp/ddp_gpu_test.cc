@@ -49,6 +49,7 @@ struct GpuRun {
   std::int64_t micro_batch = 12;
   amp::Policy policy = amp::Policy::fp32();
   DdpOptions ddp;
+  bool deferred = false;  // the DDP model built under nn::DeferredParameters
 };
 
 // Trains a CPU reference on whole batches and a GPU copy under DDP; returns the relative
@@ -59,7 +60,13 @@ double train_gpu_against_cpu(Communicator& comm, const GpuRun& run) {
   auto reference = make_mlp();
   amp::apply(run.policy, *reference);
   reference->init(kSeed);
-  auto distributed = make_mlp();
+  std::unique_ptr<nn::Module> distributed;
+  if (run.deferred) {
+    nn::DeferredParameters defer;
+    distributed = make_mlp();
+  } else {
+    distributed = make_mlp();
+  }
   amp::apply(run.policy, *distributed);
   // Only rank 0 initializes properly: DDP broadcasts its values.
   distributed->to(gpu, stream).init(world().rank() == 0 ? kSeed : kSeed + 17);
@@ -149,6 +156,23 @@ TEST_P(DdpGpu, ZeroStagesMatchOneRankOnTheCpu) {
     EXPECT_LE(train_gpu_against_cpu(comm, run), 3e-2);
     run.policy = amp::Policy::fp16();
     EXPECT_LE(train_gpu_against_cpu(comm, run), 3e-3);
+  }
+}
+
+// A model built without storage (nn::DeferredParameters): at stage 3 each group is filled on
+// rank 0's GPU from its source, broadcast, and cut into this rank's shard; at stage 1 the model
+// is materialized on the GPU first.
+TEST_P(DdpGpu, DeferredParametersMatchOneRankOnTheCpu) {
+  Communicator& comm = communicator_for(GetParam());
+  for (int stage : {3, 1}) {
+    SCOPED_TRACE("zero stage " + std::to_string(stage));
+    GpuRun run{.optimizer = Opt::adamw, .deferred = true};
+    run.ddp.zero_stage = stage;
+    run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 3e-4;
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
+    run.optimizer = Opt::sgd;
+    run.policy = amp::Policy::bf16();
+    EXPECT_LE(train_gpu_against_cpu(comm, run), 3e-2);
   }
 }
 

@@ -4,9 +4,12 @@
 // at a time; bf16; checkpoints that resume at stages 0 and 2 on other world sizes and back; the
 // bytes each rank holds against stage 2's, from the plan; and the refusals before training.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 
@@ -19,6 +22,7 @@
 #include "tutti/io/checkpoint.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/hf.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/adamw.h"
@@ -83,9 +87,12 @@ struct TrainRun {
   bool layer_groups = true;  // GPT: Gpt::gather_group (else the default: a group per residual block)
   bool recompute = false;
   bool repeat_data = false;  // every step the same batch (the loss then must fall)
+  bool deferred = false;     // the model built under nn::DeferredParameters
+  std::string init_from;     // a Hugging Face folder to load (GPT), instead of init(seed)
   int first_step = 0;
   const StateDict* resume = nullptr;
   StateDict* save = nullptr;
+  std::function<void(int rank, std::int64_t read, std::int64_t total)> load_progress;
   // Called on every rank after each forward (the model, its DDP).
   std::function<void(nn::Module&, DistributedDataParallel&)> after_forward;
 };
@@ -107,10 +114,23 @@ Result train(const TrainRun& run) {
   Result result;
   result.values.resize(static_cast<std::size_t>(run.ranks));
   group.run([&](int rank) {
-    auto model = make_model(run.model);
+    std::unique_ptr<nn::Module> model;
+    if (run.deferred) {
+      nn::DeferredParameters defer;
+      model = make_model(run.model);
+    } else {
+      model = make_model(run.model);
+    }
     if (run.recompute) dynamic_cast<models::Gpt&>(*model).set_recompute(models::Recompute::parse("blocks"));
     amp::apply(run.policy, *model);
-    model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values reach everyone
+    if (!run.init_from.empty()) {
+      models::hf::load_weights(run.init_from, dynamic_cast<models::CausalLm&>(*model),
+                               [&run, rank](std::int64_t read, std::int64_t total) {
+                                 if (run.load_progress) run.load_progress(rank, read, total);
+                               });
+    } else {
+      model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values reach everyone
+    }
     DdpOptions o;
     o.zero_stage = run.zero;
     o.accumulation_steps = run.accumulation;
@@ -332,6 +352,107 @@ TEST(Zero3, MemoryIsStageTwosLessTheWholeParametersPlusTheGatherBuffers) {
   const std::int64_t saving = 2 * total[2] - 2 * shard[3] - three.gathered + 14 * (shard[2] - shard[3]);
   EXPECT_EQ(persistent(two) - persistent(three), saving);
   EXPECT_GT(saving, 0) << "three layers: a quarter of the parameters and two layers' groups are less than the whole";
+}
+
+// ---- deferred parameters: never the whole model on one rank ---------------------------------------
+
+// A model built under nn::DeferredParameters trains as an eager one: at stage 3 its shards are
+// filled group by group from rank 0's sources and broadcast (the other ranks' seeds differ), at
+// stage 1 it is materialized whole first; f32 and bf16, 1 and 3 ranks.
+TEST(Zero3, DeferredParametersTrainAsEagerOnesBitForBit) {
+  for (Model kind : {Model::mlp, Model::gpt}) {
+    for (const amp::Policy& policy : {amp::Policy::fp32(), amp::Policy::bf16()}) {
+      for (int zero : {3, 1}) {
+        for (int ranks : {1, 3}) {
+          SCOPED_TRACE(::testing::Message() << (kind == Model::gpt ? "gpt" : "mlp") << " " << name_of(policy.compute)
+                                            << " zero " << zero << " ranks " << ranks);
+          const TrainRun eager{.model = kind, .ranks = ranks, .zero = zero, .steps = 3, .clip = 0, .policy = policy};
+          TrainRun deferred = eager;
+          deferred.deferred = true;
+          const Result a = train(eager), b = train(deferred);
+          expect_ranks_agree(b.values);
+          EXPECT_EQ(b.values[0], a.values[0]);
+          EXPECT_EQ(b.losses, a.losses);
+        }
+      }
+    }
+  }
+}
+
+// Pretrained weights into a deferred GPT at stage 3: the folder's values, read by rank 0 alone
+// (the others receive each group), one parameter at a time as the groups are filled.
+TEST(Zero3, HuggingFaceWeightsLoadIntoDeferredShards) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("tutti_zero3_hf_" + std::to_string(::getpid()))).string();
+  models::Gpt source(gpt_config());
+  source.init(kSeed + 7);
+  models::hf::save(dir, source, source.state_dict());
+  const Values expected = values_of(source.state_dict(), source);
+  std::vector<int> calls(3, 0);
+  std::vector<std::int64_t> last_read(3, 0), totals(3, 0);
+  std::mutex mu;
+  TrainRun run{.model = Model::gpt, .ranks = 3, .zero = 3, .steps = 0, .deferred = true, .init_from = dir};
+  run.load_progress = [&](int rank, std::int64_t read, std::int64_t total) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls[static_cast<std::size_t>(rank)];
+    last_read[static_cast<std::size_t>(rank)] = read;
+    totals[static_cast<std::size_t>(rank)] = total;
+  };
+  const Result r = train(run);
+  std::filesystem::remove_all(dir);
+  expect_ranks_agree(r.values);
+  EXPECT_EQ(r.values[0], expected);
+  EXPECT_EQ(calls[0], static_cast<int>(source.parameters().size())) << "one progress call per parameter";
+  EXPECT_EQ(last_read[0], totals[0]);
+  EXPECT_GT(totals[0], 0);
+  EXPECT_EQ(calls[1] + calls[2], 0) << "only rank 0 reads the folder: the others receive the groups";
+}
+
+// The point of it: built deferred and sharded at stage 3, the 4 ranks together never hold more
+// than their shards, one group being filled and the gather buffers each, where built eagerly
+// every rank holds the whole model (twice while it is flattened).
+TEST(Zero3, DeferredConstructionNeverHoldsTheWholeModel) {
+  kernels::set_cpu_threads(1);
+  models::GptConfig c = gpt_config();
+  c.layers = 12;
+  std::int64_t peak[2] = {}, total = 0, shard = 0, largest = 0, resident = 0;
+  for (int deferred : {0, 1}) {
+    ThreadGroup group(4);
+    const std::int64_t before = Storage::live_bytes(Device::cpu());
+    Storage::reset_peak_bytes(Device::cpu());
+    group.run([&](int rank) {
+      std::unique_ptr<models::Gpt> model;
+      if (deferred) {
+        nn::DeferredParameters defer;
+        model = std::make_unique<models::Gpt>(c);
+      } else {
+        model = std::make_unique<models::Gpt>(c);
+      }
+      model->init(kSeed);
+      DistributedDataParallel ddp(group.communicator(rank), *model,
+                                  {.zero_stage = 3, .gather_group = models::Gpt::gather_group});
+      if (rank != 0 || deferred) return;
+      const nn::FlatPlan& plan = ddp.plan();
+      total = plan.total;
+      shard = plan.shard_numel;
+      for (const nn::PlanBucket& pb : plan.buckets) {
+        if (models::Gpt::gather_group(plan.entries[pb.entries.front()].name).empty())
+          resident += pb.numel();
+        else
+          largest = std::max(largest, pb.numel());
+      }
+    });
+    peak[deferred] = Storage::peak_bytes(Device::cpu()) - before;
+  }
+  // Per rank: the master shard, the group being filled, the two gather buffers, the resident
+  // groups twice (their fp32 values and the buffer the model reads) and the host copy of one
+  // parameter (within a group).
+  const std::int64_t bound = 4 * 4 * (shard + 4 * largest + 2 * resident);
+  std::printf("4 ranks, 12 layers: construction peak %lld B eager, %lld B deferred; whole model %lld B per rank\n",
+              static_cast<long long>(peak[0]), static_cast<long long>(peak[1]), static_cast<long long>(4 * total));
+  EXPECT_LE(peak[1], bound);
+  EXPECT_LT(bound, 4 * 4 * total) << "the test's model is too small to tell";
+  EXPECT_GE(peak[0], 4 * 4 * total) << "eager: every rank holds the whole model";
 }
 
 // ---- refusals before training --------------------------------------------------------------------

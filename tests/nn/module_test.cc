@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -271,6 +272,64 @@ TEST(Structure, ForwardBeforeInitThrows) {
   EXPECT_NO_THROW(model.forward(random_tensor({2, 3}, DType::f32, 1)));
   // Settings belong to the model: a child refuses them.
   EXPECT_THROW(model[0].init(2), InvalidArgument);
+}
+
+// A model built under DeferredParameters holds no parameter storage until materialize(), which
+// fills it from init's sources with the values an eager init draws, bit for bit.
+TEST(Structure, DeferredParametersAreFilledAtMaterializeWithInitsValues) {
+  nn::Sequential eager;
+  testing::build_mlp(eager, 5, 7, 3);
+  eager.set_precision(DType::bf16).init(21);
+  const std::int64_t before = Storage::live_bytes(Device::cpu());
+  nn::Sequential deferred;
+  {
+    nn::DeferredParameters defer;
+    EXPECT_TRUE(nn::DeferredParameters::active());
+    testing::build_mlp(deferred, 5, 7, 3);
+  }
+  EXPECT_FALSE(nn::DeferredParameters::active());
+  deferred.set_precision(DType::bf16).init(21);
+  EXPECT_EQ(Storage::live_bytes(Device::cpu()), before) << "a deferred model allocated parameters before materialize";
+  EXPECT_TRUE(deferred.has_deferred_parameters());
+  EXPECT_EQ(deferred.signature(), eager.signature());
+  for (nn::Parameter* p : deferred.parameters()) {
+    EXPECT_TRUE(p->deferred && !p->value.defined() && p->source) << p->name;
+  }
+  // Nothing reads a parameter without storage: each refusal says what to do.
+  const auto refused = [&](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(refused([&] {
+              deferred.forward(random_tensor({2, 5}, DType::f32, 1));
+            }).find("materialize()"),
+            std::string::npos);
+  EXPECT_NE(refused([&] { deferred.state_dict(); }).find("is deferred"), std::string::npos);
+  EXPECT_NE(refused([&] { deferred.storage().flatten(); }).find("is deferred"), std::string::npos);
+
+  deferred.materialize();
+  EXPECT_FALSE(deferred.has_deferred_parameters());
+  EXPECT_EQ(testing::parameter_values(deferred), testing::parameter_values(eager));
+  const std::vector<nn::Parameter*> a = deferred.parameters(), b = eager.parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i]->compute.defined()) << a[i]->name;
+    EXPECT_EQ(a[i]->compute.to_floats(), b[i]->compute.to_floats()) << a[i]->name;
+  }
+  EXPECT_EQ(deferred.forward(random_tensor({2, 5}, DType::f32, 1)).to_floats(),
+            eager.forward(random_tensor({2, 5}, DType::f32, 1)).to_floats());
+
+  // Never initialized: materialize names the parameter.
+  nn::Sequential bare;
+  {
+    nn::DeferredParameters defer;
+    testing::build_mlp(bare, 5, 7, 3);
+  }
+  const std::string error = refused([&] { bare.materialize(); });
+  EXPECT_NE(error.find("parameter 0.weight is deferred"), std::string::npos) << error;
 }
 
 TEST(Structure, BackwardTwiceAfterOneForwardIsAnError) {

@@ -156,6 +156,11 @@ class DistributedDataParallel {
   // when it goes. Under ZeRO with a half compute dtype the model's fp32 masters are released
   // (FlatStorage::release_masters): the model then lives on with this object's shard only; at
   // zero_stage 3 its parameters are released too (FlatStorage::release_parameters).
+  // A model with deferred parameters (nn::DeferredParameters; init() or hf::load_weights gave
+  // them sources): at zero_stage 3 its shards are filled one gather group at a time (rank 0
+  // reads the sources and broadcasts each group, or every rank reads them without
+  // broadcast_parameters), so no rank holds the whole model at once; at stages 0-2 it is
+  // materialized whole first (Module::materialize).
   DistributedDataParallel(Communicator& comm, nn::Module& model, DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
@@ -261,7 +266,8 @@ class DistributedDataParallel {
 
  private:
   void verify_same_model();
-  void broadcast_parameters();
+  // Rank 0's layer state, and its flat parameter values when `values`.
+  void broadcast_parameters(bool values);
   void launch_gathers();
   void wait_gather(int bucket);
   Tensor gather_full(const Tensor& shard);

@@ -83,6 +83,10 @@ std::vector<TensorMap> tensor_map(const LlamaConfig& config);
 // releases' buffers ("*.attn.bias", "*.attn.masked_bias", "*.rotary_emb.inv_freq").
 // `progress`, when given, is called after each parameter with the bytes of the folder's tensors
 // read so far and in all (a large model takes a while: a program can say how far it is).
+// On a model with deferred parameters (nn::DeferredParameters) nothing is read here but the
+// headers: each parameter's source reads its tensors when it is materialized (by
+// DistributedDataParallel, one ZeRO-3 gather group at a time, or Module::materialize), and
+// `progress` is called then, so it must outlive that.
 using LoadProgress = std::function<void(std::int64_t bytes_read, std::int64_t bytes_total)>;
 void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& progress = {});
 

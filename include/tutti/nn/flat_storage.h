@@ -96,7 +96,9 @@ class FlatStorage {
   // (half) only while layers read them (the param-use hook). The storage frees its flat values
   // and compute copies; every Parameter::value and ::compute becomes undefined. Afterwards the
   // model's init, to, set_precision, state_dict, load_state_dict and refresh_compute_copies
-  // throw, as after release_masters (masters_released() is true). Needs flat values.
+  // throw, as after release_masters (masters_released() is true). Needs flat values, or deferred
+  // parameters (nn::DeferredParameters), which it marks no longer deferred: their owner holds
+  // their values.
   void release_parameters();
   bool parameters_released() const { return parameters_released_; }
 

@@ -163,7 +163,16 @@ class Module {
   // registration order): the same seed gives the same values on the CPU and the GPU
   // (values are drawn on the host and copied). Also seeds the Dropout layers. Refreshes the
   // compute copies. Synchronizes.
+  // On a model with deferred parameters (nn::DeferredParameters) it allocates nothing: each
+  // deferred one gets as its source the values init would draw, filled when it is materialized.
   Module& init(std::uint64_t seed);
+  // Gives every deferred parameter (nn::DeferredParameters) fp32 storage on device(), filled
+  // from its source one parameter at a time, and its compute copy under mixed precision.
+  // InvalidArgument naming the first one without a source (never initialized). Nothing to do
+  // when none is deferred. Synchronizes.
+  Module& materialize();
+  // Whether some parameter is deferred (made under nn::DeferredParameters, not materialized).
+  bool has_deferred_parameters();
   Module& train(bool on = true);
   Module& eval() { return train(false); }
   // Whether backward returns dx (see backward). Children of a module other than the first
@@ -254,6 +263,8 @@ class Module {
   void collect_named_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
   void require_root(const char* what) const;
   void require_masters(const char* what) const;
+  // InvalidArgument when some parameter is deferred (not materialized).
+  void require_materialized(const char* what);
   void structure_changed();
   void check_initialized();
   void clear_buffers_recursive();

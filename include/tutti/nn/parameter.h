@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,8 @@ struct InitSpec {
 };
 
 struct Parameter {
-  // A zero-filled fp32 CPU parameter of `shape`; Module::init gives it its values.
+  // A zero-filled fp32 CPU parameter of `shape`; Module::init gives it its values. Under a
+  // DeferredParameters scope, one without storage (deferred).
   Parameter(Shape shape, InitSpec init);
   Parameter(const Parameter&) = delete;  // layers and optimizers hold pointers to it
   Parameter& operator=(const Parameter&) = delete;
@@ -69,9 +71,19 @@ struct Parameter {
   bool no_weight_decay = false;
   // How Module::init fills it.
   InitSpec init;
-  // false until Module::init or load_state_dict gave it values; forward refuses to run
-  // otherwise, so a forgotten init() is an error rather than a silent all-zero model.
+  // false until Module::init or load_state_dict gave it values (or, deferred, a source);
+  // forward refuses to run otherwise, so a forgotten init() is an error rather than a silent
+  // all-zero model.
   bool initialized = false;
+  // true: made under DeferredParameters and not materialized yet. value and compute are
+  // undefined; `source` says how to fill it. Module::materialize() gives it storage, and so
+  // does DistributedDataParallel, which at ZeRO-3 fills one gather group at a time and keeps
+  // only this rank's shard: a model larger than one rank's memory can be built and loaded.
+  bool deferred = false;
+  // A deferred parameter's values: fills `host`, an fp32 CPU tensor of shape(). Set by
+  // Module::init (the values init would draw) and models::hf::load_weights (the folder's
+  // tensors); called when the parameter is materialized, possibly once per rank.
+  std::function<void(Tensor& host)> source;
 
   // The shape given at construction; value, grad and compute all have it.
   const Shape& shape() const { return shape_; }
@@ -85,6 +97,33 @@ struct Parameter {
   Shape shape_;
   std::int64_t numel_ = 0;
 };
+
+// While one lives, Parameters made on this thread are deferred: they have a shape and no
+// storage, so that a model of any size is built in no memory. What the model allows then:
+// to(), set_precision() (amp::apply), init() and hf::load_weights (which set each parameter's
+// source), structure queries (parameters, signature, flops); then Module::materialize() or
+// DistributedDataParallel. forward, state_dict and load_state_dict refuse a deferred parameter.
+//   std::unique_ptr<models::Llama> model;
+//   { nn::DeferredParameters defer; model = std::make_unique<models::Llama>(config); }
+//   model->to(device).init(seed);   // nothing allocated yet
+//   ddp::DdpOptions options;
+//   options.zero_stage = 3;
+//   ddp::DistributedDataParallel ddp(comm, *model, options);  // allocates this rank's shard
+// Scopes nest.
+class DeferredParameters {
+ public:
+  DeferredParameters();
+  ~DeferredParameters();
+  DeferredParameters(const DeferredParameters&) = delete;
+  DeferredParameters& operator=(const DeferredParameters&) = delete;
+  // Whether a scope is open on this thread.
+  static bool active();
+};
+
+// Fills `dst` (of p's shape, fp32, on any device) from a deferred parameter's source on
+// `stream`, through a host tensor; synchronizes. InvalidArgument naming p when it has no
+// source (neither init nor a loader gave it one).
+void fill_from_source(const Parameter& p, Tensor& dst, const Stream& stream);
 
 // The tensors, in their order, with every run of tensors that lie back to back in one
 // storage (same dtype, consecutive offsets, in either order) merged into one flat view.
