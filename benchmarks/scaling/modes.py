@@ -258,12 +258,28 @@ def modes(periods=(10, 50, 100), dtypes=("f32", "bf16", "int8", "int4"), fragmen
     return out
 
 
-def recommend(rows, target=0.9):
+def recommend(rows, target=0.9, token_cost=1.0):
     """(prediction, reason): the first row (modes' order: DDP, then DiLoCo by growing H, widest
     dtype first, streaming off before on: the fewest departures from DDP) that reaches `target` of
-    the ideal tokens/s; else the fastest."""
+    the ideal tokens/s; else the fastest. token_cost: the tokens DiLoCo needs to reach the loss DDP
+    reaches with one (>= 1; docs/thin-links.md, "Where DiLoCo pays"): a DiLoCo row counts at its
+    tokens/s over token_cost, the rate at which it makes DDP's progress."""
+    def useful(r):
+        return r.ideal_fraction / (token_cost if r.mode.sync == "diloco" else 1.0)
+
     for r in rows:
-        if r.ideal_fraction >= target:
-            return r, "the first mode, in order of departure from DDP, within %.0f%% of ideal" % (100 * target)
-    best = max(rows, key=lambda r: r.tokens_per_s)
-    return best, "no mode reaches %.0f%% of ideal: the fastest" % (100 * target)
+        if useful(r) >= target:
+            return r, "the first mode, in order of departure from DDP, within %.0f%% of ideal%s" % (
+                100 * target, "" if token_cost == 1 else " at DiLoCo's token cost %gx" % token_cost)
+    best = max(rows, key=useful)
+    return best, "no mode reaches %.0f%% of ideal%s: the fastest" % (
+        100 * target, "" if token_cost == 1 else " at DiLoCo's token cost %gx" % token_cost)
+
+
+def diloco_break_even(rows):
+    """The fastest DiLoCo row and its tokens/s over the faster DDP row's: DiLoCo reaches a loss
+    sooner than DDP only where this exceeds its token cost."""
+    ddp = max((r for r in rows if r.mode.sync == "ddp" and r.mode.allreduce != "powersgd"),
+              key=lambda r: r.tokens_per_s)
+    diloco = max((r for r in rows if r.mode.sync == "diloco"), key=lambda r: r.tokens_per_s, default=None)
+    return (diloco, diloco.tokens_per_s / ddp.tokens_per_s) if diloco else (None, 0.0)

@@ -184,6 +184,20 @@ class Recommendation(unittest.TestCase):
         self.assertGreaterEqual(best.ideal_fraction, 0.9)
         self.assertGreater(best.tokens_per_s, 3 * max(r.tokens_per_s for r in thin[:2]))
 
+    def test_a_token_cost_above_dilocos_speedup_recommends_ddp(self):
+        # DiLoCo pays only where its rate over DDP's beats the tokens it needs per token of DDP's.
+        m = gpt(params_m=1500, compute_ms=213)
+        rows = [MD.predict(gpu_cluster(16, 8, gbit=100), m, mode, 8192) for mode in MD.modes()]
+        fastest, ratio = MD.diloco_break_even(rows)
+        self.assertEqual(fastest.mode.sync, "diloco")
+        self.assertAlmostEqual(ratio, fastest.tokens_per_s / max(r.tokens_per_s for r in rows[:2]))
+        self.assertGreater(ratio, 1.5)
+        self.assertEqual(MD.recommend(rows)[0].mode.sync, "diloco")
+        self.assertEqual(MD.recommend(rows, token_cost=ratio * 0.9)[0].mode.sync, "diloco")
+        best, why = MD.recommend(rows, token_cost=ratio * 1.1)
+        self.assertEqual(best.mode.sync, "ddp")
+        self.assertIn("token cost", why)
+
     def test_predict_prints_the_table(self):
         p = subprocess.run([sys.executable, os.path.join(SCALING, "predict"), "--thin-links", "--nodes", "16",
                             "--gpus-per-node", "8", "--gpu", "h100", "--inter-gbit", "100", "--model", "gpt2-1558m"],
@@ -199,6 +213,7 @@ class Recommendation(unittest.TestCase):
             self.assertAlmostEqual(tokens_per_s, 128 * 8192 / (step_ms / 1e3), delta=1e-3 * tokens_per_s, msg=label)
             self.assertLessEqual(ideal, 1.0)
         self.assertIn("recommendation: diloco", p.stdout)
+        self.assertRegex(p.stdout, r"loss: DiLoCo \(fastest: diloco [^)]*\) runs [\d.]+x the faster DDP's tokens/s")
         self.assertLess(rows["ddp flat"][2], 0.5)  # 3.1 GB of bf16 gradients at 12.5 GB/s per node
 
     def test_emulated_needs_the_measured_compute(self):
