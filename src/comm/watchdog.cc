@@ -218,8 +218,11 @@ void Watchdog::check_regions() {
   }
   if (ending_.load()) return;
   if (!expired && oldest && since(oldest->started) > kAbandonedWait) {
-    // Long before the deadline: a rank of this host that left will never come.
-    if (const std::vector<int> left = ranks_that_left(kAbandonedWait); !left.empty()) {
+    // Long before the deadline: a rank of this host that left will never come. Named: every rank
+    // that left, also one that left a moment after the first (a loaded run once named rank 2
+    // alone, where ranks 1 and 2 had both been in MPI_Finalize for 5.0 s).
+    if (!ranks_that_left(kAbandonedWait).empty()) {
+      const std::vector<int> left = ranks_that_left(0.0);
       const std::vector<RankSnapshot> all = gather_progress();
       end_job("TIMEOUT: " + oldest->what + " cannot complete." + left_sentence(left) + " Ended after " +
                   seconds(since(oldest->started)) + " of its deadline of " + seconds(oldest->timeout_s) + "." +
