@@ -227,13 +227,12 @@ std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int n
                                 ? "auto (the first after step 5, then every N steps for at most 2% of the time)"
                                 : "every " + f.snapshot_every + " steps";
   char text[512];
-  std::snprintf(text, sizeof text,
-                "memory snapshots: %s, %.1f MiB per node (at most; twice that while one replaces the last) in %s%s",
-                every.c_str(), static_cast<double>(run.snapshot_bytes_per_node()) / (1 << 20),
-                run.snapshot_dir().c_str(),
-                nodes < 2    ? ": one node, so they outlive the processes, not the node"
-                : f.zero > 0 ? ", each rank's part also on a buddy node"
-                             : ", one copy per node");
+  std::snprintf(
+      text, sizeof text, "memory snapshots: %s, %.1f MiB per node (at most; twice that with the previous one) in %s%s",
+      every.c_str(), static_cast<double>(run.snapshot_bytes_per_node()) / (1 << 20), run.snapshot_dir().c_str(),
+      nodes < 2    ? ": one node, so they outlive the processes, not the node"
+      : f.zero > 0 ? ", each rank's part also on a buddy node"
+                   : ", one copy per node");
   return text;
 }
 

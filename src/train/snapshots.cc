@@ -136,6 +136,13 @@ std::string MemorySnapshots::file_name(int part, int parts, bool buddy) const {
   return dir_ + "/part-" + std::to_string(part) + "-of-" + std::to_string(parts) + (buddy ? ".buddy" : "") + kSuffix;
 }
 
+void MemorySnapshots::keep_as_previous(const std::string& name) {
+  // part-<p>-of-<P>[.buddy].tsnap -> part-<p>-of-<P>[.buddy].prev.tsnap, replacing the one before.
+  const std::string previous = name.substr(0, name.size() - std::string(kSuffix).size()) + ".prev" + kSuffix;
+  std::error_code ignored;  // none yet: the first snapshot
+  fs::rename(name, previous, ignored);
+}
+
 std::uint64_t MemorySnapshots::check_space(std::uint64_t part_bytes, bool sharded) {
   Communicator& comm = *place_.comm;
   const std::vector<std::int64_t> bytes =
@@ -168,9 +175,10 @@ std::uint64_t MemorySnapshots::check_space(std::uint64_t part_bytes, bool sharde
       allreduce_one(comm, 2 * mine <= free ? place_.world : place_.rank, ReduceOp::min, "memory snapshot space");
   TUTTI_CHECK_ARG(short_rank == place_.world || short_rank == place_.rank, "memory snapshots: rank ", short_rank,
                   "'s node has too little free space in '", dir_, "' (its message says how much); nothing was written");
-  // A write replaces the last one: the new file and the old one are there together.
+  // The new file beside the old one: while a write replaces it (stage 0), or kept (ZeRO).
   TUTTI_CHECK_ARG(2 * mine <= free, "memory snapshots need ", mib(2 * mine), " in '", dir_, "' on rank ", place_.rank,
-                  "'s node (", mib(mine), " of snapshots, twice while one replaces the last) but only ", mib(free),
+                  "'s node (", mib(mine),
+                  " of snapshots, twice: a snapshot is written beside the previous one) but only ", mib(free),
                   " are free: give the node more shared memory (/dev/shm), point --snapshot-dir to a ",
                   "larger node-local folder, or turn them off (--snapshot-every 0). Nothing was written.");
   return largest;
@@ -189,6 +197,7 @@ void MemorySnapshots::write(const StateDict& encoded, const io::Metadata& metada
     const io::detail::FilePlan plan = io::detail::plan_checkpoint(encoded, m, "memory snapshot");
     image = io::detail::encode_checkpoint(plan, io::detail::host_data(encoded).data);
     const std::string name = file_name(part, parts, false);
+    if (sharded) keep_as_previous(name);
     io::detail::write_file_atomically(name, image.data(), image.size());
   }
   if (sharded && buddies_cover_) {
@@ -212,6 +221,7 @@ void MemorySnapshots::write(const StateDict& encoded, const io::Metadata& metada
     TUTTI_CHECK(got >= 0 && got + 8 <= words * 4, "memory snapshot: the buddy's size ", got, " is impossible");
     const int from = recv_from_all_[static_cast<std::size_t>(place_.rank)];
     const std::string name = file_name(from, parts, true);
+    keep_as_previous(name);
     io::detail::write_file_atomically(name, static_cast<const char*>(in.data()) + 8, static_cast<std::size_t>(got));
   }
   // Parts of another layout (an earlier world size or stage, before a resume) are stale now

@@ -13,7 +13,11 @@
 // under "k" and "@part.k": i64 [begin, ndim, dims...] (where the part starts in the flattened
 // whole, and the whole's shape); metadata "snapshot.step", "snapshot.part", "snapshot.parts"
 // and "snapshot.run" besides the Run's own. Names: <dir>/part-<p>-of-<P>.tsnap, and the buddy's
-// copy part-<p>-of-<P>.buddy.tsnap on the buddy's node; each write replaces the last.
+// copy part-<p>-of-<P>.buddy.tsnap on the buddy's node. Under ZeRO a write first renames the
+// last one to part-<p>-of-<P>[.buddy].prev.tsnap (replacing the one before): a node lost while
+// a snapshot is being written (some ranks' parts written, its buddy's copy of its part not)
+// leaves the previous snapshot whole, where keeping only the newest files would leave none.
+// At stage 0 every node's file is whole: each write replaces the last.
 //
 // The folder: <node dir>/tutti-<run id>, the run id being a random number kept in
 // <checkpoint dir>/run-id (written when a run starts afresh), so that a snapshot is only ever
@@ -97,6 +101,8 @@ class MemorySnapshots {
 
  private:
   std::string file_name(int part, int parts, bool buddy) const;
+  // Renames the file `name` (if there) to its ".prev" name, replacing the previous one.
+  static void keep_as_previous(const std::string& name);
 
   SnapshotPlace place_;
   std::string dir_;

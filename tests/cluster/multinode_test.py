@@ -464,6 +464,9 @@ def launcher_node_killed_memory():
         expect(relaunch is not None, "relaunched on node0, node2, node3")
         resumed = out.first(r"resumed at step (\d+) from memory \(.*step \d+: 4 part\(s\), 1 of them a buddy's copy; "
                             r"no checkpoint file\)", killed)
+        if resumed is None:  # what the relaunched job said instead
+            print("--- the job's lines on resuming and memory, after the kill\n%s" % "\n".join(
+                line for t, _, line in out.lines if t >= killed and re.search(r"resum|memory|snapshot|afresh", line)))
         expect(resumed is not None, "the relaunched job resumed from memory, node1's part from its buddy")
         step = int(resumed[1].group(1))
         last = out.first(r"the job resumed at step %d from memory .*: (\d+) step\(s\) lost \(last step printed "
