@@ -185,16 +185,11 @@ void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& p
   const Stream& stream = model.stream();
   for (nn::Parameter* p : model.parameters()) {
     TUTTI_CHECK_ARG(reading->by_param.count(p->name), "Hugging Face weights: no tensor maps to ", p->name);
-    if (p->deferred) {  // read when it is materialized (nn::DeferredParameters)
-      p->source = [reading, fill, name = p->name](Tensor& host) { fill(*reading, name, host); };
-      p->initialized = true;
-      continue;
-    }
-    Tensor host = Tensor::empty(p->shape(), DType::f32);
-    fill(*reading, p->name, host);
-    p->value.copy_from(host, stream);
-    stream.synchronize();  // `host` is freed next
+    p->source = [reading, fill, name = p->name](Tensor& host) { fill(*reading, name, host); };
     p->initialized = true;
+    if (p->deferred) continue;  // read when it is materialized (nn::DeferredParameters)
+    nn::fill_from_source(*p, p->value, stream);
+    p->source = nullptr;
   }
   model.refresh_compute_copies();
   stream.synchronize();

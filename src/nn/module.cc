@@ -100,10 +100,8 @@ void Module::check_initialized() {
   for (Parameter* p : parameters()) {
     TUTTI_CHECK_ARG(p->initialized, "parameter ", p->name, " of ", describe(),
                     " was never initialized: call init(seed) or load_state_dict() on the model first");
-    TUTTI_CHECK_ARG(!p->deferred, "parameter ", p->name, " of ", describe(),
-                    " is deferred (made under nn::DeferredParameters) and has no storage yet: call materialize() "
-                    "on the model, or hand it to DistributedDataParallel, first");
   }
+  require_materialized("forward");
   checked_initialized_ = true;
 }
 
@@ -220,8 +218,7 @@ void Module::require_materialized(const char* what) {
   for (const Parameter* p : parameters()) {
     TUTTI_CHECK_ARG(!p->deferred, what, ": parameter ", p->name,
                     " is deferred (made under nn::DeferredParameters) and has no storage yet: call materialize() on "
-                    "the model first (or, for DistributedDataParallel's model, use its model_state_dict and "
-                    "load_model_state_dict)");
+                    "the model, or hand it to DistributedDataParallel, first");
   }
 }
 
@@ -311,20 +308,14 @@ Module& Module::init(std::uint64_t seed) {
   const Stream& s = stream();
   for (std::size_t i = 0; i < params.size(); ++i) {
     Parameter& p = *params[i];
-    if (p.deferred) {  // the same values, drawn when the parameter is materialized
-      p.source = [spec = p.init, param_seed = derive_seed(seed, i)](Tensor& host) {
-        InitRng rng(param_seed);
-        fill_init(host, spec, rng);
-      };
-      p.initialized = true;
-      continue;
-    }
-    Tensor host = Tensor::empty(p.shape(), DType::f32);
-    InitRng rng(derive_seed(seed, i));
-    fill_init(host, p.init, rng);
-    p.value.copy_from(host, s);
-    s.synchronize();  // the host tensor goes away at the end of this iteration
+    p.source = [spec = p.init, param_seed = derive_seed(seed, i)](Tensor& host) {
+      InitRng rng(param_seed);
+      fill_init(host, spec, rng);
+    };
     p.initialized = true;
+    if (p.deferred) continue;  // the same values, drawn when the parameter is materialized
+    fill_from_source(p, p.value, s);
+    p.source = nullptr;
   }
   refresh_compute_copies();
   std::vector<Module*> modules;
