@@ -155,6 +155,14 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       "a model that does not depend on the number of ranks, bit for bit: gradients summed exactly per "
       "slice of --max-micro-batch samples (needs it, and --zero 0 or 1); the CPU GEMMs use one thread per rank");
   app.add_option("--snapshot-dir", f.snapshot_dir, "node-local folder for the memory snapshots (default /dev/shm)");
+  app.add_option("--mtbf", f.mtbf,
+                 "with --snapshot-every auto: the job's mean time between failures in seconds; snapshots then "
+                 "come every sqrt(2 x snapshot time x MTBF) (Young/Daly) instead of at most 2% of the time")
+      ->check(example::positive(f.mtbf));
+  app.add_option("--price-per-hour", f.price_per_hour,
+                 "the price of one rank-hour (a GPU's hour): the JSON summary and the status file report the run's "
+                 "cost, and per million samples or tokens")
+      ->check(example::positive(f.price_per_hour));
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
@@ -189,6 +197,11 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.checkpoint_busy = f.checkpoint_busy == "skip" ? tutti::io::WhenBusy::skip : tutti::io::WhenBusy::wait;
   o.snapshot_every = f.snapshot_every == "auto" ? tutti::train::kSnapshotAuto : std::stoll(f.snapshot_every);
   o.snapshot_dir = f.snapshot_dir;
+  TUTTI_CHECK_ARG(f.mtbf == 0 || f.snapshot_every == "auto",
+                  "--mtbf needs --snapshot-every auto (it picks the interval), got --snapshot-every ",
+                  f.snapshot_every);
+  o.snapshot_mtbf = f.mtbf;
+  o.price_per_hour = f.price_per_hour;
   o.precision = f.precision;
   o.stream = stream;
   o.summary = &summary;
@@ -223,9 +236,12 @@ int accumulation_steps(const RunFlags& f, std::int64_t global_batch, int accum, 
 
 std::string snapshot_line(const RunFlags& f, const tutti::train::Run& run, int nodes) {
   if (f.snapshot_every == "0") return "";
-  const std::string every = f.snapshot_every == "auto"
-                                ? "auto (the first after step 5, then every N steps for at most 2% of the time)"
-                                : "every " + f.snapshot_every + " steps";
+  char mtbf[96];
+  std::snprintf(mtbf, sizeof mtbf, "Young/Daly's for an MTBF of %g s", f.mtbf);
+  const std::string every = f.snapshot_every != "auto" ? "every " + f.snapshot_every + " steps"
+                            : f.mtbf > 0
+                                ? "auto (the first after step 5, then every N steps: " + std::string(mtbf) + ")"
+                                : "auto (the first after step 5, then every N steps for at most 2% of the time)";
   char text[512];
   std::snprintf(
       text, sizeof text, "memory snapshots: %s, %.1f MiB per node (at most; twice that with the previous one) in %s%s",

@@ -206,6 +206,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   // Run control (tutti::train::Run): resume (every rank reads the checkpoint), checkpoints,
   // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
   tutti::train::RunOptions run_options = example::run_options(f, total_steps, stream, summary);
+  run_options.work_per_step = static_cast<double>(f.batch_size);  // samples of the global batch
   run_options.metadata = {{"model", spec.fingerprint}, {"optimizer", f.optimizer}, {"program", "train_fashion_mnist"}};
   run_options.must_match = {"model", "optimizer"};
   tutti::train::State state(ddp, *optimizer, scaler, loader);
@@ -330,6 +331,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
       watch.metrics->observe_step(r);
       if (device.is_cuda()) watch.metrics->set_device_memory(ddp.memory().total());
       if (end.checkpoint) watch.metrics->observe_checkpoint(end.checkpoint_seconds);
+      watch.metrics->observe_accounting(run.accounting(), f.price_per_hour > 0);
     }
     if (end.diverged) break;
     const bool epoch_done = step % steps_per_epoch == 0;

@@ -240,6 +240,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // the stop flag and the loss in one allreduce a step, divergence, the summary's ending.
   const std::int64_t last_step = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
   tutti::train::RunOptions run_options = example::run_options(f, last_step, stream, summary);
+  run_options.work_per_step = static_cast<double>(tokens_per_step);
+  run_options.work_unit = "tokens";
   // The model's configuration as Hugging Face's config.json: what examples/export_hf reads to turn
   // a checkpoint into a folder transformers loads.
   run_options.metadata = {

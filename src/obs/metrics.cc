@@ -159,6 +159,12 @@ TrainingMetrics::TrainingMetrics(MetricLabels labels, TrainingMetricsOptions opt
            "How much slower the straggler is than the median (0.5: 50% slower).");
   r.define("tutti_is_straggler", T::gauge, "1 when this rank is the straggler.");
   r.define("tutti_straggler_reports_total", T::counter, "Checks that found a straggler.");
+  r.define("tutti_run_attempts", T::gauge, "Attempts of this run: 1, plus one per relaunch that resumed it.");
+  r.define("tutti_run_rank_hours", T::gauge, "Ranks x hours of the run's attempts (GPU-hours on GPUs).");
+  r.define("tutti_goodput_ratio", T::gauge, "Time of the steps the run's state holds / the run's wall time (0..1).");
+  r.define("tutti_lost_to_failures_seconds", T::gauge,
+           "Time before this attempt that left nothing in the state (redone steps, failures, restarts).");
+  r.define("tutti_run_cost", T::gauge, "The run's cost so far: its rank-hours x the price of one (--price-per-hour).");
   r.set("tutti_info", 1,
         "version=\"" + std::string(tutti::version()) + "\",backend=\"" + label_value(options_.backend) +
             "\",device=\"" + label_value(options_.device) + "\"");
@@ -214,6 +220,14 @@ void TrainingMetrics::observe_step(const StepRecord& s) {
 void TrainingMetrics::observe_checkpoint(double seconds) {
   registry_.set("tutti_checkpoint_save_seconds", seconds);
   registry_.add("tutti_checkpoint_saves_total", 1);
+}
+
+void TrainingMetrics::observe_accounting(const train::Accounting& a, bool priced) {
+  registry_.set("tutti_run_attempts", a.attempts);
+  registry_.set("tutti_run_rank_hours", a.rank_hours);
+  registry_.set("tutti_goodput_ratio", a.goodput);
+  registry_.set("tutti_lost_to_failures_seconds", a.lost_seconds);
+  if (priced) registry_.set("tutti_run_cost", a.cost);
 }
 
 void TrainingMetrics::observe_straggler(int rank, double slower_by, bool this_rank) {

@@ -114,6 +114,7 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   }
   step = get_int_scalar(ckpt.state, kStep);
   if (ckpt.state.count(kLastLoss)) loss = get_scalar(ckpt.state, kLastLoss);
+  if (ckpt.state.count(kUsefulUs)) restored_useful_s = static_cast<double>(get_int_scalar(ckpt.state, kUsefulUs)) / 1e6;
   resumed = true;
   saved_step = step;
   saved_loss = loss;
@@ -171,7 +172,7 @@ void Run::Impl::write_checkpoint(bool must) {
     for (const State::Entry& e : state.entries)
       if (!e.collective) io::add_prefixed(all, e.prefix, e.save());
     for (auto& [key, t] : collected) all[key] = t;
-    io::add_prefixed(all, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
+    io::add_prefixed(all, "", run_scalars());
     // Stage 0 hands the writer live views, which it copies; ZeRO's gathered state was made for
     // this checkpoint and is handed over, written where it is: the host holds it once.
     StateDict gathered;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -52,7 +53,9 @@ std::string describe(const RunOptions& o) {
   s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
     << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
     << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy)
-    << ", snapshot every " << o.snapshot_every << " (cost " << o.snapshot_cost << ") in '" << o.snapshot_dir << "'";
+    << ", snapshot every " << o.snapshot_every << " (cost " << o.snapshot_cost << ", MTBF " << o.snapshot_mtbf
+    << " s) in '" << o.snapshot_dir << "', " << o.work_per_step << " " << o.work_unit << " per step at "
+    << o.price_per_hour << " per rank-hour";
   return s.str();
 }
 
@@ -95,6 +98,8 @@ Run::Run(Job& job, State state, RunOptions options)
   m.check_same = [&job](std::string_view what, std::string_view value) { job.check_same(what, value); };
   m.signal = [&job] { return job.stop_signal(); };
   m.hostname = job.hostname();
+  // A Job is one a process: the attempt started with the process (its start-up is its cost too).
+  m.attempt_started_unix = process_started_unix();
   m.start();
 }
 
@@ -112,9 +117,22 @@ Run::Run(Communicator& comm, State state, RunOptions options)
   m.start();
 }
 
-Run::~Run() = default;
+Run::~Run() {
+  if (impl_) impl_->write_failed_status();
+}
 
 void Run::Impl::start() {
+  if (attempt_started_unix == 0) {
+    attempt_started_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  // A launcher's say (tutti-launch sets it): the same on every rank, as the options' check below sees.
+  if (const char* env = std::getenv("TUTTI_RESUME"); env && *env) {
+    try {
+      options.resume = parse_resume(env);
+    } catch (const InvalidArgument&) {
+      TUTTI_THROW(InvalidArgument, "train::Run: $TUTTI_RESUME is '", env, "', none of no, yes, auto");
+    }
+  }
   TUTTI_CHECK_ARG(options.steps > 0, "train::Run: RunOptions::steps must be positive, got ", options.steps);
   TUTTI_CHECK_ARG(options.checkpoint_every >= 0, "train::Run: RunOptions::checkpoint_every must be >= 0, got ",
                   options.checkpoint_every);
@@ -128,6 +146,9 @@ void Run::Impl::start() {
                   "train::Run: RunOptions::snapshot_every must be >= 0 or kSnapshotAuto, got ", options.snapshot_every);
   TUTTI_CHECK_ARG(options.snapshot_cost > 0 && options.snapshot_cost < 1,
                   "train::Run: RunOptions::snapshot_cost must be in (0, 1), got ", options.snapshot_cost);
+  TUTTI_CHECK_ARG(options.snapshot_mtbf >= 0 && options.work_per_step >= 0 && options.price_per_hour >= 0,
+                  "train::Run: RunOptions::snapshot_mtbf, work_per_step and price_per_hour must be >= 0 (--mtbf ",
+                  options.snapshot_mtbf, ", --price-per-hour ", options.price_per_hour, ")");
   TUTTI_CHECK_ARG(options.snapshot_every == 0 || !options.checkpoint_dir.empty(),
                   "--snapshot-every needs --checkpoint-dir (the run id, and the file the snapshots fall back on)");
   TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
@@ -154,6 +175,7 @@ void Run::Impl::start() {
   one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
   sync = Tensor::zeros({2}, DType::f32, device);
   if (state.ddp->options().deterministic) exact_loss = Tensor::zeros({3}, DType::i64, device);
+  start_status();
   if (options.summary) {
     options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
     if (resumed) options.summary->set("resumed_from", from_memory ? "memory" : "checkpoint file");
@@ -172,6 +194,7 @@ bool Run::next() {
   m.phase = Phase::in_step;
   m.loss_added = false;
   trace::begin_step(m.step + 1);
+  m.step_began = std::chrono::steady_clock::now();
   m.sync.zero(m.options.stream);
   if (m.exact_loss.defined()) m.exact_loss.zero(m.options.stream);
   return true;
@@ -239,6 +262,7 @@ const StepEnd& Run::end_step() {
   }
   const bool stop = nn::item(stop_flag, stream) > 0;
   ++m.step;
+  m.note_step_time();
   if (m.options.summary) m.options.summary->set_step(m.step, m.loss);
   trace::end_step();
 
@@ -273,6 +297,8 @@ const StepEnd& Run::end_step() {
   } else if (stop) {
     m.phase = Phase::stopped;
   }
+  // The launcher's view: at most every 0.2 s, and at once for a checkpoint completed or a snapshot.
+  m.write_status("running", m.saved_step != m.status_saved_step || m.end.snapshot || m.step == m.first_step + 1);
   return m.end;
 }
 
@@ -281,6 +307,21 @@ Outcome Run::finish() {
   TUTTI_CHECK(m.phase == Phase::completed || m.phase == Phase::stopped || m.phase == Phase::diverged,
               "train::Run::finish: the run has not ended (call it once next() returned false, and once)");
   m.wait_background_work();
+  if (m.options.summary) {
+    const Accounting a = m.account();
+    Summary& summary = *m.options.summary;
+    summary.set("attempts", a.attempts);
+    summary.set("wall_seconds", a.wall_seconds);
+    summary.set("rank_hours", a.rank_hours);
+    summary.set("useful_seconds", a.useful_seconds);
+    summary.set("goodput", a.goodput);
+    summary.set("lost_seconds", a.lost_seconds);
+    if (m.options.price_per_hour > 0) {
+      summary.set("price_per_hour", m.options.price_per_hour);
+      summary.set("cost", a.cost);
+      if (a.cost_per_million > 0) summary.set("cost_per_million_" + m.options.work_unit, a.cost_per_million);
+    }
+  }
   Outcome out;
   out.step = m.step;
   char text[2048];
@@ -343,6 +384,10 @@ Outcome Run::finish() {
   // The checkpoint file holds the end (or, diverged, the last good state): the run's memory is
   // free again.
   if (m.snapshots) m.snapshots->remove_folder();
+  m.write_status(out.status == Outcome::Status::completed ? "completed"
+                 : out.status == Outcome::Status::stopped ? "stopped"
+                                                          : "diverged",
+                 true, out.exit_code, out.message);
   m.phase = Phase::finished;
   return out;
 }

@@ -15,15 +15,20 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/core/tensor.h"
 #include "tutti/io/checkpoint_writer.h"
+#include "tutti/train/accounting.h"
 #include "tutti/train/run.h"
 
 namespace tutti::train {
 
 inline constexpr const char* kStep = "train.step";
 inline constexpr const char* kLastLoss = "train.last_loss";
+// The microseconds of training the state holds (Accounting::useful_seconds), saved with it.
+inline constexpr const char* kUsefulUs = "train.useful_us";
 inline constexpr const char* kPowerSgd = "powersgd.";  // the prefix of PowerSGD's state (ddp/powersgd.h)
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
+// When this process started, in Unix seconds (Linux's /proc, to 10 ms; elsewhere: now).
+double process_started_unix();
 // crc32 of a string (check_same without a Job, the snapshots' node of a host name).
 inline std::int64_t crc_of(std::string_view text) { return io::detail::crc_update(0, text.data(), text.size()); }
 
@@ -63,6 +68,31 @@ struct Run::Impl {
   std::chrono::steady_clock::time_point last_step_end{};
   double timed_seconds = 0;
   int timed_steps = 0;
+
+  // The status file and the accounting (run_status.cc). Times are Unix seconds (the launcher
+  // may read them on another host) or the steady clock's (durations).
+  std::string status_path;  // rank 0: "" none
+  std::string attempt_id;   // $TUTTI_ATTEMPT_ID (the launcher's name for this attempt)
+  double run_started_unix = 0, attempt_started_unix = 0, first_step_done_unix = 0;
+  double earlier_rank_seconds = 0;  // the attempts before this one
+  double restored_useful_s = 0;     // the useful time the resumed state held
+  int attempts = 1;
+  double useful_s = 0;  // restored_useful_s + this attempt's steps
+  std::chrono::steady_clock::time_point step_began{}, status_written{};
+  std::int64_t status_saved_step = -1, snapshot_step = -1;
+  bool status_started = false;  // the first write succeeded (a later failure is not an error)
+  // Rank 0 reads the earlier attempts' figures from the status file (when resumed) and every
+  // rank takes them (COLLECTIVE: a broadcast); then the first write.
+  void start_status();
+  // Rank 0: writes the status file, when `force` or 0.2 s have passed since the last write.
+  void write_status(const char* state, bool force, int exit_code = -1, const std::string& message = "");
+  // The three training scalars a checkpoint and a snapshot hold (step, last loss, useful ms).
+  StateDict run_scalars() const;
+  Accounting account() const;
+  // In end_step(), after the step's collective: the step's time counts as useful.
+  void note_step_time();
+  // ~Run before finish() (an error, or a program that left): rank 0's status says "failed".
+  void write_failed_status() noexcept;
 
   enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
   Phase phase = Phase::between;

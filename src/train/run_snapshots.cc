@@ -34,6 +34,13 @@ void add_whole(std::map<std::string, detail::MemorySnapshots::Piece>& into, cons
 
 }  // namespace
 
+std::int64_t detail::auto_snapshot_interval(double snapshot_seconds, double step_seconds, double cost, double mtbf) {
+  const double step = std::max(step_seconds, 1e-9);
+  const double k = mtbf > 0 ? std::round(std::sqrt(2 * snapshot_seconds * mtbf) / step)
+                            : std::ceil(snapshot_seconds / (cost * step));
+  return static_cast<std::int64_t>(std::clamp(k, 1.0, 1e9));
+}
+
 std::vector<int> Run::Impl::snapshot_nodes() const {
   std::vector<int> nodes;
   if (!hostname.empty()) {
@@ -115,7 +122,7 @@ StateDict Run::Impl::snapshot_part() const {
   add_parts(pieces, "optim.", ddp.optimizer_state_parts(*state.optimizer));
   add_whole(pieces, "scaler.", state.scaler->state_dict());
   for (const State::Entry& e : state.entries) add_whole(pieces, e.prefix, e.save());
-  add_whole(pieces, "", {{kStep, int_scalar_tensor(step)}, {kLastLoss, scalar_tensor(loss)}});
+  add_whole(pieces, "", run_scalars());
   return detail::MemorySnapshots::encode(pieces);
 }
 
@@ -162,12 +169,16 @@ void Run::Impl::maybe_snapshot(bool last, bool stop) {
     write_snapshot();
     end.snapshot = true;
     end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
+    snapshot_step = step;
     if (snapshot_every == 0) {
-      // K such that one snapshot every K steps takes at most snapshot_cost of the time; the
-      // ranks take the largest (COLLECTIVE: every rank is here after the same step).
+      // K such that one snapshot every K steps takes at most snapshot_cost of the time, or, with
+      // the MTBF, Young and Daly's interval sqrt(2 C MTBF), which balances the snapshots' cost
+      // against the work a failure loses; the ranks take the largest (COLLECTIVE: every rank is
+      // here after the same step).
       const double step_seconds = timed_steps > 0 ? timed_seconds / timed_steps : end.snapshot_seconds;
-      const double k = std::ceil(end.snapshot_seconds / (options.snapshot_cost * std::max(step_seconds, 1e-9)));
-      const Tensor vote = Tensor::from_ints({static_cast<std::int64_t>(std::clamp(k, 1.0, 1e9))}, {1}, DType::i64);
+      const std::int64_t k = detail::auto_snapshot_interval(end.snapshot_seconds, step_seconds, options.snapshot_cost,
+                                                            options.snapshot_mtbf);
+      const Tensor vote = Tensor::from_ints({k}, {1}, DType::i64);
       CallOptions call;
       call.label = "memory snapshot interval";
       cpu_comm->allreduce(vote, ReduceOp::max, call).wait();

@@ -114,4 +114,11 @@ class MemorySnapshots {
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>, std::vector<unsigned char>> found_bytes_;
 };
 
+// RunOptions::snapshot_every = kSnapshotAuto: the interval K in steps (1 to 1e9), from the first
+// snapshot's seconds and a step's. Without an MTBF (0), the least K for which the snapshots take
+// at most `cost` of the time; with one, Young and Daly's optimum sqrt(2 x snapshot x MTBF),
+// rounded to steps: the snapshots' cost against the work that a failure, on average half an
+// interval after a snapshot, takes back.
+std::int64_t auto_snapshot_interval(double snapshot_seconds, double step_seconds, double cost, double mtbf);
+
 }  // namespace tutti::train::detail

@@ -2,17 +2,20 @@
 """scripts/tutti-launch's decisions, with a stand-in for mpirun (no cluster, no MPI: seconds).
 
 The stand-in answers the launcher's probes (`-H HOST -np 1 true`) from a file of hosts that are
-down or hang, and plays one scripted attempt per job launch: it records the hosts and ranks it
-was given, prints the trainers' progress lines, writes a checkpoint whose "train.step" is the
-scripted one (tutti's checkpoint format), changes which hosts answer, and exits with the scripted
-code (or 75 on SIGUSR1, as a trainer stopped by a signal). Each case asserts the launcher's exit
-code, the attempts it made (hosts, ranks, arguments) and what it said.
+down or hang, and plays one scripted attempt per job launch: it records the hosts, ranks and
+environment it was given, writes a checkpoint whose "train.step" is the scripted one (tutti's
+checkpoint format) and the status file that train::Run would ($TUTTI_STATUS_FILE: the steps
+done, where it resumed, the checkpoint), prints a line of output, changes which hosts answer,
+and exits with the scripted code (or 75 on SIGUSR1, as a trainer stopped by a signal). Each case
+asserts the launcher's exit code, the attempts it made (hosts, ranks, arguments, environment) and
+what it said.
 
     launch_test.py --launcher scripts/tutti-launch [CASE...]
 """
 import argparse
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -57,14 +60,25 @@ np_ = int(args[args.index("-np") + 1])
 program = args[args.index("-np") + 2:]
 log = os.path.join(state, "log")
 attempt = sum(1 for _ in open(log)) if os.path.exists(log) else 0
+env = {k: os.environ.get(k) for k in ("TUTTI_RESUME", "TUTTI_STATUS_FILE", "TUTTI_ATTEMPT_ID")}
 with open(log, "a") as f:
     f.write(json.dumps({"hosts": [l.split()[0] for l in open(hostfile)], "np": np_, "args": program,
-                        "mpirun_args": args[:args.index("--hostfile")]}) + "\n")
+                        "mpirun_args": args[:args.index("--hostfile")], "env": env}) + "\n")
 script = json.load(open(os.path.join(state, "script.json")))
 a = script[min(attempt, len(script) - 1)]
 signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
-for k in range(a.get("from", 1), a.get("steps", 0) + 1):
-    print("epoch 1/1 step %d/100 loss 1.0 100 samples/s ETA 0:01" % k, flush=True)
+ckpt_file = os.path.join(state, "ckpt", "checkpoint.tckp")
+status = {"format": "tutti-status 1", "state": a.get("state", "running"), "attempt_id": env["TUTTI_ATTEMPT_ID"],
+          "first_step": a.get("from", 1) - 1, "resumed_from": "checkpoint" if a.get("from", 1) > 1 else None,
+          "checkpoint": ckpt_file, "first_step_done_unix": time.time() if a.get("steps") else None,
+          "accounting": {"attempts": attempt + 1, "goodput": 0.5, "rank_hours": 0.25, "lost_seconds": 3.0}}
+if a.get("steps"):
+    status["step"] = a["steps"]
+if env["TUTTI_STATUS_FILE"]:
+    with open(env["TUTTI_STATUS_FILE"] + ".tmp", "w") as f:
+        json.dump(status, f)
+    os.rename(env["TUTTI_STATUS_FILE"] + ".tmp", env["TUTTI_STATUS_FILE"])
+print("the program's own output, attempt %d" % (attempt + 1), flush=True)
 if "ckpt" in a:  # a checkpoint with train.step (src/io/checkpoint.cc's layout)
     name, meta_k, meta_v = b"train.step", b"program", b"fake"
     entries = struct.pack("<I", len(name)) + name + struct.pack("<BBHQQ", 4, 0, 0, 256, 8)
@@ -97,6 +111,7 @@ class Case:
             json.dump(script, f)
         with open(os.path.join(d, "down"), "w") as f:
             f.writelines("%s %s\n" % kv for kv in (down or {}).items())
+        self.ckpt = os.path.join(d, "ckpt")
         self.mpirun = os.path.join(d, "mpirun")
         with open(self.mpirun, "w") as f:
             f.write(FAKE_MPIRUN)
@@ -147,12 +162,21 @@ def relaunch_on_survivors():
     expect(c.rc == 0, "exit 0 once the job completes, got %d" % c.rc)
     expect(c.hosts() == ["abcd", "acd"], "attempts on abcd, then acd: %s" % c.hosts())
     expect([a["np"] for a in c.attempts] == [4, 3], "4 ranks, then 3")
-    expect(all(a["args"][-2:] == ["--resume", "auto"] for a in c.attempts), "--resume auto added")
+    expect(all(a["args"] == ["prog", "--checkpoint-dir", c.ckpt] for a in c.attempts), "the command as given")
+    expect(all(a["env"]["TUTTI_RESUME"] == "auto" for a in c.attempts), "TUTTI_RESUME=auto set")
+    expect(all(a["env"]["TUTTI_STATUS_FILE"] == os.path.join(c.ckpt, "status.json") for a in c.attempts),
+           "the status file in the program's --checkpoint-dir: %s" % [a["env"] for a in c.attempts])
+    expect(len({a["env"]["TUTTI_ATTEMPT_ID"] for a in c.attempts}) == 2, "an id per attempt")
+    expect(all(a["mpirun_args"][-6:] == ["-x", "TUTTI_STATUS_FILE", "-x", "TUTTI_RESUME", "-x", "TUTTI_ATTEMPT_ID"]
+               for a in c.attempts), "exported to every rank with Open MPI's -x: %s" % c.attempts[0]["mpirun_args"])
     expect_said(c, "host b does not answer (exit 1: ORTE was unable")
     expect_said(c, "attempt 1 failed (exit 137)")
-    expect_said(c, "5 step(s) lost (last step printed 25, checkpoint at step 20)")
+    expect_said(c, "5 step(s) lost (last step done 25, checkpoint at step 20)")
     expect_said(c, "attempt 2: 3 rank(s) on 3 of 4 host(s) (a, c, d), from the checkpoint at step 20")
-    expect("step 30/100" in c.out, "the program's output passed through")
+    expect_said(c, "the job resumed at step 20 from the checkpoint file: 5 step(s) lost (last step done before 25)")
+    expect_said(c, "done: exit 0 after 2 attempt(s)")
+    expect_said(c, "goodput 50.0%, 0.25 rank-hour(s) over 2 attempt(s), 3.0 s lost to failures")
+    expect("the program's own output, attempt 2" in c.out, "the program's output passed through")
 
 
 def host_comes_back():
@@ -171,8 +195,8 @@ def not_relaunched():
         c = Case("ab", [{"rc": code}, {"rc": 0}]).launch(program_args=["--resume", "yes"])
         expect(c.rc == code and len(c.attempts) == 1, "exit %d after one attempt, got %d after %d" % (
             code, c.rc, len(c.attempts)))
-        expect(c.attempts[0]["args"][-2:] == ["--resume", "yes"] and c.attempts[0]["args"].count("--resume") == 1,
-               "the command's own --resume kept: %s" % c.attempts[0]["args"])
+        expect(c.attempts[0]["args"][-2:] == ["--resume", "yes"] and c.attempts[0]["env"]["TUTTI_RESUME"] is None,
+               "the command's own --resume kept, no TUTTI_RESUME: %s" % c.attempts[0])
         expect_said(c, said)
 
 
@@ -193,7 +217,7 @@ def stop_signal():
     c = Case("ab", [{"rc": 75, "steps": 7, "ckpt": 7}, {"rc": 0}]).launch()
     expect(c.rc == 0 and len(c.attempts) == 2, "75 relaunched: exit %d after %d" % (c.rc, len(c.attempts)))
     expect_said(c, "stopped by a signal with a checkpoint (exit 75)")
-    expect_said(c, "0 step(s) lost (last step printed 7, checkpoint at step 7)")
+    expect_said(c, "0 step(s) lost (last step done 7, checkpoint at step 7)")
     c = Case("ab", [{"rc": 75}, {"rc": 0}]).launch("--on-stop", "exit")
     expect(c.rc == 75 and len(c.attempts) == 1, "--on-stop exit: 75 after one attempt")
     c = Case("ab", [{"sleep": 30, "rc": 1}, {"rc": 0}]).launch(signal_after=0.5)
@@ -239,13 +263,47 @@ def kill_grace():
     def grace(*opts):
         c = Case("ab", [{"rc": 0}]).launch(*opts)
         expect(c.rc == 0 and len(c.attempts) == 1, "ran once (exit %d)" % c.rc)
-        return c.attempts[0]["mpirun_args"]
+
+        return c.attempts[0]["mpirun_args"][:-6]  # the last six: -x for the environment (relaunch_on_survivors)
 
     expect(grace() == ["--mca", "odls_base_sigkill_timeout", "0"], "0 by default: %s" % grace())
     expect(grace("--kill-grace", "1.5") == ["--mca", "odls_base_sigkill_timeout", "1.5"], "--kill-grace 1.5")
     expect(grace("--kill-grace", "-1") == [], "none with --kill-grace -1")
     own = ["--mpirun-arg=--mca", "--mpirun-arg=odls_base_sigkill_timeout", "--mpirun-arg=2"]
     expect(grace(*own) == ["--mca", "odls_base_sigkill_timeout", "2"], "the caller's own: %s" % grace(*own))
+
+
+def status_decides():
+    """A job whose status file says the run completed (or diverged) but that exits otherwise (a
+    rank lost in MPI_Finalize) is done (diverged): not relaunched. --status-file names the file;
+    without it or a --checkpoint-dir the launcher says where the file is."""
+    for state, rc in (("completed", 0), ("diverged", 3)):
+        c = Case("ab", [{"steps": 9, "state": state, "rc": 1}, {"rc": 0}])
+        status = os.path.join(c.dir.name, "elsewhere", "run-status.json")
+        os.mkdir(os.path.dirname(status))
+        c.launch("--status-file", status)
+        expect(c.rc == rc and len(c.attempts) == 1, "%s: exit %d after one attempt, got %d after %d" % (
+            state, rc, c.rc, len(c.attempts)))
+        expect(c.attempts[0]["env"]["TUTTI_STATUS_FILE"] == status, "--status-file given to the job")
+        expect_said(c, "attempt 1 ended with exit 1 after its run %s (status file)" % state)
+
+
+def help_is_documented():
+    """Every option of --help has its row in docs/launcher.md, and so has every exit code the
+    launcher names (its EXIT_* constants)."""
+    docs = open(ARGS.docs).read()
+    out = subprocess.run([sys.executable, ARGS.launcher, "--help"], capture_output=True, text=True, check=True).stdout
+    table = out[out.index("\noptions:"):]  # argparse's list, after the description
+    options = sorted(set(re.findall(r"^  (--[a-z][a-z-]*)", table, re.M)) - {"--help"})
+    expect(len(options) >= 15, "the options of --help: %s" % options)
+    missing = [o for o in options if not re.search(r"^\| `%s[ `]" % re.escape(o), docs, re.M)]
+    expect(not missing, "options of --help without a row in %s: %s" % (ARGS.docs, missing))
+    source = open(ARGS.launcher).read()
+    names, values = re.search(r"^(EXIT_\w+(?:, EXIT_\w+)*) = ([\d, ]+)$", source, re.M).groups()
+    codes = [int(v) for v in values.split(",")]
+    expect(len(codes) == len(names.split(",")) == 5, "the EXIT_* constants: %s" % names)
+    missing = [c for c in codes if not re.search(r"^\| %d \|" % c, docs, re.M)]
+    expect(not missing, "exit codes without a row in %s: %s" % (ARGS.docs, missing))
 
 
 def divides():
@@ -267,11 +325,13 @@ def grows():
 
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
                                  unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
-                                 divides, grows)}
+                                 status_decides, help_is_documented, divides, grows)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--launcher", required=True, help="scripts/tutti-launch")
+    parser.add_argument("--docs", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                                                       "launcher.md"), help="docs/launcher.md")
     parser.add_argument("cases", nargs="*", choices=[[]] + sorted(CASES), default=[])
     ARGS = parser.parse_args()
     failed = []

@@ -427,7 +427,7 @@ def launcher_node_killed():
         print("kill -> relaunch %.2f s, kill -> first step of the relaunched job %.2f s; resumed at step %d"
               % (to_relaunch, to_step, resumed))
         expect_in(r"host node1 does not answer \(exit \d+.*\): skipped", err)
-        expect_in(r"attempt 1 failed \(exit \d+\) after [\d.]+ s; (\d+) step\(s\) lost \(last step printed (\d+), "
+        expect_in(r"attempt 1 failed \(exit \d+\) after [\d.]+ s; (\d+) step\(s\) lost \(last step done (\d+), "
                   r"checkpoint at step %d\)" % resumed, err)
         expect(to_relaunch <= RELAUNCH_BOUND, "relaunched within %.0f s of the kill (%.2f s)" % (RELAUNCH_BOUND, to_relaunch))
         expect(to_step <= STEP_BOUND, "a step within %.0f s of the kill (%.2f s)" % (STEP_BOUND, to_step))
@@ -469,7 +469,7 @@ def launcher_node_killed_memory():
                 line for t, _, line in out.lines if t >= killed and re.search(r"resum|memory|snapshot|afresh", line)))
         expect(resumed is not None, "the relaunched job resumed from memory, node1's part from its buddy")
         step = int(resumed[1].group(1))
-        last = out.first(r"the job resumed at step %d from memory .*: (\d+) step\(s\) lost \(last step printed "
+        last = out.first(r"the job resumed at step %d from memory .*: (\d+) step\(s\) lost \(last step done "
                          r"before (\d+)\)" % step, killed)
         expect(last is not None, "the launcher said how many steps were lost")
         lost = int(last[1].group(1))

@@ -83,9 +83,18 @@ class Case(unittest.TestCase):
 
 class TrainFashionMnist(Case):
     def test_learns_and_writes_a_complete_summary(self):
-        run(2, *SUBSET, "--epochs", "2", "--json", self.path("s.json"))
+        run(2, *SUBSET, "--epochs", "2", "--json", self.path("s.json"), "--price-per-hour", "2")
         s = summary(self.path("s.json"))
         self.assertEqual(s["status"], "completed")
+        # The accounting (train/accounting.h): 2 ranks since their processes started, the cost at 2 a rank-hour.
+        self.assertEqual(s["attempts"], 1)
+        self.assertGreater(s["rank_hours"], 0)
+        self.assertLessEqual(s["rank_hours"], 2 * s["wall_seconds"] / 3600 * 1.01)
+        self.assertGreaterEqual(s["wall_seconds"], s["wall_s"])  # the program's own clock starts later
+        self.assertAlmostEqual(s["cost"], 2 * s["rank_hours"])
+        self.assertAlmostEqual(s["cost_per_million_samples"], s["cost"] / (s["steps"] * 64 / 1e6))
+        self.assertGreater(s["goodput"], 0)
+        self.assertLess(s["goodput"], 1)
         for key in ["steps", "final_train_loss", "test_accuracy", "wall_s", "samples_per_s", "ranks",
                     "skipped_steps", "precision", "model"]:
             self.assertIn(key, s)
@@ -265,6 +274,9 @@ class TrainFashionMnist(Case):
         p = run(1, "--resume", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--checkpoint-dir", p.stderr)
+        p = run(1, "--mtbf", "3600", check=False, env=ENDS_AT_ONCE)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--mtbf needs --snapshot-every auto", p.stderr)
 
     def test_powersgd_learns_near_ddp_and_refuses_bad_flags(self):
         common = [*SUBSET, "--max-steps", "40", "--powersgd-start", "5"]

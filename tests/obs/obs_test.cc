@@ -508,6 +508,25 @@ TEST(Metrics, NewPeakSetsTheMfuOfLaterSteps) {
   EXPECT_THROW(m.set_peak_flops(-1), InvalidArgument);
 }
 
+TEST(Metrics, TheRunsAccountingAndItsCostOnlyWithAPrice) {
+  TrainingMetrics m(labels());
+  train::Accounting a;
+  a.attempts = 3;
+  a.rank_hours = 12.5;
+  a.goodput = 0.96;
+  a.lost_seconds = 40;
+  a.cost = 25;
+  m.observe_accounting(a, /*priced=*/false);
+  EXPECT_EQ(m.registry().value("tutti_run_attempts"), 3);
+  EXPECT_EQ(m.registry().value("tutti_run_rank_hours"), 12.5);
+  EXPECT_EQ(m.registry().value("tutti_goodput_ratio"), 0.96);
+  EXPECT_EQ(m.registry().value("tutti_lost_to_failures_seconds"), 40);
+  EXPECT_TRUE(std::isnan(m.registry().value("tutti_run_cost")));
+  EXPECT_EQ(m.registry().text().find("tutti_run_cost"), std::string::npos);
+  m.observe_accounting(a, /*priced=*/true);
+  EXPECT_EQ(m.registry().value("tutti_run_cost"), 25);
+}
+
 }  // namespace
 }  // namespace tutti::obs
 

@@ -5,6 +5,7 @@
 // parts come from the buddies' copies; a node and its buddy lost, or a corrupt snapshot, fall
 // back to the file and say so; too little memory is refused before the first step; a new run
 // never takes an older run's memory; a run that ends frees it.
+// The auto interval: at most 2% of the time, or Young and Daly's with an MTBF.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -231,6 +232,33 @@ TEST_F(SnapshotTest, AutoTakesTheFirstAfterStep5AndThenEveryKStepsAgreedByTheRan
   // A snapshot every K steps costs at most 2% of the training time, so it is never each step
   // for a model this small (a step is a few hundred microseconds, a snapshot more).
   EXPECT_GT(k, 1);
+}
+
+TEST(MemorySnapshots, AutoIntervalIsTheCostBoundOrYoungAndDalysWithAnMtbf) {
+  using detail::auto_snapshot_interval;
+  // A 0.5 s snapshot and 0.1 s steps: at most 2% of the time is one every 250 steps.
+  EXPECT_EQ(auto_snapshot_interval(0.5, 0.1, 0.02, 0), 250);
+  // With an MTBF of an hour: every sqrt(2 x 0.5 x 3600) = 60 s, 600 steps; of a day: 2940 s.
+  EXPECT_EQ(auto_snapshot_interval(0.5, 0.1, 0.02, 3600), 600);
+  EXPECT_EQ(auto_snapshot_interval(0.5, 0.1, 0.02, 86400), 2939);
+  // Failures so frequent that the optimum is below a step: every step; a free snapshot too.
+  EXPECT_EQ(auto_snapshot_interval(0.5, 0.1, 0.02, 1e-3), 1);
+  EXPECT_EQ(auto_snapshot_interval(0, 0.1, 0.02, 0), 1);
+}
+
+TEST_F(SnapshotTest, AutoWithAnMtbfSnapshotsMoreOftenWhenNodesFailMoreOften) {
+  Plan p = plan(2, 1, {0, 1});
+  p.options.steps = 12;
+  p.options.snapshot_every = kSnapshotAuto;
+  p.options.snapshot_mtbf = 1e-6;  // a failure every microsecond: a snapshot every step
+  const Result often = train(p);
+  EXPECT_EQ(often.snapshot_every[0], 1);
+  EXPECT_EQ(often.snapshot_steps, (std::vector<std::int64_t>{5, 6, 7, 8, 9, 10, 11}));
+  fs::remove_all(ckpt_dir());
+  p.options.snapshot_mtbf = 1e9;  // one in 30 years: far apart
+  const Result rarely = train(p);
+  EXPECT_GT(rarely.snapshot_every[0], 12);
+  EXPECT_EQ(rarely.snapshot_steps, (std::vector<std::int64_t>{5}));
 }
 
 TEST(MemorySnapshots, AssembleRefusesPartsThatDoNotCoverTheWhole) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tutti/ddp/reducer.h"
+#include "tutti/train/accounting.h"
 
 namespace tutti::obs {
 
@@ -92,6 +93,9 @@ class TrainingMetrics {
   TrainingMetrics(MetricLabels labels, TrainingMetricsOptions options = {});
   void observe_step(const StepRecord& r);
   void observe_checkpoint(double seconds);
+  // The run's accounting so far (train::Run::accounting()): attempts, rank-hours, goodput, the
+  // time lost to failures, and with `priced` (a price per rank-hour given) the cost.
+  void observe_accounting(const train::Accounting& a, bool priced);
   // Stragglers found by obs::StragglerDetector (straggler.h): the rank (-1: none), how much
   // slower than the median (ratio - 1), and whether this rank is the one.
   void observe_straggler(int rank, double slower_by, bool this_rank);

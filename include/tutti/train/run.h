@@ -57,6 +57,17 @@
 // The divergence message names the last checkpoint written completely, never one in flight
 // or skipped.
 //
+// For a launcher (tutti-launch, docs/launcher.md), from the environment, so that any program
+// built on a Run is launchable as it is: TUTTI_RESUME ("no", "yes", "auto") replaces
+// RunOptions::resume, and TUTTI_STATUS_FILE names the status file when RunOptions::status_file
+// is empty. The status file is one JSON object that rank 0 replaces atomically (a temporary
+// file renamed over it) when the run starts, at most every 0.2 s while it runs, on every
+// checkpoint and snapshot, and when it ends: its state ("running", "completed", "stopped",
+// "diverged", "failed": the Run was destroyed before finish(), e.g. by an error), the step,
+// the last checkpoint written completely and the last snapshot, where the run resumed from,
+// and the accounting (train/accounting.h). A resumed run reads the accounting of the attempts
+// before it from the file before replacing it.
+//
 // Exit codes (Outcome::exit_code): 0 completed; 3 diverged and 75 (EX_TEMPFAIL, "run the same
 // command again") stopped, on rank 0 only, 0 on the others: mpirun drops the output of the
 // other ranks, and kills them, once one has exited non-zero, and every rank stops alike.
@@ -74,6 +85,7 @@
 #include "tutti/core/tensor.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
+#include "tutti/train/accounting.h"
 #include "tutti/train/summary.h"
 
 namespace tutti {
@@ -188,9 +200,12 @@ struct RunOptions {
   // kSnapshotAuto: K chosen by the Run so that snapshots take at most snapshot_cost of the
   // training time: the first snapshot is after the 5th step of the run, timed against the
   // steps before it, and the ranks take the largest K any of them asks for (StepEnd::
-  // snapshot_every says it from then on).
+  // snapshot_every says it from then on). With snapshot_mtbf, K is Young and Daly's optimum
+  // instead: the interval sqrt(2 x snapshot seconds x snapshot_mtbf), in steps (at least 1).
   std::int64_t snapshot_every = 0;
   double snapshot_cost = 0.02;
+  // The job's mean time between failures in seconds, for kSnapshotAuto (0: unknown). --mtbf.
+  double snapshot_mtbf = 0;
   // The node-local folder ("": /dev/shm); the snapshots go in its sub-folder tutti-<run id>,
   // the run id being kept in <checkpoint_dir>/run-id. --snapshot-dir.
   std::string snapshot_dir;
@@ -212,6 +227,15 @@ struct RunOptions {
   // Where the run's steps and ending are summarized (nullptr: nowhere). The Run sets its rank,
   // "resumed_from_step", and the ending in finish().
   Summary* summary = nullptr;
+  // The status file for a launcher (see above; "": $TUTTI_STATUS_FILE, and none when that is
+  // unset too). Rank 0 writes it; the launcher must see the folder (a shared one across nodes).
+  std::string status_file;
+  // Accounting (Run::accounting): what one step trains, counted in `work_unit` (the tokens or
+  // samples of the global batch; 0: no cost per million), and the price of one rank-hour (one
+  // GPU's hour; 0: no cost). --price-per-hour.
+  double work_per_step = 0;
+  std::string work_unit = "samples";
+  double price_per_hour = 0;
   // What the stop message says after "Checkpoint written to <path>.".
   std::string resume_advice =
       "Resume with the same command and --resume (--resume auto also starts afresh when there is no checkpoint).";
@@ -306,6 +330,8 @@ class Run {
   // written on 4 rank(s), here 2: its step count and Q are kept, the error feedback starts at
   // zero)".
   const std::string& note() const;
+  // The run's cost so far over its attempts (train/accounting.h), as of now. Not collective.
+  Accounting accounting() const;
   // Whether the resume took a memory snapshot (RunOptions::snapshot_every) rather than the file.
   bool resumed_from_memory() const;
   // Memory snapshots: this rank's node's folder ("" when off), and the bytes the fullest node
