@@ -159,6 +159,13 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "with --snapshot-every auto: the job's mean time between failures in seconds; snapshots then "
                  "come every sqrt(2 x snapshot time x MTBF) (Young/Daly) instead of at most 2% of the time")
       ->check(example::positive(f.mtbf));
+  app.add_option("--preemption-notice", f.preemption_notice,
+                 "watch for the cloud's notice that a node will be taken back (aws, gce, azure, a URL, file:PATH; "
+                 "{host} is the node's name): every rank then stops after the step with a checkpoint, naming the "
+                 "node for tutti-launch to leave out");
+  app.add_option("--preemption-poll", f.preemption_poll, "seconds between two polls of --preemption-notice")
+      ->check(example::positive(f.preemption_poll))
+      ->capture_default_str();
   app.add_option("--price-per-hour", f.price_per_hour,
                  "the price of one rank-hour (a GPU's hour): the JSON summary and the status file report the run's "
                  "cost, and per million samples or tokens")
@@ -202,6 +209,7 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
                   f.snapshot_every);
   o.snapshot_mtbf = f.mtbf;
   o.price_per_hour = f.price_per_hour;
+  o.preemption = {.source = f.preemption_notice, .poll_seconds = f.preemption_poll};
   o.precision = f.precision;
   o.stream = stream;
   o.summary = &summary;

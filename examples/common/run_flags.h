@@ -48,6 +48,8 @@ struct RunFlags {
   std::string snapshot_dir;               // node-local folder ("": /dev/shm)
   double mtbf = 0;                        // --snapshot-every auto: the MTBF in seconds (0: the 2% bound)
   double price_per_hour = 0;              // of one rank (a GPU): the summary's cost (0: none)
+  std::string preemption_notice;          // aws, gce, azure, a URL or file:PATH ("": not watched)
+  double preemption_poll = 2;             // seconds between polls
   std::int64_t max_micro_batch = 0;       // per rank (0: --accum-steps as given)
   bool deterministic = false;             // DdpOptions::deterministic: micro-batches of exactly --max-micro-batch
   std::string sync = "ddp";               // "ddp" or "diloco:H" (sync.h)

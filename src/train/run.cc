@@ -32,6 +32,7 @@ const char* signal_name(int sig) {
     case SIGINT: return "SIGINT";
     case SIGUSR1: return "SIGUSR1";
     case SIGUSR2: return "SIGUSR2";
+    case kPreemptionNotice: return "a preemption notice";
   }
   return "a signal";
 }
@@ -55,7 +56,8 @@ std::string describe(const RunOptions& o) {
     << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy)
     << ", snapshot every " << o.snapshot_every << " (cost " << o.snapshot_cost << ", MTBF " << o.snapshot_mtbf
     << " s) in '" << o.snapshot_dir << "', " << o.work_per_step << " " << o.work_unit << " per step at "
-    << o.price_per_hour << " per rank-hour";
+    << o.price_per_hour << " per rank-hour, preemption notices from '" << o.preemption.source << "' every "
+    << o.preemption.poll_seconds << " s";
   return s.str();
 }
 
@@ -175,6 +177,8 @@ void Run::Impl::start() {
   one = Tensor::from_floats({1.0f}, {1}).to(device, options.stream);
   sync = Tensor::zeros({2}, DType::f32, device);
   if (state.ddp->options().deterministic) exact_loss = Tensor::zeros({3}, DType::i64, device);
+  if (!options.preemption.source.empty())
+    watcher = std::make_unique<PreemptionWatcher>(options.preemption, host_name());
   start_status();
   if (options.summary) {
     options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
@@ -242,7 +246,11 @@ const StepEnd& Run::end_step() {
   // The mean loss over the whole global batch (the mean of the ranks' equal-sized means), the
   // stop flag (> 0 when any rank has one) and the program's figures: the step's one collective.
   const Tensor stop_flag = m.sync.view(1, {1});
-  if (m.stop_requested()) kernels::add_scaled(m.one, 1.0f, stop_flag, stream);
+  // A rank with a preemption notice adds world + 1, one with a signal or a request 1: the mean
+  // is above 1 exactly when some rank has a notice, which every rank then knows.
+  if (m.stop_requested()) {
+    kernels::add_scaled(m.one, m.noticed() ? static_cast<float>(m.world + 1) : 1.0f, stop_flag, stream);
+  }
   CallOptions call;
   call.label = "train loss and stop flag";
   call.stream = stream;
@@ -260,7 +268,9 @@ const StepEnd& Run::end_step() {
                               std::ldexp(static_cast<double>(v[0]), -32) /
                               (static_cast<double>(m.state.ddp->options().accumulation_steps) * m.world)));
   }
-  const bool stop = nn::item(stop_flag, stream) > 0;
+  const double stop_value = nn::item(stop_flag, stream);
+  const bool stop = stop_value > 0;
+  const bool notice = stop_value > 1 + 0.5 / m.world;
   ++m.step;
   m.note_step_time();
   if (m.options.summary) m.options.summary->set_step(m.step, m.loss);
@@ -279,6 +289,14 @@ const StepEnd& Run::end_step() {
     m.end.diverged = true;
     m.phase = Phase::diverged;
     return m.end;
+  }
+  if (notice && m.snapshots && !m.end.last) {
+    // A node is about to go: memory first (quick, and held by the survivors), then the file.
+    const auto t0 = std::chrono::steady_clock::now();
+    m.write_snapshot();
+    m.snapshot_step = m.step;
+    m.end.snapshot = true;
+    m.end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (!m.path.empty() &&
       ((m.options.checkpoint_every > 0 && m.step % m.options.checkpoint_every == 0) || m.end.last || stop)) {
@@ -300,6 +318,30 @@ const StepEnd& Run::end_step() {
   // The launcher's view: at most every 0.2 s, and at once for a checkpoint completed or a snapshot.
   m.write_status("running", m.saved_step != m.status_saved_step || m.end.snapshot || m.step == m.first_step + 1);
   return m.end;
+}
+
+std::vector<std::string> Run::Impl::gather_preempted_hosts() const {
+  // Each rank's host name where it had a notice (else nothing), 64 bytes a rank, as i64s.
+  constexpr int kBytes = 64;
+  std::vector<std::int64_t> mine(kBytes, 0);
+  if (noticed()) {
+    const std::string name = host_name().substr(0, kBytes);
+    for (std::size_t i = 0; i < name.size(); ++i) mine[i] = static_cast<unsigned char>(name[i]);
+  }
+  const Tensor all = Tensor::empty({std::int64_t{kBytes} * world}, DType::i64);
+  CallOptions call;
+  call.label = "preempted hosts";
+  cpu_comm->allgather(Tensor::from_ints(mine, {kBytes}, DType::i64), all, call).wait();
+  const std::vector<std::int64_t> v = all.to_ints();
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world; ++r) {
+    std::string name;
+    for (int i = 0; i < kBytes && v[static_cast<std::size_t>(r * kBytes + i)] != 0; ++i) {
+      name += static_cast<char>(v[static_cast<std::size_t>(r * kBytes + i)]);
+    }
+    if (!name.empty() && std::find(hosts.begin(), hosts.end(), name) == hosts.end()) hosts.push_back(name);
+  }
+  return hosts;
 }
 
 Outcome Run::finish() {
@@ -343,14 +385,32 @@ Outcome Run::finish() {
     out.signal = agreed == kNone ? 0 : static_cast<int>(agreed % 256);
     out.signal_rank = agreed == kNone ? -1 : static_cast<int>(agreed / 256);
     out.status = Outcome::Status::stopped;
-    if (m.options.summary) m.options.summary->stopped(signal_name(out.signal), m.path);
+    const char* why = signal_name(out.signal);
+    if (out.signal == kPreemptionNotice) out.signal = 0;
+    if (m.watcher) {
+      m.preempted_hosts = m.gather_preempted_hosts();
+      out.preempted_hosts = m.preempted_hosts;
+    }
+    if (m.options.summary) {
+      if (!out.preempted_hosts.empty()) {
+        std::string hosts = "[";
+        for (const std::string& h : out.preempted_hosts) hosts += (hosts.size() > 1 ? ", " : "") + json_quote(h);
+        m.options.summary->set_json("preempted_hosts", hosts + "]");
+      }
+      m.options.summary->stopped(why, m.path);
+    }
     if (m.rank == 0) {
       out.exit_code = 75;
       const std::string how = m.path.empty()
                                   ? "No checkpoint was written (no --checkpoint-dir): the run cannot be resumed."
                                   : "Checkpoint written to " + m.path + ". " + m.options.resume_advice;
+      std::string by = why;
+      if (!out.preempted_hosts.empty()) {
+        by += by == signal_name(kPreemptionNotice) ? " for" : "; a preemption notice for";
+        for (std::size_t i = 0; i < out.preempted_hosts.size(); ++i) by += (i ? ", " : " ") + out.preempted_hosts[i];
+      }
       std::snprintf(text, sizeof text, "stopped at step %lld of %lld by %s (on rank %d). %s",
-                    static_cast<long long>(m.step), static_cast<long long>(m.options.steps), signal_name(out.signal),
+                    static_cast<long long>(m.step), static_cast<long long>(m.options.steps), by.c_str(),
                     out.signal_rank, how.c_str());
       out.message = text;
     }

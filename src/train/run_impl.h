@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "io/checkpoint_file.h"
 #include "train/snapshots.h"
@@ -16,6 +17,7 @@
 #include "tutti/core/tensor.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/train/accounting.h"
+#include "tutti/train/preemption.h"
 #include "tutti/train/run.h"
 
 namespace tutti::train {
@@ -29,6 +31,8 @@ inline constexpr const char* kPowerSgd = "powersgd.";  // the prefix of PowerSGD
 io::Metadata metadata_of(const RunOptions& options);
 // When this process started, in Unix seconds (Linux's /proc, to 10 ms; elsewhere: now).
 double process_started_unix();
+// The stop "signal" of a preemption notice in the ranks' vote (signals are below it).
+inline constexpr int kPreemptionNotice = 254;
 // crc32 of a string (check_same without a Job, the snapshots' node of a host name).
 inline std::int64_t crc_of(std::string_view text) { return io::detail::crc_update(0, text.data(), text.size()); }
 
@@ -97,7 +101,11 @@ struct Run::Impl {
   enum class Phase : std::uint8_t { between, in_step, completed, stopped, diverged, finished };
   Phase phase = Phase::between;
   bool loss_added = false;
-  int requested_signal = -1;  // request_stop(): the signal named (-1: not requested)
+  int requested_signal = -1;                   // request_stop(): the signal named (-1: not requested)
+  std::unique_ptr<PreemptionWatcher> watcher;  // RunOptions::preemption (null: none)
+  std::vector<std::string> preempted_hosts;    // after a stop by a notice: the hosts that had one
+  // finish(), stopped, with a watcher: the hosts of the ranks that had a notice (COLLECTIVE).
+  std::vector<std::string> gather_preempted_hosts() const;
 
   Tensor sync;  // f32 [2 + slots]: the step's loss, the stop flag, the program's figures
   Tensor one;   // f32 [1] = 1 on the device (the stop flag's increment)
@@ -142,8 +150,12 @@ struct Run::Impl {
   // flight (and throws its failure), so that "Checkpoint written to" is true.
   void wait_background_work();
   // Whether this rank was asked to stop, and by what signal (0: request_stop()).
-  bool stop_requested() const { return requested_signal >= 0 || signal() != 0; }
-  int stop_signal() const { return signal() != 0 ? signal() : requested_signal; }
+  bool noticed() const { return watcher && watcher->noticed(); }
+  bool stop_requested() const { return requested_signal >= 0 || signal() != 0 || noticed(); }
+  // A signal first, then a preemption notice (kPreemptionNotice), then request_stop()'s.
+  int stop_signal() const { return signal() != 0 ? signal() : noticed() ? kPreemptionNotice : requested_signal; }
+  // This rank's host for "{host}" and the Outcome's preempted hosts: the Job's, or "rank<r>".
+  std::string host_name() const { return hostname.empty() ? "rank" + std::to_string(rank) : hostname; }
 };
 
 }  // namespace tutti::train

@@ -20,9 +20,7 @@
 namespace tutti::train {
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // A JSON number, or null for "none" (negative) and for what JSON cannot hold.
 nlohmann::json number_or_null(double v) { return v >= 0 && std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
@@ -138,6 +136,7 @@ void Run::Impl::write_status(const char* state_name, bool force, int exit_code, 
   j["updated_unix"] = unix_now();
   j["exit_code"] = exit_code >= 0 ? nlohmann::json(exit_code) : nlohmann::json();
   j["message"] = message;
+  j["preempted_hosts"] = preempted_hosts;
   j["accounting"] = {{"attempts", a.attempts},
                      {"wall_seconds", a.wall_seconds},
                      {"rank_hours", a.rank_hours},

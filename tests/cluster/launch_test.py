@@ -71,7 +71,8 @@ ckpt_file = os.path.join(state, "ckpt", "checkpoint.tckp")
 status = {"format": "tutti-status 1", "state": a.get("state", "running"), "attempt_id": env["TUTTI_ATTEMPT_ID"],
           "first_step": a.get("from", 1) - 1, "resumed_from": "checkpoint" if a.get("from", 1) > 1 else None,
           "checkpoint": ckpt_file, "first_step_done_unix": time.time() if a.get("steps") else None,
-          "accounting": {"attempts": attempt + 1, "goodput": 0.5, "rank_hours": 0.25, "lost_seconds": 3.0}}
+          "accounting": {"attempts": attempt + 1, "goodput": 0.5, "rank_hours": 0.25, "lost_seconds": 3.0},
+          "preempted_hosts": a.get("preempted", [])}
 if a.get("steps"):
     status["step"] = a["steps"]
 if env["TUTTI_STATUS_FILE"]:
@@ -288,6 +289,22 @@ def status_decides():
         expect_said(c, "attempt 1 ended with exit 1 after its run %s (status file)" % state)
 
 
+def preemption_notice():
+    """A job stopped by a preemption notice for host b (exit 75, the status names b): relaunched at
+    once on a, c without counting a failure (--max-failures 1 would end at the first), b left out
+    while --notice-holdoff lasts, and back after it (the attempt that failed took longer)."""
+    c = Case("abc", [{"steps": 7, "ckpt": 7, "rc": 75, "preempted": ["b"]}, {"rc": 1, "sleep": 0.6},
+                     {"rc": 1}, {"rc": 0}])
+    c.launch("--max-failures", "3", "--notice-holdoff", "0.5", "--on-stop", "exit")
+    expect(c.rc == 0 and c.hosts() == ["abc", "ac", "abc", "abc"], "abc, ac, abc, abc: %s (exit %d)" % (
+        c.hosts(), c.rc))
+    expect_said(c, "attempt 1 stopped with a checkpoint after a preemption notice for b (exit 75)")
+    expect_said(c, "0 step(s) lost (last step done 7, checkpoint at step 7)")
+    expect_said(c, "host b had a preemption notice: left out for")
+    expect("relaunching (failure 1;" in c.err and "(failure 3;" not in c.err,
+           "the notice counted no failure: %s" % c.err)
+
+
 def help_is_documented():
     """Every option of --help has its row in docs/launcher.md, and so has every exit code the
     launcher names (its EXIT_* constants)."""
@@ -325,7 +342,7 @@ def grows():
 
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
                                  unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
-                                 status_decides, help_is_documented, divides, grows)}
+                                 status_decides, preemption_notice, help_is_documented, divides, grows)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

@@ -530,6 +530,84 @@ class CheckpointKeeper:
         raise AssertionError("no kept checkpoint of step %d (%s)" % (step, os.listdir(self.into)))
 
 
+# The cloud's metadata service on node0 (10.77.0.1, scripts/cluster.sh): GET /<host>/preempted
+# answers GCE's "TRUE" for the hosts named in the file argv[2] (one a line), "FALSE" for others.
+METADATA_SERVER = r"""
+import http.server, sys
+port, doomed_file = int(sys.argv[1]), sys.argv[2]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        try:
+            doomed = open(doomed_file).read().split()
+        except OSError:
+            doomed = []
+        body = b"TRUE" if self.path.split("/")[1] in doomed else b"FALSE"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+"""
+NOTICE_LEAD = 5.0  # s between the notice and the node's end (GCE gives about 30, AWS 120)
+
+
+def launcher_spot_notice():
+    """A spot reclaim announced ahead: a local HTTP server plays the metadata service, the trainer
+    polls it (--preemption-notice http://10.77.0.1:PORT/{host}/preempted) on 4 nodes x 1 rank under
+    tutti-launch. After step KILL_AT node1 gets its notice, and NOTICE_LEAD s later every process
+    of node1 is killed. The job must stop with a checkpoint before the kill, naming node1; the
+    launcher relaunches at once on the 3 others without it, from the step where the job stopped:
+    0 steps lost, and the run completes."""
+    port = 18080
+    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+        ckpt, summary, doomed = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json"), os.path.join(tmp, "doomed")
+        run_flags = [*FLAGS, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
+                     "--progress-interval", "0.1", "--json", summary, "--preemption-notice",
+                     "http://10.77.0.1:%d/{host}/preempted" % port, "--preemption-poll", "0.2"]
+        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
+            server = c.popen([sys.executable, "-c", METADATA_SERVER, str(port), doomed])
+            try:
+                p = launch(c, c.hostfile(), *run_flags)
+                out = Lines(p)
+                try:
+                    m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
+                    with open(doomed + ".tmp", "w") as f:
+                        f.write("node1\n")
+                    os.rename(doomed + ".tmp", doomed)
+                    noticed = time.time()
+                    print("a notice for node1 after step %s" % m.group(1))
+                    stopped = out.wait(r"attempt 1 stopped .*preemption notice", NOTICE_LEAD)
+                    time.sleep(max(0.0, noticed + NOTICE_LEAD - time.time()))
+                    for pid in c.pids("node1", holder_too=True):
+                        os.kill(pid, signal.SIGKILL)
+                    p.wait(timeout=120)
+                finally:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+            finally:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+            err = out.text("err")
+            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
+        expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
+        expect(stopped is not None, "the job stopped before node1's end")
+        expect_in(r"stopped at step (\d+) of %d by a preemption notice for node1 \(on rank 1\)" % STEPS, err)
+        lost = re.search(r"attempt 1 stopped with a checkpoint after a preemption notice for node1 \(exit 75\) after "
+                         r"[\d.]+ s; (\d+) step\(s\) lost \(last step done (\d+), checkpoint at step (\d+)\)", err)
+        expect(lost is not None, "the launcher said what the notice cost")
+        expect(int(lost.group(1)) == 0, "0 steps lost (%s)" % lost.group(0))
+        expect_in(r"host node1 had a preemption notice: left out", err)
+        expect_in(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\), from the checkpoint at step %s"
+                  % lost.group(3), err)
+        a = json.load(open(summary))
+    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
+    expect(a["ranks"] == 3 and a["resumed_from_step"] == int(lost.group(3)), "3 ranks from the stop's step: %s" % a)
+    expect(a["attempts"] == 2 and a["lost_seconds"] < NOTICE_LEAD, "2 attempts, little lost: %s" % a)
+
+
 def launcher_unreachable_host():
     """A host file naming a node whose link is down (it cannot answer): tutti-launch skips it with
     a message, after the probe's deadline, and runs the job on the others."""
@@ -557,7 +635,7 @@ def launcher_unreachable_host():
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
              "node_killed": node_killed, "launcher_node_killed": lambda: with_late_kill_retry(launcher_node_killed),
              "launcher_node_killed_memory": lambda: with_late_kill_retry(launcher_node_killed_memory),
-             "launcher_unreachable_host": launcher_unreachable_host}
+             "launcher_unreachable_host": launcher_unreachable_host, "launcher_spot_notice": launcher_spot_notice}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

@@ -70,10 +70,9 @@ TEST_F(StatusTest, AKilledRunAndItsResumeAreTwoAttemptsOfOneRunInTheStatusFile) 
   EXPECT_GT(a1["useful_seconds"].get<double>(), 0);
   EXPECT_EQ(a1["lost_seconds"], 0);
   // The checkpoint holds the training time of its 4 steps: less than the 5 steps done.
-  const double saved_useful =
-      static_cast<double>(get_int_scalar(io::load_checkpoint(ckpt_dir() + "/checkpoint.tckp").state,
-                                         "train.useful_us")) /
-      1e6;
+  const double saved_useful = static_cast<double>(get_int_scalar(
+                                  io::load_checkpoint(ckpt_dir() + "/checkpoint.tckp").state, "train.useful_us")) /
+                              1e6;
   EXPECT_GT(saved_useful, 0);
   EXPECT_LE(saved_useful, a1["useful_seconds"].get<double>() + 1e-3);
 
@@ -104,8 +103,7 @@ TEST_F(StatusTest, AKilledRunAndItsResumeAreTwoAttemptsOfOneRunInTheStatusFile) 
   EXPECT_GT(a2["useful_seconds"].get<double>(), saved_useful);
   EXPECT_GT(a2["rank_hours"].get<double>(), a1["rank_hours"].get<double>());
   EXPECT_LE(a2["goodput"].get<double>(), 1.0);
-  EXPECT_NEAR(a2["goodput"].get<double>(),
-              a2["useful_seconds"].get<double>() / a2["wall_seconds"].get<double>(), 1e-6);
+  EXPECT_NEAR(a2["goodput"].get<double>(), a2["useful_seconds"].get<double>() / a2["wall_seconds"].get<double>(), 1e-6);
 }
 
 TEST_F(StatusTest, ARunStartedAfreshBeginsItsOwnAccounting) {

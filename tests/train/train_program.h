@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <random>
@@ -60,6 +61,11 @@ struct Plan {
   bool deterministic = false;                    // DdpOptions::deterministic
   int fraction_bits = 40;                        // DdpOptions::fixed_point_fraction_bits
   std::optional<ddp::PowerSgdOptions> powersgd;  // DdpOptions::reducer.powersgd
+  // Within step notice_step (1-based), rank notice_rank writes the file notice_file (a
+  // preemption notice for RunOptions::preemption's "file:" source; 0: never).
+  std::int64_t notice_step = 0;
+  int notice_rank = -1;
+  std::string notice_file;
 };
 
 struct Result {
@@ -143,6 +149,9 @@ inline Result train(const Plan& plan) {
       }
       if (rank == 0 && run.step() + 1 == plan.inf_step) run.add_loss(inf);
       if (rank == plan.stop_rank && run.step() + 1 == plan.stop_step) run.request_stop(SIGTERM);
+      if (rank == plan.notice_rank && run.step() + 1 == plan.notice_step) {
+        std::ofstream(plan.notice_file) << "{\"action\": \"terminate\"}\n";
+      }
       optimizer.step();
       ddp.zero_grad();
       const StepEnd& end = run.end_step();

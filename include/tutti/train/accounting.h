@@ -13,11 +13,12 @@
 namespace tutti::train {
 
 struct Accounting {
-  int attempts = 1;           // this attempt and the earlier ones of the same run
-  double wall_seconds = 0;    // since the run's first attempt started (down time between attempts included)
-  double rank_hours = 0;      // ranks x hours of the attempts: GPU-hours on GPUs, process-hours on the CPU
-  double useful_seconds = 0;  // the time of the steps the run's state holds: saved with it, so a redone step counts once
-  double goodput = 0;         // useful_seconds / wall_seconds (0..1)
+  int attempts = 1;         // this attempt and the earlier ones of the same run
+  double wall_seconds = 0;  // since the run's first attempt started (down time between attempts included)
+  double rank_hours = 0;    // ranks x hours of the attempts: GPU-hours on GPUs, process-hours on the CPU
+  double useful_seconds =
+      0;               // the time of the steps the run's state holds: saved with it, so a redone step counts once
+  double goodput = 0;  // useful_seconds / wall_seconds (0..1)
   // Of wall_seconds, the time before this attempt that left nothing in the state: the steps
   // done after the last checkpoint or snapshot that survived, the failure, the restart.
   double lost_seconds = 0;

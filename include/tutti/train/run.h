@@ -86,6 +86,7 @@
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/train/accounting.h"
+#include "tutti/train/preemption.h"
 #include "tutti/train/summary.h"
 
 namespace tutti {
@@ -227,6 +228,12 @@ struct RunOptions {
   // Where the run's steps and ending are summarized (nullptr: nowhere). The Run sets its rank,
   // "resumed_from_step", and the ending in finish().
   Summary* summary = nullptr;
+  // Preemption notices (train/preemption.h; source "": none): every rank polls the source; on
+  // a notice on any rank, every rank stops after the current step as after a stop signal, with
+  // a memory snapshot first when snapshots are on (quick, and the survivors hold it) and then
+  // the checkpoint file. Outcome::preempted_hosts names the hosts with a notice; the status
+  // file too, for tutti-launch to leave them out. --preemption-notice.
+  PreemptionOptions preemption;
   // The status file for a launcher (see above; "": $TUTTI_STATUS_FILE, and none when that is
   // unset too). Rank 0 writes it; the launcher must see the folder (a shared one across nodes).
   std::string status_file;
@@ -267,8 +274,11 @@ struct Outcome {
   int exit_code = 0;      // 0; 3 (diverged) or 75 (stopped) on rank 0, 0 on the others
   std::string message;    // rank 0: what to print to stderr after "<program>: "; "" elsewhere
   std::int64_t step = 0;  // the steps done
-  int signal = 0;         // stopped: the signal the lowest stopping rank got (0: request_stop())
+  int signal = 0;         // stopped: the signal the lowest stopping rank got (0: request_stop() or a notice)
   int signal_rank = -1;   // stopped: that rank
+  // Stopped by a preemption notice (RunOptions::preemption): the hosts that had one, on every
+  // rank (empty otherwise).
+  std::vector<std::string> preempted_hosts;
 };
 
 class Run {

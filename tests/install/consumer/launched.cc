@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   for (float& v : x) v = normal(rng);
   std::vector<std::int64_t> y(64);
   for (auto& v : y) v = static_cast<std::int64_t>(rng() % 4);
-  tutti::data::Dataset data{tutti::Tensor::from_floats(x, {64, 8}), tutti::Tensor::from_ints(y, {64}, tutti::DType::i32)};
+  tutti::data::Dataset data{tutti::Tensor::from_floats(x, {64, 8}),
+                            tutti::Tensor::from_ints(y, {64}, tutti::DType::i32)};
 
   tutti::nn::Sequential model;
   model.add<tutti::nn::Linear>(8, 16).add<tutti::nn::ReLU>().add<tutti::nn::Linear>(16, 4);
@@ -43,9 +44,9 @@ int main(int argc, char** argv) {
       data, {.global_micro_batch_size = 16, .rank = job.rank(), .world_size = job.world_size(), .seed = 3});
   tutti::nn::CrossEntropyLoss loss;
 
-  tutti::train::Run run(job, {ddp, optimizer, scaler, loader},
-                        {.steps = 20, .checkpoint_dir = dir, .checkpoint_every = 5,
-                         .checkpoint_mode = tutti::io::CheckpointMode::sync});
+  tutti::train::Run run(
+      job, {ddp, optimizer, scaler, loader},
+      {.steps = 20, .checkpoint_dir = dir, .checkpoint_every = 5, .checkpoint_mode = tutti::io::CheckpointMode::sync});
   while (run.next()) {
     const tutti::data::Batch b = loader.next();
     loss.forward(ddp.forward(b.images), b.labels);
