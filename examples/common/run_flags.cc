@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 
 namespace example {
 
@@ -173,6 +174,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_flag("--overwrite", f.overwrite, "start afresh even if --checkpoint-dir holds a checkpoint (replacing it)");
   app.add_option("--json", f.json, "write a JSON summary to this path (rank 0)");
   app.add_flag("--quiet", f.quiet, "no progress output");
+  app.add_flag("--dry-run", f.dry_run,
+               "check the command line and exit (0: valid, 2: not), starting nothing (a manifest's "
+               "command, a scheduler's script)");
   app.add_option("--progress-interval", f.progress_interval, "seconds between progress lines")
       ->check(example::positive(f.progress_interval))
       ->capture_default_str();
@@ -188,6 +192,11 @@ int parse_command_line(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  if (app.count("--dry-run") > 0) {
+    std::printf("%s: --dry-run: the command line is valid\n",
+                std::filesystem::path(argc > 0 ? argv[0] : "trainer").filename().c_str());
+    return 0;
   }
   return -1;
 }

@@ -63,6 +63,7 @@ struct RunFlags {
   int ranks_per_node = 0;  // 0: the real node map; N: rank / N is the node (--sync diloco, --allreduce hierarchical)
   std::string json;
   bool quiet = false;
+  bool dry_run = false;            // --dry-run: parse_command_line checks the command line and ends the program
   double progress_interval = 2.0;  // the trainer may set its own default before add_run_flags
   double peak_tflops = 0;          // 0: the table's (GPU) or the measured GEMM ceiling (CPU)
 };
@@ -70,8 +71,8 @@ struct RunFlags {
 // Adds the flags above to `app`, with f's values as the defaults.
 void add_run_flags(CLI::App& app, RunFlags& f);
 
-// app.parse: returns -1 to go on, else the trainer's exit code: 0 after --help, 2 for a bad
-// command line (CLI11 has printed why).
+// app.parse: returns -1 to go on, else the trainer's exit code: 0 after --help and --dry-run (the
+// command line is valid: nothing starts), 2 for a bad command line (CLI11 has printed why).
 int parse_command_line(CLI::App& app, int argc, char** argv);
 
 // The run control of these flags for a run of `steps` steps (the caller adds its metadata).

@@ -10,7 +10,7 @@
 namespace tutti::train::detail {
 
 struct HttpAnswer {
-  int status = 0;     // 0: no answer (error says why)
+  int status = 0;  // 0: no answer (error says why)
   std::string body;
   std::string error;
 };

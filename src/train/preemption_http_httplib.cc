@@ -28,7 +28,8 @@ HttpAnswer http_request(const std::string& method, const std::string& url,
     client.set_write_timeout(timeout);
     httplib::Headers h;
     for (const auto& [k, v] : headers) h.emplace(k, v);
-    const httplib::Result r = method == "PUT" ? client.Put(path.c_str(), h, "", "text/plain") : client.Get(path.c_str(), h);
+    const httplib::Result r =
+        method == "PUT" ? client.Put(path.c_str(), h, "", "text/plain") : client.Get(path.c_str(), h);
     if (!r) {
       answer.error = "no answer from " + origin + " (" + httplib::to_string(r.error()) + ")";
       return answer;

@@ -60,7 +60,8 @@ TEST(PreemptionWatcher, RefusesWhatItDoesNotKnow) {
 }
 
 TEST(PreemptionWatcher, SeesAFileNamedForItsHost) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("tutti_notice_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tutti_notice_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   PreemptionWatcher w({.source = "file:" + (dir / "notice-{host}").string(), .poll_seconds = 0.01}, "node7");
   EXPECT_EQ(w.source(), (dir / "notice-node7").string());
