@@ -64,7 +64,11 @@ STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 ATTEMPT = re.compile(r"attempt (\d+): (\d+) rank\(s\) on (\d+) of (\d+) host\(s\) \(([^)]*)\)")
 FAILED = re.compile(r"attempt (\d+) failed \((.*?)\) after [\d.]+ s; (?:(\d+) step\(s\) lost)?")
 GROW = re.compile(r"attempt (\d+) stopped to grow")
-ENDING = re.compile(r"attempt \d+ (failed|stopped)|answer again: stopping the job")
+# A grow without a restart (tutti-launch's default): the attempt started ahead takes over.
+TAKEOVER = re.compile(r"attempt (\d+), started ahead with (\d+) rank\(s\) on (\d+) host\(s\) \(([^)]*)\), goes on")
+# The launcher stops the job to grow: plainly, or once the attempt started ahead is at its gate.
+GROW_STOP = re.compile(r"answer again: stopping the job|at its start gate after [\d.]+ s: stopping attempt")
+ENDING = re.compile(r"\]: attempt \d+ (failed|stopped)|answer again: stopping the job")
 GROWN = re.compile(r"attempt \d+ stopped to grow")
 # The launcher's line when the relaunched job starts (scripts/tutti-launch, run_job).
 RESUMED = re.compile(r"the job resumed at step (\d+) from (memory|the checkpoint file)[^:]*(?:: (\d+) step\(s\) lost)?")
@@ -184,8 +188,11 @@ def run(c, args, label, chaos, extra=(), launcher_extra=()):
         hosts, step = None, None
         for t, _, line in out.snapshot():
             m = ATTEMPT.search(line)
+            taken = TAKEOVER.search(line)
             if m:
                 hosts, step = m.group(5).split(", "), None
+            elif taken:
+                hosts, step = taken.group(4).split(", "), None
             elif ENDING.search(line):
                 hosts, step = None, None
             m = STEP.search(line)
@@ -264,6 +271,7 @@ def run(c, args, label, chaos, extra=(), launcher_extra=()):
         result = None
     steps = [(t, int(m.group(1))) for t, _, line in lines for m in [STEP.search(line)] if m]
     attempts = [(t, line) for t, _, line in lines if ATTEMPT.search(line)]
+    takeovers = [t for t, _, line in lines if TAKEOVER.search(line)]
     for e in events:
         after = [(t, line) for t, line in attempts if t > e["t_kill"]]
         e["t_relaunch"] = after[0][0] - e["t_kill"] if after else None
@@ -286,8 +294,9 @@ def run(c, args, label, chaos, extra=(), launcher_extra=()):
         e["t_ended"] = ended[0] - e["t_kill"] if ended else None  # mpirun returned
     grows = []
     for r in returns:  # the node back -> the launcher stops the job -> the grown job's first step
-        stop = next((t for t, _, line in lines if t > r["t"] and "answer again: stopping the job" in line), None)
-        relaunch = next((t for t, line in attempts if stop is not None and t > stop), None)
+        stop = next((t for t, _, line in lines if t > r["t"] and GROW_STOP.search(line)), None)
+        relaunch = min((t for t in [*(t for t, _ in attempts), *takeovers] if stop is not None and t > stop),
+                       default=None)
         first = next((t for t, _ in steps if relaunch is not None and t > relaunch), None)
         # A kill while the job stops to grow: that attempt fails, and the grow is part of the relaunch.
         end = next(((t, line) for t, _, line in lines if stop is not None and t > stop and ENDING.search(line)),
@@ -303,7 +312,7 @@ def run(c, args, label, chaos, extra=(), launcher_extra=()):
                       "paused_s": since_stop(first), "merged_with_failure": merged})
     return {"label": label, "exit": p.returncode, "wall_s": t_end, "steps": steps[-1][1] if steps else 0,
             "summary": result, "failures": events, "returns": returns, "grow_restarts": grows,
-            "attempts": len(attempts), "progress": steps, "command": " ".join(shlex.quote(a) for a in cmd)}
+            "attempts": len(attempts) + len(takeovers), "progress": steps, "command": " ".join(shlex.quote(a) for a in cmd)}
 
 
 def steps_total(args):

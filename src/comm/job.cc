@@ -7,12 +7,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -89,6 +93,28 @@ void agreed(Bootstrap& boot, const char* step, F&& f) {
   TUTTI_THROW(Error, "job setup failed on another rank while ", step, " (see that rank's error)");
 }
 
+// A launcher that starts this job before the one it replaces has stopped (tutti-launch growing
+// onto a host that is back: docs/launcher.md) names a file in TUTTI_START_GATE: rank 0 writes
+// <gate>.ready once every rank is here, and every rank waits until the gate exists. Where:
+// at the end of the Job's set-up (MPI, the device, the communicators), or with
+// TUTTI_START_GATE_AT=run in train::Run, once the program has built its model and loaded its
+// data, before it reads the checkpoint (Job::pass_start_gate).
+void wait_at_start_gate(Bootstrap& boot, const std::string& gate) {
+  all_ranks(boot, true);  // every rank is here
+  if (boot.rank() == 0) std::ofstream(gate + ".ready") << "ready\n";
+  while (!std::filesystem::exists(gate)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+std::string start_gate() {
+  const char* gate = std::getenv("TUTTI_START_GATE");
+  return gate ? gate : "";
+}
+
+bool start_gate_in_run() {
+  const char* at = std::getenv("TUTTI_START_GATE_AT");
+  return at != nullptr && std::string_view(at) == "run";
+}
+
 Device choose_device(const std::string& wanted, int local_rank) {
   const int gpus = cuda_device_count();
   if (wanted == "auto") return gpus > 0 ? Device::cuda(local_rank % gpus) : Device::cpu();
@@ -156,7 +182,8 @@ struct Job::Impl {
   std::string mpi_allreduce = "default";
   Device device;
   std::string hostname;
-  std::shared_ptr<detail::Backend> comm;      // for device
+  std::string start_gate;                 // TUTTI_START_GATE_AT=run: the gate Job::pass_start_gate waits at ("": none)
+  std::shared_ptr<detail::Backend> comm;  // for device
   std::shared_ptr<detail::Backend> cpu_comm;  // the same as comm when comm is mpi
   std::mutex extra_mutex;
   std::vector<std::weak_ptr<detail::Backend>> extra;
@@ -368,6 +395,12 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   }
   previous_terminate = std::set_terminate(on_terminate);
   j.set_terminate_handler = true;
+  if (!start_gate().empty() && !start_gate_in_run()) {
+    startup.set_what("the job's start-up (waiting at the launcher's start gate " + start_gate() + ")");
+    wait_at_start_gate(*j.boot, start_gate());
+  } else if (!start_gate().empty()) {
+    j.start_gate = start_gate();  // train::Run passes it (Job::pass_start_gate)
+  }
   if (j.board) j.board->set_phase(detail::Phase::running);
   detail::inject_fault(detail::FaultPoint::ready);
 }
@@ -375,6 +408,15 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
 Job::~Job() = default;
 Job::Job(Job&&) noexcept = default;
 Job& Job::operator=(Job&&) noexcept = default;
+
+void Job::pass_start_gate() {
+  Impl& j = *impl_;
+  if (j.start_gate.empty()) return;
+  auto region = j.watchdog->region("waiting at the launcher's start gate " + j.start_gate + " (every rank waits there)",
+                                   j.timeout_s);
+  wait_at_start_gate(*j.boot, j.start_gate);
+  j.start_gate.clear();
+}
 
 int Job::rank() const { return impl_->rank; }
 int Job::world_size() const { return impl_->size; }

@@ -100,6 +100,7 @@ Run::Run(Job& job, State state, RunOptions options)
   m.check_same = [&job](std::string_view what, std::string_view value) { job.check_same(what, value); };
   m.signal = [&job] { return job.stop_signal(); };
   m.hostname = job.hostname();
+  m.pass_start_gate = [&job] { job.pass_start_gate(); };
   // A Job is one a process: the attempt started with the process (its start-up is its cost too).
   m.attempt_started_unix = process_started_unix();
   m.start();
@@ -162,6 +163,7 @@ void Run::Impl::start() {
                   "--snapshot-every: memory snapshots cannot hold a collective state entry (State::add_collective, "
                   "e.g. --sync diloco): use checkpoint files");
   check_same("the run's options (train::RunOptions)", describe(options));
+  if (pass_start_gate) pass_start_gate();  // a job started ahead by tutti-launch: the old one has stopped
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
   if (options.snapshot_every != 0) nodes = snapshot_nodes();
   snapshot_every = std::max<std::int64_t>(options.snapshot_every, 0);

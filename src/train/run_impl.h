@@ -43,8 +43,9 @@ struct Run::Impl {
   int rank = 0;
   int world = 1;
   std::function<void(std::string_view what, std::string_view value)> check_same;
-  std::function<int()> signal;  // the stop signal this process got (0: none)
-  std::string hostname;         // with a Job: this rank's host (the snapshots' nodes)
+  std::function<int()> signal;            // the stop signal this process got (0: none)
+  std::string hostname;                   // with a Job: this rank's host (the snapshots' nodes)
+  std::function<void()> pass_start_gate;  // with a Job: Job::pass_start_gate (before the resume)
 
   State state;
   RunOptions options;

@@ -60,13 +60,22 @@ np_ = int(args[args.index("-np") + 1])
 program = args[args.index("-np") + 2:]
 log = os.path.join(state, "log")
 attempt = sum(1 for _ in open(log)) if os.path.exists(log) else 0
-env = {k: os.environ.get(k) for k in ("TUTTI_RESUME", "TUTTI_STATUS_FILE", "TUTTI_ATTEMPT_ID")}
+env = {k: os.environ.get(k) for k in ("TUTTI_RESUME", "TUTTI_STATUS_FILE", "TUTTI_ATTEMPT_ID", "TUTTI_START_GATE")}
 with open(log, "a") as f:
     f.write(json.dumps({"hosts": [l.split()[0] for l in open(hostfile)], "np": np_, "args": program,
-                        "mpirun_args": args[:args.index("--hostfile")], "env": env}) + "\n")
+                        "mpirun_args": args[:args.index("--hostfile")], "env": env, "started": time.time()}) + "\n")
 script = json.load(open(os.path.join(state, "script.json")))
 a = script[min(attempt, len(script) - 1)]
+import atexit
+atexit.register(lambda: open(os.path.join(state, "ends"), "a").write("%d %f\n" % (attempt, time.time())))
 signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+gate = env["TUTTI_START_GATE"]
+if gate:  # started ahead: set up, then wait at the gate (src/comm/job.cc)
+    if a.get("no_ready"):
+        sys.exit(1)
+    open(gate + ".ready", "w").write("ready\n")
+    while not os.path.exists(gate):
+        time.sleep(0.01)
 ckpt_file = os.path.join(state, "ckpt", "checkpoint.tckp")
 status = {"format": "tutti-status 1", "state": a.get("state", "running"), "attempt_id": env["TUTTI_ATTEMPT_ID"],
           "first_step": a.get("from", 1) - 1, "resumed_from": "checkpoint" if a.get("from", 1) > 1 else None,
@@ -274,6 +283,38 @@ def kill_grace():
     expect(grace(*own) == ["--mca", "odls_base_sigkill_timeout", "2"], "the caller's own: %s" % grace(*own))
 
 
+def grows_ahead():
+    """--grow-every (prestart, the default): when b answers again, attempt 2 is started ahead on a,
+    b, c, with a start gate, while attempt 1 trains; once it is at the gate, attempt 1 is stopped
+    (SIGUSR1, exit 75) and the gate opened: no relaunch, no failure counted. A job started ahead
+    that never gets to its gate is ended, and the launcher grows the plain way."""
+    c = Case("abc", [{"up_after": 0.3, "up_host": "b", "sleep": 30, "rc": 1, "steps": 5, "ckpt": 5},
+                     {"from": 6, "steps": 9}], down={"b": "down"})
+    c.launch("--grow-every", "0.2", "--max-failures", "1")
+    expect(c.rc == 0 and c.hosts() == ["ac", "abc"], "ac, then abc: %s (exit %d)" % (c.hosts(), c.rc))
+    ahead = c.attempts[1]
+    expect((ahead["env"]["TUTTI_START_GATE"] or "").endswith("status.json.gate-%s" % ahead["env"]["TUTTI_ATTEMPT_ID"]),
+           "a start gate beside the status file: %s" % ahead["env"])
+    expect(ahead["mpirun_args"][-4:] == ["-x", "TUTTI_START_GATE", "-x", "TUTTI_START_GATE_AT"],
+           "exported: %s" % ahead["mpirun_args"])
+    ends = dict(l.split() for l in open(os.path.join(c.dir.name, "ends")))
+    expect(ahead["started"] < float(ends["0"]), "attempt 2 started before attempt 1 ended")
+    expect_said(c, "starting attempt 2 ahead with 3 rank(s) on 3 host(s) (a, b, c)")
+    expect_said(c, "attempt 2 is at its start gate after")
+    expect_said(c, "attempt 1 stopped to grow (exit 75, last step done 5); attempt 2, started ahead")
+    expect_said(c, "attempt 2 did its first step")
+    expect_said(c, "done: exit 0 after 2 attempt(s)")
+    expect(not [f for f in os.listdir(c.ckpt) if ".gate-" in f], "the gate files removed: %s" % os.listdir(c.ckpt))
+    c = Case("abc", [{"up_after": 0.3, "up_host": "b", "sleep": 30, "rc": 1}, {"no_ready": True}, {"rc": 0}],
+             down={"b": "down"})
+    c.launch("--grow-every", "0.2", "--max-failures", "1")
+    expect(c.rc == 0 and c.hosts() == ["ac", "abc", "abc"], "ac, abc (ahead, failed), abc: %s (exit %d)" % (
+        c.hosts(), c.rc))
+    expect_said(c, "attempt 2 did not reach its start gate (it exited): ended")
+    expect_said(c, "stopping the job at its next step (SIGUSR1, with a checkpoint) to relaunch on more hosts")
+    expect_said(c, "attempt 3: 3 rank(s) on 3 of 3 host(s)")
+
+
 def status_decides():
     """A job whose status file says the run completed (or diverged) but that exits otherwise (a
     rank lost in MPI_Finalize) is done (diverged): not relaunched. --status-file names the file;
@@ -331,10 +372,10 @@ def divides():
 
 
 def grows():
-    """--grow-every: a host that answers again while the job runs stops it cleanly (SIGUSR1, exit
-    75) and the job is relaunched on every host, without counting a failure."""
+    """--grow-every --no-prestart: a host that answers again while the job runs stops it cleanly
+    (SIGUSR1, exit 75) and the job is relaunched on every host, without counting a failure."""
     c = Case("abc", [{"up_after": 0.3, "up_host": "b", "sleep": 30, "rc": 1}, {"rc": 0}], down={"b": "down"}).launch(
-        "--grow-every", "0.2", "--max-failures", "1")
+        "--grow-every", "0.2", "--max-failures", "1", "--no-prestart")
     expect(c.rc == 0 and c.hosts() == ["ac", "abc"], "ac, then abc: %s (exit %d)" % (c.hosts(), c.rc))
     expect_said(c, "host(s) b answer again: stopping the job")
     expect(c.seconds < 10, "grew within seconds (%.1f s)" % c.seconds)
@@ -342,7 +383,8 @@ def grows():
 
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
                                  unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
-                                 status_decides, preemption_notice, help_is_documented, divides, grows)}
+                                 status_decides, preemption_notice, help_is_documented, divides, grows,
+                                 grows_ahead)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

@@ -608,6 +608,50 @@ def launcher_spot_notice():
     expect(a["attempts"] == 2 and a["lost_seconds"] < NOTICE_LEAD, "2 attempts, little lost: %s" % a)
 
 
+def launcher_grows_ahead(until="job"):
+    """A node that answers again is grown onto without a restart: node2's link is down at the start
+    (the job runs on node0, node1), then up; tutti-launch (--grow-every 1) starts the next attempt
+    on the 3 nodes ahead, held at its start gate (TUTTI_START_GATE: in the Job, or with `until`
+    "run" in train::Run, after the trainer built its model), stops the job with a checkpoint once
+    that attempt is set up, and opens the gate: the new attempt resumes from that checkpoint with
+    0 steps lost, and the run completes on 3 ranks."""
+    epochs = 5  # 1000 steps: the job must outlast the next attempt's start-up (in train::Run: with its data)
+    steps = STEPS // 2 * epochs
+    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+        ckpt, summary = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json")
+        flags = list(FLAGS)
+        flags[flags.index("--epochs") + 1] = str(epochs)
+        run_flags = [*flags, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
+                     "--progress-interval", "0.1", "--json", summary]
+        with Cluster(nodes=3, slots=1) as c:
+            c.sh("link", "--name", c.name, "--node", "node2", "down")
+            cmd = [sys.executable, ARGS.launcher, "--hostfile", c.hostfile(), "--mpirun", ARGS.mpiexec,
+                   "--probe-timeout", "3", "--retry-delay", "0", "--max-failures", "1", "--grow-every", "1",
+                   "--prestart-until", until, "--divides", "96", "--", ARGS.trainer, *run_flags]
+            p = c.popen(cmd)
+            out = Lines(p)
+            try:
+                out.wait(r"step (\d+)/%d" % steps, 120, at_least=KILL_AT)
+                c.sh("link", "--name", c.name, "--node", "node2", "up")
+                p.wait(timeout=120)
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            err = out.text("err")
+            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
+        expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
+        expect_in(r"starting attempt 2 ahead with 3 rank\(s\) on 3 host\(s\) \(node0, node1, node2\)", err)
+        expect_in(r"attempt 2 is at its start gate after [\d.]+ s: stopping attempt 1", err)
+        stop = re.search(r"attempt 1 stopped to grow \(exit 75, last step done (\d+)\); attempt 2, started ahead", err)
+        expect(stop is not None, "attempt 1 stopped and attempt 2 took over")
+        expect_in(r"the job resumed at step %s from the checkpoint file: 0 step\(s\) lost" % stop.group(1), err)
+        expect("attempt 2: " not in err, "no relaunch: attempt 2 was started ahead, not after the stop")
+        a = json.load(open(summary))
+    expect(a["status"] == "completed" and a["steps"] == steps and a["ranks"] == 3, "completed on 3 ranks: %s" % a)
+    expect(a["resumed_from_step"] == int(stop.group(1)), "resumed at the stop's step: %s" % a)
+
+
 def launcher_unreachable_host():
     """A host file naming a node whose link is down (it cannot answer): tutti-launch skips it with
     a message, after the probe's deadline, and runs the job on the others."""
@@ -635,7 +679,9 @@ def launcher_unreachable_host():
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
              "node_killed": node_killed, "launcher_node_killed": lambda: with_late_kill_retry(launcher_node_killed),
              "launcher_node_killed_memory": lambda: with_late_kill_retry(launcher_node_killed_memory),
-             "launcher_unreachable_host": launcher_unreachable_host, "launcher_spot_notice": launcher_spot_notice}
+             "launcher_unreachable_host": launcher_unreachable_host, "launcher_spot_notice": launcher_spot_notice,
+             "launcher_grows_ahead": launcher_grows_ahead,
+             "launcher_grows_ahead_in_run": lambda: launcher_grows_ahead("run")}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

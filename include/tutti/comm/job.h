@@ -104,7 +104,11 @@ class Job {
   // sets the device, sets error_rank(), and creates communicator() (for nccl: rank 0 makes
   // the unique id, MPI broadcasts it, every rank calls ncclCommInitRank). Blocks until every
   // rank has done so. One Job at a time per process; MPI allows no second one after the
-  // first has finalized it.
+  // first has finalized it. With the environment variable TUTTI_START_GATE=PATH (set by
+  // tutti-launch for a job it starts ahead, to grow: docs/launcher.md), once all of that is
+  // done rank 0 writes PATH.ready and every rank waits until PATH exists, within the start-up's
+  // deadline: the program's own start-up then runs after the job it replaces has stopped. With
+  // TUTTI_START_GATE_AT=run as well, the Job does not wait: pass_start_gate() does.
   Job(int& argc, char**& argv, JobOptions options = {});
   // Tears down in order: the communicators (each finishes the collectives issued so far,
   // within their deadline, then frees its NCCL comm, stream and thread), then the local MPI
@@ -122,6 +126,12 @@ class Job {
   Job& operator=(Job&&) noexcept;
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
+
+  // COLLECTIVE where it waits: the start gate of TUTTI_START_GATE_AT=run (see the constructor),
+  // once; nothing otherwise. train::Run calls it before it reads the checkpoint, so that a job
+  // started ahead has built its model and loaded its data at the gate (which holds the model's
+  // memory twice on the devices while the old job runs: tutti-launch --prestart-until).
+  void pass_start_gate();
 
   int rank() const;  // in MPI_COMM_WORLD
   int world_size() const;
