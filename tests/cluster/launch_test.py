@@ -212,13 +212,24 @@ def not_relaunched():
 
 def gives_up():
     """Failures every time: after --max-failures within --window it gives up with exit 1; with
-    failures further apart than the window it keeps going."""
-    c = Case("ab", [{"rc": 1}]).launch("--max-failures", "3", "--window", "10")
+    failures further apart than the window it keeps going; the same failure before any step 3
+    times in a row gives up whatever --max-failures says."""
+    c = Case("ab", [{"rc": 1, "steps": 2}]).launch("--max-failures", "3", "--window", "10")
     expect(c.rc == 1 and len(c.attempts) == 3, "exit 1 after 3 attempts, got %d after %d" % (c.rc, len(c.attempts)))
     expect_said(c, "giving up: 3 failure(s) within 10 minute(s) (--max-failures 3 --window 10): failed (exit 1)")
     # 0.3 s apart, a window of 0.1 s (0.00167 min): never 2 in the window.
-    c = Case("ab", [{"rc": 1, "sleep": 0.3}] * 4 + [{"rc": 0}]).launch("--max-failures", "2", "--window", "0.00167")
+    c = Case("ab", [{"rc": 1, "sleep": 0.3, "steps": 2}] * 4 + [{"rc": 0}]).launch("--max-failures", "2", "--window",
+                                                                                     "0.00167")
     expect(c.rc == 0 and len(c.attempts) == 5, "5 attempts, then done: exit %d after %d" % (c.rc, len(c.attempts)))
+    # The same failure before any step, on the same hosts, 3 times in a row: the program's start-up
+    # fails (an unwritable --json, say); a relaunch would repeat it, whatever --max-failures allows.
+    c = Case("ab", [{"rc": 1}]).launch("--max-failures", "100")
+    expect(c.rc == 1 and len(c.attempts) == 3, "exit 1 after 3 attempts, got %d after %d" % (c.rc, len(c.attempts)))
+    expect_said(c, "giving up: attempts 1, 2, 3 all failed before their first step, alike (exit 1) on the same hosts")
+    # Interrupted by a step done, or by other hosts: no such giving up.
+    c = Case("ab", [{"rc": 1}, {"rc": 1}, {"rc": 1, "steps": 1}, {"rc": 1}, {"rc": 1}, {"rc": 0}]).launch(
+        "--max-failures", "100")
+    expect(c.rc == 0 and len(c.attempts) == 6, "6 attempts, then done: exit %d after %d" % (c.rc, len(c.attempts)))
 
 
 def stop_signal():
