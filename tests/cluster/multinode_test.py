@@ -7,135 +7,24 @@ removes the cluster again, also when the scenario fails or is interrupted. Where
 cannot be made, it says why and exits 77 (ctest: skipped).
 
     multinode_test.py job_and_ddp --cluster scripts/cluster.sh --gtest build/tests/cluster/cluster_test
+
+The scenarios of tutti-launch are in relaunch_scenarios.py; what every scenario shares (the
+cluster, the command line, the checks) in cluster_harness.py.
 """
-import argparse
-import importlib.machinery
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-import types
 
-SKIP = 77
-NODES, PER_NODE = 2, 2
+import cluster_harness as h
+import relaunch_scenarios
+from cluster_harness import NODES, PER_NODE, Cluster, expect, expect_in, mpirun
+
 DEADLINE = 2.0   # TUTTI_TIMEOUT_S of the fault scenarios
 BOUND = 5.0      # s after the deadline by which every rank must be gone (as tests/comm/fault_test.py)
-
-
-def carried():
-    """What every node must see although each has a /tmp of its own: the build tree (--keep: the
-    programs and the libraries they load), the programs' folders and the working folder.
-    cluster.sh carries those that lie under /tmp into every node (a build anywhere works)."""
-    paths = [os.environ.get("TUTTI_CLUSTER_KEEP", ""), *ARGS.keep, ARGS.workdir]
-    paths += [os.path.dirname(os.path.abspath(p)) for p in (ARGS.gtest, ARGS.fault, ARGS.trainer) if p]
-    return ":".join(p for p in paths if p)
-
-
-class Cluster:
-    """`with Cluster() as c:` a cluster of its own, removed at the end whatever happens."""
-
-    def __init__(self, nodes=NODES, slots=PER_NODE, **up_args):
-        self.name = "mt%d" % os.getpid()
-        self.nodes, self.slots = nodes, slots
-        self.up_args = up_args
-        remove_orphans()
-
-    def sh(self, *args, check=True, **kw):
-        return subprocess.run(["bash", ARGS.cluster, *args], check=check, text=True, capture_output=True, **kw)
-
-    def __enter__(self):
-        extra = []
-        for k, v in self.up_args.items():
-            extra += ["--" + k.replace("_", "-"), str(v)]
-        p = self.sh("up", "--name", self.name, "--nodes", str(self.nodes), "--slots", str(self.slots), *extra, check=False,
-                    env={**os.environ, "TUTTI_CLUSTER_KEEP": carried()})
-        if p.returncode != 0:
-            raise AssertionError("cluster.sh up failed (%d): %s%s" % (p.returncode, p.stdout, p.stderr))
-        return self
-
-    def __exit__(self, *exc):
-        self.sh("down", "--name", self.name, check=False)
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        if "tutti-%s-" % self.name in left:
-            raise AssertionError("cluster.sh down left namespaces behind:\n" + left)
-
-    def popen(self, cmd, env_extra=None, node="node0"):
-        env = dict(os.environ)
-        env.pop("TUTTI_FAULT", None)
-        env.update(env_extra or {})
-        return subprocess.Popen(["bash", ARGS.cluster, "exec", "--name", self.name, "--node", node, "--", *cmd],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-
-    def run(self, cmd, env_extra=None, timeout=120):
-        p = self.popen(cmd, env_extra)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
-            raise AssertionError("still running after %d s:\n%s\n%s" % (timeout, out, err))
-        print("$ %s\n(exit %d)\n--- stdout\n%s--- stderr\n%s" % (" ".join(cmd), p.returncode, out, err))
-        return p.returncode, out, err
-
-    def pids(self, node, holder_too=False):
-        """Processes in a node other than its holder (with holder_too: every one, the node's own too)."""
-        ns = "tutti-%s-%s" % (self.name, node)
-        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        holder = open("/run/tutti-cluster/%s/%s.pid" % (self.name, node)).read().strip()
-        return [int(p) for p in out if holder_too or p != holder]
-
-    def hostfile(self):
-        return "/run/tutti-cluster/%s/hostfile" % self.name
-
-    def ranks_left(self, program):
-        left = []
-        for node in ("node%d" % i for i in range(self.nodes)):
-            for pid in self.pids(node):
-                try:  # the ranks themselves, not mpirun (whose command line names the program too)
-                    if open("/proc/%d/comm" % pid).read().strip() == program[:15]:
-                        left.append((node, pid))
-                except OSError:
-                    pass
-        return left
-
-
-def remove_orphans():
-    """Clusters of earlier runs that were killed before they could clean up (a ctest timeout)."""
-    try:
-        names = os.listdir("/run/tutti-cluster")
-    except OSError:
-        return
-    for name in names:
-        m = re.fullmatch(r"mt(\d+)", name)
-        if not m or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            subprocess.run(["bash", ARGS.cluster, "down", "--name", name], capture_output=True)
-        except PermissionError:
-            pass
-
-
-def mpirun(np, *args):
-    return [ARGS.mpiexec, "-n", str(np), "--oversubscribe", *args]
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def expect_in(pattern, text, what=""):
-    if re.search(pattern, text) is None:
-        raise AssertionError("expected /%s/ %s" % (pattern, what))
 
 
 def fault_job_running(c, step=20, tries=3):
@@ -145,7 +34,7 @@ def fault_job_running(c, step=20, tries=3):
     tutti's TIMEOUT before any cut): such a start is tried again, up to `tries` times in all. A
     job that ends early for any other reason fails the scenario with everything it printed."""
     for attempt in range(1, tries + 1):
-        p = c.popen(mpirun(4, ARGS.fault, "idiom"), {"FAULT_TEST_STEPS": "100000", "TUTTI_TIMEOUT_S": str(DEADLINE)})
+        p = c.popen(mpirun(4, h.ARGS.fault, "idiom"), {"FAULT_TEST_STEPS": "100000", "TUTTI_TIMEOUT_S": str(DEADLINE)})
         said = []
         while True:
             line = p.stdout.readline()
@@ -170,7 +59,7 @@ def fault_job_running(c, step=20, tries=3):
 def job_and_ddp():
     """Job's rank / local rank / local size / node count, exact collectives, DDP = one rank."""
     with Cluster() as c:
-        rc, out, err = c.run(mpirun(NODES * PER_NODE, ARGS.gtest, "--gtest_color=no"),
+        rc, out, err = c.run(mpirun(NODES * PER_NODE, h.ARGS.gtest, "--gtest_color=no"),
                              {"CLUSTER_TEST_NODES": str(NODES), "CLUSTER_TEST_RANKS_PER_NODE": str(PER_NODE)})
     expect(rc == 0, "the gtest job failed (exit %d)" % rc)
     expect("SKIPPED" not in out, "no test may skip on the cluster")
@@ -182,12 +71,12 @@ def trainer():
     run of 4 ranks on one host (same data order, same reduction algorithm)."""
     flags = ["--train-subset", "2048", "--test-subset", "500", "--batch-size", "64", "--epochs", "1", "--quiet",
              "--seed", "3"]
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
+    with tempfile.TemporaryDirectory(dir=h.ARGS.workdir) as tmp:
         across, alone = os.path.join(tmp, "across.json"), os.path.join(tmp, "alone.json")
         with Cluster() as c:
-            rc, out, err = c.run(mpirun(4, ARGS.trainer, *flags, "--json", across))
+            rc, out, err = c.run(mpirun(4, h.ARGS.trainer, *flags, "--json", across))
         expect(rc == 0, "the trainer failed across nodes (exit %d)" % rc)
-        p = subprocess.run(mpirun(4, ARGS.trainer, *flags, "--json", alone), capture_output=True, text=True)
+        p = subprocess.run(mpirun(4, h.ARGS.trainer, *flags, "--json", alone), capture_output=True, text=True)
         expect(p.returncode == 0, "the trainer failed on one host: %s" % p.stderr)
         a, b = json.load(open(across)), json.load(open(alone))
     print("across nodes: %s\none host: %s" % (a, b))
@@ -204,12 +93,12 @@ def node_unreachable():
     gone within the deadline + BOUND, and node0's report must name node1 and its ranks."""
     with Cluster() as c:
         p = fault_job_running(c)  # cut once the job is running
-        subprocess.run(["bash", ARGS.cluster, "link", "--name", c.name, "--node", "node1", "down"], check=True)
+        subprocess.run(["bash", h.ARGS.cluster, "link", "--name", c.name, "--node", "node1", "down"], check=True)
         cut = time.time()
         print("cut node1's link at %.3f" % cut)
         ranks_gone = None
         while time.time() - cut < 60:
-            if ranks_gone is None and not c.ranks_left(os.path.basename(ARGS.fault)):
+            if ranks_gone is None and not c.ranks_left(os.path.basename(h.ARGS.fault)):
                 ranks_gone = time.time() - cut
             if p.poll() is not None:
                 break
@@ -218,7 +107,7 @@ def node_unreachable():
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-        if ranks_gone is None and not c.ranks_left(os.path.basename(ARGS.fault)):
+        if ranks_gone is None and not c.ranks_left(os.path.basename(h.ARGS.fault)):
             ranks_gone = time.time() - cut
     print("--- stderr\n%s" % err)
     print("cut -> every rank gone: %s s; mpirun returned after %.2f s with %s" % (ranks_gone, mpirun_took, p.returncode))
@@ -250,10 +139,10 @@ def node_killed():
         took = time.time() - killed
         # A rank on node0 may still be exiting when mpirun returns (under load, a few ms): every
         # process must be gone within BOUND of the kill, not at the instant mpirun returns.
-        left = c.ranks_left(os.path.basename(ARGS.fault))
+        left = c.ranks_left(os.path.basename(h.ARGS.fault))
         while left and time.time() - killed < BOUND:
             time.sleep(0.05)
-            left = c.ranks_left(os.path.basename(ARGS.fault))
+            left = c.ranks_left(os.path.basename(h.ARGS.fault))
         gone = time.time() - killed
     print("--- stderr\n%s" % err)
     print("killed %d process(es) of node1; mpirun returned after %.2f s with %s, every rank gone after %.2f s" % (
@@ -273,444 +162,9 @@ def node_killed():
 
 # ---- tutti-launch: relaunching on the survivors --------------------------------------------
 
-LAUNCH_NODES = 4   # x 1 rank each; the global batch divides by 4 and by 3
-FLAGS = ["--train-subset", "19200", "--test-subset", "500", "--batch-size", "96", "--epochs", "2", "--seed", "5"]
-STEPS = 400        # 19200 / 96 x 2 epochs
-KILL_AT = 100      # the step (as printed) after which node1 is killed
-LATE_KILL = 200    # a kill after a later step tests too little of the run: it is tried again
-EVERY = 20         # --checkpoint-every
-RELAUNCH_BOUND = 15.0   # s from the kill to the relaunch (the survivors' end, the probes, mpirun)
-STEP_BOUND = 30.0       # s from the kill to the relaunched job's first printed step
-
-
-class Lines:
-    """A process's stdout and stderr as (time, stream, line), read as they come."""
-
-    def __init__(self, p):
-        self.p, self.lines, self.lock = p, [], threading.Lock()
-        self.threads = [threading.Thread(target=self.read, args=(p.stdout, "out"), daemon=True),
-                        threading.Thread(target=self.read, args=(p.stderr, "err"), daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def read(self, f, stream):
-        for line in f:
-            with self.lock:
-                self.lines.append((time.time(), stream, line.rstrip("\n")))
-
-    def first(self, pattern, after=0.0):
-        """(time, match) of the first line matching pattern at or after `after`, or None."""
-        with self.lock:
-            for t, _, line in self.lines:
-                m = re.search(pattern, line)
-                if m and t >= after:
-                    return t, m
-        return None
-
-    def wait(self, pattern, timeout, at_least=None):
-        """The first line matching pattern (whose group 1 is at least at_least), waiting for it."""
-        end = time.time() + timeout
-        while time.time() < end:
-            with self.lock:
-                hits = [m for m in (re.search(pattern, line) for _, _, line in self.lines) if m]
-            hits = [m for m in hits if at_least is None or int(m.group(1)) >= at_least]
-            if hits:
-                return hits[0]
-            expect(self.p.poll() is None, "the launcher ended (exit %s) before /%s/" % (self.p.poll(), pattern))
-            time.sleep(0.02)
-        raise AssertionError("no /%s/ within %d s" % (pattern, timeout))
-
-    def text(self, stream):
-        for t in self.threads:
-            t.join(timeout=5)
-        return "\n".join(line for _, s, line in self.lines if s == stream)
-
-
-def launch(c, hostfile, *args, env_extra=None, probe_timeout=10):
-    """tutti-launch on cluster c. probe_timeout: the seconds a host has to answer; a loaded 2-core
-    machine can take more than 3 s to start a probe's mpirun on a node that is up (a host skipped
-    at start then fails the node-killed tests), so only the unreachable-host test asks for less."""
-    cmd = [sys.executable, ARGS.launcher, "--hostfile", hostfile, "--mpirun", ARGS.mpiexec,
-           "--probe-timeout", str(probe_timeout), "--retry-delay", "0", "--max-failures", "2", "--", ARGS.trainer, *args]
-    return c.popen(cmd, env_extra)
-
-
-class LateKill(Exception):
-    """The kill came too late to test a failure mid-run (see launch_and_kill_node1)."""
-
-
-def launch_and_kill_node1(c, run_flags):
-    """tutti-launch runs the trainer with run_flags on cluster c; after step KILL_AT every process
-    of node1, its holder too (the machine is gone), gets SIGKILL. Returns the launcher's process
-    (ended), its Lines and the time of the kill.
-
-    Timing-sensitive, so it says so: the kill follows the first progress line at or past KILL_AT
-    that reaches this test, and on a loaded 2-core machine that line has arrived after the run's
-    last step (CI saw "after step 400" once): the job then ends from its final checkpoint, and the
-    scenario tests nothing. A kill past LATE_KILL raises LateKill, and the scenario runs again
-    (with_late_kill_retry)."""
-    p = launch(c, c.hostfile(), *run_flags)
-    out = Lines(p)
-    try:
-        m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
-        victims = c.pids("node1", holder_too=True)
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
-        killed = time.time()
-        print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
-        p.wait(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    # The latest step printed before the kill: the matched line, or one after it when finding the
-    # node's processes took long.
-    steps = [(t, int(n.group(1)), line) for t, s, line in out.lines
-             if s == "out" and (n := re.search(r"step (\d+)/%d" % STEPS, line))]
-    reached = max(n for t, n, _ in steps if t <= killed)
-    if reached > LATE_KILL:
-        raise LateKill("the kill came after step %d, past %d; progress lines as they arrived (s after the first):\n%s"
-                       % (reached, LATE_KILL, "\n".join("  %7.2f  %s" % (t - steps[0][0], line) for t, _, line in steps)))
-    return p, out, killed
-
-
-def with_late_kill_retry(scenario, tries=3):
-    """Runs scenario (a function that calls launch_and_kill_node1) again, from scratch, when its
-    kill came too late; any other failure is a failure at once."""
-    for attempt in range(1, tries + 1):
-        try:
-            return scenario()
-        except LateKill as e:
-            print("try %d of %d: %s" % (attempt, tries, e))
-            if attempt == tries:
-                raise AssertionError("every try's kill came too late: %s" % e) from None
-
-
-def launcher_node_killed():
-    """tutti-launch runs the trainer on 4 nodes x 1 rank; every process of node1, the node's own
-    holder included (the machine is gone: nothing can be started there again), is killed with
-    SIGKILL after step KILL_AT. The launcher must see node1 gone, relaunch on the 3 others by
-    itself with --resume auto from the last checkpoint, within RELAUNCH_BOUND of the kill, and the
-    run must complete with the model of an uninterrupted 3-rank run from that checkpoint
-    (params_crc32, bit-identical: the trainers are deterministic on the CPU) at the same global
-    batch. The reference rebuilds the checkpoint with an uninterrupted 4-rank run to that step."""
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
-        ckpt, summary, kept = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json"), os.path.join(tmp, "kept")
-        run_flags = [*FLAGS, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
-                     "--progress-interval", "0.1", "--json", summary]
-        os.mkdir(kept)
-        keeper = CheckpointKeeper(os.path.join(ckpt, "checkpoint.tckp"), kept)
-        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
-            try:
-                p, out, killed = launch_and_kill_node1(c, run_flags)
-            finally:
-                keeper.stop()
-            err = out.text("err")
-            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
-            expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
-            relaunch = out.first(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\), "
-                                 r"from the checkpoint at step (\d+)", killed)
-            expect(relaunch is not None, "relaunched on node0, node2, node3 from a checkpoint")
-            resumed = int(relaunch[1].group(1))
-            # The reference: the same 3 nodes (the sums' order depends on where the ranks are: 3
-            # ranks on one host end with another crc), from the checkpoint the relaunch read.
-            ref = os.path.join(tmp, "ref")
-            os.mkdir(ref)
-            shutil.copy(keeper.version(resumed), os.path.join(ref, "checkpoint.tckp"))
-            ref_summary = os.path.join(tmp, "ref.json")
-            rc, _, ref_err = c.run([ARGS.mpiexec, "-n", "3", "-H", "node0,node2,node3", ARGS.trainer, *FLAGS, "--quiet",
-                                    "--checkpoint-dir", ref, "--resume", "yes", "--json", ref_summary])
-            expect(rc == 0, "the reference failed: %s" % ref_err)
-        step_after = out.first(r"step \d+/%d" % STEPS, relaunch[0])
-        expect(step_after is not None, "the relaunched job printed a step")
-        to_relaunch, to_step = relaunch[0] - killed, step_after[0] - killed
-        print("kill -> relaunch %.2f s, kill -> first step of the relaunched job %.2f s; resumed at step %d"
-              % (to_relaunch, to_step, resumed))
-        expect_in(r"host node1 does not answer \(exit \d+.*\): skipped", err)
-        expect_in(r"attempt 1 failed \(exit \d+\) after [\d.]+ s; (\d+) step\(s\) lost \(last step done (\d+), "
-                  r"checkpoint at step %d\)" % resumed, err)
-        expect(to_relaunch <= RELAUNCH_BOUND, "relaunched within %.0f s of the kill (%.2f s)" % (RELAUNCH_BOUND, to_relaunch))
-        expect(to_step <= STEP_BOUND, "a step within %.0f s of the kill (%.2f s)" % (STEP_BOUND, to_step))
-        expect(resumed % EVERY == 0 and KILL_AT - EVERY <= resumed <= STEPS - EVERY,
-               "resumed from a checkpoint near the kill (%d)" % resumed)
-        a, b = json.load(open(summary)), json.load(open(ref_summary))
-    print("relaunched run: %s\nreference: %s" % (a, b))
-    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
-    expect(a["ranks"] == 3 and a["nodes"] == 3 and a["resumed_from_step"] == resumed,
-           "the last attempt: 3 ranks on 3 nodes, from step %d" % resumed)
-    expect(b["resumed_from_step"] == resumed and b["steps"] == STEPS, "the reference resumed at step %d" % resumed)
-    expect(a["params_crc32"] == b["params_crc32"], "the relaunched run's model equals the uninterrupted one from "
-           "the same checkpoint (crc %s vs %s)" % (a["params_crc32"], b["params_crc32"]))
-    expect(a["final_train_loss"] == b["final_train_loss"], "the same final loss")
-
-
-def launcher_node_killed_memory():
-    """As launcher_node_killed, with memory snapshots under ZeRO-1 (--snapshot-every SNAP_EVERY, no
-    checkpoint file before the end): every process of node1 is killed with SIGKILL after step
-    KILL_AT, and the relaunch on the 3 others must take the model and optimizer from memory (node1's
-    part from its buddy's copy on another node), losing at most SNAP_EVERY steps, within
-    RELAUNCH_BOUND of the kill, and complete."""
-    snap_every = 10
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
-        ckpt, summary = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json")
-        run_flags = [*FLAGS, "--zero", "1", "--checkpoint-dir", ckpt, "--snapshot-every", str(snap_every),
-                     "--progress", "lines", "--progress-interval", "0.1", "--json", summary]
-        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
-            p, out, killed = launch_and_kill_node1(c, run_flags)
-            err = out.text("err")
-            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
-            expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
-        relaunch = out.first(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\)", killed)
-        expect(relaunch is not None, "relaunched on node0, node2, node3")
-        resumed = out.first(r"resumed at step (\d+) from memory \(.*step \d+: 4 part\(s\), 1 of them a buddy's copy; "
-                            r"no checkpoint file\)", killed)
-        if resumed is None:  # what the relaunched job said instead
-            print("--- the job's lines on resuming and memory, after the kill\n%s" % "\n".join(
-                line for t, _, line in out.lines if t >= killed and re.search(r"resum|memory|snapshot|afresh", line)))
-        expect(resumed is not None, "the relaunched job resumed from memory, node1's part from its buddy")
-        step = int(resumed[1].group(1))
-        last = out.first(r"the job resumed at step %d from memory .*: (\d+) step\(s\) lost \(last step done "
-                         r"before (\d+)\)" % step, killed)
-        expect(last is not None, "the launcher said how many steps were lost")
-        lost = int(last[1].group(1))
-        step_after = out.first(r"step \d+/%d" % STEPS, relaunch[0])
-        expect(step_after is not None, "the relaunched job printed a step")
-        to_relaunch, to_step = relaunch[0] - killed, step_after[0] - killed
-        print("kill -> relaunch %.2f s, kill -> first step of the relaunched job %.2f s; resumed from memory at "
-              "step %d, %d step(s) lost" % (to_relaunch, to_step, step, lost))
-        expect(step % snap_every == 0 and step >= KILL_AT - snap_every, "resumed from a snapshot near the kill (%d)" % step)
-        expect(lost <= snap_every, "at most %d steps lost (%d)" % (snap_every, lost))
-        expect(to_relaunch <= RELAUNCH_BOUND, "relaunched within %.0f s of the kill (%.2f s)" % (RELAUNCH_BOUND, to_relaunch))
-        expect(to_step <= STEP_BOUND, "a step within %.0f s of the kill (%.2f s)" % (STEP_BOUND, to_step))
-        a = json.load(open(summary))
-    print("relaunched run: %s" % a)
-    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
-    expect(a["ranks"] == 3 and a["resumed_from_step"] == step and a["resumed_from"] == "memory",
-           "the last attempt: 3 ranks, from memory at step %d" % step)
-
-
-class CheckpointKeeper:
-    """Keeps every version of a checkpoint file as it is replaced (a hard link to each new inode:
-    the trainer writes a temporary file and renames it), to find the one a relaunch read."""
-
-    def __init__(self, path, into):
-        self.path, self.into, self.done = path, into, threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        seen = set()
-        while not self.done.is_set():
-            try:
-                ino = os.stat(self.path).st_ino
-                if ino not in seen:
-                    target = os.path.join(self.into, "v%d" % len(seen))
-                    os.link(self.path, target)
-                    seen.add(ino)
-                    seen.add(os.stat(target).st_ino)
-            except OSError:
-                pass
-            time.sleep(0.01)
-
-    def stop(self):
-        self.done.set()
-        self.thread.join()
-
-    def version(self, step):
-        """The kept version whose train.step is `step` (read as tutti-launch reads it)."""
-        loader = importlib.machinery.SourceFileLoader("tutti_launch", ARGS.launcher)
-        launcher = types.ModuleType(loader.name)
-        loader.exec_module(launcher)
-        for name in sorted(os.listdir(self.into)):
-            d = os.path.join(self.into, name + ".d")
-            os.mkdir(d)
-            os.link(os.path.join(self.into, name), os.path.join(d, "checkpoint.tckp"))
-            if launcher.checkpoint_step(d) == step:
-                return os.path.join(d, "checkpoint.tckp")
-        raise AssertionError("no kept checkpoint of step %d (%s)" % (step, os.listdir(self.into)))
-
-
-# The cloud's metadata service on node0 (10.77.0.1, scripts/cluster.sh): GET /<host>/preempted
-# answers GCE's "TRUE" for the hosts named in the file argv[2] (one a line), "FALSE" for others.
-METADATA_SERVER = r"""
-import http.server, sys
-port, doomed_file = int(sys.argv[1]), sys.argv[2]
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        try:
-            doomed = open(doomed_file).read().split()
-        except OSError:
-            doomed = []
-        body = b"TRUE" if self.path.split("/")[1] in doomed else b"FALSE"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
-"""
-NOTICE_LEAD = 5.0  # s between the notice and the node's end (GCE gives about 30, AWS 120)
-
-
-def launcher_spot_notice():
-    """A spot reclaim announced ahead: a local HTTP server plays the metadata service, the trainer
-    polls it (--preemption-notice http://10.77.0.1:PORT/{host}/preempted) on 4 nodes x 1 rank under
-    tutti-launch. After step KILL_AT node1 gets its notice, and NOTICE_LEAD s later every process
-    of node1 is killed. The job must stop with a checkpoint before the kill, naming node1; the
-    launcher relaunches at once on the 3 others without it, from the step where the job stopped:
-    0 steps lost, and the run completes."""
-    port = 18080
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
-        ckpt, summary, doomed = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json"), os.path.join(tmp, "doomed")
-        run_flags = [*FLAGS, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
-                     "--progress-interval", "0.1", "--json", summary, "--preemption-notice",
-                     "http://10.77.0.1:%d/{host}/preempted" % port, "--preemption-poll", "0.2"]
-        with Cluster(nodes=LAUNCH_NODES, slots=1) as c:
-            server = c.popen([sys.executable, "-c", METADATA_SERVER, str(port), doomed])
-            try:
-                p = launch(c, c.hostfile(), *run_flags)
-                out = Lines(p)
-                try:
-                    m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
-                    with open(doomed + ".tmp", "w") as f:
-                        f.write("node1\n")
-                    os.rename(doomed + ".tmp", doomed)
-                    noticed = time.time()
-                    print("a notice for node1 after step %s" % m.group(1))
-                    stopped = out.wait(r"attempt 1 stopped .*preemption notice", NOTICE_LEAD)
-                    time.sleep(max(0.0, noticed + NOTICE_LEAD - time.time()))
-                    for pid in c.pids("node1", holder_too=True):
-                        os.kill(pid, signal.SIGKILL)
-                    p.wait(timeout=120)
-                finally:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait()
-            finally:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
-            err = out.text("err")
-            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
-        expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
-        expect(stopped is not None, "the job stopped before node1's end")
-        expect_in(r"stopped at step (\d+) of %d by a preemption notice for node1 \(on rank 1\)" % STEPS, err)
-        lost = re.search(r"attempt 1 stopped with a checkpoint after a preemption notice for node1 \(exit 75\) after "
-                         r"[\d.]+ s; (\d+) step\(s\) lost \(last step done (\d+), checkpoint at step (\d+)\)", err)
-        expect(lost is not None, "the launcher said what the notice cost")
-        expect(int(lost.group(1)) == 0, "0 steps lost (%s)" % lost.group(0))
-        expect_in(r"host node1 had a preemption notice: left out", err)
-        expect_in(r"attempt 2: 3 rank\(s\) on 3 of 4 host\(s\) \(node0, node2, node3\), from the checkpoint at step %s"
-                  % lost.group(3), err)
-        a = json.load(open(summary))
-    expect(a["status"] == "completed" and a["steps"] == STEPS, "completed %d steps" % STEPS)
-    expect(a["ranks"] == 3 and a["resumed_from_step"] == int(lost.group(3)), "3 ranks from the stop's step: %s" % a)
-    expect(a["attempts"] == 2 and a["lost_seconds"] < NOTICE_LEAD, "2 attempts, little lost: %s" % a)
-
-
-def launcher_grows_ahead(until="job"):
-    """A node that answers again is grown onto without a restart: node2's link is down at the start
-    (the job runs on node0, node1), then up; tutti-launch (--grow-every 1) starts the next attempt
-    on the 3 nodes ahead, held at its start gate (TUTTI_START_GATE: in the Job, or with `until`
-    "run" in train::Run, after the trainer built its model), stops the job with a checkpoint once
-    that attempt is set up, and opens the gate: the new attempt resumes from that checkpoint with
-    0 steps lost, and the run completes on 3 ranks."""
-    epochs = 5  # 1000 steps: the job must outlast the next attempt's start-up (in train::Run: with its data)
-    steps = STEPS // 2 * epochs
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
-        ckpt, summary = os.path.join(tmp, "ckpt"), os.path.join(tmp, "run.json")
-        flags = list(FLAGS)
-        flags[flags.index("--epochs") + 1] = str(epochs)
-        run_flags = [*flags, "--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY), "--progress", "lines",
-                     "--progress-interval", "0.1", "--json", summary]
-        with Cluster(nodes=3, slots=1) as c:
-            c.sh("link", "--name", c.name, "--node", "node2", "down")
-            cmd = [sys.executable, ARGS.launcher, "--hostfile", c.hostfile(), "--mpirun", ARGS.mpiexec,
-                   "--probe-timeout", "3", "--retry-delay", "0", "--max-failures", "1", "--grow-every", "1",
-                   "--prestart-until", until, "--divides", "96", "--", ARGS.trainer, *run_flags]
-            p = c.popen(cmd)
-            out = Lines(p)
-            try:
-                out.wait(r"step (\d+)/%d" % steps, 120, at_least=KILL_AT)
-                c.sh("link", "--name", c.name, "--node", "node2", "up")
-                p.wait(timeout=120)
-            finally:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-            err = out.text("err")
-            print("--- launcher stderr\n%s\n--- (exit %d)" % (err, p.returncode))
-        expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
-        expect_in(r"starting attempt 2 ahead with 3 rank\(s\) on 3 host\(s\) \(node0, node1, node2\)", err)
-        expect_in(r"attempt 2 is at its start gate after [\d.]+ s: stopping attempt 1", err)
-        stop = re.search(r"attempt 1 stopped to grow \(exit 75, last step done (\d+)\); attempt 2, started ahead", err)
-        expect(stop is not None, "attempt 1 stopped and attempt 2 took over")
-        expect_in(r"the job resumed at step %s from the checkpoint file: 0 step\(s\) lost" % stop.group(1), err)
-        expect("attempt 2: " not in err, "no relaunch: attempt 2 was started ahead, not after the stop")
-        a = json.load(open(summary))
-    expect(a["status"] == "completed" and a["steps"] == steps and a["ranks"] == 3, "completed on 3 ranks: %s" % a)
-    expect(a["resumed_from_step"] == int(stop.group(1)), "resumed at the stop's step: %s" % a)
-
-
-def launcher_unreachable_host():
-    """A host file naming a node whose link is down (it cannot answer): tutti-launch skips it with
-    a message, after the probe's deadline, and runs the job on the others."""
-    with tempfile.TemporaryDirectory(dir=ARGS.workdir) as tmp:
-        summary = os.path.join(tmp, "run.json")
-        with Cluster(nodes=3, slots=1) as c:
-            c.sh("link", "--name", c.name, "--node", "node2", "down")
-            started = time.time()
-            p = launch(c, c.hostfile(), "--train-subset", "2048", "--test-subset", "500", "--batch-size", "64",
-                       "--quiet", "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--json", summary, probe_timeout=3)
-            try:
-                out, err = p.communicate(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, err = p.communicate()
-            took = time.time() - started
-        print("--- launcher stderr\n%s\n--- (exit %d, %.1f s)" % (err, p.returncode, took))
-        expect(p.returncode == 0, "the job ran on the others (exit %d)" % p.returncode)
-        expect_in(r"host node2 does not answer \(no answer within 3 s\): skipped", err)
-        expect_in(r"attempt 1: 2 rank\(s\) on 2 of 3 host\(s\) \(node0, node1\)", err)
-        a = json.load(open(summary))
-    expect(a["status"] == "completed" and a["ranks"] == 2 and a["nodes"] == 2, "completed on 2 ranks, 2 nodes: %s" % a)
-
 
 SCENARIOS = {"job_and_ddp": job_and_ddp, "trainer": trainer, "node_unreachable": node_unreachable,
-             "node_killed": node_killed, "launcher_node_killed": lambda: with_late_kill_retry(launcher_node_killed),
-             "launcher_node_killed_memory": lambda: with_late_kill_retry(launcher_node_killed_memory),
-             "launcher_unreachable_host": launcher_unreachable_host, "launcher_spot_notice": launcher_spot_notice,
-             "launcher_grows_ahead": launcher_grows_ahead,
-             "launcher_grows_ahead_in_run": lambda: launcher_grows_ahead("run")}
+             "node_killed": node_killed, **relaunch_scenarios.SCENARIOS}
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=sorted(SCENARIOS))
-    parser.add_argument("--cluster", required=True, help="scripts/cluster.sh")
-    parser.add_argument("--gtest", help="cluster_test")
-    parser.add_argument("--fault", help="comm_fault_test")
-    parser.add_argument("--trainer", help="train_fashion_mnist")
-    parser.add_argument("--launcher", help="scripts/tutti-launch")
-    parser.add_argument("--mpiexec", default="mpiexec")
-    parser.add_argument("--workdir", default=os.getcwd(), help="for temporary files (seen by every node)")
-    parser.add_argument("--keep", action="append", default=[],
-                        help="a folder every node must see, such as the build tree (repeatable)")
-    ARGS = parser.parse_args()
-    # ctest ends a test that runs too long with SIGTERM: unwind, so that the cluster is removed.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAILED: terminated (SIGTERM)"))
-    check = subprocess.run(["bash", ARGS.cluster, "check"], capture_output=True, text=True)
-    if check.returncode == SKIP:
-        print("SKIPPED: %s" % check.stderr.strip())
-        sys.exit(SKIP)
-    if check.returncode != 0:
-        print("FAILED: cluster.sh check: %s%s" % (check.stdout, check.stderr))
-        sys.exit(1)
-    # The trainer takes the peak for MFU as given (no scenario looks at it): it would otherwise
-    # measure the CPU's GEMM ceiling at its start and end, ~0.5 s of CPU a rank and a run.
-    os.environ["TUTTI_PEAK_TFLOPS"] = "1"
-    try:
-        SCENARIOS[ARGS.scenario]()
-    except AssertionError as e:
-        print("FAILED: %s" % e)
-        sys.exit(1)
-    print("PASSED")
+    h.main(SCENARIOS)
