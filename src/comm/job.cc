@@ -395,11 +395,11 @@ Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<I
   }
   previous_terminate = std::set_terminate(on_terminate);
   j.set_terminate_handler = true;
-  if (!start_gate().empty() && !start_gate_in_run()) {
-    startup.set_what("the job's start-up (waiting at the launcher's start gate " + start_gate() + ")");
-    wait_at_start_gate(*j.boot, start_gate());
-  } else if (!start_gate().empty()) {
-    j.start_gate = start_gate();  // train::Run passes it (Job::pass_start_gate)
+  if (const std::string gate = start_gate(); !gate.empty() && start_gate_in_run()) {
+    j.start_gate = gate;  // train::Run passes it (Job::pass_start_gate)
+  } else if (!gate.empty()) {
+    startup.set_what("the job's start-up (waiting at the launcher's start gate " + gate + ")");
+    wait_at_start_gate(*j.boot, gate);
   }
   if (j.board) j.board->set_phase(detail::Phase::running);
   detail::inject_fault(detail::FaultPoint::ready);

@@ -125,9 +125,7 @@ Run::~Run() {
 }
 
 void Run::Impl::start() {
-  if (attempt_started_unix == 0) {
-    attempt_started_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  }
+  if (attempt_started_unix == 0) attempt_started_unix = unix_now();
   // A launcher's say (tutti-launch sets it): the same on every rank, as the options' check below sees.
   if (const char* env = std::getenv("TUTTI_RESUME"); env && *env) {
     try {
@@ -292,14 +290,8 @@ const StepEnd& Run::end_step() {
     m.phase = Phase::diverged;
     return m.end;
   }
-  if (notice && m.snapshots && !m.end.last) {
-    // A node is about to go: memory first (quick, and held by the survivors), then the file.
-    const auto t0 = std::chrono::steady_clock::now();
-    m.write_snapshot();
-    m.snapshot_step = m.step;
-    m.end.snapshot = true;
-    m.end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  // A node is about to go: memory first (quick, and held by the survivors), then the file.
+  if (notice && m.snapshots && !m.end.last) m.snapshot_this_step();
   if (!m.path.empty() &&
       ((m.options.checkpoint_every > 0 && m.step % m.options.checkpoint_every == 0) || m.end.last || stop)) {
     const auto t0 = std::chrono::steady_clock::now();

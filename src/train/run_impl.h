@@ -29,7 +29,9 @@ inline constexpr const char* kUsefulUs = "train.useful_us";
 inline constexpr const char* kPowerSgd = "powersgd.";  // the prefix of PowerSGD's state (ddp/powersgd.h)
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
-// When this process started, in Unix seconds (Linux's /proc, to 10 ms; elsewhere: now).
+// Now, and when this process started, in Unix seconds (the start from Linux's /proc, to 10 ms;
+// elsewhere: now). run_status.cc.
+double unix_now();
 double process_started_unix();
 // The stop "signal" of a preemption notice in the ranks' vote (signals are below it).
 inline constexpr int kPreemptionNotice = 254;
@@ -136,6 +138,8 @@ struct Run::Impl {
   // After the resume: the free-space check (COLLECTIVE), the figures for the start-up line.
   void start_snapshots();
   void write_snapshot();
+  // write_snapshot() now, timed into end's snapshot fields (COLLECTIVE).
+  void snapshot_this_step();
   // Once a step, after the step's allreduce: a snapshot when one is due (auto: the first one
   // after the 5th step, then K chosen from its cost; COLLECTIVE then).
   void maybe_snapshot(bool last, bool stop);

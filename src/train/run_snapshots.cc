@@ -155,6 +155,14 @@ void Run::Impl::write_snapshot() {
   }
 }
 
+void Run::Impl::snapshot_this_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  write_snapshot();
+  end.snapshot = true;
+  end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  snapshot_step = step;
+}
+
 void Run::Impl::maybe_snapshot(bool last, bool stop) {
   if (!snapshots) return;
   constexpr std::int64_t kAutoAfter = 5;  // steps of the run before auto's first snapshot
@@ -166,10 +174,7 @@ void Run::Impl::maybe_snapshot(bool last, bool stop) {
   }
   const bool due = snapshot_every > 0 ? step % snapshot_every == 0 : step == first_step + kAutoAfter;
   if (due && !last && !stop) {
-    write_snapshot();
-    end.snapshot = true;
-    end.snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - now).count();
-    snapshot_step = step;
+    snapshot_this_step();
     if (snapshot_every == 0) {
       // K such that one snapshot every K steps takes at most snapshot_cost of the time, or, with
       // the MTBF, Young and Daly's interval sqrt(2 C MTBF), which balances the snapshots' cost

@@ -20,12 +20,12 @@
 namespace tutti::train {
 namespace {
 
-double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-
 // A JSON number, or null for "none" (negative) and for what JSON cannot hold.
 nlohmann::json number_or_null(double v) { return v >= 0 && std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
 }  // namespace
+
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 double process_started_unix() {
   const double now = unix_now();

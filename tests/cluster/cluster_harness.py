@@ -65,11 +65,8 @@ class Cluster:
 
     def run(self, cmd, env_extra=None, timeout=120):
         p = self.popen(cmd, env_extra)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
+        out, err, timed_out = communicate(p, timeout)
+        if timed_out:
             raise AssertionError("still running after %d s:\n%s\n%s" % (timeout, out, err))
         print("$ %s\n(exit %d)\n--- stdout\n%s--- stderr\n%s" % (" ".join(cmd), p.returncode, out, err))
         return p.returncode, out, err
@@ -94,6 +91,18 @@ class Cluster:
                 except OSError:
                     pass
         return left
+
+
+def communicate(p, timeout):
+    """(stdout, stderr, timed out) of a process started in a session of its own (Cluster.popen),
+    its whole session killed with SIGKILL when it is still running after `timeout` seconds."""
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return out, err, False
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return out, err, True
 
 
 def remove_orphans():

@@ -21,7 +21,7 @@ import time
 
 import cluster_harness as h
 import relaunch_scenarios
-from cluster_harness import NODES, PER_NODE, Cluster, expect, expect_in, mpirun
+from cluster_harness import NODES, PER_NODE, Cluster, communicate, expect, expect_in, mpirun
 
 DEADLINE = 2.0   # TUTTI_TIMEOUT_S of the fault scenarios
 BOUND = 5.0      # s after the deadline by which every rank must be gone (as tests/comm/fault_test.py)
@@ -131,11 +131,7 @@ def node_killed():
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         killed = time.time()
-        try:
-            out, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
+        out, err, _ = communicate(p, 60)
         took = time.time() - killed
         # A rank on node0 may still be exiting when mpirun returns (under load, a few ms): every
         # process must be gone within BOUND of the kill, not at the instant mpirun returns.

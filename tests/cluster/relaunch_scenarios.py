@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -16,7 +15,7 @@ import time
 import types
 
 import cluster_harness as h
-from cluster_harness import Cluster, Lines, expect, expect_in
+from cluster_harness import Cluster, Lines, communicate, expect, expect_in
 
 LAUNCH_NODES = 4   # x 1 rank each; the global batch divides by 4 and by 3
 FLAGS = ["--train-subset", "19200", "--test-subset", "500", "--batch-size", "96", "--epochs", "2", "--seed", "5"]
@@ -364,11 +363,7 @@ def launcher_unreachable_host():
             started = time.time()
             p = launch(c, c.hostfile(), "--train-subset", "2048", "--test-subset", "500", "--batch-size", "64",
                        "--quiet", "--checkpoint-dir", os.path.join(tmp, "ckpt"), "--json", summary, probe_timeout=3)
-            try:
-                out, err = p.communicate(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                out, err = p.communicate()
+            out, err, _ = communicate(p, 90)
             took = time.time() - started
         print("--- launcher stderr\n%s\n--- (exit %d, %.1f s)" % (err, p.returncode, took))
         expect(p.returncode == 0, "the job ran on the others (exit %d)" % p.returncode)
