@@ -210,6 +210,9 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   run_options.metadata = {{"model", spec.fingerprint}, {"optimizer", f.optimizer}, {"program", "train_fashion_mnist"}};
   run_options.must_match = {"model", "optimizer"};
   tutti::train::State state(ddp, *optimizer, scaler, loader);
+  // The CPU's measured peak (MFU), kept with the run: a relaunch neither measures nor probes anew.
+  double run_peak_flops = 0;
+  state.add_scalar("obs.peak_flops", run_peak_flops);
   sync.add_state(state);
   tutti::train::Run run(job, state, run_options);
 
@@ -237,7 +240,8 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   // MFU: the model's training FLOPs per sample (its layers') x samples/s over the ranks' peak.
   const tutti::Shape sample_shape = spec.flat_input ? tutti::Shape{784} : tutti::Shape{1, 28, 28};
   const double flops_per_sample = model->training_flops_per_sample(sample_shape);
-  tutti::obs::PeakFlops peak = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
+  tutti::obs::PeakFlops peak = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops, run_peak_flops);
+  if (peak.measured) run_peak_flops = peak.flops;
   fmnist::Watch watch(job, f, peak.flops);
   // What the summary says however the run ends (docs/user-guide.md, "The JSON summary").
   example::CheckpointLog checkpoints;  // rank 0: checkpoints skipped or waited, their stall
@@ -310,8 +314,9 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     // A measured CPU ceiling probed again after steps 1, 2, 4, ... and the last, every rank at the
     // same step, outside the step's time; MFU is against the best probe so far, so the last
     // progress line and the summary state one figure (obs::peak_probe_due).
-    if (peak.measured && (end.last || tutti::obs::peak_probe_due(step - run.first_step()))) {
+    if (peak.measured && (end.last || tutti::obs::peak_probe_due(step))) {
       peak = tutti::obs::remeasure_peak(peak, end.last ? 0.2 : 0.05);
+      run_peak_flops = peak.flops;
       if (watch.metrics) watch.metrics->set_peak_flops(peak.flops);
       probed_at_end = end.last;
     }

@@ -252,6 +252,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   double last_val = -1;
   tutti::train::State state(ddp, optimizer, scaler, loader);
   state.add_scalar("train.last_val_loss", last_val);
+  // The CPU's measured peak (MFU), kept with the run: a relaunch neither measures nor probes anew.
+  double run_peak_flops = 0;
+  state.add_scalar("obs.peak_flops", run_peak_flops);
   sync.add_state(state);
   tutti::train::Run run(job, state, run_options);
   const std::int64_t first_step = run.first_step();
@@ -264,7 +267,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // (a known GPU), the GEMM ceiling measured now (CPU) or --peak-tflops (docs/observability.md).
   const double flops_per_token = model.flops_per_token(f.seq_len);
   const std::string device_name = tutti::device_description(device);
-  tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops);
+  tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops, run_peak_flops);
+  if (peak_info.measured) run_peak_flops = peak_info.flops;
   double peak = peak_info.flops / 1e12;  // TFLOP/s per rank; 0: not known
   std::unique_ptr<tutti::obs::TraceSession> trace =
       tutti::obs::TraceSession::from_env(job.cpu_communicator(), job.hostname());
@@ -356,8 +360,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     // A measured CPU ceiling probed again after steps 1, 2, 4, ... and the last, every rank at the
     // same step, outside the step's time; MFU is against the best probe so far, so the last
     // progress line and the "done" line state one figure (obs::peak_probe_due).
-    if (peak_info.measured && (end.last || tutti::obs::peak_probe_due(step - first_step))) {
+    if (peak_info.measured && (end.last || tutti::obs::peak_probe_due(step))) {
       peak_info = tutti::obs::remeasure_peak(peak_info, end.last ? 0.2 : 0.05);
+      run_peak_flops = peak_info.flops;
       peak = peak_info.flops / 1e12;
       probed_at_end = end.last;
     }

@@ -69,10 +69,12 @@ a = script[min(attempt, len(script) - 1)]
 import atexit
 atexit.register(lambda: open(os.path.join(state, "ends"), "a").write("%d %f\n" % (attempt, time.time())))
 signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as mpirun, after ending its ranks and daemons
 gate = env["TUTTI_START_GATE"]
 if gate:  # started ahead: set up, then wait at the gate (src/comm/job.cc)
     if a.get("no_ready"):
         sys.exit(1)
+    time.sleep(a.get("ready_after", 0))
     open(gate + ".ready", "w").write("ready\n")
     while not os.path.exists(gate):
         time.sleep(0.01)
@@ -271,11 +273,24 @@ def probe_cut():
 
 
 def relaunch_probe_timeout():
-    """--relaunch-probe-timeout: a host lost in a failure (its probe hangs) is given up after that
-    timeout before the relaunch, not after --probe-timeout (2 s)."""
-    c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "0.4")
+    """Before a relaunch, a host lost in the failure (its probe hangs) is given up once the others
+    have answered and twice as long again has passed: well before --relaunch-probe-timeout (5 s
+    here), and --probe-timeout (2 s). A host that answers nothing at all gets the whole timeout."""
+    c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "5")
     expect(c.rc == 0 and c.hosts() == ["abc", "ac"], "abc, then ac: %s (exit %d)" % (c.hosts(), c.rc))
-    expect_said(c, "host b does not answer (no answer within 0.4 s): skipped")
+    said = re.search(r"host b does not answer \(no answer within ([0-9.]+) s, twice the ([0-9.]+) s the others "
+                     r"took\): skipped", c.err)
+    expect(said is not None, "the launcher said why b was given up so soon")
+    cut, others = float(said.group(1)), float(said.group(2))
+    expect(abs(cut - max(2 * others, others + 0.1)) < 0.011 and cut < 1.5, "cut at %s s, the others in %s s" % (
+        cut, others))
+    ended = float(open(os.path.join(c.dir.name, "ends")).readline().split()[1])
+    expect(c.attempts[1]["started"] - ended < 1.5, "relaunched %.2f s after the failure" % (
+        c.attempts[1]["started"] - ended))
+    c = Case("ab", [{"steps": 5, "rc": 137, "hang": ["a", "b"]}, {"rc": 0}]).launch(
+        "--relaunch-probe-timeout", "0.4", "--max-failures", "2")
+    expect(c.rc == 1 and c.hosts() == ["ab"], "no host answers after the failure: gave up (exit %d)" % c.rc)
+    expect_said(c, "host a does not answer (no answer within 0.4 s): skipped")
 
 
 def kill_grace():
@@ -324,6 +339,23 @@ def grows_ahead():
     expect_said(c, "attempt 2 did not reach its start gate (it exited): ended")
     expect_said(c, "stopping the job at its next step (SIGUSR1, with a checkpoint) to relaunch on more hosts")
     expect_said(c, "attempt 3: 3 rank(s) on 3 of 3 host(s)")
+
+
+def ends_the_attempt_ahead():
+    """The job completes while the attempt started ahead is still setting up: the launcher ends
+    that attempt (SIGTERM to its mpirun, which takes its daemons down) before it exits, at once,
+    and removes its gate files. (It used to exit and leave it running: on the emulated cluster
+    its daemons held the launcher's output open for 20 s more.)"""
+    c = Case("abc", [{"up_after": 0.3, "up_host": "b", "sleep": 1.0, "rc": 0, "steps": 5},
+                     {"ready_after": 30}], down={"b": "down"})
+    c.launch("--grow-every", "0.2")
+    expect(c.rc == 0 and c.hosts() == ["ac", "abc"], "ac, then abc started ahead: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "starting attempt 2 ahead")
+    expect_said(c, "done: exit 0 after 1 attempt(s)")
+    ends = dict(l.split() for l in open(os.path.join(c.dir.name, "ends")))
+    expect("1" in ends, "attempt 2 was ended (SIGTERM) rather than left running: %s" % ends)
+    expect(c.seconds < 4, "the launcher exited at once, not after the attempt ahead: %.1f s" % c.seconds)
+    expect(not [f for f in os.listdir(c.ckpt) if ".gate-" in f], "the gate files removed: %s" % os.listdir(c.ckpt))
 
 
 def status_decides():
@@ -395,7 +427,7 @@ def grows():
 CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_relaunched, gives_up, stop_signal,
                                  unreachable_host, probe_cut, relaunch_probe_timeout, kill_grace,
                                  status_decides, preemption_notice, help_is_documented, divides, grows,
-                                 grows_ahead)}
+                                 grows_ahead, ends_the_attempt_ahead)}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

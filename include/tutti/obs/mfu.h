@@ -36,8 +36,10 @@ struct PeakFlops {
 
 // The peak MFU is measured against, for one rank computing in `compute` on `device`:
 // override_tflops > 0 (a flag), else TUTTI_PEAK_TFLOPS, else the table for a GPU, else on the
-// CPU the measured GEMM ceiling (measure_cpu_gemm_flops, run here: ~0.25 s).
-PeakFlops peak_flops(Device device, DType compute, double override_tflops = 0);
+// CPU the measured GEMM ceiling: `measured_before` when positive (the best measurement of the
+// run's earlier attempts, kept in its checkpoint: a relaunched attempt then starts training
+// ~0.25 s sooner), else measure_cpu_gemm_flops run here (~0.25 s).
+PeakFlops peak_flops(Device device, DType compute, double override_tflops = 0, double measured_before = 0);
 
 // A measured peak measured again (every rank of a host at the same time), for min_seconds, and
 // the larger of the two kept; any other peak as it is. A measurement that other processes slowed
@@ -50,6 +52,9 @@ PeakFlops remeasure_peak(PeakFlops peak, double min_seconds = 0.2);
 // Whether a trainer probes the peak again after `steps_done` steps of its run: after 1, 2, 4, 8,
 // ... steps (a probe of 0.05 s costs a run of n steps log2(n) x 0.05 s), and after the last step
 // with the full 0.2 s. Every rank reaches the same steps, so the ranks of a host probe together.
+// Count the run's steps, not the attempt's: a resumed attempt that kept the peak (peak_flops'
+// `measured_before`) then goes on with the run's schedule instead of probing 10 times in its
+// first 1,000 steps.
 inline bool peak_probe_due(std::int64_t steps_done) { return steps_done > 0 && (steps_done & (steps_done - 1)) == 0; }
 
 // MFU of `ranks` ranks together: flops_per_item x items_per_s / (ranks x peak_flops); 0 when
