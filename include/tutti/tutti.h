@@ -10,6 +10,7 @@
 #include "tutti/amp/policy.h"
 #include "tutti/comm/communicator.h"
 #include "tutti/comm/job.h"
+#include "tutti/comm/mesh.h"
 #include "tutti/core/device.h"
 #include "tutti/core/dtype.h"
 #include "tutti/core/error.h"

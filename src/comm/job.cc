@@ -490,6 +490,28 @@ NodeGroups Job::node_groups(CommOptions options, int ranks_per_node) {
   return g;
 }
 
+DeviceMesh Job::mesh(std::vector<MeshDim> dims, CommOptions options) {
+  Impl& j = *impl_;
+  std::string spelled;
+  for (const MeshDim& d : dims) spelled += (spelled.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
+  check_same("Job::mesh's dimensions", spelled);
+  dims = DeviceMesh::resolve(std::move(dims), j.size);
+  auto region = j.watchdog->region("Job::mesh (every rank waits there for all the others)", j.timeout_s);
+  const bool nccl = j.comm->backend() == "nccl";
+  const std::vector<int> at = DeviceMesh::coordinates(dims, j.rank);
+  std::vector<std::shared_ptr<Communicator>> groups;
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    std::shared_ptr<detail::Backend> group = j.mpi->make_split_backend(
+        DeviceMesh::color(dims, j.rank, static_cast<int>(d)), at[d], nccl, j.device, options, j.take_board_comm());
+    {
+      std::lock_guard lock(j.extra_mutex);
+      j.extra.push_back(group);
+    }
+    groups.push_back(std::move(group));
+  }
+  return DeviceMesh(std::move(dims), j.rank, std::move(groups));
+}
+
 std::string Job::summary() const {
   const Impl& j = *impl_;
   auto region = j.watchdog->region("Job::summary (every rank waits there for all the others)", j.timeout_s);

@@ -341,6 +341,24 @@ NodeGroups ThreadGroup::node_groups(int rank, const std::vector<int>& node_sizes
   return out;
 }
 
+DeviceMesh ThreadGroup::mesh(int rank, std::vector<MeshDim> dims) {
+  Impl& g = *impl_;
+  TUTTI_CHECK_ARG(rank >= 0 && rank < g.size, "ThreadGroup::mesh: rank ", rank, " of ", g.size);
+  dims = DeviceMesh::resolve(std::move(dims), g.size);
+  const std::vector<int> at = DeviceMesh::coordinates(dims, rank);
+  std::vector<std::shared_ptr<Communicator>> groups;
+  std::lock_guard lock(g.mutex);
+  const std::uint64_t call = g.node_group_calls[static_cast<std::size_t>(rank)]++;
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    // Kinds 0 and 1 are node_groups' intra and inter; a mesh's dimension d is kind 2 + d.
+    std::shared_ptr<ThreadGroup>& sub =
+        g.subgroups[{call, 2 + static_cast<int>(d), DeviceMesh::color(dims, rank, static_cast<int>(d))}];
+    if (!sub) sub = std::make_shared<ThreadGroup>(dims[d].size, g.options);
+    groups.push_back(std::shared_ptr<Communicator>(sub, &sub->communicator(at[d])));
+  }
+  return DeviceMesh(std::move(dims), rank, std::move(groups));
+}
+
 int ThreadGroup::size() const { return impl_->size; }
 
 Communicator& ThreadGroup::communicator(int rank) {

@@ -3,9 +3,11 @@
 // groups; a faked map of nodes of 2 ranks, whose groups hold the ranks it says and whose
 // hierarchical allreduce equals the flat one (integers exactly, floats within rounding); at 3
 // ranks (nodes of 2 and 1) the hierarchical allreduce is refused, naming the node sizes, while
-// the groups themselves work.
+// the groups themselves work. Job::mesh: dp x tp (tp 2 where the ranks are even) holds the
+// ranks of its layout; ranks that pass different meshes get an error, not a wait.
 #include "comm/comm_test_util.h"
 #include "tutti/comm/groups.h"
+#include "tutti/comm/mesh.h"
 
 namespace tutti::testing {
 namespace {
@@ -70,6 +72,36 @@ TEST(CommNodeGroups, FakedNodesOfTwo) {
       expect_values(values_of(mine.to(Device::cpu())), values_of(flat.to(Device::cpu())), dtype,
                     /*exact=*/!is_floating(dtype), std::string("hierarchical ") + std::string(name_of(dtype)));
     }
+  }
+}
+
+TEST(CommMesh, GroupsOfTheJob) {
+  Job& j = job();
+  const int n = j.world_size(), r = j.rank();
+  const int tp = n % 2 == 0 ? 2 : 1;
+  DeviceMesh mesh = j.mesh({{"dp", kMeshRest}, {"tp", tp}});
+  EXPECT_EQ(mesh.size("dp"), n / tp);
+  EXPECT_EQ(mesh.coordinate("dp"), r / tp);
+  EXPECT_EQ(mesh.coordinate("tp"), r % tp);
+  EXPECT_EQ(mesh.group("tp").backend(), j.backend());
+  EXPECT_EQ(mesh.group("tp").rank(), r % tp);
+  EXPECT_EQ(mesh.group("dp").rank(), r / tp);
+  // tp: the block of tp consecutive ranks; dp: the ranks with the same remainder.
+  const int first = r - r % tp;
+  EXPECT_EQ(sum_of_ranks(mesh.group("tp")), tp == 2 ? 2 * first + 1 : r);
+  std::int64_t same_tp = 0;
+  for (int q = r % tp; q < n; q += tp) same_tp += q;
+  EXPECT_EQ(sum_of_ranks(mesh.group("dp")), same_tp);
+}
+
+TEST(CommMesh, RanksThatDisagreeAreToldInsteadOfWaiting) {
+  Job& j = job();
+  if (j.world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  try {
+    (void)j.mesh({{j.rank() == 0 ? "dp" : "tp", kMeshRest}});
+    ADD_FAILURE() << "different meshes accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'dp -1' on rank 0"), std::string::npos) << e.what();
   }
 }
 

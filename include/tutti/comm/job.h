@@ -46,6 +46,7 @@
 
 #include "tutti/comm/communicator.h"
 #include "tutti/comm/groups.h"
+#include "tutti/comm/mesh.h"
 #include "tutti/core/device.h"
 
 namespace tutti {
@@ -171,6 +172,14 @@ class Job {
   // deadline list every rank of the job); the Job shuts them down as it does
   // new_communicator()'s.
   NodeGroups node_groups(CommOptions options = {}, int ranks_per_node = 0);
+
+  // COLLECTIVE: the ranks laid out on `dims` (mesh.h: row-major, the last dimension varying
+  // fastest; one size may be kMeshRest), with a new communicator per dimension made as
+  // node_groups' are (communicator()'s backend, `options`, the job's deadlines and reports).
+  // Every rank must pass the same dimensions: checked first (check_same), so a rank that
+  // differs gets InvalidArgument naming every rank's mesh instead of a wait. InvalidArgument,
+  // on every rank alike, when the sizes do not multiply to world_size() (DeviceMesh::resolve).
+  DeviceMesh mesh(std::vector<MeshDim> dims, CommOptions options = {});
 
   // COLLECTIVE, blocks: every rank's line (rank, host, local rank, device, backend) and the
   // versions of tutti, MPI, NCCL and CUDA, the same text on every rank. Print it on one rank.

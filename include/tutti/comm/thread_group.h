@@ -44,6 +44,7 @@
 #include "tutti/comm/bootstrap.h"
 #include "tutti/comm/communicator.h"
 #include "tutti/comm/groups.h"
+#include "tutti/comm/mesh.h"
 
 namespace tutti {
 
@@ -106,6 +107,11 @@ class ThreadGroup {
   // made with this group's CommOptions (no watchdogs, no faults); the communicators keep it
   // alive.
   NodeGroups node_groups(int rank, const std::vector<int>& node_sizes);
+  // COLLECTIVE over the group's ranks, with the same dimensions on each: rank `rank`'s device
+  // mesh (mesh.h; Job::mesh's layout), each dimension's group a ThreadGroup of its own made as
+  // node_groups' are. InvalidArgument as DeviceMesh::resolve says (the dimensions are not
+  // compared across the threads: pass the same ones).
+  DeviceMesh mesh(int rank, std::vector<MeshDim> dims);
 
   struct Impl;  // internal
 
