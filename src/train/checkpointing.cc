@@ -103,14 +103,13 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   } else {
     note = " (checkpoint written in " + saved_precision->second + ": the loss scaler starts afresh)";
   }
-  for (const State::Entry& e : state.entries) e.load(io::strip_prefix(ckpt.state, e.prefix));
-  // PowerSGD continues exactly, or the note says what it did instead (restarted, its error
-  // zeroed on another world size, its state unused by a run without it).
-  const std::string powersgd = ddp.load_powersgd_state_dict(io::strip_prefix(ckpt.state, kPowerSgd));
-  if (!powersgd.empty() && from_memory && ddp.options().reducer.powersgd) {
-    note += " (memory snapshots keep no PowerSGD state: PowerSGD starts afresh)";
-  } else if (!powersgd.empty()) {
-    note += " (" + powersgd + ")";
+  // Each entry continues exactly, or the note says what it did instead (PowerSGD: restarted,
+  // its error zeroed on another world size, its state unused by a run without it).
+  for (const State::Entry& e : state.entries) {
+    const std::string said = from_memory && !e.not_in_snapshots.empty()
+                                 ? e.not_in_snapshots
+                                 : e.load(io::strip_prefix(ckpt.state, e.prefix));
+    if (!said.empty()) note += " (" + said + ")";
   }
   step = get_int_scalar(ckpt.state, kStep);
   if (ckpt.state.count(kLastLoss)) loss = get_scalar(ckpt.state, kLastLoss);
@@ -125,11 +124,10 @@ void Run::Impl::write_checkpoint(bool must) {
   StateDict model_state, optim_state, collected;
   std::int64_t early_busy_step = -1;  // ZeRO: the write rank 0 waited for before gathering
   double early_wait_s = 0;
-  // Collective entries (State::add_collective) on every rank first: rank 0 saves its result.
+  // Collective entries (State::add_collective, PowerSGD's) on every rank first: rank 0 saves
+  // its result.
   for (const State::Entry& e : state.entries)
     if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
-  // PowerSGD's state (collective: every rank's error is gathered to rank 0).
-  if (ddp.options().reducer.powersgd) io::add_prefixed(collected, kPowerSgd, ddp.powersgd_state_dict());
   if (ddp.zero_stage() == 0) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,
     // which copies them (not collective). An optimizer that is not attached has no views:

@@ -71,12 +71,28 @@ Resume parse_resume(std::string_view text) {
 }
 
 State::State(ddp::DistributedDataParallel& d, optim::Optimizer& o, amp::LossScaler& s)
-    : ddp(&d), optimizer(&o), scaler(&s) {}
+    : ddp(&d), optimizer(&o), scaler(&s) {
+  // PowerSGD's error feedback and Q: an entry like any other. Read even by a run without
+  // PowerSGD, whose note then says that the checkpoint's is not used.
+  const bool powersgd = d.options().reducer.powersgd.has_value();
+  add(Entry{"powersgd.", [&d, powersgd] { return powersgd ? d.powersgd_state_dict() : StateDict{}; },
+            [&d](const StateDict& saved) { return d.load_powersgd_state_dict(saved); }, powersgd,
+            powersgd ? "memory snapshots keep no PowerSGD state: PowerSGD starts afresh" : ""});
+}
+
+State& State::add(Entry entry) {
+  entries.push_back(std::move(entry));
+  return *this;
+}
 
 State& State::add(const std::string& prefix, std::function<StateDict()> save,
                   std::function<void(const StateDict&)> load) {
-  entries.push_back({prefix, std::move(save), std::move(load)});
-  return *this;
+  return add(Entry{prefix, std::move(save),
+                   [load = std::move(load)](const StateDict& saved) {
+                     load(saved);
+                     return std::string();
+                   },
+                   false, ""});
 }
 
 State& State::add_scalar(const std::string& name, double& value) {
@@ -155,8 +171,8 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
                   "train::Run: RunOptions::snapshot_nodes names ", options.snapshot_nodes.size(), " nodes for ", world,
                   " ranks");
-  const bool collective =
-      std::any_of(state.entries.begin(), state.entries.end(), [](const State::Entry& e) { return e.collective; });
+  const bool collective = std::any_of(state.entries.begin(), state.entries.end(),
+                                      [](const State::Entry& e) { return e.collective && e.not_in_snapshots.empty(); });
   TUTTI_CHECK_ARG(options.snapshot_every == 0 || !collective,
                   "--snapshot-every: memory snapshots cannot hold a collective state entry (State::add_collective, "
                   "e.g. --sync diloco): use checkpoint files");

@@ -26,7 +26,6 @@ inline constexpr const char* kStep = "train.step";
 inline constexpr const char* kLastLoss = "train.last_loss";
 // The microseconds of training the state holds (Accounting::useful_seconds), saved with it.
 inline constexpr const char* kUsefulUs = "train.useful_us";
-inline constexpr const char* kPowerSgd = "powersgd.";  // the prefix of PowerSGD's state (ddp/powersgd.h)
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
 // Now, and when this process started, in Unix seconds (the start from Linux's /proc, to 10 ms;

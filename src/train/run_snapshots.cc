@@ -121,7 +121,8 @@ StateDict Run::Impl::snapshot_part() const {
   add_parts(pieces, "model.", ddp.model_state_parts());
   add_parts(pieces, "optim.", ddp.optimizer_state_parts(*state.optimizer));
   add_whole(pieces, "scaler.", state.scaler->state_dict());
-  for (const State::Entry& e : state.entries) add_whole(pieces, e.prefix, e.save());
+  for (const State::Entry& e : state.entries)
+    if (e.not_in_snapshots.empty()) add_whole(pieces, e.prefix, e.save());
   add_whole(pieces, "", run_scalars());
   return detail::MemorySnapshots::encode(pieces);
 }

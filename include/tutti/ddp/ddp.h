@@ -240,7 +240,7 @@ class DistributedDataParallel {
   // PowerSGD's state (reducer.powersgd; ddp/powersgd.h, "Checkpoints"), on module().stream():
   // Reducer::powersgd_state_dict (COLLECTIVE; rank 0's result holds every rank's error) and
   // Reducer::load_powersgd_state_dict (not collective; returns "" when PowerSGD continues
-  // exactly, else what it did instead). train::Run keeps it under "powersgd.".
+  // exactly, else what it did instead). train::State registers it as its entry "powersgd.".
   StateDict powersgd_state_dict();
   std::string load_powersgd_state_dict(const StateDict& state);
   // The model's fp32 parameters, whole, in the plan's flat layout: a new f32 [plan().total] on

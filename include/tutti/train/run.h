@@ -118,10 +118,14 @@ enum class Resume : std::uint8_t {
 Resume parse_resume(std::string_view text);
 
 // The training state a Run saves and restores: the DDP model, the optimizer, the loss scaler,
-// and the program's own entries (the loader's position, counters). Keeps references: they
-// must outlive the Run.
+// and entries: the program's own (the loader's position, counters, ddp::DiLoCo) and the
+// library's, registered the same way. Keeps references: they must outlive the Run.
 class State {
  public:
+  // Registers PowerSGD's state (DdpOptions::reducer.powersgd) as the entry "powersgd.":
+  // collective when PowerSGD is on (every rank's error is gathered: DistributedDataParallel::
+  // powersgd_state_dict), left out of memory snapshots (a resume from one restarts PowerSGD, and
+  // note() says so), and read on resume even when off (note() says that it is not used).
   State(ddp::DistributedDataParallel& ddp, optim::Optimizer& optimizer, amp::LossScaler& scaler);
   // With a loader (anything with state_dict() and load_state_dict()) under "loader.".
   template <class Loader>
@@ -139,6 +143,22 @@ class State {
         [&object](const StateDict& s) { object.load_state_dict(s); });
   }
   State& add(const std::string& prefix, std::function<StateDict()> save, std::function<void(const StateDict&)> load);
+
+  struct Entry {
+    std::string prefix;  // its tensors' names in the checkpoint start with it ("loader.")
+    std::function<StateDict()> save;
+    // Restores it from the checkpoint's entries under `prefix` (prefix removed; empty when the
+    // checkpoint has none); returns what Run::note() adds about it ("" when it continued exactly).
+    std::function<std::string(const StateDict&)> load;
+    bool collective = false;  // save() is collective (add_collective)
+    // "": memory snapshots (RunOptions::snapshot_every) hold the entry as the checkpoint file
+    // does, or refuse it when it is collective. Otherwise they leave it out, a resume from one
+    // leaves the object as it is, and this text is added to Run::note() ("memory snapshots keep
+    // no PowerSGD state: PowerSGD starts afresh").
+    std::string not_in_snapshots;
+  };
+  // The general form of the add()s above.
+  State& add(Entry entry);
   // As add(), for an object whose state_dict() is COLLECTIVE (ddp::DiLoCo): every rank calls it
   // when a checkpoint is written, and rank 0's result is saved. Memory snapshots
   // (RunOptions::snapshot_every) refuse a State with such an entry (InvalidArgument).
@@ -152,12 +172,6 @@ class State {
   // and read back on resume (left as it is when the checkpoint has none).
   State& add_scalar(const std::string& name, double& value);
 
-  struct Entry {
-    std::string prefix;
-    std::function<StateDict()> save;
-    std::function<void(const StateDict&)> load;
-    bool collective = false;  // save() is collective (add_collective)
-  };
   ddp::DistributedDataParallel* ddp;
   optim::Optimizer* optimizer;
   amp::LossScaler* scaler;
