@@ -211,12 +211,12 @@ tutti::train::RunOptions run_options(const RunFlags& f, std::int64_t steps, cons
   o.checkpoint_every = f.checkpoint_every;
   o.checkpoint_mode = f.checkpoint_mode == "sync" ? tutti::io::CheckpointMode::sync : tutti::io::CheckpointMode::async;
   o.checkpoint_busy = f.checkpoint_busy == "skip" ? tutti::io::WhenBusy::skip : tutti::io::WhenBusy::wait;
-  o.snapshot_every = f.snapshot_every == "auto" ? tutti::train::kSnapshotAuto : std::stoll(f.snapshot_every);
-  o.snapshot_dir = f.snapshot_dir;
+  o.snapshots.every = f.snapshot_every == "auto" ? tutti::train::kSnapshotAuto : std::stoll(f.snapshot_every);
+  o.snapshots.dir = f.snapshot_dir;
   TUTTI_CHECK_ARG(f.mtbf == 0 || f.snapshot_every == "auto",
                   "--mtbf needs --snapshot-every auto (it picks the interval), got --snapshot-every ",
                   f.snapshot_every);
-  o.snapshot_mtbf = f.mtbf;
+  o.snapshots.mtbf = f.mtbf;
   o.price_per_hour = f.price_per_hour;
   o.preemption = {.source = f.preemption_notice, .poll_seconds = f.preemption_poll};
   o.precision = f.precision;

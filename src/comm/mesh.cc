@@ -30,8 +30,8 @@ std::vector<MeshDim> DeviceMesh::resolve(std::vector<MeshDim> dims, int world) {
     TUTTI_CHECK_ARG(names.insert(d.name).second, "DeviceMesh: the dimension '", d.name, "' appears twice in ",
                     dims_str(dims));
     if (d.size == kMeshRest) {
-      TUTTI_CHECK_ARG(rest == nullptr, "DeviceMesh: only one dimension can take the rest of the ranks (kMeshRest): ",
-                      dims_str(dims));
+      TUTTI_CHECK_ARG(rest == nullptr,
+                      "DeviceMesh: only one dimension can take the rest of the ranks (kMeshRest): ", dims_str(dims));
       rest = &d;
       continue;
     }
@@ -89,9 +89,7 @@ int DeviceMesh::index_of(std::string_view dim) const {
 
 int DeviceMesh::size(std::string_view dim) const { return dims_[static_cast<std::size_t>(index_of(dim))].size; }
 
-int DeviceMesh::coordinate(std::string_view dim) const {
-  return coordinates_[static_cast<std::size_t>(index_of(dim))];
-}
+int DeviceMesh::coordinate(std::string_view dim) const { return coordinates_[static_cast<std::size_t>(index_of(dim))]; }
 
 std::shared_ptr<Communicator> DeviceMesh::group_ptr(std::string_view dim) const {
   return groups_[static_cast<std::size_t>(index_of(dim))];

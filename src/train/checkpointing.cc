@@ -31,7 +31,7 @@ void Run::Impl::resume_from_checkpoint() {
                   ": pass --resume to continue it (or --resume auto), or --overwrite to start afresh and replace it");
   // Memory snapshots of this run (its id is in the checkpoint folder), when at least as new
   // as the file: the survivors of a lost node hold every part between them.
-  const std::string run_id = options.snapshot_every != 0 ? read_run_id() : "";
+  const std::string run_id = options.snapshots.every != 0 ? read_run_id() : "";
   std::optional<io::Checkpoint> memory;
   std::string memory_note;
   if (options.resume != Resume::no && !run_id.empty()) {
@@ -66,7 +66,7 @@ void Run::Impl::resume_from_checkpoint() {
   TUTTI_CHECK_ARG(options.resume != Resume::yes || exists || memory, "--resume: no checkpoint at ", path,
                   " (--resume auto starts afresh when there is none)");
   if (options.resume == Resume::no || (!exists && !memory)) {
-    if (options.snapshot_every != 0) snapshots = make_snapshots(new_run_id(run_id));
+    if (options.snapshots.every != 0) snapshots = make_snapshots(new_run_id(run_id));
     note = memory_note;
     return;
   }
@@ -78,7 +78,7 @@ void Run::Impl::resume_from_checkpoint() {
     load_state(io::load_checkpoint(path), path);
   }
   note = memory_note + note;
-  if (options.snapshot_every != 0 && !snapshots) snapshots = make_snapshots(run_id.empty() ? new_run_id("") : run_id);
+  if (options.snapshots.every != 0 && !snapshots) snapshots = make_snapshots(run_id.empty() ? new_run_id("") : run_id);
 }
 
 void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source) {
@@ -146,7 +146,7 @@ void Run::Impl::write_checkpoint(bool must) {
     if (rank == 0 && writer->busy() && (must || options.checkpoint_busy == io::WhenBusy::wait)) {
       const auto t0 = std::chrono::steady_clock::now();
       early_busy_step = pending_step;
-      if (options.checkpoint_hooks.before_wait) options.checkpoint_hooks.before_wait(pending_step);
+      if (hooks.checkpoint.before_wait) hooks.checkpoint.before_wait(pending_step);
       try {
         writer->finish();
       } catch (const Error& e) {

@@ -54,8 +54,8 @@ std::string describe(const RunOptions& o) {
   s << "steps " << o.steps << ", checkpoint dir '" << o.checkpoint_dir << "', checkpoint every " << o.checkpoint_every
     << ", resume " << static_cast<int>(o.resume) << (o.overwrite ? ", overwrite" : "") << ", precision '" << o.precision
     << "', checkpoint mode " << static_cast<int>(o.checkpoint_mode) << ", busy " << static_cast<int>(o.checkpoint_busy)
-    << ", snapshot every " << o.snapshot_every << " (cost " << o.snapshot_cost << ", MTBF " << o.snapshot_mtbf
-    << " s) in '" << o.snapshot_dir << "', " << o.work_per_step << " " << o.work_unit << " per step at "
+    << ", snapshot every " << o.snapshots.every << " (cost " << o.snapshots.cost << ", MTBF " << o.snapshots.mtbf
+    << " s) in '" << o.snapshots.dir << "', " << o.work_per_step << " " << o.work_unit << " per step at "
     << o.price_per_hour << " per rank-hour, preemption notices from '" << o.preemption.source << "' every "
     << o.preemption.poll_seconds << " s";
   return s.str();
@@ -122,8 +122,8 @@ Run::Run(Job& job, State state, RunOptions options)
   m.start();
 }
 
-Run::Run(Communicator& comm, State state, RunOptions options)
-    : impl_(std::make_unique<Impl>(std::move(state), std::move(options))) {
+Run::Run(Communicator& comm, State state, RunOptions options, detail::RunHooks hooks)
+    : impl_(std::make_unique<Impl>(std::move(state), std::move(options), std::move(hooks))) {
   Impl& m = *impl_;
   m.comm = &comm;
   m.cpu_comm = &comm;
@@ -159,34 +159,35 @@ void Run::Impl::start() {
   TUTTI_CHECK_ARG(options.checkpoint_busy == io::WhenBusy::wait || options.checkpoint_mode == io::CheckpointMode::async,
                   "train::Run: RunOptions::checkpoint_busy skip needs checkpoint_mode async (--checkpoint-busy skip "
                   "needs --checkpoint-mode async)");
-  TUTTI_CHECK_ARG(options.snapshot_every >= 0 || options.snapshot_every == kSnapshotAuto,
-                  "train::Run: RunOptions::snapshot_every must be >= 0 or kSnapshotAuto, got ", options.snapshot_every);
-  TUTTI_CHECK_ARG(options.snapshot_cost > 0 && options.snapshot_cost < 1,
-                  "train::Run: RunOptions::snapshot_cost must be in (0, 1), got ", options.snapshot_cost);
-  TUTTI_CHECK_ARG(options.snapshot_mtbf >= 0 && options.work_per_step >= 0 && options.price_per_hour >= 0,
-                  "train::Run: RunOptions::snapshot_mtbf, work_per_step and price_per_hour must be >= 0 (--mtbf ",
-                  options.snapshot_mtbf, ", --price-per-hour ", options.price_per_hour, ")");
-  TUTTI_CHECK_ARG(options.snapshot_every == 0 || !options.checkpoint_dir.empty(),
+  TUTTI_CHECK_ARG(options.snapshots.every >= 0 || options.snapshots.every == kSnapshotAuto,
+                  "train::Run: RunOptions::snapshots.every must be >= 0 or kSnapshotAuto, got ",
+                  options.snapshots.every);
+  TUTTI_CHECK_ARG(options.snapshots.cost > 0 && options.snapshots.cost < 1,
+                  "train::Run: RunOptions::snapshots.cost must be in (0, 1), got ", options.snapshots.cost);
+  TUTTI_CHECK_ARG(options.snapshots.mtbf >= 0 && options.work_per_step >= 0 && options.price_per_hour >= 0,
+                  "train::Run: RunOptions::snapshots.mtbf, work_per_step and price_per_hour must be >= 0 (--mtbf ",
+                  options.snapshots.mtbf, ", --price-per-hour ", options.price_per_hour, ")");
+  TUTTI_CHECK_ARG(options.snapshots.every == 0 || !options.checkpoint_dir.empty(),
                   "--snapshot-every needs --checkpoint-dir (the run id, and the file the snapshots fall back on)");
-  TUTTI_CHECK_ARG(options.snapshot_nodes.empty() || static_cast<int>(options.snapshot_nodes.size()) == world,
-                  "train::Run: RunOptions::snapshot_nodes names ", options.snapshot_nodes.size(), " nodes for ", world,
-                  " ranks");
+  TUTTI_CHECK_ARG(options.snapshots.nodes.empty() || static_cast<int>(options.snapshots.nodes.size()) == world,
+                  "train::Run: RunOptions::snapshots.nodes names ", options.snapshots.nodes.size(), " nodes for ",
+                  world, " ranks");
   const bool collective = std::any_of(state.entries.begin(), state.entries.end(),
                                       [](const State::Entry& e) { return e.collective && e.not_in_snapshots.empty(); });
-  TUTTI_CHECK_ARG(options.snapshot_every == 0 || !collective,
+  TUTTI_CHECK_ARG(options.snapshots.every == 0 || !collective,
                   "--snapshot-every: memory snapshots cannot hold a collective state entry (State::add_collective, "
                   "e.g. --sync diloco): use checkpoint files");
   check_same("the run's options (train::RunOptions)", describe(options));
   if (pass_start_gate) pass_start_gate();  // a job started ahead by tutti-launch: the old one has stopped
   path = options.checkpoint_dir.empty() ? "" : options.checkpoint_dir + "/checkpoint.tckp";
-  if (options.snapshot_every != 0) nodes = snapshot_nodes();
-  snapshot_every = std::max<std::int64_t>(options.snapshot_every, 0);
+  if (options.snapshots.every != 0) nodes = snapshot_nodes();
+  snapshot_every = std::max<std::int64_t>(options.snapshots.every, 0);
   resume_from_checkpoint();
   if (snapshots) start_snapshots();
   first_step = step;
   if (rank == 0 && !path.empty()) {
     writer = std::make_unique<io::CheckpointWriter>(io::CheckpointWriterOptions{
-        .mode = options.checkpoint_mode, .when_busy = options.checkpoint_busy, .hooks = options.checkpoint_hooks});
+        .mode = options.checkpoint_mode, .when_busy = options.checkpoint_busy, .hooks = hooks.checkpoint});
   }
   // The module's device, not its first parameter's: under ZeRO-3 a parameter may be released.
   const Device device = state.ddp->module().device();

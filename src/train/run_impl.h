@@ -50,7 +50,8 @@ struct Run::Impl {
 
   State state;
   RunOptions options;
-  std::string path;  // the checkpoint's file ("": none)
+  detail::RunHooks hooks;  // tests only (Run over a Communicator)
+  std::string path;        // the checkpoint's file ("": none)
   std::string note;
 
   std::int64_t step = 0, first_step = 0;
@@ -63,7 +64,7 @@ struct Run::Impl {
 
   std::unique_ptr<io::CheckpointWriter> writer;  // rank 0, with a checkpoint_dir
 
-  // Memory snapshots (RunOptions::snapshot_every).
+  // Memory snapshots (RunOptions::snapshots.every).
   std::unique_ptr<detail::MemorySnapshots> snapshots;
   std::uint64_t snapshot_node_bytes = 0;
   bool from_memory = false;
@@ -117,7 +118,8 @@ struct Run::Impl {
   Tensor exact_loss;
   StepEnd end;
 
-  Impl(State s, RunOptions o) : state(std::move(s)), options(std::move(o)) {}
+  Impl(State s, RunOptions o, detail::RunHooks h = {})
+      : state(std::move(s)), options(std::move(o)), hooks(std::move(h)) {}
 
   // Construction, after the seams above are set: the checks, then the resume.
   void start();

@@ -56,14 +56,14 @@ std::vector<int> Run::Impl::snapshot_nodes() const {
     }
     return nodes;
   }
-  if (!options.snapshot_nodes.empty()) return options.snapshot_nodes;
+  if (!options.snapshots.nodes.empty()) return options.snapshots.nodes;
   nodes.resize(static_cast<std::size_t>(world));
   std::iota(nodes.begin(), nodes.end(), 0);
   return nodes;
 }
 
 std::string Run::Impl::node_dir() const {
-  const std::string base = options.snapshot_dir.empty() ? "/dev/shm" : options.snapshot_dir;
+  const std::string base = options.snapshots.dir.empty() ? "/dev/shm" : options.snapshots.dir;
   if (!hostname.empty()) return base;
   return base + "/node" + std::to_string(nodes[static_cast<std::size_t>(rank)]);
 }
@@ -111,7 +111,7 @@ std::unique_ptr<detail::MemorySnapshots> Run::Impl::make_snapshots(const std::st
   place.node_of_rank = nodes;
   place.node_dir = node_dir();
   place.run_id = run_id;
-  place.free_bytes = options.snapshot_free_bytes;
+  place.free_bytes = hooks.snapshot_free_bytes;
   return std::make_unique<detail::MemorySnapshots>(std::move(place));
 }
 
@@ -182,8 +182,8 @@ void Run::Impl::maybe_snapshot(bool last, bool stop) {
       // against the work a failure loses; the ranks take the largest (COLLECTIVE: every rank is
       // here after the same step).
       const double step_seconds = timed_steps > 0 ? timed_seconds / timed_steps : end.snapshot_seconds;
-      const std::int64_t k = detail::auto_snapshot_interval(end.snapshot_seconds, step_seconds, options.snapshot_cost,
-                                                            options.snapshot_mtbf);
+      const std::int64_t k = detail::auto_snapshot_interval(end.snapshot_seconds, step_seconds, options.snapshots.cost,
+                                                            options.snapshots.mtbf);
       const Tensor vote = Tensor::from_ints({k}, {1}, DType::i64);
       CallOptions call;
       call.label = "memory snapshot interval";

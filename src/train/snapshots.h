@@ -1,4 +1,4 @@
-// train::Run's memory snapshots (RunOptions::snapshot_every): every K steps each rank's part of
+// train::Run's memory snapshots (RunOptions::snapshots.every): every K steps each rank's part of
 // the training state goes to a file in its node's memory (/dev/shm), which outlives the
 // process but not the node, and, under ZeRO, to a buddy rank on another node; a resume takes
 // the newest snapshot whose parts the surviving nodes hold between them. Internal header.
@@ -114,7 +114,7 @@ class MemorySnapshots {
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>, std::vector<unsigned char>> found_bytes_;
 };
 
-// RunOptions::snapshot_every = kSnapshotAuto: the interval K in steps (1 to 1e9), from the first
+// RunOptions::snapshots.every = kSnapshotAuto: the interval K in steps (1 to 1e9), from the first
 // snapshot's seconds and a step's. Without an MTBF (0), the least K for which the snapshots take
 // at most `cost` of the time; with one, Young and Daly's optimum sqrt(2 x snapshot x MTBF),
 // rounded to steps: the snapshots' cost against the work that a failure, on average half an

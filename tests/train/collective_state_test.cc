@@ -67,9 +67,9 @@ class CollectiveState : public RunDirTest {
       o.checkpoint_every = 2;
       o.checkpoint_mode = io::CheckpointMode::sync;
       o.resume = resume;
-      o.snapshot_every = snapshot_every;
-      o.snapshot_dir = memory();
-      o.snapshot_nodes = {0, 1};
+      o.snapshots.every = snapshot_every;
+      o.snapshots.dir = memory();
+      o.snapshots.nodes = {0, 1};
       o.metadata["model"] = "linear";
       train::Run run(comm, state, o);
       if (rank == 0) note = run.note();

@@ -48,9 +48,9 @@ TEST_F(PowerSgdResumeTest, TheFileResumesExactlyAndAMemorySnapshotRestartsSaying
   std::filesystem::remove_all(dir_);
   Plan killed = plan(10);
   killed.options.checkpoint_dir = ckpt_dir();
-  killed.options.snapshot_every = 3;
-  killed.options.snapshot_dir = memory();
-  killed.options.snapshot_nodes = {0, 1};
+  killed.options.snapshots.every = 3;
+  killed.options.snapshots.dir = memory();
+  killed.options.snapshots.nodes = {0, 1};
   killed.crash_step = 7;
   train(killed);
   Plan again = killed;

@@ -117,9 +117,9 @@ TEST_F(PreemptionRunTest, ANoticeOnOneRankStopsEveryRankWithASnapshotAndACheckpo
   Plan p{.ranks = 3, .zero = 1};
   p.options.steps = 200;
   p.options.checkpoint_dir = ckpt_dir();
-  p.options.snapshot_every = 50;
-  p.options.snapshot_dir = memory();
-  p.options.snapshot_nodes = {0, 1, 2};
+  p.options.snapshots.every = 50;
+  p.options.snapshots.dir = memory();
+  p.options.snapshots.nodes = {0, 1, 2};
   p.options.status_file = (dir_ / "status.json").string();
   p.options.preemption = {.source = "file:" + (dir_ / "notice-{host}").string(), .poll_seconds = 0.001};
   p.notice_rank = 1;

@@ -244,12 +244,12 @@ TEST_F(RunTest, AsyncCheckpointsResumeToTheSameModelAsSyncOnes) {
     std::filesystem::remove_all(ckpt_dir());
     // Writes in flight over the next steps: the file must hold the state of its own step.
     RunOptions o{.steps = 9, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 2, .checkpoint_mode = mode};
-    o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(30));
-    const Result stopped = train({.options = o, .stop_rank = 1, .stop_step = 5});
+    const detail::RunHooks hooks{.checkpoint = slow_writes(std::chrono::milliseconds(30))};
+    const Result stopped = train({.options = o, .hooks = hooks, .stop_rank = 1, .stop_step = 5});
     EXPECT_EQ(stopped.checkpoint_steps, (std::vector<std::int64_t>{2, 4, 5}));
     EXPECT_EQ(step_of(ckpt()), 5);
     o.resume = Resume::yes;
-    const Result resumed = train({.options = o});
+    const Result resumed = train({.options = o, .hooks = hooks});
     EXPECT_EQ(resumed.first_step, 5);
     EXPECT_EQ(resumed.params, whole.params) << "the resumed run ends other than the uninterrupted one";
     ends.push_back(resumed.params);
@@ -262,12 +262,13 @@ TEST_F(RunTest, AFailedBackgroundWriteEndsTheRunNamingTheFileAndTheStep) {
   // with that error (rank 0 throws at its next end_step; the other ranks are ended, not left
   // waiting in the step's allreduce until the 20 s timeout).
   RunOptions o{.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 2};
-  o.checkpoint_hooks.before_write = [](std::int64_t step, const std::string&) {
+  detail::RunHooks hooks;
+  hooks.checkpoint.before_write = [](std::int64_t step, const std::string&) {
     if (step == 4) throw std::runtime_error("No space left on device (test)");
   };
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    train({.options = o, .watchdog = true});
+    train({.options = o, .hooks = hooks, .watchdog = true});
     ADD_FAILURE() << "a failed background write went unnoticed";
   } catch (const std::exception& e) {
     const std::string m = e.what();
@@ -281,7 +282,7 @@ TEST_F(RunTest, AFailedBackgroundWriteEndsTheRunNamingTheFileAndTheStep) {
   std::ofstream(file("plain")) << "x";
   o = {.steps = 3, .checkpoint_dir = (dir_ / "plain" / "ckpt").string(), .checkpoint_every = 2};
   try {
-    train({.options = o, .watchdog = true});
+    train({.options = o, .hooks = hooks, .watchdog = true});
     ADD_FAILURE() << "a checkpoint folder under a regular file went unnoticed";
   } catch (const std::exception& e) {
     const std::string m = e.what();
@@ -294,13 +295,13 @@ TEST_F(RunTest, TheLastAndTheStopCheckpointAreNeverSkipped) {
   // A checkpoint every step, each write slower than several steps, and skip when busy: most
   // are skipped, but not the last step's nor a stop's, which are complete when the run ends.
   RunOptions o{.steps = 8, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 1, .checkpoint_busy = io::WhenBusy::skip};
-  o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(300), 1);
-  const Result done = train({.options = o});
+  const detail::RunHooks hooks{.checkpoint = slow_writes(std::chrono::milliseconds(300), 1)};
+  const Result done = train({.options = o, .hooks = hooks});
   EXPECT_FALSE(done.skipped_steps.empty()) << "nothing was skipped: the test shows nothing";
   EXPECT_EQ(std::count(done.skipped_steps.begin(), done.skipped_steps.end(), 8), 0);
   EXPECT_EQ(step_of(ckpt()), 8);
   std::filesystem::remove_all(ckpt_dir());
-  const Result stopped = train({.options = o, .stop_rank = 1, .stop_step = 4});
+  const Result stopped = train({.options = o, .hooks = hooks, .stop_rank = 1, .stop_step = 4});
   EXPECT_FALSE(stopped.skipped_steps.empty());
   EXPECT_EQ(std::count(stopped.skipped_steps.begin(), stopped.skipped_steps.end(), 4), 0);
   EXPECT_EQ(step_of(ckpt()), 4);
@@ -311,8 +312,8 @@ TEST_F(RunTest, TheDivergenceMessageNamesACheckpointWrittenCompletely) {
   // Step 1's write is slow, steps 2-4's are skipped, step 5 diverges: the last good checkpoint
   // is step 1's (on disk when finish() returns), not step 4's, which was never written.
   RunOptions o{.steps = 10, .checkpoint_dir = ckpt_dir(), .checkpoint_every = 1, .checkpoint_busy = io::WhenBusy::skip};
-  o.checkpoint_hooks = slow_writes(std::chrono::milliseconds(500), 1);
-  const Result r = train({.options = o, .inf_step = 5});
+  const detail::RunHooks hooks{.checkpoint = slow_writes(std::chrono::milliseconds(500), 1)};
+  const Result r = train({.options = o, .hooks = hooks, .inf_step = 5});
   ASSERT_EQ(r.outcomes[0].status, Outcome::Status::diverged);
   EXPECT_FALSE(r.skipped_steps.empty()) << "nothing was skipped: the test shows nothing";
   const std::int64_t on_disk = step_of(ckpt());

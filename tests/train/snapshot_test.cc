@@ -1,5 +1,5 @@
-// train::Run's memory snapshots (RunOptions::snapshot_every, src/train/snapshots.h) with ranks
-// as threads on pretended nodes (RunOptions::snapshot_nodes: each node's memory is a folder):
+// train::Run's memory snapshots (RunOptions::snapshots.every, src/train/snapshots.h) with ranks
+// as threads on pretended nodes (RunOptions::snapshots.nodes: each node's memory is a folder):
 // a run killed after a step resumes from memory where no checkpoint file has that step, at any
 // ZeRO stage and on another number of ranks, ending as the uninterrupted run; a lost node's
 // parts come from the buddies' copies; a node and its buddy lost, or a corrupt snapshot, fall
@@ -49,9 +49,9 @@ class SnapshotTest : public testing::RunDirTest {
     p.options.steps = 9;
     p.options.checkpoint_dir = ckpt_dir();
     p.options.resume = resume;
-    p.options.snapshot_every = 3;
-    p.options.snapshot_dir = memory();
-    p.options.snapshot_nodes = std::move(nodes);
+    p.options.snapshots.every = 3;
+    p.options.snapshots.dir = memory();
+    p.options.snapshots.nodes = std::move(nodes);
     return p;
   }
 };
@@ -178,7 +178,7 @@ TEST_F(SnapshotTest, ACorruptSnapshotIsCaughtByItsChecksumAndTheFileIsUsed) {
 
 TEST_F(SnapshotTest, TooLittleMemoryIsRefusedBeforeTheFirstStep) {
   Plan p = plan(2, 1, {0, 1});
-  p.options.snapshot_free_bytes = [](const std::string&) { return std::uint64_t{4096}; };
+  p.hooks.snapshot_free_bytes = [](const std::string&) { return std::uint64_t{4096}; };
   try {
     train(p);
     ADD_FAILURE() << "too little memory was not refused";
@@ -191,7 +191,7 @@ TEST_F(SnapshotTest, TooLittleMemoryIsRefusedBeforeTheFirstStep) {
   EXPECT_TRUE(files(0).empty());
   EXPECT_FALSE(fs::exists(ckpt_dir() + "/checkpoint.tckp"));
   // One node short: every rank refuses (none is left to wait at its next collective).
-  p.options.snapshot_free_bytes = [](const std::string& dir) {
+  p.hooks.snapshot_free_bytes = [](const std::string& dir) {
     return dir.find("/node1/") != std::string::npos ? std::uint64_t{4096} : std::uint64_t{1} << 40;
   };
   p.options.overwrite = true;
@@ -221,7 +221,7 @@ TEST_F(SnapshotTest, ANewRunNeverTakesAnOlderRunsMemory) {
 TEST_F(SnapshotTest, AutoTakesTheFirstAfterStep5AndThenEveryKStepsAgreedByTheRanks) {
   Plan p = plan(3, 1, {0, 1, 2});
   p.options.steps = 40;
-  p.options.snapshot_every = kSnapshotAuto;
+  p.options.snapshots.every = kSnapshotAuto;
   const Result r = train(p);
   ASSERT_FALSE(r.snapshot_steps.empty());
   EXPECT_EQ(r.snapshot_steps[0], 5);
@@ -249,13 +249,13 @@ TEST(MemorySnapshots, AutoIntervalIsTheCostBoundOrYoungAndDalysWithAnMtbf) {
 TEST_F(SnapshotTest, AutoWithAnMtbfSnapshotsMoreOftenWhenNodesFailMoreOften) {
   Plan p = plan(2, 1, {0, 1});
   p.options.steps = 12;
-  p.options.snapshot_every = kSnapshotAuto;
-  p.options.snapshot_mtbf = 1e-6;  // a failure every microsecond: a snapshot every step
+  p.options.snapshots.every = kSnapshotAuto;
+  p.options.snapshots.mtbf = 1e-6;  // a failure every microsecond: a snapshot every step
   const Result often = train(p);
   EXPECT_EQ(often.snapshot_every[0], 1);
   EXPECT_EQ(often.snapshot_steps, (std::vector<std::int64_t>{5, 6, 7, 8, 9, 10, 11}));
   fs::remove_all(ckpt_dir());
-  p.options.snapshot_mtbf = 1e9;  // one in 30 years: far apart
+  p.options.snapshots.mtbf = 1e9;  // one in 30 years: far apart
   const Result rarely = train(p);
   EXPECT_GT(rarely.snapshot_every[0], 12);
   EXPECT_EQ(rarely.snapshot_steps, (std::vector<std::int64_t>{5}));

@@ -47,6 +47,7 @@ struct Plan {
   int ranks = 2;
   int zero = 0;
   RunOptions options;
+  detail::RunHooks hooks;       // slow writes, a folder's free space
   int stop_rank = -1;           // this rank calls request_stop(SIGTERM) ...
   std::int64_t stop_step = 0;   // ... within this step (1-based)
   std::int64_t inf_step = 0;    // rank 0 adds an inf loss in this step (0: never)
@@ -126,7 +127,7 @@ inline Result train(const Plan& plan) {
     RunOptions options = plan.options;
     options.metadata["model"] = "mlp 12-16-5";
     if (!plan.summary.empty()) options.summary = &summary;
-    Run run(comm, {ddp, optimizer, scaler, loader}, options);
+    Run run(comm, {ddp, optimizer, scaler, loader}, options, plan.hooks);
     if (rank == 0) {
       out.first_step = run.first_step();
       out.resumed = run.resumed();

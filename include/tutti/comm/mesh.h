@@ -47,8 +47,8 @@ class DeviceMesh {
  public:
   DeviceMesh() = default;
 
-  int rank() const { return rank_; }  // in the world the mesh was made from
-  int size() const;                   // the world's size: the product of the dimensions' sizes
+  int rank() const { return rank_; }                          // in the world the mesh was made from
+  int size() const;                                           // the world's size: the product of the dimensions' sizes
   const std::vector<MeshDim>& dims() const { return dims_; }  // sizes resolved (no kMeshRest)
   // A dimension's size, and this rank's coordinate on it (0 .. size - 1). InvalidArgument for
   // a name the mesh lacks, naming the mesh's dimensions.

@@ -105,7 +105,7 @@ class LossScaler;
 
 namespace tutti::train {
 
-// RunOptions::snapshot_every: chosen by the Run ("--snapshot-every auto").
+// RunOptions::snapshots.every: chosen by the Run ("--snapshot-every auto").
 inline constexpr std::int64_t kSnapshotAuto = -1;
 
 // Whether a run continues the checkpoint in RunOptions::checkpoint_dir.
@@ -151,7 +151,7 @@ class State {
     // checkpoint has none); returns what Run::note() adds about it ("" when it continued exactly).
     std::function<std::string(const StateDict&)> load;
     bool collective = false;  // save() is collective (add_collective)
-    // "": memory snapshots (RunOptions::snapshot_every) hold the entry as the checkpoint file
+    // "": memory snapshots (RunOptions::snapshots.every) hold the entry as the checkpoint file
     // does, or refuse it when it is collective. Otherwise they leave it out, a resume from one
     // leaves the object as it is, and this text is added to Run::note() ("memory snapshots keep
     // no PowerSGD state: PowerSGD starts afresh").
@@ -161,7 +161,7 @@ class State {
   State& add(Entry entry);
   // As add(), for an object whose state_dict() is COLLECTIVE (ddp::DiLoCo): every rank calls it
   // when a checkpoint is written, and rank 0's result is saved. Memory snapshots
-  // (RunOptions::snapshot_every) refuse a State with such an entry (InvalidArgument).
+  // (RunOptions::snapshots.every) refuse a State with such an entry (InvalidArgument).
   template <class T>
   State& add_collective(const std::string& prefix, T& object) {
     add(prefix, object);
@@ -176,6 +176,38 @@ class State {
   optim::Optimizer* optimizer;
   amp::LossScaler* scaler;
   std::vector<Entry> entries;
+};
+
+// Memory snapshots (spot-proof training; need RunOptions::checkpoint_dir): after every N-th
+// step (not the last step's or a stop's, which go to the checkpoint file) each rank's part of
+// the state goes to a file in its node's memory, which outlives the process (not the node):
+// under ZeRO every rank writes its shard and sends it to a buddy rank on another node, so that
+// the survivors of any one lost node hold every part; at stage 0 the lowest rank of each node
+// writes the whole state. A resume (Resume::yes or automatic) takes the newest snapshot whose
+// every part some rank holds when it is at least as new as the checkpoint file, on any number
+// of ranks and any stage; note() says which source it used and what was lost. The construction
+// refuses (InvalidArgument, before any step) when a node's folder has too little free space.
+// The snapshot holds what the checkpoint file does, but the State entries marked
+// not_in_snapshots (PowerSGD's: a resume from a snapshot restarts PowerSGD, and note() says
+// so). COLLECTIVE, a blocking copy to host memory and one exchange with the buddy: see
+// docs/user-guide.md for the cost.
+struct SnapshotOptions {
+  // After every N-th step; 0: no snapshots. --snapshot-every. kSnapshotAuto: K chosen by the
+  // Run so that snapshots take at most `cost` of the training time: the first snapshot is after
+  // the 5th step of the run, timed against the steps before it, and the ranks take the largest K
+  // any of them asks for (StepEnd::snapshot_every says it from then on). With `mtbf`, K is Young
+  // and Daly's optimum instead: the interval sqrt(2 x snapshot seconds x mtbf), in steps (at
+  // least 1).
+  std::int64_t every = 0;
+  double cost = 0.02;
+  // The job's mean time between failures in seconds, for kSnapshotAuto (0: unknown). --mtbf.
+  double mtbf = 0;
+  // The node-local folder ("": /dev/shm); the snapshots go in its sub-folder tutti-<run id>,
+  // the run id being kept in <checkpoint_dir>/run-id. --snapshot-dir.
+  std::string dir;
+  // Ranks without a Job (Run over a Communicator, e.g. threads): the node of each rank, whose
+  // folder is then dir/node<i> (empty: a node per rank). With a Job: the hosts.
+  std::vector<int> nodes;
 };
 
 struct RunOptions {
@@ -197,38 +229,8 @@ struct RunOptions {
   // wait for it, or skip this one (never the last step's or a stop's). --checkpoint-busy. skip with
   // sync: InvalidArgument.
   io::WhenBusy checkpoint_busy = io::WhenBusy::wait;
-  // For tests and instrumentation: the writer's hooks (io::CheckpointHooks), on rank 0.
-  io::CheckpointHooks checkpoint_hooks{};
-  // Memory snapshots (spot-proof training; need checkpoint_dir): after every N-th step (0:
-  // none; not the last step's or a stop's, which go to the checkpoint file) each rank's part of
-  // the state goes to a file in its node's memory, which outlives the process (not the node):
-  // under ZeRO every rank writes its shard and sends it to a buddy rank on another node, so
-  // that the survivors of any one lost node hold every part; at stage 0 the lowest rank of
-  // each node writes the whole state. A resume (Resume::yes or automatic) takes the newest
-  // snapshot whose every part some rank holds when it is at least as new as the checkpoint
-  // file, on any number of ranks and any stage; note() says which source it used and what was
-  // lost. The construction refuses (InvalidArgument, before any step) when a node's folder has
-  // too little free space. The snapshot holds what the checkpoint file does, but PowerSGD's
-  // state (a resume from a snapshot restarts PowerSGD, and note() says so). COLLECTIVE, a
-  // blocking copy to host memory and one exchange with the buddy: see docs/user-guide.md for
-  // the cost. --snapshot-every.
-  // kSnapshotAuto: K chosen by the Run so that snapshots take at most snapshot_cost of the
-  // training time: the first snapshot is after the 5th step of the run, timed against the
-  // steps before it, and the ranks take the largest K any of them asks for (StepEnd::
-  // snapshot_every says it from then on). With snapshot_mtbf, K is Young and Daly's optimum
-  // instead: the interval sqrt(2 x snapshot seconds x snapshot_mtbf), in steps (at least 1).
-  std::int64_t snapshot_every = 0;
-  double snapshot_cost = 0.02;
-  // The job's mean time between failures in seconds, for kSnapshotAuto (0: unknown). --mtbf.
-  double snapshot_mtbf = 0;
-  // The node-local folder ("": /dev/shm); the snapshots go in its sub-folder tutti-<run id>,
-  // the run id being kept in <checkpoint_dir>/run-id. --snapshot-dir.
-  std::string snapshot_dir;
-  // Ranks without a Job (Run over a Communicator, e.g. threads): the node of each rank, whose
-  // folder is then snapshot_dir/node<i> (empty: a node per rank). With a Job: the hosts.
-  std::vector<int> snapshot_nodes;
-  // For tests: the free bytes of a node's folder (empty: statvfs).
-  std::function<std::uint64_t(const std::string& dir)> snapshot_free_bytes;
+  // Memory snapshots: off unless snapshots.every is set (below).
+  SnapshotOptions snapshots;
   // Strings stored in the checkpoint: the model's fingerprint ("model"), the program...
   io::Metadata metadata;
   // Keys of `metadata` a checkpoint must hold alike to be resumed ("... is for another model").
@@ -295,6 +297,14 @@ struct Outcome {
   std::vector<std::string> preempted_hosts;
 };
 
+namespace detail {
+// What tests put in place of the real thing (tests/train); not part of the API.
+struct RunHooks {
+  io::CheckpointHooks checkpoint{};  // rank 0's writer's hooks (io::CheckpointHooks)
+  std::function<std::uint64_t(const std::string& dir)> snapshot_free_bytes;  // a node folder's; empty: statvfs
+};
+}  // namespace detail
+
 class Run {
  public:
   // COLLECTIVE. Checks that the ranks agree on the run (its options; whether the checkpoint
@@ -305,7 +315,7 @@ class Run {
   // COLLECTIVE. The same without a Job (ranks as threads: ThreadGroup; or a communicator of
   // the program's own): the ranks' agreement goes over `comm` (CPU tensors), and the stop
   // flag is request_stop() only. `comm` serves the state's device.
-  Run(Communicator& comm, State state, RunOptions options);
+  Run(Communicator& comm, State state, RunOptions options, detail::RunHooks hooks = {});
   ~Run();
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -356,7 +366,7 @@ class Run {
   const std::string& note() const;
   // The run's cost so far over its attempts (train/accounting.h), as of now. Not collective.
   Accounting accounting() const;
-  // Whether the resume took a memory snapshot (RunOptions::snapshot_every) rather than the file.
+  // Whether the resume took a memory snapshot (RunOptions::snapshots.every) rather than the file.
   bool resumed_from_memory() const;
   // Memory snapshots: this rank's node's folder ("" when off), and the bytes the fullest node
   // keeps there (its parts and buddy copies; twice that while a snapshot replaces the last).
