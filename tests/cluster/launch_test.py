@@ -11,6 +11,7 @@ asserts the launcher's exit code, the attempts it made (hosts, ranks, arguments,
 what it said.
 
     launch_test.py --launcher scripts/tutti-launch [CASE...]
+    launch_test.py --list      (ctest runs each case as a test of its own: cluster_test.launch_logic.CASE)
 """
 import argparse
 import json
@@ -275,18 +276,25 @@ def probe_cut():
 def relaunch_probe_timeout():
     """Before a relaunch, a host lost in the failure (its probe hangs) is given up once the others
     have answered and twice as long again has passed: well before --relaunch-probe-timeout (5 s
-    here), and --probe-timeout (2 s). A host that answers nothing at all gets the whole timeout."""
+    here), and --probe-timeout (2 s). With two hosts silent, or none answering, the probes get
+    the whole timeout: the answers so far may be only the launcher's own host's, or failures,
+    which come back sooner than a live remote host's on a loaded machine."""
     c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "5")
     expect(c.rc == 0 and c.hosts() == ["abc", "ac"], "abc, then ac: %s (exit %d)" % (c.hosts(), c.rc))
-    said = re.search(r"host b does not answer \(no answer within ([0-9.]+) s, twice the ([0-9.]+) s the others "
-                     r"took\): skipped", c.err)
+    said = re.search(r"host b does not answer \(no answer within ([0-9.]+) s; the others answered within "
+                     r"([0-9.]+) s\): skipped", c.err)
     expect(said is not None, "the launcher said why b was given up so soon")
     cut, others = float(said.group(1)), float(said.group(2))
-    expect(abs(cut - max(2 * others, others + 0.1)) < 0.011 and cut < 1.5, "cut at %s s, the others in %s s" % (
+    expect(abs(cut - max(2 * others, others + 0.2)) < 0.011 and cut < 1.5, "cut at %s s, the others in %s s" % (
         cut, others))
     ended = float(open(os.path.join(c.dir.name, "ends")).readline().split()[1])
     expect(c.attempts[1]["started"] - ended < 1.5, "relaunched %.2f s after the failure" % (
         c.attempts[1]["started"] - ended))
+    c = Case("abcd", [{"steps": 5, "rc": 137, "hang": ["b", "c"], "down": ["d"]}, {"rc": 0}]).launch(
+        "--relaunch-probe-timeout", "0.6")
+    expect(c.rc == 0 and c.hosts() == ["abcd", "a"], "abcd, then a: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 0.6 s): skipped")
+    expect_said(c, "host c does not answer (no answer within 0.6 s): skipped")
     c = Case("ab", [{"steps": 5, "rc": 137, "hang": ["a", "b"]}, {"rc": 0}]).launch(
         "--relaunch-probe-timeout", "0.4", "--max-failures", "2")
     expect(c.rc == 1 and c.hosts() == ["ab"], "no host answers after the failure: gave up (exit %d)" % c.rc)
@@ -431,11 +439,18 @@ CASES = {f.__name__: f for f in (relaunch_on_survivors, host_comes_back, not_rel
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--launcher", required=True, help="scripts/tutti-launch")
+    parser.add_argument("--launcher", help="scripts/tutti-launch (needed unless --list)")
+    parser.add_argument("--list", action="store_true", help="print the cases' names, one per line, and exit "
+                        "(CMake makes a ctest test of each)")
     parser.add_argument("--docs", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
                                                        "launcher.md"), help="docs/launcher.md")
     parser.add_argument("cases", nargs="*", choices=[[]] + sorted(CASES), default=[])
     ARGS = parser.parse_args()
+    if ARGS.list:
+        print("\n".join(sorted(CASES)))
+        sys.exit(0)
+    if not ARGS.launcher:
+        parser.error("--launcher is needed")
     failed = []
     for name in ARGS.cases or sorted(CASES):
         print("=== %s" % name)

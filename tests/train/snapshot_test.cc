@@ -250,7 +250,10 @@ TEST_F(SnapshotTest, AutoWithAnMtbfSnapshotsMoreOftenWhenNodesFailMoreOften) {
   Plan p = plan(2, 1, {0, 1});
   p.options.steps = 12;
   p.options.snapshots.every = kSnapshotAuto;
-  p.options.snapshots.mtbf = 1e-6;  // a failure every microsecond: a snapshot every step
+  // A failure every picosecond: sqrt(2 x C x 1e-12) rounds to 0 steps for any snapshot under
+  // 10 s and step over 10 us: a snapshot every step. (1e-6 gave 2 on a loaded machine, where a
+  // 0.5 s snapshot beside 0.5 ms steps made sqrt(2 x 0.5 x 1e-6) two steps.)
+  p.options.snapshots.mtbf = 1e-12;
   const Result often = train(p);
   EXPECT_EQ(often.snapshot_every[0], 1);
   EXPECT_EQ(often.snapshot_steps, (std::vector<std::int64_t>{5, 6, 7, 8, 9, 10, 11}));
