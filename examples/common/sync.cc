@@ -90,13 +90,7 @@ void Sync::add_state(tutti::train::State& state) {
 }
 
 bool Sync::end_step(const tutti::train::Run& run) {
-  if (!diloco_) return false;
-  if (diloco_->end_inner_step()) return true;
-  if (run.step() + 1 == run.steps()) {
-    diloco_->sync();  // the last step: the final model is the global one
-    return true;
-  }
-  return false;
+  return diloco_ && diloco_->end_inner_step(/*last_step=*/run.step() + 1 == run.steps());
 }
 
 std::string Sync::describe() const {

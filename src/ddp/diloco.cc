@@ -112,7 +112,14 @@ std::pair<std::int64_t, std::int64_t> DiLoCo::my_slice(int f) const {
 
 DiLoCo::~DiLoCo() = default;
 
-bool DiLoCo::end_inner_step() {
+bool DiLoCo::end_inner_step(bool last_step) {
+  if (scheduled_step()) return true;
+  if (!last_step) return false;
+  sync();  // the run's last step: the final model is the global one
+  return true;
+}
+
+bool DiLoCo::scheduled_step() {
   // Fragment 0 syncs at the end of each period (inner step H), fragment f > 0 at inner step
   // f · H / F of it (F = 1: the whole vector every H steps). Overlapped: a sync launched is
   // applied τ steps later, before any launch of that step (τ <= floor(H / F): one in flight).

@@ -346,6 +346,41 @@ TEST(DiLoCo, StreamingSyncsEachFragmentAtItsStep) {
   });
 }
 
+// end_inner_step(last_step): H = 4, a run of 6 steps. Step 4 syncs by the schedule; step 5 does
+// not; step 6, the last, syncs although the period is not over: the run ends with the nodes'
+// parameters equal (with plain outer SGD of lr 1, their average), and the count says 2 syncs.
+TEST(DiLoCo, TheLastStepSyncsWhateverTheSchedule) {
+  kernels::set_cpu_threads(1);
+  constexpr int kNodes = 2, kLocal = 1;
+  ThreadGroup group(kNodes * kLocal, CommOptions{.timeout = std::chrono::seconds(20)});
+  group.run([&](int rank) {
+    const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
+    Trainer t(*g.intra, rank, false);
+    DiLoCo diloco(*t.ddp, *t.opt, g, {.sync_every = 4, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false});
+    const std::int64_t n = t.ddp->plan().total;
+    std::vector<bool> synced;
+    std::vector<float> all;
+    for (int s = 0; s < 6; ++s) {
+      t.step(s, rank * 8, 8);
+      const Tensor nodes = Tensor::empty({kNodes * n}, DType::f32);
+      g.inter->allgather(t.ddp->parameters_flat(), nodes).wait();
+      all = nodes.to_floats();
+      synced.push_back(diloco.end_inner_step(/*last_step=*/s == 5));
+    }
+    EXPECT_EQ(synced, (std::vector<bool>{false, false, false, true, false, true})) << "rank " << rank;
+    EXPECT_EQ(diloco.syncs(), 2);
+    const std::vector<float> a = t.ddp->parameters_flat().to_floats();
+    int off = 0, differed = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      off += std::abs(a[k] - 0.5f * (all[k] + all[k + static_cast<std::size_t>(n)])) > 1e-6f ? 1 : 0;
+      differed += all[k] != all[k + static_cast<std::size_t>(n)] ? 1 : 0;
+    }
+    EXPECT_GT(differed, 0) << "the nodes' parameters before the last sync differ (else the test shows nothing)";
+    EXPECT_EQ(off, 0) << "rank " << rank << ": the final model is the nodes' average";
+  });
+}
+
 // A 2-node checkpoint on 4 nodes: the period restarts from the global parameters. A state
 // without DiLoCo entries (a --sync ddp checkpoint's) is refused, naming --sync, and one with a
 // global parameter missing or misshaped, naming the entry.

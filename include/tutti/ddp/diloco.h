@@ -14,7 +14,7 @@
 //   tutti::ddp::DiLoCo diloco(ddp, optimizer, groups, {.sync_every = 50}); // COLLECTIVE
 //   for (...) {
 //     ... ddp.forward / ddp.backward / optimizer.step() / ddp.zero_grad() ...
-//     diloco.end_inner_step();                  // every H-th call: COLLECTIVE across all ranks
+//     diloco.end_inner_step(step == steps - 1); // every H-th call, and the last: COLLECTIVE
 //   }
 //
 // The outer sync, for n = plan().total parameters, N nodes of L ranks: each rank takes Δ on
@@ -136,8 +136,11 @@ class DiLoCo {
   // After each optimizer step. Every sync_every-th call (with fragments: at each fragment's
   // step) runs the outer sync (COLLECTIVE across every rank; blocks until the new parameters
   // are in the model, or with overlap_steps > 0 launches it) and returns true; the others only
-  // count (and apply an overlapped sync whose τ steps are done) and return false.
-  bool end_inner_step();
+  // count (and apply an overlapped sync whose τ steps are done) and return false. last_step:
+  // the run's last optimizer step (train::Run: run.step() + 1 == run.steps()); when the
+  // schedule does not sync at it, sync() runs (COLLECTIVE) and it returns true, so that the
+  // run ends with the global model on every node, not each node's own.
+  bool end_inner_step(bool last_step = false);
   // Completes an overlapped sync in flight, then runs the outer sync of every fragment now,
   // whatever the count (COLLECTIVE), and restarts the period.
   void sync();
@@ -181,6 +184,7 @@ class DiLoCo {
   void outer_step(int f);
   // Outer sync of fragment f, blocking; sets local's elements of it to the new global ones.
   void sync_fragment(int f, const Tensor& local);
+  bool scheduled_step();  // end_inner_step's schedule: true when it synced (or launched a sync)
   // The overlapped sync in flight: received, outer step, merged into local (see the top).
   void apply_pending(const Tensor& local);
   std::pair<std::int64_t, std::int64_t> fragment(int f) const;  // [begin, end) of the flat vector
