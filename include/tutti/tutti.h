@@ -51,6 +51,7 @@
 #include "tutti/optim/lr_schedule.h"
 #include "tutti/optim/optimizer.h"
 #include "tutti/optim/sgd.h"
+#include "tutti/parallel/tensor_parallel.h"
 #include "tutti/train/run.h"
 #include "tutti/train/summary.h"
 #include "tutti/version.h"

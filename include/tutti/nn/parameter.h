@@ -71,6 +71,16 @@ struct Parameter {
   bool no_weight_decay = false;
   // How Module::init fills it.
   InitSpec init;
+  // A shard of a larger tensor (tensor parallelism, parallel/tensor_parallel.h): Module::init
+  // draws the whole tensor, of shape `full`, by `init` from this parameter's seed and keeps the
+  // elements [begin, begin + shape()[dim]) along `dim`, so a sharded model starts from the
+  // values of the unsharded one with the same seed. `full` empty: not a shard.
+  struct InitSlice {
+    Shape full;
+    int dim = 0;
+    std::int64_t begin = 0;
+  };
+  InitSlice init_slice;
   // false until Module::init or load_state_dict gave it values (or, deferred, a source);
   // forward refuses to run otherwise, so a forgotten init() is an error rather than a silent
   // all-zero model.

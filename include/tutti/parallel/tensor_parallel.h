@@ -1,0 +1,90 @@
+// Tensor parallelism (Megatron-LM's, Shoeybi et al. 2019): a Linear layer's weight split across
+// the ranks of a group, so that each holds 1/tp of it and does 1/tp of its multiply.
+//
+// doc-test: wrap-main
+// setup: tutti::Job job(argc, argv);
+// setup: tutti::DeviceMesh mesh = job.mesh({{"dp", tutti::kMeshRest}, {"tp", 1}});
+//   tutti::nn::Sequential mlp;                        // an MLP block, split over the tp group
+//   mlp.add<tutti::parallel::ColumnParallelLinear>(mesh.group("tp"), 512, 2048);  // 2048/tp out
+//   mlp.add<tutti::nn::GELU>();                       // on this rank's 2048/tp features
+//   mlp.add<tutti::parallel::RowParallelLinear>(mesh.group("tp"), 2048, 512);     // sums over tp
+//   mlp.init(1);                                      // the same values as the unsplit MLP's
+//
+// The pair needs one allreduce (sum over the group) in forward, after the row-parallel
+// layer's multiply, and one in backward, of the column-parallel layer's input gradient: the
+// column-parallel layer's output stays split by features (each rank holds out/tp of them), the
+// row-parallel layer takes its input so split, and an elementwise layer between them (GELU)
+// works on each rank's part alone. Every rank of the group must run forward and backward
+// alike: both are COLLECTIVE over it. The input of the column-parallel layer and the output of
+// the row-parallel one are whole and the same on every rank of the group.
+//
+// Weights: ColumnParallelLinear holds rows [r·out/tp, (r+1)·out/tp) of the whole [out, in]
+// weight (and that part of the bias), RowParallelLinear columns [r·in/tp, (r+1)·in/tp) of its
+// [out, in] weight and the whole bias (replicated: every rank computes the same gradient for
+// it). r is the rank in the group. Module::init draws the whole tensors and keeps the rank's
+// slice (Parameter::init_slice), so a model of these layers starts, for a seed, from the
+// values of the same model of nn::Linear layers, and trains like it up to the order of the sums.
+//
+// What is not here yet: attention with the heads split, the vocabulary-parallel embedding and
+// cross-entropy, sequence parallelism, DistributedDataParallel over the other mesh dimension,
+// checkpoints that gather and reshard the split weights, and the trainers' --tp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tutti/comm/communicator.h"
+#include "tutti/nn/layers.h"
+#include "tutti/nn/module.h"
+
+namespace tutti::parallel {
+
+// y[..., out/tp] = x[..., in] · weight[out/tp, in]^T + bias[out/tp]: this rank's features of
+// nn::Linear(in, out)'s output. out must divide by the group's size (InvalidArgument).
+// Forward: no communication. Backward: the input gradient is summed over the group
+// (COLLECTIVE).
+class ColumnParallelLinear : public nn::Module {
+ public:
+  ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
+                       nn::LinearOptions options = {});
+  nn::Parameter weight;  // [out/tp, in]
+  nn::Parameter bias;    // [out/tp]; a [0]-shaped, unregistered placeholder without a bias
+  std::string describe() const override;
+  nn::Flops flops(const Shape& sample, Shape& out) const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Communicator& group_;
+  std::int64_t in_, out_, part_;  // part_ = out / tp
+  bool has_bias_;
+  Tensor x_;
+};
+
+// y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear
+// (in, out) on an input split by features (a ColumnParallelLinear's output, or anything so
+// split). in must divide by the group's size (InvalidArgument). Forward: the sum over the
+// group (COLLECTIVE). Backward: no communication.
+class RowParallelLinear : public nn::Module {
+ public:
+  RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
+                    nn::LinearOptions options = {});
+  nn::Parameter weight;  // [out, in/tp]
+  nn::Parameter bias;    // [out], whole on every rank; a [0]-shaped placeholder without a bias
+  std::string describe() const override;
+  nn::Flops flops(const Shape& sample, Shape& out) const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  Communicator& group_;
+  std::int64_t in_, out_, part_;  // part_ = in / tp
+  bool has_bias_;
+  Tensor x_;
+};
+
+}  // namespace tutti::parallel

@@ -1,0 +1,157 @@
+// Tensor-parallel Linear layers on thread ranks, against the same MLP of nn::Linear layers on
+// one rank (the reference): ColumnParallelLinear -> GELU -> RowParallelLinear at tp 1, 2 and 4
+// starts from the reference's values (each rank's slice of them), gives its output and its
+// input gradient on every rank within 1e-5, and each rank's weight gradients are the slices of
+// the reference's; two SGD steps keep it there. Sizes that do not divide are refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tutti/comm/thread_group.h"
+#include "tutti/core/error.h"
+#include "tutti/kernels/threads.h"
+#include "tutti/nn/layers.h"
+#include "tutti/nn/sequential.h"
+#include "tutti/optim/sgd.h"
+#include "tutti/parallel/tensor_parallel.h"
+
+namespace tutti::parallel {
+namespace {
+
+constexpr std::int64_t kRows = 6, kIn = 8, kHidden = 12, kOut = 4;
+constexpr std::uint64_t kSeed = 77;
+
+Tensor values(std::int64_t rows, std::int64_t cols, std::uint32_t salt) {
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i + salt)) * 0.8f;
+  return Tensor::from_floats(v, {rows, cols});
+}
+
+// Elements [begin, begin + count) of `whole` ([rows, cols]) along `dim`, row-major.
+std::vector<float> slice(const std::vector<float>& whole, std::int64_t rows, std::int64_t cols, int dim,
+                         std::int64_t begin, std::int64_t count) {
+  std::vector<float> out;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::int64_t at = dim == 0 ? r : c;
+      if (at >= begin && at < begin + count) out.push_back(whole[static_cast<std::size_t>(r * cols + c)]);
+    }
+  }
+  return out;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+struct Snapshot {
+  std::vector<float> y, dx, w1, b1, w2, b2, gw1, gb1, gw2, gb2;
+};
+
+// Two SGD steps of `model` (input gradient on); the state after the first backward and the
+// output of a third forward.
+Snapshot train(nn::Module& model, std::vector<nn::Parameter*> p) {
+  model.set_input_grad(true);
+  optim::SGD sgd(model.parameters(), {.lr = 0.1f});
+  Snapshot s;
+  for (int step = 0; step < 2; ++step) {
+    const Tensor y = model.forward(values(kRows, kIn, 10 + step));
+    const Tensor dx = model.backward(values(kRows, kOut, 50 + step));
+    if (step == 0) {
+      s.dx = dx.to_floats();
+      s.gw1 = p[0]->grad.to_floats(), s.gb1 = p[1]->grad.to_floats();
+      s.gw2 = p[2]->grad.to_floats(), s.gb2 = p[3]->grad.to_floats();
+    }
+    sgd.step();
+    model.zero_grad();
+  }
+  s.y = model.forward(values(kRows, kIn, 99)).to_floats();
+  s.w1 = p[0]->value.to_floats(), s.b1 = p[1]->value.to_floats();
+  s.w2 = p[2]->value.to_floats(), s.b2 = p[3]->value.to_floats();
+  return s;
+}
+
+Snapshot reference() {
+  nn::Sequential m;
+  m.add<nn::Linear>(kIn, kHidden).add<nn::GELU>().add<nn::Linear>(kHidden, kOut);
+  m.init(kSeed);
+  auto& a = dynamic_cast<nn::Linear&>(*m.children()[0].second);
+  auto& b = dynamic_cast<nn::Linear&>(*m.children()[2].second);
+  return train(m, {&a.weight, &a.bias, &b.weight, &b.bias});
+}
+
+std::vector<float> initial_reference_weight(int layer) {
+  nn::Sequential m;
+  m.add<nn::Linear>(kIn, kHidden).add<nn::GELU>().add<nn::Linear>(kHidden, kOut);
+  m.init(kSeed);
+  return dynamic_cast<nn::Linear&>(*m.children()[static_cast<std::size_t>(layer)].second).weight.value.to_floats();
+}
+
+class TensorParallelMlp : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallelMlp, EqualsTheUnsplitMlp) {
+  kernels::set_cpu_threads(1);
+  const int tp = GetParam();
+  const Snapshot ref = reference();
+  const std::vector<float> w1_0 = initial_reference_weight(0), w2_0 = initial_reference_weight(2);
+  const std::int64_t part = kHidden / tp;
+  ThreadGroup group(tp);
+  group.run([&](int r) {
+    Communicator& comm = group.communicator(r);
+    nn::Sequential m;
+    m.add<ColumnParallelLinear>(comm, kIn, kHidden).add<nn::GELU>().add<RowParallelLinear>(comm, kHidden, kOut);
+    m.init(kSeed);
+    auto& col = dynamic_cast<ColumnParallelLinear&>(*m.children()[0].second);
+    auto& row = dynamic_cast<RowParallelLinear&>(*m.children()[2].second);
+    EXPECT_EQ(col.weight.shape(), (Shape{part, kIn}));
+    EXPECT_EQ(row.weight.shape(), (Shape{kOut, part}));
+    // The initial values are the reference's slices, bit for bit.
+    EXPECT_EQ(col.weight.value.to_floats(), slice(w1_0, kHidden, kIn, 0, r * part, part));
+    EXPECT_EQ(row.weight.value.to_floats(), slice(w2_0, kOut, kHidden, 1, r * part, part));
+    const Snapshot s = train(m, {&col.weight, &col.bias, &row.weight, &row.bias});
+    const std::string at = "tp " + std::to_string(tp) + " rank " + std::to_string(r);
+    EXPECT_LT(max_diff(s.dx, ref.dx), 1e-5) << at << ": the input gradient, summed over the group";
+    EXPECT_LT(max_diff(s.gw1, slice(ref.gw1, kHidden, kIn, 0, r * part, part)), 1e-5) << at;
+    EXPECT_LT(max_diff(s.gb1, slice(ref.gb1, 1, kHidden, 1, r * part, part)), 1e-5) << at;
+    EXPECT_LT(max_diff(s.gw2, slice(ref.gw2, kOut, kHidden, 1, r * part, part)), 1e-5) << at;
+    EXPECT_LT(max_diff(s.gb2, ref.gb2), 1e-5) << at << ": the replicated bias's whole gradient";
+    EXPECT_LT(max_diff(s.w1, slice(ref.w1, kHidden, kIn, 0, r * part, part)), 1e-5) << at << " after 2 steps";
+    EXPECT_LT(max_diff(s.w2, slice(ref.w2, kOut, kHidden, 1, r * part, part)), 1e-5) << at << " after 2 steps";
+    EXPECT_LT(max_diff(s.y, ref.y), 1e-5) << at << ": the output after 2 steps, on every rank";
+    // This rank's share of the work.
+    EXPECT_DOUBLE_EQ(m.training_flops_per_sample({kIn}), 3.0 * 2.0 * (kIn * kHidden + kHidden * kOut) / tp);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, TensorParallelMlp, ::testing::Values(1, 2, 4));
+
+TEST(TensorParallel, RefusesSizesThatDoNotDivide) {
+  ThreadGroup group(4);
+  group.run([&](int r) {
+    Communicator& comm = group.communicator(r);
+    try {
+      ColumnParallelLinear bad(comm, kIn, 10);
+      ADD_FAILURE() << "out_features 10 over 4 ranks accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("ColumnParallelLinear: out_features 10 must divide by the tensor-parallel "
+                                           "group's 4 rank(s)"),
+                std::string::npos)
+          << e.what();
+    }
+    try {
+      RowParallelLinear bad(comm, 6, kOut);
+      ADD_FAILURE() << "in_features 6 over 4 ranks accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("in_features 6 must divide"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tutti::parallel
