@@ -2,7 +2,9 @@
 // one rank (the reference): ColumnParallelLinear -> GELU -> RowParallelLinear at tp 1, 2 and 4
 // starts from the reference's values (each rank's slice of them), gives its output and its
 // input gradient on every rank within 1e-5, and each rank's weight gradients are the slices of
-// the reference's; two SGD steps keep it there. Sizes that do not divide are refused.
+// the reference's; two SGD steps keep it there. On a dp 2 x tp 2 mesh, DDP over the dp groups
+// of that model, with 2 accumulation steps, at ZeRO 0 and 1, trains like the unsplit model on
+// one rank with the whole batch. Sizes that do not divide are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "tutti/comm/mesh.h"
 #include "tutti/comm/thread_group.h"
 #include "tutti/core/error.h"
+#include "tutti/ddp/ddp.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/nn/layers.h"
+#include "tutti/nn/loss.h"
 #include "tutti/nn/sequential.h"
 #include "tutti/optim/sgd.h"
 #include "tutti/parallel/tensor_parallel.h"
@@ -130,6 +135,72 @@ TEST_P(TensorParallelMlp, EqualsTheUnsplitMlp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tp, TensorParallelMlp, ::testing::Values(1, 2, 4));
+
+// 20 steps of DDP (SGD with momentum, 2 micro-batches a step): the unsplit model on one rank
+// with the whole batch, or on a mesh of `dp` x `tp` thread ranks, the tensor-parallel model over
+// the tp groups and DDP over the dp groups, each dp group taking its rows of every micro-batch.
+// Rank r's weights at the end (the first layer's, the second's), f32.
+std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero) {
+  constexpr int kSteps = 20, kMicro = 2;
+  constexpr std::int64_t kBatch = 8;  // rows of one micro-batch, over all dp ranks
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(2 * dp * tp));
+  ThreadGroup group(dp * tp);
+  group.run([&](int r) {
+    const DeviceMesh mesh = group.mesh(r, {{"dp", dp}, {"tp", tp}});
+    nn::Sequential m;
+    if (tp == 1) {
+      m.add<nn::Linear>(kIn, kHidden).add<nn::GELU>().add<nn::Linear>(kHidden, kOut);
+    } else {
+      m.add<ColumnParallelLinear>(mesh.group("tp"), kIn, kHidden).add<nn::GELU>();
+      m.add<RowParallelLinear>(mesh.group("tp"), kHidden, kOut);
+    }
+    m.init(kSeed);
+    ddp::DistributedDataParallel ddp(mesh.group("dp"), m, {.accumulation_steps = kMicro, .zero_stage = zero});
+    optim::SGD sgd(m.parameters(), {.lr = 0.2f, .momentum = 0.9f});
+    ddp.attach(sgd);
+    nn::CrossEntropyLoss loss;
+    const std::int64_t rows = kBatch / dp, first = mesh.coordinate("dp") * rows;
+    for (int step = 0; step < kSteps; ++step) {
+      for (int micro = 0; micro < kMicro; ++micro) {
+        const std::uint32_t salt = static_cast<std::uint32_t>(1000 + 10 * step + micro);
+        const Tensor x = values(kBatch, kIn, salt).view(first * kIn, {rows, kIn}).clone();
+        std::vector<std::int64_t> labels;
+        for (std::int64_t i = first; i < first + rows; ++i) labels.push_back((i * 7 + salt) % kOut);
+        loss.forward(ddp.forward(x), Tensor::from_ints(labels, {rows}, DType::i32));
+        ddp.backward(loss.grad());
+      }
+      sgd.step();
+      ddp.zero_grad();
+    }
+    const StateDict state = ddp.model_state_dict();  // whole tensors over dp (this rank's tp slices)
+    out[static_cast<std::size_t>(2 * r)] = state.at("0.weight").to_floats();
+    out[static_cast<std::size_t>(2 * r + 1)] = state.at("2.weight").to_floats();
+  });
+  return out;
+}
+
+class TensorParallelDdp : public ::testing::TestWithParam<int> {};
+
+TEST_P(TensorParallelDdp, DpTimesTpTrainsLikeOneRankWithTheWholeBatch) {
+  kernels::set_cpu_threads(1);
+  const int zero = GetParam();
+  const std::vector<std::vector<float>> one = train_ddp(1, 1, 0);
+  const std::vector<std::vector<float>> mesh = train_ddp(2, 2, zero);
+  const std::vector<float> w1_0 = initial_reference_weight(0);
+  const std::int64_t part = kHidden / 2;
+  double moved = 0;
+  for (std::size_t i = 0; i < w1_0.size(); ++i) moved = std::max(moved, std::fabs(double(one[0][i]) - w1_0[i]));
+  EXPECT_GT(moved, 1e-2) << "the reference trained (else the comparison shows nothing)";
+  for (int r = 0; r < 4; ++r) {
+    const int t = r % 2;  // the tp coordinate: the last dimension varies fastest
+    const auto& w1 = mesh[static_cast<std::size_t>(2 * r)];
+    const auto& w2 = mesh[static_cast<std::size_t>(2 * r + 1)];
+    EXPECT_LT(max_diff(w1, slice(one[0], kHidden, kIn, 0, t * part, part)), 1e-5) << "rank " << r;
+    EXPECT_LT(max_diff(w2, slice(one[1], kOut, kHidden, 1, t * part, part)), 1e-5) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, TensorParallelDdp, ::testing::Values(0, 1, 2, 3));
 
 TEST(TensorParallel, RefusesSizesThatDoNotDivide) {
   ThreadGroup group(4);

@@ -25,9 +25,15 @@
 // slice (Parameter::init_slice), so a model of these layers starts, for a seed, from the
 // values of the same model of nn::Linear layers, and trains like it up to the order of the sums.
 //
+// With data parallelism: a DistributedDataParallel over the other mesh dimension's group (the
+// ranks with this rank's tp coordinate: the same slices) averages each slice's gradients over
+// its data-parallel ranks, at any ZeRO stage, and trains like one rank with the whole batch
+// and the unsplit model (tests/parallel/tensor_parallel_test.cc: dp 2 x tp 2, ZeRO 0-3).
+//
 // What is not here yet: attention with the heads split, the vocabulary-parallel embedding and
-// cross-entropy, sequence parallelism, DistributedDataParallel over the other mesh dimension,
-// checkpoints that gather and reshard the split weights, and the trainers' --tp.
+// cross-entropy, sequence parallelism, gradient clipping (DistributedDataParallel::grad_norm
+// sums this rank's slices only, not the group's), checkpoints that gather and reshard the split
+// weights (model_state_dict holds this rank's slices), and the trainers' --tp.
 #pragma once
 
 #include <cstdint>
