@@ -1,5 +1,9 @@
 #include "tutti/parallel/tensor_parallel.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "tutti/core/error.h"
 #include "tutti/kernels/linear.h"
 
@@ -151,6 +155,95 @@ Tensor RowParallelLinear::backward_impl(const Tensor& dy) {
   if (db.defined()) grad_ready(bias);
   if (weight.requires_grad) grad_ready(weight);
   return dx;
+}
+
+// ---- whole tensors of split parameters ------------------------------------------------------
+
+namespace {
+
+// The split parameter a state entry belongs to: its name, or "<name>.<state>"; nullptr if none.
+const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, const std::string& key) {
+  for (const nn::Parameter* p : params) {
+    if (p->init_slice.full.empty()) continue;
+    if (key == p->name ||
+        (key.size() > p->name.size() && key.compare(0, p->name.size(), p->name) == 0 && key[p->name.size()] == '.')) {
+      return p;
+    }
+  }
+  return nullptr;
+}
+
+// Products of the dimensions before and after `dim`.
+std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& shape, int dim) {
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= shape[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  return {outer, inner};
+}
+
+}  // namespace
+
+StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group) {
+  const std::vector<nn::Parameter*> params = model.parameters();
+  StateDict out;
+  for (const auto& [key, t] : mine) {
+    const nn::Parameter* p = split_owner(params, key);
+    if (p == nullptr || t.shape() != p->shape()) {
+      out[key] = t;
+      continue;
+    }
+    const nn::Parameter::InitSlice& s = p->init_slice;
+    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)];
+    TUTTI_CHECK_ARG(s.begin == group.rank() * count, "whole_state_dict: '", key, "' holds elements from ", s.begin,
+                    " along dimension ", s.dim, ", not rank ", group.rank(), "'s share of ", count);
+    // Every rank's slice, back to back in rank order, then each put in its place.
+    TUTTI_CHECK_ARG(t.dtype() == DType::f32, "whole_state_dict: '", key, "' is ", t.str(), ", not f32");
+    const Tensor slice = t.to(Device::cpu());
+    const Tensor gathered = Tensor::empty({group.size() * slice.numel()}, DType::f32);
+    CallOptions call;
+    call.label = "whole_state_dict " + key;
+    group.allgather(slice.reshape({slice.numel()}), gathered, call).wait();
+    const Tensor whole = Tensor::empty(s.full, DType::f32);
+    const auto [outer, inner] = outer_inner(s.full, s.dim);
+    const float* src = gathered.data_as<float>();
+    float* dst = whole.data_as<float>();
+    const std::int64_t along = s.full[static_cast<std::size_t>(s.dim)];
+    for (int r = 0; r < group.size(); ++r) {
+      for (std::int64_t o = 0; o < outer; ++o) {
+        std::copy_n(src + r * slice.numel() + o * count * inner, count * inner, dst + (o * along + r * count) * inner);
+      }
+    }
+    out[key] = whole;
+  }
+  return out;
+}
+
+StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
+  const std::vector<nn::Parameter*> params = model.parameters();
+  StateDict out;
+  for (const auto& [key, t] : whole) {
+    const nn::Parameter* p = split_owner(params, key);
+    if (p == nullptr) {
+      out[key] = t;
+      continue;
+    }
+    const nn::Parameter::InitSlice& s = p->init_slice;
+    TUTTI_CHECK_ARG(t.shape() == s.full, "split_state_dict: '", key, "' is ", t.str(), ", not the whole ", p->name,
+                    " (", shape_str(s.full), ")");
+    TUTTI_CHECK_ARG(t.dtype() == DType::f32, "split_state_dict: '", key, "' is ", t.str(), ", not f32");
+    const Tensor src_t = t.to(Device::cpu());
+    const Tensor part = Tensor::empty(p->shape(), DType::f32);
+    const auto [outer, inner] = outer_inner(s.full, s.dim);
+    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)];
+    const std::int64_t along = s.full[static_cast<std::size_t>(s.dim)];
+    const float* src = src_t.data_as<float>();
+    float* dst = part.data_as<float>();
+    for (std::int64_t o = 0; o < outer; ++o) {
+      std::copy_n(src + (o * along + s.begin) * inner, count * inner, dst + o * count * inner);
+    }
+    out[key] = part;
+  }
+  return out;
 }
 
 }  // namespace tutti::parallel

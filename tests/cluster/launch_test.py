@@ -276,9 +276,10 @@ def probe_cut():
 def relaunch_probe_timeout():
     """Before a relaunch, a host lost in the failure (its probe hangs) is given up once the others
     have answered and twice as long again has passed: well before --relaunch-probe-timeout (5 s
-    here), and --probe-timeout (2 s). With two hosts silent, or none answering, the probes get
-    the whole timeout: the answers so far may be only the launcher's own host's, or failures,
-    which come back sooner than a live remote host's on a loaded machine."""
+    here), and --probe-timeout (2 s). With two hosts silent, one silent and one that said no, or
+    none answering, the probes get the whole timeout: the answers so far may be only the
+    launcher's own host's, or a lost host's no, which come back sooner than a live remote host's
+    on a loaded machine."""
     c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"]}, {"rc": 0}]).launch("--relaunch-probe-timeout", "5")
     expect(c.rc == 0 and c.hosts() == ["abc", "ac"], "abc, then ac: %s (exit %d)" % (c.hosts(), c.rc))
     said = re.search(r"host b does not answer \(no answer within ([0-9.]+) s; the others answered within "
@@ -295,6 +296,10 @@ def relaunch_probe_timeout():
     expect(c.rc == 0 and c.hosts() == ["abcd", "a"], "abcd, then a: %s (exit %d)" % (c.hosts(), c.rc))
     expect_said(c, "host b does not answer (no answer within 0.6 s): skipped")
     expect_said(c, "host c does not answer (no answer within 0.6 s): skipped")
+    c = Case("abc", [{"steps": 5, "rc": 137, "hang": ["b"], "down": ["c"]}, {"rc": 0}]).launch(
+        "--relaunch-probe-timeout", "0.6")
+    expect(c.rc == 0 and c.hosts() == ["abc", "a"], "abc, then a: %s (exit %d)" % (c.hosts(), c.rc))
+    expect_said(c, "host b does not answer (no answer within 0.6 s): skipped")
     c = Case("ab", [{"steps": 5, "rc": 137, "hang": ["a", "b"]}, {"rc": 0}]).launch(
         "--relaunch-probe-timeout", "0.4", "--max-failures", "2")
     expect(c.rc == 1 and c.hosts() == ["ab"], "no host answers after the failure: gave up (exit %d)" % c.rc)

@@ -4,11 +4,14 @@
 // input gradient on every rank within 1e-5, and each rank's weight gradients are the slices of
 // the reference's; two SGD steps keep it there. On a dp 2 x tp 2 mesh, DDP over the dp groups
 // of that model, with 2 accumulation steps, at ZeRO 0 and 1, trains like the unsplit model on
-// one rank with the whole batch. Sizes that do not divide are refused.
+// one rank with the whole batch. A tp 4 state gathered whole (whole_state_dict) equals the
+// unsplit run's, and cut for tp 2 and tp 1 (split_state_dict) continues it. Sizes that do not
+// divide are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -201,6 +204,92 @@ TEST_P(TensorParallelDdp, DpTimesTpTrainsLikeOneRankWithTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, TensorParallelDdp, ::testing::Values(0, 1, 2, 3));
+
+// A model and its optimizer at one tensor-parallel size (1: nn::Linear layers on one rank).
+struct Split {
+  nn::Sequential m;
+  std::unique_ptr<optim::SGD> sgd;
+  Split(Communicator& comm, int tp, std::uint64_t seed) {
+    if (tp == 1) {
+      m.add<nn::Linear>(kIn, kHidden).add<nn::GELU>().add<nn::Linear>(kHidden, kOut);
+    } else {
+      m.add<ColumnParallelLinear>(comm, kIn, kHidden).add<nn::GELU>().add<RowParallelLinear>(comm, kHidden, kOut);
+    }
+    m.init(seed);
+    sgd = std::make_unique<optim::SGD>(m.parameters(), optim::SgdOptions{.lr = 0.2f, .momentum = 0.9f});
+  }
+  void steps(int first, int count) {
+    for (int step = first; step < first + count; ++step) {
+      m.forward(values(kRows, kIn, 10 + step));
+      m.backward(values(kRows, kOut, 50 + step));
+      sgd->step();
+      m.zero_grad();
+    }
+  }
+};
+
+// Whole tensors from tp 4 (whole_state_dict), taken up at tp 2 and tp 1 (split_state_dict):
+// the model and its momentum continue as the unsplit run that never stopped.
+TEST(TensorParallel, ATp4CheckpointResumesAtTp2AndTp1) {
+  kernels::set_cpu_threads(1);
+  ThreadGroup one(1);
+  Split reference(one.communicator(0), 1, kSeed);
+  reference.steps(0, 2);
+  const StateDict ref_model = reference.m.state_dict(), ref_optim = reference.sgd->state_dict();
+  reference.steps(2, 2);
+  const StateDict ref_end = reference.m.state_dict();
+
+  StateDict whole_model, whole_optim;
+  ThreadGroup four(4);
+  four.run([&](int r) {
+    Split tp4(four.communicator(r), 4, kSeed);
+    tp4.steps(0, 2);
+    const StateDict model = whole_state_dict(tp4.m.state_dict(), tp4.m, four.communicator(r));
+    const StateDict optim = whole_state_dict(tp4.sgd->state_dict(), tp4.m, four.communicator(r));
+    if (r == 0) whole_model = model, whole_optim = optim;
+  });
+  ASSERT_EQ(whole_model.size(), ref_model.size());
+  for (const auto& [key, t] : ref_model) {
+    EXPECT_EQ(whole_model.at(key).shape(), t.shape()) << key;
+    EXPECT_LT(max_diff(whole_model.at(key).to_floats(), t.to_floats()), 1e-5) << key;
+  }
+  for (const auto& [key, t] : ref_optim) {
+    if (t.dtype() == DType::f32) EXPECT_LT(max_diff(whole_optim.at(key).to_floats(), t.to_floats()), 1e-5) << key;
+  }
+
+  for (int tp : {2, 1}) {
+    ThreadGroup group(tp);
+    group.run([&](int r) {
+      Split resumed(group.communicator(r), tp, kSeed + 1);  // other values: the load must replace them
+      resumed.m.load_state_dict(split_state_dict(whole_model, resumed.m));
+      resumed.sgd->load_state_dict(split_state_dict(whole_optim, resumed.m));
+      resumed.steps(2, 2);
+      const std::int64_t part = kHidden / tp;
+      const StateDict end = resumed.m.state_dict();
+      const std::string at = "tp " + std::to_string(tp) + " rank " + std::to_string(r);
+      EXPECT_LT(max_diff(end.at("0.weight").to_floats(),
+                         slice(ref_end.at("0.weight").to_floats(), kHidden, kIn, 0, r * part, part)),
+                1e-5)
+          << at;
+      EXPECT_LT(max_diff(end.at("2.weight").to_floats(),
+                         slice(ref_end.at("2.weight").to_floats(), kOut, kHidden, 1, r * part, part)),
+                1e-5)
+          << at;
+      EXPECT_LT(max_diff(end.at("2.bias").to_floats(), ref_end.at("2.bias").to_floats()), 1e-5) << at;
+    });
+  }
+  try {
+    (void)split_state_dict({{"0.weight", Tensor::zeros({3, 3}, DType::f32)}}, reference.m);  // not split: kept
+    ThreadGroup two(2);
+    two.run([&](int r) {
+      Split tp2(two.communicator(r), 2, kSeed);
+      (void)split_state_dict({{"0.weight", Tensor::zeros({3, 3}, DType::f32)}}, tp2.m);
+    });
+    ADD_FAILURE() << "a tensor of the wrong shape was cut";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("split_state_dict: '0.weight' is"), std::string::npos) << e.what();
+  }
+}
 
 TEST(TensorParallel, RefusesSizesThatDoNotDivide) {
   ThreadGroup group(4);

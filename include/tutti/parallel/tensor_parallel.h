@@ -30,10 +30,16 @@
 // its data-parallel ranks, at any ZeRO stage, and trains like one rank with the whole batch
 // and the unsplit model (tests/parallel/tensor_parallel_test.cc: dp 2 x tp 2, ZeRO 0-3).
 //
+// Checkpoints: a split model's state_dict (and its optimizer's, "<param>.<state>") holds this
+// rank's slices. whole_state_dict gathers them into the whole tensors, the unsplit model's
+// state under the same names; split_state_dict cuts the slices a model of any tensor-parallel
+// size holds out of such a state: a checkpoint written at tp 4 resumes at tp 2 or 1.
+//
 // What is not here yet: attention with the heads split, the vocabulary-parallel embedding and
 // cross-entropy, sequence parallelism, gradient clipping (DistributedDataParallel::grad_norm
-// sums this rank's slices only, not the group's), checkpoints that gather and reshard the split
-// weights (model_state_dict holds this rank's slices), and the trainers' --tp.
+// sums this rank's slices only, not the group's), train::Run writing whole tensors of a split
+// model by itself (a program calls the two functions below around its own save and load), and
+// the trainers' --tp.
 #pragma once
 
 #include <cstdint>
@@ -92,5 +98,18 @@ class RowParallelLinear : public nn::Module {
   bool has_bias_;
   Tensor x_;
 };
+
+// COLLECTIVE over `group` (the split layers' group): `mine` (model.state_dict(), an
+// optimizer's state_dict(), or one of DistributedDataParallel's) with every tensor of a split
+// parameter of `model` (Parameter::init_slice; its name, or "<name>.<state>" of its shape)
+// replaced by the whole tensor, the group's slices put together in rank order; the other
+// entries as they are. Every rank gets the whole state. InvalidArgument where a slice is not
+// this rank's share (begin = rank x size along the split dimension).
+StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group);
+// Not collective: `whole` with every tensor of a split parameter of `model` cut to this rank's
+// slice (the parameter's init_slice), the other entries as they are: what model.load_state_dict
+// (or an optimizer's) takes. InvalidArgument, naming the entry, where a tensor does not have
+// the whole parameter's shape.
+StateDict split_state_dict(const StateDict& whole, nn::Module& model);
 
 }  // namespace tutti::parallel
