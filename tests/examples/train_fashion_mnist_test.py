@@ -424,9 +424,10 @@ class WhenThingsGoWrong(Case):
                           r"written to .*Resume with the same command and --resume" % steps, err)
             if m is not None or attempt == tries:
                 break
-            print("%s: attempt %d of %d ended without its stop message (exit %s), again:\n%s" % (
-                name, attempt, tries, p.returncode, err))
-        self.assertIsNotNone(m, "%s: no stop message in:\n%s" % (name, err))
+            print("%s: attempt %d of %d ended without its stop message (exit %s), again:\n%s\n%s" % (
+                name, attempt, tries, p.returncode, err, out.strip().splitlines()[-3:]))
+        self.assertIsNotNone(m, "%s: no stop message (exit %s) in:\n%s\n(the last lines of its output: %s)" % (
+            name, p.returncode, err, out.strip().splitlines()[-3:]))
         if target == "rank" or sig != signal.SIGTERM:  # (mpirun answers SIGTERM with its own exit code, 1)
             self.assertEqual(p.returncode, 75, "%s: a stopped run exits with 75\n%s" % (name, err))
         stopped_at = int(m.group(1))
@@ -447,11 +448,14 @@ class WhenThingsGoWrong(Case):
         # The signal is sent once step 10's checkpoint exists, and a short run can end before a
         # test process starved by others running beside it sends it: 200 steps (0.3 s here) did,
         # 600 once under ctest -j4 before mpirun forwarded SIGUSR1, 800 once beside the ddp tests.
+        # A run that still ends without its stop message is started once more (tries=2): a CI
+        # rehearsal on a fresh clone (2026-12-06) had the SIGTERM-to-a-rank run end with only
+        # OpenBLAS's warning on stderr, its exit code and output not kept; both are printed now.
         steps = "1600"
         run(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--json", self.path("whole.json"))
         whole = summary(self.path("whole.json"))
         for name, target, sig in (("rank", "rank", signal.SIGTERM), ("usr1", "mpirun", signal.SIGUSR1)):
-            stopped_at = self.stop(name, target, sig, steps)
+            stopped_at = self.stop(name, target, sig, steps, tries=2)
             run(2, *SUBSET, "--max-steps", steps, "--epochs", epochs_for(steps), "--checkpoint-dir", self.path(name),
                 "--checkpoint-every", "10", "--resume", "auto", "--json", self.path(name + ".json"))
             resumed = summary(self.path(name + ".json"))
