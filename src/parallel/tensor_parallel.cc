@@ -1,11 +1,13 @@
 #include "tutti/parallel/tensor_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "tutti/core/error.h"
 #include "tutti/kernels/linear.h"
+#include "tutti/kernels/reduce.h"
 
 namespace tutti::parallel {
 
@@ -243,6 +245,29 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
     }
     out[key] = part;
   }
+  return out;
+}
+
+optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm) {
+  TUTTI_CHECK_ARG(max_norm > 0, "parallel::grad_norm: max_norm must be positive, got ", max_norm);
+  TUTTI_CHECK_ARG(ddp.zero_stage() == 0, "parallel::grad_norm: ZeRO stage ", ddp.zero_stage(),
+                  " holds a shard of the gradients on each rank; stage 0 only (not yet under ZeRO)");
+  nn::Module& model = ddp.module();
+  const Stream& stream = model.stream();
+  // [0]: the split parameters' squares (this rank's slices), [1]: the replicated ones'.
+  const Tensor split = Tensor::zeros({1}, DType::f32, model.device());
+  const Tensor replicated = Tensor::zeros({1}, DType::f32, model.device());
+  for (nn::Parameter* p : model.parameters()) {
+    if (!p->requires_grad || !p->grad.defined()) continue;
+    kernels::sum_squares(p->grad, p->init_slice.full.empty() ? replicated : split, /*accumulate=*/true, stream);
+  }
+  sum_over(group, split, stream, "parallel::grad_norm");
+  stream.synchronize();
+  optim::GradNorm out;
+  out.norm = std::sqrt(static_cast<double>(split.to(Device::cpu()).to_floats()[0]) +
+                       static_cast<double>(replicated.to(Device::cpu()).to_floats()[0]));
+  out.finite = std::isfinite(out.norm);
+  out.coefficient = optim::clip_coefficient(out.norm, max_norm);
   return out;
 }
 

@@ -143,7 +143,9 @@ INSTANTIATE_TEST_SUITE_P(Tp, TensorParallelMlp, ::testing::Values(1, 2, 4));
 // with the whole batch, or on a mesh of `dp` x `tp` thread ranks, the tensor-parallel model over
 // the tp groups and DDP over the dp groups, each dp group taking its rows of every micro-batch.
 // Rank r's weights at the end (the first layer's, the second's), f32.
-std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero) {
+// With clip > 0, the gradients are clipped to that global norm (parallel::grad_norm at tp > 1,
+// DistributedDataParallel::grad_norm at tp 1); `clipped` counts the steps where it cut.
+std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero, double clip = 0, int* clipped = nullptr) {
   constexpr int kSteps = 20, kMicro = 2;
   constexpr std::int64_t kBatch = 8;  // rows of one micro-batch, over all dp ranks
   std::vector<std::vector<float>> out(static_cast<std::size_t>(2 * dp * tp));
@@ -172,7 +174,12 @@ std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero) {
         loss.forward(ddp.forward(x), Tensor::from_ints(labels, {rows}, DType::i32));
         ddp.backward(loss.grad());
       }
-      sgd.step();
+      float coefficient = 1;
+      if (clip > 0) {
+        coefficient = (tp > 1 ? grad_norm(ddp, mesh.group("tp"), clip) : ddp.grad_norm(clip)).coefficient;
+        if (r == 0 && clipped != nullptr && coefficient < 1) ++*clipped;
+      }
+      sgd.step(coefficient);
       ddp.zero_grad();
     }
     const StateDict state = ddp.model_state_dict();  // whole tensors over dp (this rank's tp slices)
@@ -204,6 +211,41 @@ TEST_P(TensorParallelDdp, DpTimesTpTrainsLikeOneRankWithTheWholeBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zero, TensorParallelDdp, ::testing::Values(0, 1, 2, 3));
+
+// Clipping to a global norm that most steps exceed: parallel::grad_norm over the tp group gives
+// the unsplit model's norm (the split weights' squares summed over the group, the replicated
+// bias's once), so dp 2 x tp 2 clips as one rank does.
+TEST(TensorParallel, ClippingByTheWholeModelsNormTrainsLikeOneRank) {
+  kernels::set_cpu_threads(1);
+  int clipped_one = 0, clipped_mesh = 0;
+  const std::vector<std::vector<float>> one = train_ddp(1, 1, 0, 0.05, &clipped_one);
+  const std::vector<std::vector<float>> mesh = train_ddp(2, 2, 0, 0.05, &clipped_mesh);
+  EXPECT_GT(clipped_one, 10) << "the reference clipped most steps (else the test shows little)";
+  EXPECT_EQ(clipped_mesh, clipped_one);
+  const std::int64_t part = kHidden / 2;
+  for (int r = 0; r < 4; ++r) {
+    const int t = r % 2;
+    EXPECT_LT(max_diff(mesh[static_cast<std::size_t>(2 * r)], slice(one[0], kHidden, kIn, 0, t * part, part)), 1e-5)
+        << "rank " << r;
+    EXPECT_LT(max_diff(mesh[static_cast<std::size_t>(2 * r + 1)], slice(one[1], kOut, kHidden, 1, t * part, part)),
+              1e-5)
+        << "rank " << r;
+  }
+  // Under ZeRO each rank holds a gradient shard: refused, by name.
+  ThreadGroup group(2);
+  try {
+    group.run([&](int r) {
+      nn::Sequential m;
+      m.add<ColumnParallelLinear>(group.communicator(r), kIn, kHidden);
+      m.init(kSeed);
+      ddp::DistributedDataParallel ddp(group.communicator(r), m, {.zero_stage = 1});
+      (void)grad_norm(ddp, group.communicator(r), 1.0);
+    });
+    ADD_FAILURE() << "ZeRO 1 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::grad_norm: ZeRO stage 1"), std::string::npos) << e.what();
+  }
+}
 
 // A model and its optimizer at one tensor-parallel size (1: nn::Linear layers on one rank).
 struct Split {

@@ -35,19 +35,24 @@
 // state under the same names; split_state_dict cuts the slices a model of any tensor-parallel
 // size holds out of such a state: a checkpoint written at tp 4 resumes at tp 2 or 1.
 //
+// Clipping: DistributedDataParallel::grad_norm sums the squares of this rank's slices only;
+// parallel::grad_norm sums the split parameters' over the group and counts the replicated ones
+// (the row-parallel bias, and every parameter of the layers that are not split) once.
+//
 // What is not here yet: attention with the heads split, the vocabulary-parallel embedding and
-// cross-entropy, sequence parallelism, gradient clipping (DistributedDataParallel::grad_norm
-// sums this rank's slices only, not the group's), train::Run writing whole tensors of a split
-// model by itself (a program calls the two functions below around its own save and load), and
-// the trainers' --tp.
+// cross-entropy, sequence parallelism, clipping under ZeRO (parallel::grad_norm refuses it),
+// train::Run writing whole tensors of a split model by itself (a program calls the functions
+// below around its own save and load), and the trainers' --tp.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "tutti/comm/communicator.h"
+#include "tutti/ddp/ddp.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/module.h"
+#include "tutti/optim/clip.h"
 
 namespace tutti::parallel {
 
@@ -111,5 +116,13 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
 // (or an optimizer's) takes. InvalidArgument, naming the entry, where a tensor does not have
 // the whole parameter's shape.
 StateDict split_state_dict(const StateDict& whole, nn::Module& model);
+
+// COLLECTIVE over `group` (one small allreduce), after a backward of `ddp` that completed a
+// step: the global L2 norm of the whole model's reduced gradients, as the unsplit model's would
+// be (the split parameters' squares summed over the group, the others' once), and the clipping
+// coefficient for max_norm to pass to Optimizer::step. One host sync. ZeRO stage 0 only
+// (InvalidArgument otherwise: under ZeRO each rank holds a shard of the gradients, which would
+// need the data-parallel sum too).
+optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm);
 
 }  // namespace tutti::parallel
