@@ -5,7 +5,8 @@
 // the reference's; two SGD steps keep it there. On a dp 2 x tp 2 mesh, DDP over the dp groups
 // of that model, with 2 accumulation steps, at ZeRO 0 and 1, trains like the unsplit model on
 // one rank with the whole batch. A tp 4 state gathered whole (whole_state_dict) equals the
-// unsplit run's, and cut for tp 2 and tp 1 (split_state_dict) continues it. Sizes that do not
+// unsplit run's, and cut for tp 2, tp 1 and tp 2 x dp 2 (split_state_dict) continues it;
+// clipping by parallel::grad_norm clips as one rank does. Sizes that do not
 // divide are refused.
 #include <gtest/gtest.h>
 
@@ -270,9 +271,10 @@ struct Split {
   }
 };
 
-// Whole tensors from tp 4 (whole_state_dict), taken up at tp 2 and tp 1 (split_state_dict):
-// the model and its momentum continue as the unsplit run that never stopped.
-TEST(TensorParallel, ATp4CheckpointResumesAtTp2AndTp1) {
+// Whole tensors from tp 4 (whole_state_dict), taken up at tp 2, at tp 1, and at tp 2 x dp 2
+// under DDP with ZeRO 1 (split_state_dict): the model and its momentum continue as the unsplit
+// run that never stopped.
+TEST(TensorParallel, ATp4CheckpointResumesAtTp2Tp1AndTp2TimesDp2) {
   kernels::set_cpu_threads(1);
   ThreadGroup one(1);
   Split reference(one.communicator(0), 1, kSeed);
@@ -320,6 +322,34 @@ TEST(TensorParallel, ATp4CheckpointResumesAtTp2AndTp1) {
       EXPECT_LT(max_diff(end.at("2.bias").to_floats(), ref_end.at("2.bias").to_floats()), 1e-5) << at;
     });
   }
+  // tp 2 x dp 2 under DDP (ZeRO 1): every dp rank runs the same rows, so the average over dp
+  // is the one rank's gradient.
+  ThreadGroup mesh_ranks(4);
+  mesh_ranks.run([&](int r) {
+    const DeviceMesh mesh = mesh_ranks.mesh(r, {{"dp", 2}, {"tp", 2}});
+    Split resumed(mesh.group("tp"), 2, kSeed + 1);
+    ddp::DistributedDataParallel ddp(mesh.group("dp"), resumed.m, {.zero_stage = 1});
+    ddp.attach(*resumed.sgd);
+    ddp.load_model_state_dict(split_state_dict(whole_model, resumed.m));
+    ddp.load_optimizer_state_dict(*resumed.sgd, split_state_dict(whole_optim, resumed.m));
+    for (int step = 2; step < 4; ++step) {
+      ddp.forward(values(kRows, kIn, 10 + step));
+      ddp.backward(values(kRows, kOut, 50 + step));
+      resumed.sgd->step();
+      ddp.zero_grad();
+    }
+    const StateDict end = ddp.model_state_dict();
+    const int t = mesh.coordinate("tp");
+    const std::int64_t part = kHidden / 2;
+    EXPECT_LT(max_diff(end.at("0.weight").to_floats(),
+                       slice(ref_end.at("0.weight").to_floats(), kHidden, kIn, 0, t * part, part)),
+              1e-5)
+        << "tp 2 x dp 2, rank " << r;
+    EXPECT_LT(max_diff(end.at("2.weight").to_floats(),
+                       slice(ref_end.at("2.weight").to_floats(), kOut, kHidden, 1, t * part, part)),
+              1e-5)
+        << "tp 2 x dp 2, rank " << r;
+  });
   try {
     (void)split_state_dict({{"0.weight", Tensor::zeros({3, 3}, DType::f32)}}, reference.m);  // not split: kept
     ThreadGroup two(2);
