@@ -264,7 +264,9 @@ class TrainFashionMnist(Case):
             p = run(1, flag, value, check=False, env=ENDS_AT_ONCE)
             self.assertEqual(p.returncode, 2, flag)
             self.assertIn(says, p.stdout + p.stderr)
-            self.assertNotIn("1797", p.stdout + p.stderr)
+            # Not DBL_MAX's 309 digits (1.797...e308). Its first eight, not four: mpirun's job id
+            # ("[[17977,1],0]") had "1797" in it once.
+            self.assertNotIn("17976931", p.stdout + p.stderr)
         p = run(2, *SUBSET[:4], "--batch-size", "65", "--max-steps", "1", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("divisible", p.stderr)
