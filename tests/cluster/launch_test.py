@@ -131,9 +131,13 @@ class Case:
         os.chmod(self.mpirun, 0o755)
 
     def launch(self, *opts, program_args=(), timeout=30, signal_after=None):
+        # --relaunch-probe-timeout 4: the probe cut then waits 1 s at least (a quarter of it), so
+        # that a live stand-in host whose probe (a Python process) starts slowly on a loaded
+        # machine is not cut; a CI rehearsal once cut one at 0.30 s with the 2 s default.
         d = self.dir.name
         cmd = [sys.executable, ARGS.launcher, "--hostfile", os.path.join(d, "hosts"), "--mpirun", self.mpirun,
-               "--retry-delay", "0.05", "--probe-timeout", "2", *opts, "--", "prog", "--checkpoint-dir",
+               "--retry-delay", "0.05", "--probe-timeout", "2", "--relaunch-probe-timeout", "4", *opts, "--", "prog",
+               "--checkpoint-dir",
                os.path.join(d, "ckpt"), *program_args]
         t = time.monotonic()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -275,8 +279,8 @@ def probe_cut():
 
 def relaunch_probe_timeout():
     """Before a relaunch, a host lost in the failure (its probe hangs) is given up once the others
-    have answered and twice as long again has passed: well before --relaunch-probe-timeout (5 s
-    here), and --probe-timeout (2 s). With two hosts silent, one silent and one that said no, or
+    have answered and twice as long again has passed, and a quarter of --relaunch-probe-timeout
+    (5 s here): well before that timeout. With two hosts silent, one silent and one that said no, or
     none answering, the probes get the whole timeout: the answers so far may be only the
     launcher's own host's, or a lost host's no, which come back sooner than a live remote host's
     on a loaded machine."""
@@ -286,10 +290,10 @@ def relaunch_probe_timeout():
                      r"([0-9.]+) s\): skipped", c.err)
     expect(said is not None, "the launcher said why b was given up so soon")
     cut, others = float(said.group(1)), float(said.group(2))
-    expect(abs(cut - max(2 * others, others + 0.2)) < 0.011 and cut < 1.5, "cut at %s s, the others in %s s" % (
-        cut, others))
+    expect(abs(cut - max(2 * others, others + 0.2, 5 / 4)) < 0.011 and cut < 2.5,
+           "cut at %s s, the others in %s s" % (cut, others))
     ended = float(open(os.path.join(c.dir.name, "ends")).readline().split()[1])
-    expect(c.attempts[1]["started"] - ended < 1.5, "relaunched %.2f s after the failure" % (
+    expect(c.attempts[1]["started"] - ended < 3, "relaunched %.2f s after the failure (not 5 s)" % (
         c.attempts[1]["started"] - ended))
     c = Case("abcd", [{"steps": 5, "rc": 137, "hang": ["b", "c"], "down": ["d"]}, {"rc": 0}]).launch(
         "--relaunch-probe-timeout", "0.6")
