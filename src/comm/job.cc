@@ -270,6 +270,17 @@ struct Job::Impl {
   }
 
   int take_board_comm() { return next_board_comm++; }
+
+  // COLLECTIVE: a communicator over the ranks that pass the same `color`, ranked by `key`, of
+  // communicator()'s backend, watched like the Job's own and shut down with them
+  // (node_groups, mesh).
+  std::shared_ptr<Communicator> split(int color, int key, const CommOptions& options) {
+    std::shared_ptr<detail::Backend> group =
+        mpi->make_split_backend(color, key, comm->backend() == "nccl", device, options, take_board_comm());
+    std::lock_guard lock(extra_mutex);
+    extra.push_back(group);
+    return group;
+  }
 };
 
 Job::Job(int& argc, char**& argv, JobOptions options) : impl_(std::make_unique<Impl>()) {
@@ -475,18 +486,8 @@ NodeGroups Job::node_groups(CommOptions options, int ranks_per_node) {
       if (r == j.rank) g.node = static_cast<int>(it - seen.begin());
     }
   }
-  const bool nccl = j.comm->backend() == "nccl";
-  std::shared_ptr<detail::Backend> intra =
-      j.mpi->make_split_backend(g.node, local, nccl, j.device, options, j.take_board_comm());
-  std::shared_ptr<detail::Backend> inter =
-      j.mpi->make_split_backend(local, g.node, nccl, j.device, std::move(options), j.take_board_comm());
-  {
-    std::lock_guard lock(j.extra_mutex);
-    j.extra.push_back(intra);
-    j.extra.push_back(inter);
-  }
-  g.intra = std::move(intra);
-  g.inter = std::move(inter);
+  g.intra = j.split(g.node, local, options);
+  g.inter = j.split(local, g.node, options);
   return g;
 }
 
@@ -497,17 +498,10 @@ DeviceMesh Job::mesh(std::vector<MeshDim> dims, CommOptions options) {
   check_same("Job::mesh's dimensions", spelled);
   dims = DeviceMesh::resolve(std::move(dims), j.size);
   auto region = j.watchdog->region("Job::mesh (every rank waits there for all the others)", j.timeout_s);
-  const bool nccl = j.comm->backend() == "nccl";
   const std::vector<int> at = DeviceMesh::coordinates(dims, j.rank);
   std::vector<std::shared_ptr<Communicator>> groups;
   for (std::size_t d = 0; d < dims.size(); ++d) {
-    std::shared_ptr<detail::Backend> group = j.mpi->make_split_backend(
-        DeviceMesh::color(dims, j.rank, static_cast<int>(d)), at[d], nccl, j.device, options, j.take_board_comm());
-    {
-      std::lock_guard lock(j.extra_mutex);
-      j.extra.push_back(group);
-    }
-    groups.push_back(std::move(group));
+    groups.push_back(j.split(DeviceMesh::color(dims, j.rank, static_cast<int>(d)), at[d], options));
   }
   return DeviceMesh(std::move(dims), j.rank, std::move(groups));
 }

@@ -305,6 +305,19 @@ ThreadGroup::~ThreadGroup() {
   impl_->subgroups.clear();
 }
 
+namespace {
+
+// Under g.mutex: rank `rank`'s communicator in the group of `size` thread ranks that `key`
+// (call, kind, color) names, made by the first of its members to ask.
+std::shared_ptr<Communicator> subgroup(ThreadGroup::Impl& g, const std::tuple<std::uint64_t, int, int>& key, int size,
+                                       int rank) {
+  std::shared_ptr<ThreadGroup>& sub = g.subgroups[key];
+  if (!sub) sub = std::make_shared<ThreadGroup>(size, g.options);
+  return std::shared_ptr<Communicator>(sub, &sub->communicator(rank));
+}
+
+}  // namespace
+
 NodeGroups ThreadGroup::node_groups(int rank, const std::vector<int>& node_sizes) {
   Impl& g = *impl_;
   TUTTI_CHECK_ARG(rank >= 0 && rank < g.size, "ThreadGroup::node_groups: rank ", rank, " of ", g.size);
@@ -331,13 +344,8 @@ NodeGroups ThreadGroup::node_groups(int rank, const std::vector<int>& node_sizes
   }
   std::lock_guard lock(g.mutex);
   const std::uint64_t call = g.node_group_calls[static_cast<std::size_t>(rank)]++;
-  auto group = [&](int kind, int color, int size, int sub_rank) {
-    std::shared_ptr<ThreadGroup>& sub = g.subgroups[{call, kind, color}];
-    if (!sub) sub = std::make_shared<ThreadGroup>(size, g.options);
-    return std::shared_ptr<Communicator>(sub, &sub->communicator(sub_rank));
-  };
-  out.intra = group(0, out.node, node_sizes[static_cast<std::size_t>(out.node)], local);
-  out.inter = group(1, local, inter_size, inter_rank);
+  out.intra = subgroup(g, {call, 0, out.node}, node_sizes[static_cast<std::size_t>(out.node)], local);
+  out.inter = subgroup(g, {call, 1, local}, inter_size, inter_rank);
   return out;
 }
 
@@ -351,10 +359,8 @@ DeviceMesh ThreadGroup::mesh(int rank, std::vector<MeshDim> dims) {
   const std::uint64_t call = g.node_group_calls[static_cast<std::size_t>(rank)]++;
   for (std::size_t d = 0; d < dims.size(); ++d) {
     // Kinds 0 and 1 are node_groups' intra and inter; a mesh's dimension d is kind 2 + d.
-    std::shared_ptr<ThreadGroup>& sub =
-        g.subgroups[{call, 2 + static_cast<int>(d), DeviceMesh::color(dims, rank, static_cast<int>(d))}];
-    if (!sub) sub = std::make_shared<ThreadGroup>(dims[d].size, g.options);
-    groups.push_back(std::shared_ptr<Communicator>(sub, &sub->communicator(at[d])));
+    const int dim = static_cast<int>(d);
+    groups.push_back(subgroup(g, {call, 2 + dim, DeviceMesh::color(dims, rank, dim)}, dims[d].size, at[d]));
   }
   return DeviceMesh(std::move(dims), rank, std::move(groups));
 }

@@ -3,6 +3,7 @@
 #include <bit>
 #include <optional>
 
+#include "nn/slices.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/conv.h"
 #include "tutti/kernels/elementwise.h"
@@ -21,18 +22,6 @@ InitSpec WeightInit::spec(double fan_in, double fan_out) const {
   TUTTI_CHECK_ARG(stddev > 0, "WeightInit::normal: the standard deviation must be positive, got ", stddev);
   return InitSpec::normal(stddev);
 }
-
-namespace {
-
-// x viewed as [rows, last] (a 2-D matrix over the last dimension).
-Tensor as_rows(const Tensor& x, std::int64_t last) { return x.reshape({x.numel() / last, last}); }
-
-Shape with_last(Shape shape, std::int64_t last) {
-  shape.back() = last;
-  return shape;
-}
-
-}  // namespace
 
 // ---- Linear ----------------------------------------------------------------------------
 

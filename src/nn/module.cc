@@ -4,34 +4,12 @@
 #include <optional>
 #include <set>
 
+#include "nn/slices.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/nn/init.h"
 
 namespace tutti::nn {
-
-namespace {
-
-// host = the elements [begin, begin + host's size along dim) of `whole` along `dim` (fp32, CPU,
-// contiguous; whole's other dimensions equal host's).
-void copy_init_slice(const Tensor& whole, int dim, std::int64_t begin, Tensor& host) {
-  const Shape& full = whole.shape();
-  TUTTI_CHECK_ARG(dim >= 0 && dim < whole.ndim() && host.ndim() == whole.ndim() &&
-                      begin + host.dim(dim) <= full[static_cast<std::size_t>(dim)],
-                  "Parameter::init_slice: ", host.str(), " from ", begin, " along dimension ", dim, " is not in ",
-                  whole.str());
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim; ++d) outer *= full[static_cast<std::size_t>(d)];
-  for (int d = dim + 1; d < whole.ndim(); ++d) inner *= full[static_cast<std::size_t>(d)];
-  const std::int64_t count = host.dim(dim), along = full[static_cast<std::size_t>(dim)];
-  const float* src = whole.data_as<float>();
-  float* dst = host.data_as<float>();
-  for (std::int64_t o = 0; o < outer; ++o) {
-    std::copy_n(src + (o * along + begin) * inner, count * inner, dst + o * count * inner);
-  }
-}
-
-}  // namespace
 
 Module::Module() : settings_(std::make_shared<ModuleSettings>()) {}
 Module::~Module() = default;
@@ -340,7 +318,7 @@ Module& Module::init(std::uint64_t seed) {
       // A shard: the whole tensor's draw, then this slice of it.
       const Tensor whole = Tensor::empty(slice.full, DType::f32);
       fill_init(whole, spec, rng);
-      copy_init_slice(whole, slice.dim, slice.begin, host);
+      take_slice(whole, slice.dim, slice.begin, host);
     };
     p.initialized = true;
     if (p.deferred) continue;  // the same values, drawn when the parameter is materialized

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "nn/slices.h"
 #include "tutti/kernels/attention.h"
 #include "tutti/kernels/embedding.h"
 #include "tutti/kernels/flash_attention.h"
@@ -10,17 +11,6 @@
 #include "tutti/kernels/rope.h"
 
 namespace tutti::nn {
-
-namespace {
-
-Tensor as_rows(const Tensor& x, std::int64_t last) { return x.reshape({x.numel() / last, last}); }
-
-Shape with_last(Shape shape, std::int64_t last) {
-  shape.back() = last;
-  return shape;
-}
-
-}  // namespace
 
 // ---- TokenPositionEmbedding --------------------------------------------------------------
 

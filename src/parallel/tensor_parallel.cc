@@ -1,10 +1,9 @@
 #include "tutti/parallel/tensor_parallel.h"
 
-#include <algorithm>
 #include <cmath>
-#include <utility>
 #include <vector>
 
+#include "nn/slices.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/reduce.h"
@@ -13,13 +12,8 @@ namespace tutti::parallel {
 
 namespace {
 
-// x viewed as [rows, last] (a 2-D matrix over the last dimension).
-Tensor as_rows(const Tensor& x, std::int64_t last) { return x.reshape({x.numel() / last, last}); }
-
-Shape with_last(Shape shape, std::int64_t last) {
-  shape.back() = last;
-  return shape;
-}
+using nn::as_rows;
+using nn::with_last;
 
 // The part of `whole` features this rank of `group` holds; InvalidArgument unless it divides.
 std::int64_t part_of(const Communicator& group, std::int64_t whole, const char* layer, const char* what) {
@@ -34,68 +28,30 @@ void sum_over(Communicator& group, const Tensor& t, const Stream& stream, const 
   group.allreduce(t, ReduceOp::sum, {.label = label, .stream = stream}).wait(stream);
 }
 
-nn::Flops linear_flops(const nn::Module& m, std::int64_t in, std::int64_t out, const Shape& sample) {
-  // Every row of the sample is one [in] x [in, out] product, this rank's share of the layer's.
-  double rows = 1;
-  for (std::size_t i = 0; i + 1 < sample.size(); ++i) rows *= static_cast<double>(sample[i]);
-  const double forward = 2.0 * rows * static_cast<double>(in) * static_cast<double>(out);
-  return {forward, m.backward_flops(forward)};
-}
-
 }  // namespace
 
 // ---- ColumnParallelLinear -----------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
                                            nn::LinearOptions options)
-    : weight({part_of(group, out_features, "ColumnParallelLinear", "out_features"), in_features},
-             options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features))),
-      bias({options.bias ? out_features / group.size() : 0}, nn::InitSpec::zeros()),
+    : nn::Linear(in_features, part_of(group, out_features, "ColumnParallelLinear", "out_features"), options),
       group_(group),
       in_(in_features),
-      out_(out_features),
-      part_(out_features / group.size()),
-      has_bias_(options.bias) {
-  TUTTI_CHECK_ARG(in_features > 0, "ColumnParallelLinear(", in_features, ", ", out_features,
-                  "): sizes must be positive");
-  // Rows [r·part, (r+1)·part) of the whole [out, in] weight and of the bias.
-  weight.init_slice = {{out_, in_}, 0, group.rank() * part_};
-  bias.init_slice = {{out_}, 0, group.rank() * part_};
-  bias.no_weight_decay = true;
-  register_parameter("weight", weight);
-  if (has_bias_) register_parameter("bias", bias);
+      out_(out_features) {
+  // Rows [r·part, (r+1)·part) of the whole [out, in] weight and of the bias, drawn as the whole
+  // layer's (its fan-out, not the part's).
+  const std::int64_t part = out_features / group.size();
+  weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
+  weight.init_slice = {{out_, in_}, 0, group.rank() * part};
+  bias.init_slice = {{out_}, 0, group.rank() * part};
 }
 
 std::string ColumnParallelLinear::describe() const {
   return detail::str("ColumnParallelLinear(", in_, ", ", out_, ", tp ", group_.size(), ")");
 }
 
-nn::Flops ColumnParallelLinear::flops(const Shape& sample, Shape& out) const {
-  out = sample;
-  if (out.empty()) out.push_back(in_);
-  out.back() = part_;
-  return linear_flops(*this, in_, part_, sample);
-}
-
-Tensor ColumnParallelLinear::forward_impl(const Tensor& x) {
-  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in_, describe(), ": input ", x.str(), " must end in ", in_);
-  x_ = x;
-  Tensor y = buffer(0, with_last(x.shape(), part_), x.dtype());
-  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(),
-                          as_rows(y, part_), stream());
-  return y;
-}
-
 Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
-  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  TUTTI_CHECK_ARG(dy.numel() == x_.numel() / in_ * part_, describe(), ": dy ", dy.str(), " does not match the output");
-  Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
-  Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
-  Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
-  kernels::linear_backward(as_rows(x_, in_), weight.compute_value(), as_rows(dy, part_),
-                           dx.defined() ? as_rows(dx, in_) : Tensor(), dw, db, /*accumulate_params=*/true, stream());
-  if (db.defined()) grad_ready(bias);
-  if (weight.requires_grad) grad_ready(weight);
+  Tensor dx = nn::Linear::backward_impl(dy);
   // Each rank's features contributed their part of the input gradient: the sum is the whole.
   if (dx.defined()) sum_over(group_, dx, stream(), describe() + " input gradient");
   return dx;
@@ -129,7 +85,11 @@ nn::Flops RowParallelLinear::flops(const Shape& sample, Shape& out) const {
   out = sample;
   if (out.empty()) out.push_back(part_);
   out.back() = out_;
-  return linear_flops(*this, part_, out_, sample);
+  // Every row of the sample is one [in/tp] x [in/tp, out] product: this rank's share.
+  double rows = 1;
+  for (std::size_t i = 0; i + 1 < sample.size(); ++i) rows *= static_cast<double>(sample[i]);
+  const double forward = 2.0 * rows * static_cast<double>(part_) * static_cast<double>(out_);
+  return {forward, backward_flops(forward)};
 }
 
 Tensor RowParallelLinear::forward_impl(const Tensor& x) {
@@ -175,14 +135,6 @@ const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, cons
   return nullptr;
 }
 
-// Products of the dimensions before and after `dim`.
-std::pair<std::int64_t, std::int64_t> outer_inner(const Shape& shape, int dim) {
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim; ++d) outer *= shape[static_cast<std::size_t>(d)];
-  for (std::size_t d = static_cast<std::size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
-  return {outer, inner};
-}
-
 }  // namespace
 
 StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group) {
@@ -206,14 +158,8 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     call.label = "whole_state_dict " + key;
     group.allgather(slice.reshape({slice.numel()}), gathered, call).wait();
     const Tensor whole = Tensor::empty(s.full, DType::f32);
-    const auto [outer, inner] = outer_inner(s.full, s.dim);
-    const float* src = gathered.data_as<float>();
-    float* dst = whole.data_as<float>();
-    const std::int64_t along = s.full[static_cast<std::size_t>(s.dim)];
     for (int r = 0; r < group.size(); ++r) {
-      for (std::int64_t o = 0; o < outer; ++o) {
-        std::copy_n(src + r * slice.numel() + o * count * inner, count * inner, dst + (o * along + r * count) * inner);
-      }
+      nn::put_slice(gathered.view(r * slice.numel(), p->shape()), s.dim, r * count, whole);
     }
     out[key] = whole;
   }
@@ -233,16 +179,8 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
     TUTTI_CHECK_ARG(t.shape() == s.full, "split_state_dict: '", key, "' is ", t.str(), ", not the whole ", p->name,
                     " (", shape_str(s.full), ")");
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "split_state_dict: '", key, "' is ", t.str(), ", not f32");
-    const Tensor src_t = t.to(Device::cpu());
     const Tensor part = Tensor::empty(p->shape(), DType::f32);
-    const auto [outer, inner] = outer_inner(s.full, s.dim);
-    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)];
-    const std::int64_t along = s.full[static_cast<std::size_t>(s.dim)];
-    const float* src = src_t.data_as<float>();
-    float* dst = part.data_as<float>();
-    for (std::int64_t o = 0; o < outer; ++o) {
-      std::copy_n(src + (o * along + s.begin) * inner, count * inner, dst + o * count * inner);
-    }
+    nn::take_slice(t.to(Device::cpu()), s.dim, s.begin, part);
     out[key] = part;
   }
   return out;

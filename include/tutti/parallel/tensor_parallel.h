@@ -57,27 +57,22 @@
 namespace tutti::parallel {
 
 // y[..., out/tp] = x[..., in] · weight[out/tp, in]^T + bias[out/tp]: this rank's features of
-// nn::Linear(in, out)'s output. out must divide by the group's size (InvalidArgument).
-// Forward: no communication. Backward: the input gradient is summed over the group
-// (COLLECTIVE).
-class ColumnParallelLinear : public nn::Module {
+// nn::Linear(in, out)'s output. An nn::Linear(in, out/tp) (weight [out/tp, in], bias [out/tp];
+// its forward and FLOPs as they are) whose initial values are its rows of the whole layer's and
+// whose input gradient is summed over the group in backward (COLLECTIVE). out must divide by
+// the group's size (InvalidArgument).
+class ColumnParallelLinear : public nn::Linear {
  public:
   ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
                        nn::LinearOptions options = {});
-  nn::Parameter weight;  // [out/tp, in]
-  nn::Parameter bias;    // [out/tp]; a [0]-shaped, unregistered placeholder without a bias
   std::string describe() const override;
-  nn::Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
-  Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Communicator& group_;
-  std::int64_t in_, out_, part_;  // part_ = out / tp
-  bool has_bias_;
-  Tensor x_;
+  std::int64_t in_, out_;
 };
 
 // y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear
