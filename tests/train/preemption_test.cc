@@ -100,7 +100,12 @@ TEST(PreemptionWatcher, PollsAnHttpServiceThatPlaysTheMetadataServer) {
     // A 404 is no notice; a port nobody listens on is no notice either, and says why.
     PreemptionWatcher none({.source = base + "/{host}/spot", .poll_seconds = 0.01}, "node3");
     PreemptionWatcher away({.source = "http://127.0.0.1:1/x", .poll_seconds = 0.01, .timeout_seconds = 0.2}, "h");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Until `away`'s first poll has given up (0.2 s, more on a loaded machine), `none` polling
+    // meanwhile. It was a fixed 0.3 s: the one timing this test rested on, and the test failed
+    // once under ctest -j4 (its output not kept, so the cause is a guess).
+    for (int i = 0; i < 500 && away.last_error().empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     EXPECT_FALSE(none.noticed());
     EXPECT_TRUE(none.last_error().empty()) << none.last_error();
     EXPECT_FALSE(away.noticed());
