@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -217,7 +218,7 @@ TEST(Zero3, GroupsPerResidualBlockAndRecomputationMatchStageZero) {
 // After a forward, the resident group (embeddings, ln_f) is whole, and of the three layers'
 // groups at most two: the last one forward used and the one before it; layer 0 was released.
 TEST(Zero3, AtMostTwoGroupsAreWholeAndTheGroupBeforeIsReleased) {
-  int checked = 0;
+  std::atomic<int> checked = 0;  // both rank threads count
   TrainRun run{.ranks = 2, .steps = 2};
   run.after_forward = [&](nn::Module& model, DistributedDataParallel& ddp) {
     std::set<std::string> whole;
