@@ -285,9 +285,9 @@ int powersgd_rank(const std::string& allreduce) {
   return static_cast<int>(value);
 }
 
-void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o) {
+std::shared_ptr<tutti::ddp::CommHook> comm_hook(const RunFlags& f, const tutti::ddp::DdpOptions& o) {
   const int rank = powersgd_rank(f.allreduce);
-  if (rank == 0) return;
+  if (rank == 0) return nullptr;
   TUTTI_CHECK_ARG(f.zero == 0, "--allreduce ", f.allreduce, " (PowerSGD) needs --zero 0, got --zero ", f.zero);
   TUTTI_CHECK_ARG(!f.deterministic, "--allreduce ", f.allreduce,
                   " (PowerSGD) cannot be combined with --deterministic (an exact, uncompressed sum)");
@@ -301,7 +301,7 @@ void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o) {
   tutti::ddp::PowerSgdOptions p;
   p.rank = rank;
   p.start_step = f.powersgd_start;
-  o.reducer.powersgd = p;
+  return std::make_shared<tutti::ddp::PowerSgdHook>(p);
 }
 
 tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,

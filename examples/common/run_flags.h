@@ -91,10 +91,11 @@ tutti::Communicator& ddp_communicator(tutti::Job& job, const RunFlags& f,
 // R is not a whole number >= 1.
 int powersgd_rank(const std::string& allreduce);
 
-// Sets o.reducer.powersgd for --allreduce powersgd:R and --powersgd-start (call after setting
-// o.reducer.grad_comm_dtype and before constructing DDP). Throws InvalidArgument naming the flags
-// where PowerSGD cannot apply (--zero 1-3, --deterministic, --precision fp16, a half --grad-comm).
-void apply_allreduce(const RunFlags& f, tutti::ddp::DdpOptions& o);
+// The communication hook of --allreduce powersgd:R and --powersgd-start (a ddp::PowerSgdHook;
+// nullptr for the other values), for DistributedDataParallel::register_comm_hook. Call after
+// setting o's grad_comm_dtype. Throws InvalidArgument naming the flags where PowerSGD cannot
+// apply (--zero 1-3, --deterministic, --precision fp16, a half --grad-comm).
+std::shared_ptr<tutti::ddp::CommHook> comm_hook(const RunFlags& f, const tutti::ddp::DdpOptions& o);
 
 // The accumulation steps of a global batch over `world` ranks: --accum-steps (`accum`) as given,
 // or with --max-micro-batch M the fewest (at least `accum`) that keep each rank's micro-batch at

@@ -154,9 +154,10 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
   ddp_options.deterministic = f.deterministic;
-  example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
-  example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
+  example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), *model, ddp_options);
+  if (hook) ddp.register_comm_hook(hook);
 
   std::unique_ptr<tutti::optim::Optimizer> optimizer;
   double lr = f.lr, weight_decay = f.weight_decay;

@@ -188,9 +188,10 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.zero_stage = f.zero;
   ddp_options.gather_group = gpt::gather_groups(config);  // ZeRO-3: a transformer layer per group
   ddp_options.deterministic = f.deterministic;
-  example::apply_allreduce(f, ddp_options);  // --allreduce powersgd:R
-  example::Sync sync(job, f);                // --sync, --allreduce: what DDP runs over (COLLECTIVE)
+  const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
+  example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
+  if (hook) ddp.register_comm_hook(hook);
   // What building, loading and sharding the model took at its worst (the optimizer's state is
   // not made yet).
   const std::int64_t setup_peak_bytes = tutti::Storage::peak_bytes(device);

@@ -22,6 +22,7 @@
 #include "tutti/data/idx.h"
 #include "tutti/data/loader.h"
 #include "tutti/data/tokens.h"
+#include "tutti/ddp/comm_hook.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/ddp/diloco.h"
 #include "tutti/ddp/powersgd.h"

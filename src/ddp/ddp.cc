@@ -36,12 +36,6 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   TUTTI_CHECK_ARG(!options_.deterministic || options_.zero_stage < 2,
                   "DistributedDataParallel: deterministic needs zero_stage 0 or 1, got ", options_.zero_stage,
                   " (ZeRO-2 and 3 keep no full gradient buffer to sum the slices into)");
-  TUTTI_CHECK_ARG(!options_.reducer.powersgd || options_.zero_stage == 0,
-                  "DistributedDataParallel: reducer.powersgd (PowerSGD) needs zero_stage 0, got ", options_.zero_stage,
-                  " (it compresses the allreduce of whole gradients)");
-  TUTTI_CHECK_ARG(!options_.reducer.powersgd || !options_.deterministic,
-                  "DistributedDataParallel: reducer.powersgd (PowerSGD) and deterministic cannot be combined (the "
-                  "deterministic sum is exact and uncompressed)");
   ErrorContext context("setting up DistributedDataParallel on rank " + std::to_string(comm.rank()) + " of " +
                        std::to_string(comm.size()));
   if (options_.verify_model) verify_same_model();
@@ -465,6 +459,17 @@ DdpMemory DistributedDataParallel::memory() const {
   m.optimizer_state = attached_ != nullptr ? attached_->state_bytes() : 0;
   m.communication = reducer_->communication_bytes() + (exact_ ? exact_->bytes() : 0);
   return m;
+}
+
+void DistributedDataParallel::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  TUTTI_CHECK_ARG(hook != nullptr, "DistributedDataParallel::register_comm_hook: the hook is null");
+  TUTTI_CHECK_ARG(options_.zero_stage == 0, "DistributedDataParallel::register_comm_hook: the hook '", hook->name(),
+                  "' needs zero_stage 0, got ", options_.zero_stage,
+                  " (a hook replaces the allreduce of whole gradients; ZeRO reduce-scatters)");
+  TUTTI_CHECK_ARG(!options_.deterministic, "DistributedDataParallel::register_comm_hook: the hook '", hook->name(),
+                  "' and deterministic cannot be combined (the deterministic sum is exact and never reaches the "
+                  "reducer's allreduce)");
+  reducer_->register_comm_hook(std::move(hook));
 }
 
 }  // namespace tutti::ddp

@@ -50,9 +50,10 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
   TUTTI_CHECK_ARG(groups_.intra && groups_.inter && !groups_.node_sizes.empty(),
                   "DiLoCo: the NodeGroups have no communicators (make them with Job::node_groups or "
                   "ThreadGroup::node_groups)");
-  TUTTI_CHECK_ARG(!inner_.options().reducer.powersgd,
-                  "--sync diloco with --allreduce powersgd: DiLoCo's inner DDP must not compress "
-                  "(DdpOptions::reducer.powersgd); DiLoCo already communicates across nodes only every H steps");
+  TUTTI_CHECK_ARG(inner_.reducer().comm_hook() == nullptr, "--sync diloco with --allreduce ",
+                  inner_.reducer().comm_hook() ? inner_.reducer().comm_hook()->name() : "",
+                  ": DiLoCo's inner DDP must have no communication hook (register_comm_hook); DiLoCo already "
+                  "communicates across nodes only every H steps");
   TUTTI_CHECK_ARG(options_.sync_every >= 1, "--sync diloco:H: H (DiLoCoOptions::sync_every) must be at least 1, not ",
                   options_.sync_every);
   TUTTI_CHECK_ARG(options_.outer_lr > 0, "--outer-lr: the outer learning rate must be > 0, not ", options_.outer_lr);

@@ -1,7 +1,7 @@
 // The Reducer's PowerSGD (tutti/ddp/powersgd.h says what it computes and promises): per bucket,
 // a first half when the bucket is ready (error feedback, P = M·Q, the allreduces of P and of the
 // uncompressed gradients) and a second half in the Reducer's finish() (orthonormalize P,
-// Q = M^T·P, the allreduce of Q, M = P·Q^T, the new error). Internal to the Reducer.
+// Q = M^T·P, the allreduce of Q, M = P·Q^T, the new error). Internal to PowerSgdHook.
 #pragma once
 
 #include <cstdint>

@@ -32,22 +32,22 @@ bool is_scalar_key(const std::string& key) {
 
 const Tensor& entry(const StateDict& state, const std::string& key) {
   const auto it = state.find(key);
-  TUTTI_CHECK_ARG(it != state.end(), "load_powersgd_state_dict: no entry '", key,
+  TUTTI_CHECK_ARG(it != state.end(), "PowerSgdHook::load_state_dict: no entry '", key,
                   "' (the PowerSGD state is truncated)");
   return it->second;
 }
 
 std::int64_t integer(const StateDict& state, const std::string& key) {
   const Tensor& t = entry(state, key);
-  TUTTI_CHECK_ARG(t.numel() == 1 && t.dtype() == DType::i64 && t.device().is_cpu(), "load_powersgd_state_dict: '", key,
-                  "' is ", t.str(), ", not an i64 scalar");
+  TUTTI_CHECK_ARG(t.numel() == 1 && t.dtype() == DType::i64 && t.device().is_cpu(), "PowerSgdHook::load_state_dict: '",
+                  key, "' is ", t.str(), ", not an i64 scalar");
   return t.to_ints()[0];
 }
 
 float real(const StateDict& state, const std::string& key) {
   const Tensor& t = entry(state, key);
-  TUTTI_CHECK_ARG(t.numel() == 1 && t.dtype() == DType::f32 && t.device().is_cpu(), "load_powersgd_state_dict: '", key,
-                  "' is ", t.str(), ", not an f32 scalar");
+  TUTTI_CHECK_ARG(t.numel() == 1 && t.dtype() == DType::f32 && t.device().is_cpu(), "PowerSgdHook::load_state_dict: '",
+                  key, "' is ", t.str(), ", not an f32 scalar");
   return t.to_floats()[0];
 }
 
@@ -122,8 +122,8 @@ std::string PowerSgd::load_state_dict(const nn::FlatPlan& plan, const StateDict&
     return "the checkpoint holds no PowerSGD state: " + afresh;
   }
   const std::int64_t step = integer(state, kStep), ranks = integer(state, kRanks), drawn = integer(state, kQDrawn);
-  TUTTI_CHECK_ARG(step >= 0 && ranks >= 1 && (drawn == 0 || drawn == 1), "load_powersgd_state_dict: '", kStep, "' ",
-                  step, ", '", kRanks, "' ", ranks, ", '", kQDrawn, "' ", drawn, " are not a PowerSGD state");
+  TUTTI_CHECK_ARG(step >= 0 && ranks >= 1 && (drawn == 0 || drawn == 1), "PowerSgdHook::load_state_dict: '", kStep,
+                  "' ", step, ", '", kRanks, "' ", ranks, ", '", kQDrawn, "' ", drawn, " are not a PowerSGD state");
   // The options that decide which matrices are compressed, the shapes of their state and what it
   // means: another value restarts PowerSGD (its state would not fit, or mean something else).
   std::string other;
@@ -156,10 +156,10 @@ std::string PowerSgd::load_state_dict(const nn::FlatPlan& plan, const StateDict&
   for (const auto& [key, t] : state) {
     if (is_scalar_key(key)) continue;
     const auto it = expected.find(key);
-    TUTTI_CHECK_ARG(it != expected.end(), "load_powersgd_state_dict: entry '", key,
+    TUTTI_CHECK_ARG(it != expected.end(), "PowerSgdHook::load_state_dict: entry '", key,
                     "' is no matrix that PowerSGD compresses here (a checkpoint of another model?)");
-    TUTTI_CHECK_ARG(t.shape() == it->second && t.dtype() == DType::f32, "load_powersgd_state_dict: '", key, "' is ",
-                    t.str(), " but PowerSGD's is ", shape_str(it->second), " f32");
+    TUTTI_CHECK_ARG(t.shape() == it->second && t.dtype() == DType::f32, "PowerSgdHook::load_state_dict: '", key,
+                    "' is ", t.str(), " but PowerSGD's is ", shape_str(it->second), " f32");
   }
   for (const auto& [key, shape] : expected) (void)entry(state, key);
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "powersgd.h"
 #include "tutti/core/error.h"
 #include "tutti/core/trace.h"
 #include "tutti/kernels/cast.h"
@@ -64,22 +63,6 @@ Reducer::Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device
     }
   }
   found_ = Tensor::zeros({1}, DType::i32, device_);
-  if (options_.powersgd) {
-    const PowerSgdOptions& p = *options_.powersgd;
-    TUTTI_CHECK_ARG(options_.sharding == GradientSharding::none,
-                    "Reducer: ReducerOptions::powersgd (PowerSGD) needs sharding none: it compresses allreduces, not "
-                    "reduce-scatters (ZeRO)");
-    TUTTI_CHECK_ARG(grad_dtype_ == DType::f32 && wire == DType::f32,
-                    "Reducer: ReducerOptions::powersgd (PowerSGD) needs f32 gradients and grad_comm_dtype f32, got ",
-                    name_of(grad_dtype_), " and ", name_of(wire));
-    TUTTI_CHECK_ARG(options_.average, "Reducer: ReducerOptions::powersgd (PowerSGD) needs average = true");
-    TUTTI_CHECK_ARG(p.rank >= 1, "Reducer: ReducerOptions::powersgd.rank must be >= 1, got ", p.rank);
-    TUTTI_CHECK_ARG(p.start_step >= 0, "Reducer: ReducerOptions::powersgd.start_step must be >= 0, got ", p.start_step);
-    TUTTI_CHECK_ARG(p.min_compression_ratio >= 0,
-                    "Reducer: ReducerOptions::powersgd.min_compression_ratio must be >= 0, got ",
-                    p.min_compression_ratio);
-    powersgd_ = std::make_unique<PowerSgd>(comm_, *plan_, buffer_, p);
-  }
   marked_.assign(plan_->entries.size(), false);
 }
 
@@ -296,7 +279,7 @@ void Reducer::launch(int b) {
     launched_any_ = true;
   }
   if (compressing()) {
-    stats_.bytes_reduced += powersgd_->launch(b, stream_);
+    stats_.bytes_reduced += hook_->launch(b, stream_);
     bucket.launched = true;
     step_started_ = true;
     return;
@@ -349,7 +332,7 @@ const Tensor& Reducer::finish(double divisor) {
         b.work.wait(stream_);
         stats_.comm_run_ms += b.work.run_ms().value_or(0.0);
       }
-      if (compressing()) stats_.bytes_reduced += powersgd_->finish(stream_, &stats_.comm_run_ms);
+      if (compressing()) stats_.bytes_reduced += hook_->finish(stream_, &stats_.comm_run_ms);
     }
     const Clock::time_point t_done = Clock::now();
     if (trace::on()) {
@@ -387,7 +370,7 @@ const Tensor& Reducer::finish(double divisor) {
     }
     phase_ = Phase::reduced;
     step_started_ = false;
-    if (powersgd_) powersgd_->end_step();
+    if (hook_) hook_->end_step();
 
     const Clock::time_point t_end = Clock::now();
     stats_.buckets = bucket_count();
@@ -416,35 +399,22 @@ std::int64_t Reducer::communication_bytes() const {
     bytes += static_cast<std::int64_t>(s.grads.nbytes());
     if (s.staging.defined()) bytes += static_cast<std::int64_t>(s.staging.nbytes());
   }
-  return bytes + (powersgd_ ? powersgd_->bytes() : 0);
+  return bytes + (hook_ ? hook_->bytes() : 0);
 }
 
-std::int64_t Reducer::powersgd_compressed_count() const { return powersgd_ ? powersgd_->compressed_count() : 0; }
-std::int64_t Reducer::powersgd_compressed_numel() const { return powersgd_ ? powersgd_->compressed_numel() : 0; }
-
-StateDict Reducer::powersgd_state_dict(const Stream& stream) {
-  require_usable("powersgd_state_dict");
-  TUTTI_CHECK(phase_ != Phase::reducing,
-              "Reducer::powersgd_state_dict: a synchronized pass is in progress (finish() it first)");
-  if (!powersgd_) return {};
-  ErrorContext context("saving PowerSGD's state");
-  return powersgd_->state_dict(*plan_, stream);
+void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  require_usable("register_comm_hook");
+  TUTTI_CHECK_ARG(hook != nullptr, "Reducer::register_comm_hook: the hook is null");
+  TUTTI_CHECK_ARG(hook_ == nullptr, "Reducer::register_comm_hook: a hook ('", hook_->name(),
+                  "') is registered already; a reducer takes one");
+  TUTTI_CHECK(phase_ == Phase::idle && !step_started_,
+              "Reducer::register_comm_hook: only between steps (the reducer is ", phase_name(phase_), ")");
+  ErrorContext context("registering the communication hook '" + hook->name() + "'");
+  hook->bind(CommHookContext{comm_, plan_, buffer_, *options_.grad_comm_dtype, options_});
+  hook_ = std::move(hook);
 }
 
-std::string Reducer::load_powersgd_state_dict(const StateDict& state, const Stream& stream) {
-  require_usable("load_powersgd_state_dict");
-  TUTTI_CHECK(phase_ != Phase::reducing,
-              "Reducer::load_powersgd_state_dict: a synchronized pass is in progress (finish() it first)");
-  if (!powersgd_) {
-    return state.empty() ? ""
-                         : "the checkpoint holds PowerSGD state but this run does not compress: it is not used (the "
-                           "error feedback it still owed is dropped)";
-  }
-  ErrorContext context("loading PowerSGD's state");
-  return powersgd_->load_state_dict(*plan_, state, stream);
-}
-
-bool Reducer::compressing() const { return powersgd_ && powersgd_->active(); }
+bool Reducer::compressing() const { return hook_ && hook_->active(); }
 
 void Reducer::zero() {
   require_usable("zero");

@@ -1,7 +1,7 @@
 // DistributedDataParallel's checkpoints: the whole state tensors whatever the stage and world
 // size (model_state_dict, optimizer_state_dict and their loads; under ZeRO they gather or take
-// this rank's shard), the live views at stage 0, PowerSGD's state (the Reducer's), and the flat
-// parameter vector DiLoCo reads and sets.
+// this rank's shard), the live views at stage 0, and the flat parameter
+// vector DiLoCo reads and sets.
 #include <set>
 
 #include "ddp/plan_state.h"
@@ -158,12 +158,6 @@ StateDict DistributedDataParallel::optimizer_state_views(optim::Optimizer& optim
 
 void DistributedDataParallel::load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state) {
   optimizer.load_state_dict(state);
-}
-
-StateDict DistributedDataParallel::powersgd_state_dict() { return reducer_->powersgd_state_dict(model_.stream()); }
-
-std::string DistributedDataParallel::load_powersgd_state_dict(const StateDict& state) {
-  return reducer_->load_powersgd_state_dict(state, model_.stream());
 }
 
 }  // namespace tutti::ddp

@@ -2,8 +2,10 @@
 // writes one (write_checkpoint), with its once-a-step hook (check_background_work).
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "io/checkpoint_file.h"
 #include "train/run_impl.h"
@@ -81,6 +83,35 @@ void Run::Impl::resume_from_checkpoint() {
   if (options.snapshots.every != 0 && !snapshots) snapshots = make_snapshots(run_id.empty() ? new_run_id("") : run_id);
 }
 
+namespace {
+
+// State the checkpoint holds that no part of this run reads, by its first name component
+// (" (the checkpoint's 'powersgd.' state, 12 tensor(s), is read by no part of this run: not
+// used)"): the state of a component the saving run had and this one lacks.
+std::string unread_state_note(const StateDict& saved, const std::vector<State::Entry>& entries) {
+  for (const State::Entry& e : entries) {
+    if (e.prefix.empty()) return "";  // it may read any name
+  }
+  std::map<std::string, int> unread;
+  for (const auto& entry : saved) {
+    const std::string& key = entry.first;
+    bool read = false;
+    for (const char* own : {"model.", "optim.", "scaler.", "train."}) read = read || key.starts_with(own);
+    for (const State::Entry& e : entries) read = read || key.starts_with(e.prefix);
+    if (read) continue;
+    const std::size_t dot = key.find('.');
+    ++unread[dot == std::string::npos ? key : key.substr(0, dot + 1)];
+  }
+  std::string note;
+  for (const auto& [group, count] : unread) {
+    note += " (the checkpoint's '" + group + "' state, " + std::to_string(count) +
+            " tensor(s), is read by no part of this run: not used)";
+  }
+  return note;
+}
+
+}  // namespace
+
 void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source) {
   for (const std::string& key : options.must_match) {
     const auto mine = options.metadata.find(key);
@@ -111,6 +142,7 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
                                  : e.load(io::strip_prefix(ckpt.state, e.prefix));
     if (!said.empty()) note += " (" + said + ")";
   }
+  note += unread_state_note(ckpt.state, state.entries);
   step = get_int_scalar(ckpt.state, kStep);
   if (ckpt.state.count(kLastLoss)) loss = get_scalar(ckpt.state, kLastLoss);
   if (ckpt.state.count(kUsefulUs)) restored_useful_s = static_cast<double>(get_int_scalar(ckpt.state, kUsefulUs)) / 1e6;

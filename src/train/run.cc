@@ -72,12 +72,12 @@ Resume parse_resume(std::string_view text) {
 
 State::State(ddp::DistributedDataParallel& d, optim::Optimizer& o, amp::LossScaler& s)
     : ddp(&d), optimizer(&o), scaler(&s) {
-  // PowerSGD's error feedback and Q: an entry like any other. Read even by a run without
-  // PowerSGD, whose note then says that the checkpoint's is not used.
-  const bool powersgd = d.options().reducer.powersgd.has_value();
-  add(Entry{"powersgd.", [&d, powersgd] { return powersgd ? d.powersgd_state_dict() : StateDict{}; },
-            [&d](const StateDict& saved) { return d.load_powersgd_state_dict(saved); }, powersgd,
-            powersgd ? "memory snapshots keep no PowerSGD state: PowerSGD starts afresh" : ""});
+  // The communication hook's state (PowerSGD's error feedback and Q): an entry like any other.
+  if (ddp::CommHook* hook = d.reducer().comm_hook()) {
+    add(Entry{hook->name() + ".", [hook, &d] { return hook->state_dict(d.module().stream()); },
+              [hook, &d](const StateDict& saved) { return hook->load_state_dict(saved, d.module().stream()); },
+              hook->collective_state(), hook->not_in_snapshots()});
+  }
 }
 
 State& State::add(Entry entry) {
@@ -96,13 +96,14 @@ State& State::add(const std::string& prefix, std::function<StateDict()> save,
 }
 
 State& State::add_scalar(const std::string& name, double& value) {
+  // An entry whose prefix is the whole name: its one tensor is "" under it.
   return add(
-      "",
-      [name, &value] {
-        return StateDict{{name, scalar_tensor(value)}};
+      name,
+      [&value] {
+        return StateDict{{"", scalar_tensor(value)}};
       },
-      [name, &value](const StateDict& s) {
-        if (s.count(name)) value = get_scalar(s, name);
+      [&value](const StateDict& s) {
+        if (s.count("")) value = get_scalar(s, "");
       });
 }
 

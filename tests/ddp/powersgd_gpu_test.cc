@@ -1,4 +1,4 @@
-// PowerSGD's GPU path (ReducerOptions::powersgd on a GPU buffer: kernels::matmul on the device,
+// PowerSGD's GPU path (PowerSgdHook on a GPU buffer: kernels::matmul on the device,
 // P copied to the host for the orthonormalization and back, the collectives on the job's
 // communicator, nccl where each rank has a GPU) against its CPU path on the same gradients
 // (a CPU reducer over an mpi communicator): the same reduced gradients, step after step, with
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "ddp_world.h"
+#include "tutti/ddp/powersgd.h"
 #include "tutti/ddp/reducer.h"
 
 namespace tutti::ddp {
@@ -81,20 +82,27 @@ TEST(PowerSgdGpu, EqualsTheCpuPathAcrossACheckpoint) {
   if (!world().device().is_cuda()) GTEST_SKIP() << "no GPU visible: PowerSGD's GPU path not run";
   static std::shared_ptr<Communicator> cpu_comm =
       world().new_communicator({.timeout = std::chrono::seconds(60)}, "mpi");
-  ReducerOptions ro;
-  ro.powersgd = PowerSgdOptions{.rank = 2, .start_step = 1};
+  const PowerSgdOptions ro{.rank = 2, .start_step = 1};
   nn::FlatPlanOptions po;
   po.first_bucket_cap_mb = 300 * 4 / 1048576.0;  // two buckets
   const nn::FlatPlan plan = nn::make_flat_plan(specs(), po);
-  auto gpu = std::make_unique<Reducer>(world().communicator(), plan, DType::f32, world().device(), ro);
-  Reducer cpu(*cpu_comm, plan, DType::f32, Device::cpu(), ro);
-  ASSERT_EQ(gpu->powersgd_compressed_count(), 3);
+  // A reducer with its own PowerSGD hook.
+  auto reducer = [&](Communicator& comm, Device device) {
+    auto r = std::make_unique<Reducer>(comm, plan, DType::f32, device);
+    r->register_comm_hook(std::make_shared<PowerSgdHook>(ro));
+    return r;
+  };
+  auto hook_of = [](Reducer& r) -> CommHook& { return *r.comm_hook(); };
+  auto gpu = reducer(world().communicator(), world().device());
+  const auto cpu_owner = reducer(*cpu_comm, Device::cpu());
+  Reducer& cpu = *cpu_owner;
+  ASSERT_EQ(dynamic_cast<PowerSgdHook&>(hook_of(*gpu)).compressed_count(), 3);
   const Stream stream = Stream::create(world().device());
   std::vector<float> restarted;  // step 3 of a fresh GPU reducer that did not load the state
   for (int step = 0; step < 6; ++step) {
     if (step == 3) {
-      const StateDict want = cpu.powersgd_state_dict();
-      const StateDict got = gpu->powersgd_state_dict(stream);
+      const StateDict want = hook_of(cpu).state_dict(Stream());
+      const StateDict got = hook_of(*gpu).state_dict(stream);
       ASSERT_EQ(got.size(), want.size());
       for (const auto& [key, t] : want) {
         ASSERT_TRUE(got.count(key)) << key;
@@ -104,10 +112,9 @@ TEST(PowerSgdGpu, EqualsTheCpuPathAcrossACheckpoint) {
           EXPECT_LT(rel_l2(got.at(key).to_floats(), t.to_floats()), 1e-3) << key;
         if (t.dtype() == DType::i64) EXPECT_EQ(got.at(key).to_ints(), t.to_ints()) << key;
       }
-      Reducer fresh(world().communicator(), plan, DType::f32, world().device(), ro);
-      restarted = step_of(fresh, step, stream);
-      gpu = std::make_unique<Reducer>(world().communicator(), plan, DType::f32, world().device(), ro);
-      EXPECT_EQ(gpu->load_powersgd_state_dict(with_every_error(got, *cpu_comm), stream), "");
+      restarted = step_of(*reducer(world().communicator(), world().device()), step, stream);
+      gpu = reducer(world().communicator(), world().device());
+      EXPECT_EQ(hook_of(*gpu).load_state_dict(with_every_error(got, *cpu_comm), stream), "");
     }
     const std::vector<float> want = step_of(cpu, step, Stream());
     const std::vector<float> got = step_of(*gpu, step, stream);

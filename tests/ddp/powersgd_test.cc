@@ -1,4 +1,4 @@
-// PowerSGD (ReducerOptions::powersgd, ddp/powersgd.h) with thread ranks: at full rank without
+// PowerSGD (PowerSgdHook, ddp/powersgd.h) with thread ranks: at full rank without
 // error feedback it gives the plain allreduce's average; with error feedback the sum of what it
 // applied converges to the sum of the true averages (and without it does not); an MLP trained
 // with rank 4 ends near plain DDP's loss on 2 and 4 ranks, every rank with the same parameters;
@@ -16,6 +16,7 @@
 #include "tutti/comm/thread_group.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/ddp/diloco.h"
+#include "tutti/ddp/powersgd.h"
 #include "tutti/ddp/reducer.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/nn/layers.h"
@@ -91,11 +92,11 @@ std::vector<std::vector<std::vector<float>>> one_step(int ranks, const PowerSgdO
   ThreadGroup group(ranks, CommOptions{.timeout = std::chrono::seconds(20)});
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(ranks));
   group.run([&](int rank) {
-    ReducerOptions ro;
-    ro.powersgd = o;
-    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu(), ro);
+    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu());
+    auto hook = std::make_shared<PowerSgdHook>(o);
+    red.register_comm_hook(hook);
     EXPECT_EQ(red.bucket_count(), 2);
-    EXPECT_EQ(red.powersgd_compressed_count(), 4);  // w1, w2, w3, w4 (not the frozen one)
+    EXPECT_EQ(hook->compressed_count(), 4);  // w1, w2, w3, w4 (not the frozen one)
     out[static_cast<std::size_t>(rank)] = reduce_step(red, rank, 0);
   });
   return out;
@@ -141,9 +142,9 @@ double feedback_error(bool feedback, int steps, int rank_r = 1) {
   ThreadGroup group(kRanks, CommOptions{.timeout = std::chrono::seconds(20)});
   double worst = 0;
   group.run([&](int rank) {
-    ReducerOptions ro;
-    ro.powersgd = PowerSgdOptions{.rank = rank_r, .start_step = 0, .error_feedback = feedback};
-    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu(), ro);
+    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu());
+    red.register_comm_hook(
+        std::make_shared<PowerSgdHook>(PowerSgdOptions{.rank = rank_r, .start_step = 0, .error_feedback = feedback}));
     std::vector<std::vector<float>> applied(red.size());
     for (int step = 0; step < steps; ++step) {
       const auto got = reduce_step(red, rank, -1);  // the same gradients at every step
@@ -176,9 +177,8 @@ TEST(PowerSgd, ErrorFeedbackMakesTheSumConverge) {
 TEST(PowerSgd, WarmUpAllreducesWhole) {
   ThreadGroup group(2, CommOptions{.timeout = std::chrono::seconds(20)});
   group.run([&](int rank) {
-    ReducerOptions ro;
-    ro.powersgd = PowerSgdOptions{.rank = 1, .start_step = 2};
-    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu(), ro);
+    Reducer red(group.communicator(rank), plan(), DType::f32, Device::cpu());
+    red.register_comm_hook(std::make_shared<PowerSgdHook>(PowerSgdOptions{.rank = 1, .start_step = 2}));
     for (int step = 0; step < 3; ++step) {
       const auto got = reduce_step(red, rank, step);
       const double err = rel_l2(got[5], average(5, 16 * 12, 2, step));
@@ -222,10 +222,13 @@ double train_mlp(int ranks, bool powersgd, int steps) {
     model->add<nn::Linear>(16, 64).add<nn::ReLU>().add<nn::Linear>(64, 64).add<nn::ReLU>();
     model->add<nn::Linear>(64, testing::kClasses);
     model->init(testing::kSeed);
-    DdpOptions o;
-    if (powersgd) o.reducer.powersgd = PowerSgdOptions{.rank = 4, .start_step = 5};
-    DistributedDataParallel ddp(group.communicator(rank), *model, o);
-    if (powersgd) EXPECT_EQ(ddp.reducer().powersgd_compressed_count(), 3);
+    DistributedDataParallel ddp(group.communicator(rank), *model);
+    if (powersgd) {
+      auto hook = std::make_shared<PowerSgdHook>(PowerSgdOptions{.rank = 4, .start_step = 5});
+      ddp.register_comm_hook(hook);
+      EXPECT_EQ(hook->compressed_count(), 3);
+      EXPECT_EQ(ddp.reducer().comm_hook(), hook.get());
+    }
     optim::SGD opt(model->parameters(), optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(opt);
     nn::CrossEntropyLoss loss;
@@ -257,57 +260,60 @@ TEST(PowerSgd, TrainsAnMlpNearPlainDdp) {
   }
 }
 
-TEST(PowerSgd, RefusalsNameTheOption) {
+TEST(PowerSgd, RefusalsNameTheOptionOrTheHook) {
+  EXPECT_NE(refusal([] { PowerSgdHook h(PowerSgdOptions{.rank = 0}); }).find("PowerSgdOptions::rank"),
+            std::string::npos);
+  EXPECT_NE(refusal([] { PowerSgdHook h(PowerSgdOptions{.start_step = -1}); }).find("PowerSgdOptions::start_step"),
+            std::string::npos);
+  EXPECT_NE(refusal([] {
+              PowerSgdHook h(PowerSgdOptions{.min_compression_ratio = -1});
+            }).find("PowerSgdOptions::min_compression_ratio"),
+            std::string::npos);
   ThreadGroup group(2, CommOptions{.timeout = std::chrono::seconds(20)});
   group.run([&](int rank) {
     Communicator& comm = group.communicator(rank);
-    auto reducer_with = [&](PowerSgdOptions p, GradientSharding sharding = GradientSharding::none,
-                            DType wire = DType::f32, bool average = true) {
+    auto reducer_with = [&](GradientSharding sharding = GradientSharding::none, DType wire = DType::f32,
+                            bool average = true) {
       ReducerOptions ro;
-      ro.powersgd = p;
       ro.sharding = sharding;
       ro.grad_comm_dtype = wire;
       ro.average = average;
       nn::FlatPlanOptions po;
       po.world_size = 2;
       Reducer red(comm, nn::make_flat_plan(specs(), po), DType::f32, Device::cpu(), ro);
+      red.register_comm_hook(std::make_shared<PowerSgdHook>());
     };
-    EXPECT_NE(refusal([&] { reducer_with(PowerSgdOptions{.rank = 0}); }).find("powersgd.rank"), std::string::npos);
-    EXPECT_NE(refusal([&] { reducer_with(PowerSgdOptions{.start_step = -1}); }).find("powersgd.start_step"),
+    EXPECT_NE(refusal([&] { reducer_with(GradientSharding::scatter); }).find("PowerSgdHook"), std::string::npos);
+    EXPECT_NE(refusal([&] { reducer_with(GradientSharding::none, DType::bf16); }).find("PowerSgdHook"),
               std::string::npos);
-    EXPECT_NE(refusal([&] {
-                reducer_with(PowerSgdOptions{.min_compression_ratio = -1});
-              }).find("powersgd.min_compression_ratio"),
+    EXPECT_NE(refusal([&] { reducer_with(GradientSharding::none, DType::f32, false); }).find("PowerSgdHook"),
               std::string::npos);
-    EXPECT_NE(refusal([&] { reducer_with({}, GradientSharding::scatter); }).find("ReducerOptions::powersgd"),
-              std::string::npos);
-    EXPECT_NE(refusal([&] { reducer_with({}, GradientSharding::none, DType::bf16); }).find("ReducerOptions::powersgd"),
-              std::string::npos);
-    EXPECT_NE(
-        refusal([&] { reducer_with({}, GradientSharding::none, DType::f32, false); }).find("ReducerOptions::powersgd"),
-        std::string::npos);
+    // One hook serves one reducer.
+    auto shared = std::make_shared<PowerSgdHook>();
+    Reducer first(comm, plan(), DType::f32, Device::cpu()), second(comm, plan(), DType::f32, Device::cpu());
+    first.register_comm_hook(shared);
+    EXPECT_NE(refusal([&] { second.register_comm_hook(shared); }).find("registered twice"), std::string::npos);
 
     auto model = testing::make_mlp();
     model->init(testing::kSeed);
     DdpOptions zero;
     zero.zero_stage = 1;
-    zero.reducer.powersgd = PowerSgdOptions{};
-    EXPECT_NE(refusal([&] { DistributedDataParallel d(comm, *model, zero); }).find("reducer.powersgd"),
+    DistributedDataParallel sharded(comm, *model, zero);
+    EXPECT_NE(refusal([&] { sharded.register_comm_hook(std::make_shared<PowerSgdHook>()); }).find("zero_stage 0"),
               std::string::npos);
     DdpOptions det;
     det.deterministic = true;
-    det.reducer.powersgd = PowerSgdOptions{};
-    EXPECT_NE(refusal([&] { DistributedDataParallel d(comm, *model, det); }).find("reducer.powersgd"),
+    DistributedDataParallel exact(comm, *model, det);
+    EXPECT_NE(refusal([&] { exact.register_comm_hook(std::make_shared<PowerSgdHook>()); }).find("deterministic"),
               std::string::npos);
 
     // DiLoCo above a compressing DDP (2 nodes of 1 rank).
     NodeGroups groups = group.node_groups(rank, {1, 1});
-    DdpOptions inner;
-    inner.reducer.powersgd = PowerSgdOptions{};
-    DistributedDataParallel ddp(*groups.intra, *model, inner);
+    DistributedDataParallel ddp(*groups.intra, *model);
+    ddp.register_comm_hook(std::make_shared<PowerSgdHook>());
     optim::SGD opt(model->parameters(), optim::SgdOptions{});
     ddp.attach(opt);
-    EXPECT_NE(refusal([&] { DiLoCo d(ddp, opt, groups, DiLoCoOptions{}); }).find("reducer.powersgd"),
+    EXPECT_NE(refusal([&] { DiLoCo d(ddp, opt, groups, DiLoCoOptions{}); }).find("--allreduce powersgd"),
               std::string::npos);
   });
 }

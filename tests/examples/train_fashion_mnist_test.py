@@ -325,7 +325,7 @@ class TrainFashionMnist(Case):
         self.assertIn("PowerSGD state was written on 2 rank(s), here 1", p.stdout)
         # A run without PowerSGD resumes it and says that the state is not used.
         p = run(2, *loud, "--max-steps", "14", "--checkpoint-dir", self.path("ckpt3"), "--resume")
-        self.assertIn("holds PowerSGD state but this run does not compress", p.stdout)
+        self.assertIn("the checkpoint's 'powersgd.' state", p.stdout)
 
     def test_diloco_learns_resumes_exactly_and_refuses_bad_input(self):
         # 2 faked nodes of 2 ranks, an outer sync every 5 steps (and at the last step).

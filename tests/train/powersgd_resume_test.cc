@@ -1,7 +1,8 @@
-// train::Run with PowerSGD (DdpOptions::reducer.powersgd), ranks as threads: the checkpoint
-// file holds PowerSGD's state, so a run stopped mid-way (compressing) and resumed ends as the
-// uninterrupted one, bit for bit; a resume from a memory snapshot, which keeps no PowerSGD
-// state, restarts PowerSGD and note() says so.
+// train::Run with PowerSGD (a ddp::PowerSgdHook, whose state train::State registers), ranks as
+// threads: the checkpoint file holds PowerSGD's state, so a run stopped mid-way (compressing)
+// and resumed ends as the uninterrupted one, bit for bit; a resume from a memory snapshot, which
+// keeps no PowerSGD state, restarts PowerSGD and note() says so; a run without PowerSGD resumes
+// from the file and note() says that its PowerSGD state is not used.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -42,6 +43,13 @@ TEST_F(PowerSgdResumeTest, TheFileResumesExactlyAndAMemorySnapshotRestartsSaying
   EXPECT_EQ(resumed.first_step, 6);
   EXPECT_EQ(resumed.note, "");
   EXPECT_EQ(resumed.params, whole.params) << "the resumed PowerSGD run ends other than the uninterrupted one";
+  Plan plain = rest;  // from the resumed run's last checkpoint (step 10)
+  plain.powersgd.reset();
+  plain.options.steps = 12;
+  const Result without = train(plain);
+  EXPECT_EQ(without.first_step, 10);
+  EXPECT_NE(without.note.find("the checkpoint's 'powersgd.' state"), std::string::npos) << without.note;
+  EXPECT_NE(without.note.find("is read by no part of this run: not used"), std::string::npos) << without.note;
 
   // Memory snapshots every 3 steps, killed after step 7: the resume takes step 6 from memory,
   // where PowerSGD's state is not, and says that PowerSGD starts afresh.

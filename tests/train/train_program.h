@@ -21,6 +21,7 @@
 #include "tutti/comm/thread_group.h"
 #include "tutti/data/loader.h"
 #include "tutti/ddp/ddp.h"
+#include "tutti/ddp/powersgd.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/loss.h"
@@ -61,7 +62,7 @@ struct Plan {
   std::int64_t slice = 0;
   bool deterministic = false;                    // DdpOptions::deterministic
   int fraction_bits = 40;                        // DdpOptions::fixed_point_fraction_bits
-  std::optional<ddp::PowerSgdOptions> powersgd;  // DdpOptions::reducer.powersgd
+  std::optional<ddp::PowerSgdOptions> powersgd;  // a ddp::PowerSgdHook registered with these
   // Within step notice_step (1-based), rank notice_rank writes the file notice_file (a
   // preemption notice for RunOptions::preemption's "file:" source; 0: never).
   std::int64_t notice_step = 0;
@@ -114,8 +115,8 @@ inline Result train(const Plan& plan) {
     o.deterministic = plan.deterministic;
     o.fixed_point_fraction_bits = plan.fraction_bits;
     o.zero_stage = plan.zero;
-    o.reducer.powersgd = plan.powersgd;
     ddp::DistributedDataParallel ddp(comm, model, o);
+    if (plan.powersgd) ddp.register_comm_hook(std::make_shared<ddp::PowerSgdHook>(*plan.powersgd));
     optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(optimizer);
     amp::LossScaler scaler(amp::LossScalerOptions{.mode = amp::ScalerMode::off});

@@ -237,12 +237,6 @@ class DistributedDataParallel {
   // size wrote them).
   void load_model_state_dict(const StateDict& state);
   void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
-  // PowerSGD's state (reducer.powersgd; ddp/powersgd.h, "Checkpoints"), on module().stream():
-  // Reducer::powersgd_state_dict (COLLECTIVE; rank 0's result holds every rank's error) and
-  // Reducer::load_powersgd_state_dict (not collective; returns "" when PowerSGD continues
-  // exactly, else what it did instead). train::State registers it as its entry "powersgd.".
-  StateDict powersgd_state_dict();
-  std::string load_powersgd_state_dict(const StateDict& state);
   // The model's fp32 parameters, whole, in the plan's flat layout: a new f32 [plan().total] on
   // the model's device (padding between entries is 0), ordered on module().stream(). COLLECTIVE
   // under ZeRO with a half compute dtype (gathers the masters' shards), else not (a copy of the
@@ -253,6 +247,14 @@ class DistributedDataParallel {
   // and the compute copies (ZeRO-3: its compute shard and the resident group; the gathered groups
   // are dropped), on module().stream(). The optimizer's state is left as it is.
   void load_parameters_flat(const Tensor& flat);
+
+  // Replaces the reducer's allreduce of each bucket by `hook` (ddp/comm_hook.h; PowerSGD:
+  // ddp/powersgd.h): Reducer::register_comm_hook, after checking that this DDP can use one
+  // (zero_stage 0, not deterministic: else InvalidArgument naming the hook). Not collective;
+  // every rank registers the same kind. Register it before building a train::State, which
+  // saves the hook's state as the entry "<name>.", and before a DiLoCo over this DDP (which
+  // refuses one).
+  void register_comm_hook(std::shared_ptr<CommHook> hook);
 
   nn::Module& module() { return model_; }
   Reducer& reducer() { return *reducer_; }

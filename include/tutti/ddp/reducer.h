@@ -47,7 +47,7 @@
 #include "tutti/core/state_dict.h"
 #include "tutti/core/stream.h"
 #include "tutti/core/tensor.h"
-#include "tutti/ddp/powersgd.h"
+#include "tutti/ddp/comm_hook.h"
 #include "tutti/nn/flat_plan.h"
 
 namespace tutti::ddp {
@@ -69,9 +69,6 @@ struct ReducerOptions {
   // error naming it; true treats it as zero (its slot keeps whatever it holds).
   bool allow_unused = false;
   GradientSharding sharding = GradientSharding::none;
-  // Set: PowerSGD, low-rank compression of the matrices' gradients with error feedback, instead
-  // of allreducing each bucket whole (ddp/powersgd.h: what it computes, what it refuses).
-  std::optional<PowerSgdOptions> powersgd;
 };
 
 // Timings of the last synchronized step, in milliseconds of wall time on the host (GPU:
@@ -100,8 +97,6 @@ struct StepStats {
   double exposed_gather_ms = 0;  // time forward (or the step, gathering right away) waited for them;
                                  // ZeRO-3: the step's waits for its groups' gathers (forward and backward)
 };
-
-class PowerSgd;  // ReducerOptions::powersgd's state (src/ddp/powersgd.h)
 
 class Reducer {
  public:
@@ -169,23 +164,13 @@ class Reducer {
   // (staging in the wire dtype, shard_only's pool).
   std::int64_t gradient_bytes() const;
   std::int64_t communication_bytes() const;
-  // PowerSGD (ReducerOptions::powersgd): how many gradients it compresses and how many elements
-  // they hold (0 without it).
-  std::int64_t powersgd_compressed_count() const;
-  std::int64_t powersgd_compressed_numel() const;
-  // PowerSGD's state for checkpoints (ddp/powersgd.h, "Checkpoints": what it holds, and what a
-  // load does on another world size or with other options). COLLECTIVE (every rank's error is
-  // all-gathered): rank 0's result holds every rank's error, the others' their own; empty
-  // without PowerSGD. Whole CPU tensors, copied on `stream`. Between steps only (not while a
-  // synchronized pass is reducing).
-  StateDict powersgd_state_dict(const Stream& stream = Stream());
-  // Not collective. Takes a powersgd_state_dict() of rank 0 (any world size); every entry is
-  // checked before anything changes (InvalidArgument naming it). Returns "" when PowerSGD
-  // continues exactly, else what it did instead, for the program's start-up line: an empty
-  // state or one of other options restarts PowerSGD (as a fresh Reducer), another world size
-  // keeps the step count and Q and zeroes the error; without PowerSGD a non-empty state is
-  // not used (the returned text says so).
-  std::string load_powersgd_state_dict(const StateDict& state, const Stream& stream = Stream());
+  // Replaces the allreduce of each bucket by `hook` (ddp/comm_hook.h: what it must do;
+  // ddp/powersgd.h: PowerSGD). Binds it (CommHook::bind, which refuses what it cannot serve).
+  // Not collective, but every rank must register the same kind of hook. Only between steps
+  // (idle), and once: a second hook throws. The reducer shares ownership of it.
+  void register_comm_hook(std::shared_ptr<CommHook> hook);
+  // The registered hook, or nullptr.
+  CommHook* comm_hook() const { return hook_.get(); }
   // shard_only: buffers in the pool now.
   int pool_size() const { return static_cast<int>(slots_.size()); }
 
@@ -231,8 +216,8 @@ class Reducer {
   Phase phase_ = Phase::idle;
   std::string failure_;
   Stream stream_;
-  Tensor found_;                        // i32 [1]
-  std::unique_ptr<PowerSgd> powersgd_;  // ReducerOptions::powersgd
+  Tensor found_;                    // i32 [1]
+  std::shared_ptr<CommHook> hook_;  // register_comm_hook
   StepStats stats_;
   std::chrono::steady_clock::time_point t_prepare_, t_first_launch_;
   bool launched_any_ = false;

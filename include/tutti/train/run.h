@@ -39,11 +39,12 @@
 //
 // The checkpoint is one file, <checkpoint_dir>/checkpoint.tckp (io/checkpoint.h: written
 // atomically, checked on reading), holding "model." and "optim." (whole tensors: it resumes at
-// any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss", with
-// PowerSGD (DdpOptions::reducer.powersgd) "powersgd." (DistributedDataParallel::
-// powersgd_state_dict, every rank's error gathered: a resume on as many ranks continues
-// exactly, and note() says what a resume did otherwise) and the program's entries
-// (State::add). Every rank reads it on resume; rank 0 writes it with an
+// any ZeRO stage on any number of ranks), "scaler.", "train.step", "train.last_loss", the
+// DDP's communication hook's state (PowerSGD's "powersgd.": every rank's error gathered, so a
+// resume on as many ranks continues exactly, and note() says what a resume did otherwise) and
+// the program's entries (State::add). State the checkpoint holds that no part of the resuming
+// run reads (a "powersgd." without PowerSGD, a "diloco." without DiLoCo) is not used, and
+// note() says so. Every rank reads it on resume; rank 0 writes it with an
 // io::CheckpointWriter (io/checkpoint_writer.h) that the Run holds. At ZeRO stage 0 rank 0
 // alone takes the live tensors (DDP's *_state_views, not collective); under ZeRO every rank
 // gathers the whole tensors first (collective). RunOptions::checkpoint_mode async (the
@@ -122,10 +123,10 @@ Resume parse_resume(std::string_view text);
 // library's, registered the same way. Keeps references: they must outlive the Run.
 class State {
  public:
-  // Registers PowerSGD's state (DdpOptions::reducer.powersgd) as the entry "powersgd.":
-  // collective when PowerSGD is on (every rank's error is gathered: DistributedDataParallel::
-  // powersgd_state_dict), left out of memory snapshots (a resume from one restarts PowerSGD, and
-  // note() says so), and read on resume even when off (note() says that it is not used).
+  // Registers the state of the DDP's communication hook, if one is registered
+  // (DistributedDataParallel::register_comm_hook: register it first), as the entry
+  // "<hook name>." (PowerSGD: "powersgd.", collective, left out of memory snapshots: a resume
+  // from one restarts PowerSGD, and note() says so).
   State(ddp::DistributedDataParallel& ddp, optim::Optimizer& optimizer, amp::LossScaler& scaler);
   // With a loader (anything with state_dict() and load_state_dict()) under "loader.".
   template <class Loader>
@@ -188,8 +189,8 @@ class State {
 // of ranks and any stage; note() says which source it used and what was lost. The construction
 // refuses (InvalidArgument, before any step) when a node's folder has too little free space.
 // The snapshot holds what the checkpoint file does, but the State entries marked
-// not_in_snapshots (PowerSGD's: a resume from a snapshot restarts PowerSGD, and note() says
-// so). COLLECTIVE, a blocking copy to host memory and one exchange with the buddy: see
+// not_in_snapshots (PowerSGD's hook's: a resume from a snapshot restarts PowerSGD, and note()
+// says so). COLLECTIVE, a blocking copy to host memory and one exchange with the buddy: see
 // docs/user-guide.md for the cost.
 struct SnapshotOptions {
   // After every N-th step; 0: no snapshots. --snapshot-every. kSnapshotAuto: K chosen by the
