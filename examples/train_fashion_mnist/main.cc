@@ -153,7 +153,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
   ddp_options.zero_stage = f.zero;
-  ddp_options.deterministic = f.deterministic;
+  if (f.deterministic) ddp_options.deterministic = tutti::ddp::DeterministicOptions{};
   const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)
   tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), *model, ddp_options);

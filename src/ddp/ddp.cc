@@ -99,7 +99,8 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
     }
   }
   if (options_.deterministic) {
-    exact_ = std::make_unique<ExactGradientSum>(comm_, plan.total, model_.device(), options_.fixed_point_fraction_bits,
+    exact_ = std::make_unique<ExactGradientSum>(comm_, plan.total, model_.device(),
+                                                options_.deterministic->fixed_point_fraction_bits,
                                                 comm_.size() * options_.accumulation_steps);
   }
   gathers_.resize(plan.buckets.size());

@@ -14,7 +14,8 @@ namespace tutti::ddp {
 ExactGradientSum::ExactGradientSum(Communicator& comm, std::int64_t numel, Device device, int fraction_bits, int slices)
     : comm_(comm), numel_(numel), fraction_bits_(fraction_bits), slices_(slices) {
   TUTTI_CHECK_ARG(fraction_bits >= 0 && fraction_bits <= 60,
-                  "DistributedDataParallel: fixed_point_fraction_bits must be in [0, 60], got ", fraction_bits);
+                  "DistributedDataParallel: DeterministicOptions::fixed_point_fraction_bits must be in [0, 60], got ",
+                  fraction_bits);
   TUTTI_CHECK_ARG(slices >= 1, "ExactGradientSum: slices must be >= 1, got ", slices);
   acc_ = Tensor::zeros({numel + 2}, DType::i64, device);
   found_ = Tensor::zeros({1}, DType::i32, device);
@@ -39,7 +40,7 @@ void ExactGradientSum::finish(const Tensor& grads, const Stream& stream) {
                 ": a gradient element of a slice exceeded the fixed-point range |g| <= 2^(62 - ", fraction_bits_,
                 ") / ", slices_, " slices = ", std::ldexp(1.0, 62 - fraction_bits_) / slices_, " on ", status[1],
                 " rank(s); it would have overflowed the exact int64 sum. The run has likely diverged; otherwise ",
-                "lower DdpOptions::fixed_point_fraction_bits (more range, coarser resolution: 2^-F)");
+                "lower DeterministicOptions::fixed_point_fraction_bits (more range, coarser resolution: 2^-F)");
   }
   const bool nonfinite = status[0] > 0;
   if (nonfinite) {

@@ -302,7 +302,7 @@ TEST(PowerSgd, RefusalsNameTheOptionOrTheHook) {
     EXPECT_NE(refusal([&] { sharded.register_comm_hook(std::make_shared<PowerSgdHook>()); }).find("zero_stage 0"),
               std::string::npos);
     DdpOptions det;
-    det.deterministic = true;
+    det.deterministic = DeterministicOptions{};
     DistributedDataParallel exact(comm, *model, det);
     EXPECT_NE(refusal([&] { exact.register_comm_hook(std::make_shared<PowerSgdHook>()); }).find("deterministic"),
               std::string::npos);

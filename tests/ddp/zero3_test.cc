@@ -482,7 +482,7 @@ TEST(Zero3, BadSetupsAreRefusedBeforeTraining) {
   EXPECT_NE(e.find("frozen"), std::string::npos) << e;
   EXPECT_NE(e.find("'0.bias'"), std::string::npos) << e;
   // Deterministic mode.
-  e = construction_error(Model::mlp, {.zero_stage = 3, .deterministic = true});
+  e = construction_error(Model::mlp, {.zero_stage = 3, .deterministic = DeterministicOptions{}});
   EXPECT_NE(e.find("deterministic needs zero_stage 0 or 1"), std::string::npos) << e;
   // A group larger than the gather buffers: layer groups of 16-wide GPT are 12·16² + 13·16
   // elements, 6.5 KiB of f32; the buffers hold 4 KiB.

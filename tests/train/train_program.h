@@ -61,7 +61,7 @@ struct Plan {
   // the same slices of the global batch at every world size (DdpOptions::deterministic).
   std::int64_t slice = 0;
   bool deterministic = false;                    // DdpOptions::deterministic
-  int fraction_bits = 40;                        // DdpOptions::fixed_point_fraction_bits
+  int fraction_bits = 40;                        // DeterministicOptions::fixed_point_fraction_bits
   std::optional<ddp::PowerSgdOptions> powersgd;  // a ddp::PowerSgdHook registered with these
   // Within step notice_step (1-based), rank notice_rank writes the file notice_file (a
   // preemption notice for RunOptions::preemption's "file:" source; 0: never).
@@ -112,8 +112,8 @@ inline Result train(const Plan& plan) {
     const int accumulation = static_cast<int>(kGlobalBatch / (micro * plan.ranks));
     ddp::DdpOptions o;
     o.accumulation_steps = accumulation;
-    o.deterministic = plan.deterministic;
-    o.fixed_point_fraction_bits = plan.fraction_bits;
+    if (plan.deterministic)
+      o.deterministic = ddp::DeterministicOptions{.fixed_point_fraction_bits = plan.fraction_bits};
     o.zero_stage = plan.zero;
     ddp::DistributedDataParallel ddp(comm, model, o);
     if (plan.powersgd) ddp.register_comm_hook(std::make_shared<ddp::PowerSgdHook>(*plan.powersgd));

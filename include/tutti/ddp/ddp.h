@@ -79,6 +79,13 @@
 
 namespace tutti::ddp {
 
+// The deterministic mode (DdpOptions::deterministic): how each slice's gradients are held.
+struct DeterministicOptions {
+  // Each slice's gradient is rounded to a multiple of 2^-F and an element may reach at most
+  // 2^(62-F) / slices (else backward throws, naming this field). In [0, 60].
+  int fixed_point_fraction_bits = 40;
+};
+
 struct DdpOptions {
   // The plan's buckets (nn::FlatPlanOptions), in MiB of gradients: bigger ones run each
   // collective nearer full bandwidth, smaller ones start communication earlier. The first
@@ -105,18 +112,16 @@ struct DdpOptions {
   // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
   // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
   ReducerOptions reducer{};
-  // Deterministic mode: the trained model does not depend on the world size, bit for bit
+  // Set: the deterministic mode. The trained model does not depend on the world size, bit for bit
   // (zero_stage 0 or 1; at 1 every rank sums and converts the whole gradient, an allreduce
   // rather than a reduce-scatter, and its optimizer updates its shard). Each micro-batch must be one slice of the
   // global batch, of the same size at every world size (so world size x accumulation steps is constant); each slice's
-  // gradients are added exactly into int64 fixed point (multiples of 2^-fixed_point_fraction_bits,
-  // at most 2^(62-F) / slices per element and slice, else backward throws), summed across ranks
+  // gradients are added exactly into int64 fixed point (DeterministicOptions), summed across ranks
   // by an int64 allreduce after the last micro-batch (not overlapped with backward) and
   // converted once. reducer.grad_comm_dtype is not used. The kernels must give the same bits
   // at every world size: on the CPU keep the GEMM threads (JobOptions::cpu_threads) the same,
   // since OpenBLAS's results depend on them. docs/user-guide.md says what it costs.
-  bool deterministic = false;
-  int fixed_point_fraction_bits = 40;
+  std::optional<DeterministicOptions> deterministic;
   bool broadcast_parameters = true;  // rank 0's values everywhere at construction
   bool verify_model = true;          // the start-up check that every rank has the same model
 };
