@@ -9,6 +9,7 @@
 
 #include "tutti/core/error.h"
 #include "tutti/core/stream.h"
+#include "tutti/parallel/tensor_parallel.h"
 
 namespace tutti::models {
 
@@ -71,11 +72,16 @@ std::string GptConfig::fingerprint() const {
   return s.str();
 }
 
-Gpt::Gpt(const GptConfig& config)
+Gpt::Gpt(const GptConfig& config) : Gpt(config, nullptr) {}
+
+Gpt::Gpt(const GptConfig& config, Communicator& tensor_parallel) : Gpt(config, &tensor_parallel) {}
+
+Gpt::Gpt(const GptConfig& config, Communicator* tp)
     : config_(config),
       embed_(config.padded_vocab, config.context, config.width),
       ln_f_(config.width),
-      head_(embed_.wte) {
+      head_(embed_.wte),
+      tp_(tp) {
   const std::int64_t C = config.width;
   TUTTI_CHECK_ARG(config.layers >= 1 && config.heads >= 1 && C % config.heads == 0 && config.vocab >= 1 &&
                       config.padded_vocab >= config.vocab,
@@ -85,19 +91,41 @@ Gpt::Gpt(const GptConfig& config)
   // scaled by 1/sqrt(2 · layers), zero biases, LayerNorm gains 1.
   const LinearOptions weight{.init = WeightInit::normal(0.02)};
   const LinearOptions proj{.init = WeightInit::normal(0.02 / std::sqrt(2.0 * static_cast<double>(config.layers)))};
-  for (std::int64_t l = 0; l < config.layers; ++l) {
-    blocks_.emplace<Residual>()
-        .body()
-        .add<LayerNorm>(C)
-        .add<Linear>(C, 3 * C, weight)
-        .add<nn::CausalSelfAttention>(config.heads, nn::AttentionOptions{.kernel = config.attention})
-        .add<Linear>(C, C, proj);
-    blocks_.emplace<Residual>()
-        .body()
-        .add<LayerNorm>(C)
-        .add<Linear>(C, 4 * C, weight)
-        .add<GELU>()
-        .add<Linear>(4 * C, C, proj);
+  const nn::AttentionOptions attention{.kernel = config.attention};
+  if (tp_ != nullptr) {
+    // Megatron's split: each rank its heads (the [q | k | v] projection's rows of them, blocks 3)
+    // and its 1/tp of the MLP's 4·width features; the output projections sum over the group.
+    TUTTI_CHECK_ARG(config.heads % tp_->size() == 0, "GPT: ", config.heads,
+                    " heads must divide by the tensor-parallel group's ", tp_->size(), " rank(s)");
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+      blocks_.emplace<Residual>()
+          .body()
+          .add<LayerNorm>(C)
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 3 * C, weight, /*blocks=*/3)
+          .add<nn::CausalSelfAttention>(config.heads / tp_->size(), attention)
+          .add<parallel::RowParallelLinear>(*tp_, C, C, proj);
+      blocks_.emplace<Residual>()
+          .body()
+          .add<LayerNorm>(C)
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 4 * C, weight)
+          .add<GELU>()
+          .add<parallel::RowParallelLinear>(*tp_, 4 * C, C, proj);
+    }
+  } else {
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+      blocks_.emplace<Residual>()
+          .body()
+          .add<LayerNorm>(C)
+          .add<Linear>(C, 3 * C, weight)
+          .add<nn::CausalSelfAttention>(config.heads, attention)
+          .add<Linear>(C, C, proj);
+      blocks_.emplace<Residual>()
+          .body()
+          .add<LayerNorm>(C)
+          .add<Linear>(C, 4 * C, weight)
+          .add<GELU>()
+          .add<Linear>(4 * C, C, proj);
+    }
   }
   register_module("embed", embed_);
   register_module("blocks", blocks_);
@@ -105,7 +133,9 @@ Gpt::Gpt(const GptConfig& config)
   register_module("head", head_);
 }
 
-std::string Gpt::describe() const { return "GPT(" + config_.fingerprint() + ")"; }
+std::string Gpt::describe() const {
+  return "GPT(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") + ")";
+}
 
 std::int64_t Gpt::flop_parameters() {
   std::int64_t n = 0;

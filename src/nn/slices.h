@@ -18,9 +18,11 @@ inline Shape with_last(Shape shape, std::int64_t last) {
 }
 
 // part = the elements [begin, begin + part's size along dim) of `whole` along `dim` (fp32, CPU;
-// whole's other dimensions equal part's). InvalidArgument when it does not fit.
-void take_slice(const Tensor& whole, int dim, std::int64_t begin, const Tensor& part);
+// whole's other dimensions equal part's). With blocks > 1, whole's `dim` is that many equal
+// blocks and part takes part's size / blocks elements from `begin` of each (Parameter::InitSlice).
+// InvalidArgument when it does not fit.
+void take_slice(const Tensor& whole, int dim, std::int64_t begin, const Tensor& part, int blocks = 1);
 // The converse: those elements of `whole` = part.
-void put_slice(const Tensor& part, int dim, std::int64_t begin, const Tensor& whole);
+void put_slice(const Tensor& part, int dim, std::int64_t begin, const Tensor& whole, int blocks = 1);
 
 }  // namespace tutti::nn

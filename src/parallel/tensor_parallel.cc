@@ -1,6 +1,8 @@
 #include "tutti/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "nn/slices.h"
@@ -22,6 +24,13 @@ std::int64_t part_of(const Communicator& group, std::int64_t whole, const char* 
   return whole / group.size();
 }
 
+// The size of one of `blocks` equal blocks of `out` features; InvalidArgument unless they divide.
+std::int64_t block_of(std::int64_t out, int blocks) {
+  TUTTI_CHECK_ARG(blocks >= 1 && out % blocks == 0, "ColumnParallelLinear: out_features ", out, " must divide into ",
+                  blocks, " equal block(s)");
+  return out / blocks;
+}
+
 // Sums `t` over the group in place, ordered on `stream` (COLLECTIVE).
 void sum_over(Communicator& group, const Tensor& t, const Stream& stream, const std::string& label) {
   if (group.size() == 1) return;
@@ -33,21 +42,26 @@ void sum_over(Communicator& group, const Tensor& t, const Stream& stream, const 
 // ---- ColumnParallelLinear -----------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                                           nn::LinearOptions options)
-    : nn::Linear(in_features, part_of(group, out_features, "ColumnParallelLinear", "out_features"), options),
+                                           nn::LinearOptions options, int blocks)
+    : nn::Linear(in_features,
+                 blocks * part_of(group, block_of(out_features, blocks), "ColumnParallelLinear",
+                                  blocks == 1 ? "out_features" : "a block of out_features"),
+                 options),
       group_(group),
       in_(in_features),
-      out_(out_features) {
-  // Rows [r·part, (r+1)·part) of the whole [out, in] weight and of the bias, drawn as the whole
-  // layer's (its fan-out, not the part's).
-  const std::int64_t part = out_features / group.size();
+      out_(out_features),
+      blocks_(blocks) {
+  // Rows [r·part, (r+1)·part) of each block of the whole [out, in] weight and of the bias, drawn
+  // as the whole layer's (its fan-out, not the part's).
+  const std::int64_t part = out_features / blocks / group.size();
   weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
-  weight.init_slice = {{out_, in_}, 0, group.rank() * part};
-  bias.init_slice = {{out_}, 0, group.rank() * part};
+  weight.init_slice = {{out_, in_}, 0, group.rank() * part, blocks};
+  bias.init_slice = {{out_}, 0, group.rank() * part, blocks};
 }
 
 std::string ColumnParallelLinear::describe() const {
-  return detail::str("ColumnParallelLinear(", in_, ", ", out_, ", tp ", group_.size(), ")");
+  return detail::str("ColumnParallelLinear(", in_, ", ", out_, blocks_ > 1 ? detail::str(", ", blocks_, " blocks") : "",
+                     ", tp ", group_.size(), ")");
 }
 
 Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
@@ -147,7 +161,7 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
       continue;
     }
     const nn::Parameter::InitSlice& s = p->init_slice;
-    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)];
+    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)] / s.blocks;  // of each block
     TUTTI_CHECK_ARG(s.begin == group.rank() * count, "whole_state_dict: '", key, "' holds elements from ", s.begin,
                     " along dimension ", s.dim, ", not rank ", group.rank(), "'s share of ", count);
     // Every rank's slice, back to back in rank order, then each put in its place.
@@ -159,7 +173,7 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     group.allgather(slice.reshape({slice.numel()}), gathered, call).wait();
     const Tensor whole = Tensor::empty(s.full, DType::f32);
     for (int r = 0; r < group.size(); ++r) {
-      nn::put_slice(gathered.view(r * slice.numel(), p->shape()), s.dim, r * count, whole);
+      nn::put_slice(gathered.view(r * slice.numel(), p->shape()), s.dim, r * count, whole, s.blocks);
     }
     out[key] = whole;
   }
@@ -180,7 +194,7 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
                     " (", shape_str(s.full), ")");
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "split_state_dict: '", key, "' is ", t.str(), ", not f32");
     const Tensor part = Tensor::empty(p->shape(), DType::f32);
-    nn::take_slice(t.to(Device::cpu()), s.dim, s.begin, part);
+    nn::take_slice(t.to(Device::cpu()), s.dim, s.begin, part, s.blocks);
     out[key] = part;
   }
   return out;
@@ -188,22 +202,50 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
 
 optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm) {
   TUTTI_CHECK_ARG(max_norm > 0, "parallel::grad_norm: max_norm must be positive, got ", max_norm);
-  TUTTI_CHECK_ARG(ddp.zero_stage() == 0, "parallel::grad_norm: ZeRO stage ", ddp.zero_stage(),
-                  " holds a shard of the gradients on each rank; stage 0 only (not yet under ZeRO)");
+  TUTTI_CHECK_ARG(ddp.zero_stage() == 0 || !ddp.options().deterministic,
+                  "parallel::grad_norm: not in the deterministic mode under ZeRO");
+  TUTTI_CHECK(ddp.reducer().phase() == ddp::Reducer::Phase::reduced || ddp.options().deterministic,
+              "parallel::grad_norm: call it after a backward that completed a step (the gradients are not reduced "
+              "yet)");
   nn::Module& model = ddp.module();
   const Stream& stream = model.stream();
   // [0]: the split parameters' squares (this rank's slices), [1]: the replicated ones'.
-  const Tensor split = Tensor::zeros({1}, DType::f32, model.device());
-  const Tensor replicated = Tensor::zeros({1}, DType::f32, model.device());
-  for (nn::Parameter* p : model.parameters()) {
-    if (!p->requires_grad || !p->grad.defined()) continue;
-    kernels::sum_squares(p->grad, p->init_slice.full.empty() ? replicated : split, /*accumulate=*/true, stream);
+  const Tensor squares = Tensor::zeros({2}, DType::f32, model.device());
+  const Tensor split = squares.view(0, {1}), replicated = squares.view(1, {1});
+  if (ddp.zero_stage() == 0) {
+    for (nn::Parameter* p : model.parameters()) {
+      if (!p->requires_grad || !p->grad.defined()) continue;
+      kernels::sum_squares(p->grad, p->init_slice.full.empty() ? replicated : split, /*accumulate=*/true, stream);
+    }
+  } else {
+    // ZeRO: this rank's chunk of each bucket, cut at the entries' bounds, then the sum over the
+    // data-parallel ranks (the chunks of all of them hold every element once).
+    std::map<std::string, const nn::Parameter*> by_name;
+    for (const nn::Parameter* p : model.parameters()) by_name[p->name] = p;
+    const ddp::Reducer& reducer = ddp.reducer();
+    const nn::FlatPlan& plan = reducer.plan();
+    const int dp_rank = reducer.communicator().rank();
+    for (int b = 0; b < reducer.bucket_count(); ++b) {
+      const nn::PlanBucket& pb = plan.buckets[static_cast<std::size_t>(b)];
+      const nn::ElementRange chunk = pb.chunk_of(dp_rank);
+      const Tensor g = reducer.shard_grad(b);
+      for (std::size_t i : pb.entries) {
+        const nn::PlanEntry& e = plan.entries[i];
+        const std::int64_t lo = std::max(chunk.begin, e.offset), hi = std::min(chunk.end, e.offset + e.numel);
+        if (!e.requires_grad || lo >= hi) continue;
+        const auto p = by_name.find(e.name);
+        const bool is_split = p != by_name.end() && !p->second->init_slice.full.empty();
+        kernels::sum_squares(g.view(lo - chunk.begin, {hi - lo}), is_split ? split : replicated, /*accumulate=*/true,
+                             stream);
+      }
+    }
+    sum_over(reducer.communicator(), squares, stream, "parallel::grad_norm over the data-parallel ranks");
   }
   sum_over(group, split, stream, "parallel::grad_norm");
   stream.synchronize();
   optim::GradNorm out;
-  out.norm = std::sqrt(static_cast<double>(split.to(Device::cpu()).to_floats()[0]) +
-                       static_cast<double>(replicated.to(Device::cpu()).to_floats()[0]));
+  const std::vector<float> sq = squares.to(Device::cpu()).to_floats();
+  out.norm = std::sqrt(static_cast<double>(sq[0]) + static_cast<double>(sq[1]));
   out.finite = std::isfinite(out.norm);
   out.coefficient = optim::clip_coefficient(out.norm, max_norm);
   return out;

@@ -111,6 +111,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   const nn::FlatPlan& plan() const { return *plan_; }
+  // The communicator it reduces over (DistributedDataParallel's: the data-parallel group).
+  Communicator& communicator() const { return comm_; }
   const std::shared_ptr<const nn::FlatPlan>& shared_plan() const { return plan_; }
   // none and scatter: the flat buffer (zeroed at start); shard_only: undefined.
   const Tensor& buffer() const { return buffer_; }

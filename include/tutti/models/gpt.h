@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tutti/comm/communicator.h"
 #include "tutti/models/causal_lm.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/module.h"
@@ -73,6 +74,16 @@ class Gpt : public CausalLm {
  public:
   // Throws InvalidArgument when heads do not divide the width, layers < 1 or padded_vocab < vocab.
   explicit Gpt(const GptConfig& config);
+  // Tensor parallelism over `tensor_parallel` (parallel/tensor_parallel.h, Megatron's): each
+  // layer's attention heads and MLP features split across the group's ranks (the [q | k | v]
+  // and first MLP projections column-parallel, the output projections row-parallel), the
+  // embeddings, the tied head and the LayerNorms whole on every rank. Forward and backward are
+  // COLLECTIVE over the group (two allreduces a layer each way); the heads must divide by its
+  // size (InvalidArgument). Module::init gives each rank its slices of the values the unsplit
+  // Gpt gets for the seed; parallel::whole_state_dict / split_state_dict convert its state to
+  // and from the unsplit model's. The vocabulary is not split (each rank computes the whole
+  // logits) nor is the sequence. Keeps a reference to the group: it must outlive the model.
+  Gpt(const GptConfig& config, Communicator& tensor_parallel);
   const GptConfig& config() const { return config_; }
   std::string describe() const override;
   std::int64_t vocab() const override { return config_.vocab; }
@@ -97,10 +108,13 @@ class Gpt : public CausalLm {
   Tensor backward_impl(const Tensor& dlogits) override;
 
  private:
+  Gpt(const GptConfig& config, Communicator* tp);
+
   GptConfig config_;
   nn::TokenPositionEmbedding embed_;
   nn::LayerNorm ln_f_;
   nn::TiedLinear head_;
+  Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
 };
 
 }  // namespace tutti::models

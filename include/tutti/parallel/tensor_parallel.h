@@ -39,8 +39,12 @@
 // parallel::grad_norm sums the split parameters' over the group and counts the replicated ones
 // (the row-parallel bias, and every parameter of the layers that are not split) once.
 //
-// What is not here yet: attention with the heads split, the vocabulary-parallel embedding and
-// cross-entropy, sequence parallelism, clipping under ZeRO (parallel::grad_norm refuses it),
+// Attention with the heads split: a ColumnParallelLinear(C, 3C, ..., blocks 3) before an
+// nn::CausalSelfAttention of heads/tp heads and a RowParallelLinear(C, C) after it
+// (models::Gpt(config, group) builds GPT so).
+//
+// What is not here yet: the vocabulary-parallel embedding and
+// cross-entropy, sequence parallelism,
 // train::Run writing whole tensors of a split model by itself (a program calls the functions
 // below around its own save and load), and the trainers' --tp.
 #pragma once
@@ -60,11 +64,14 @@ namespace tutti::parallel {
 // nn::Linear(in, out)'s output. An nn::Linear(in, out/tp) (weight [out/tp, in], bias [out/tp];
 // its forward and FLOPs as they are) whose initial values are its rows of the whole layer's and
 // whose input gradient is summed over the group in backward (COLLECTIVE). out must divide by
-// the group's size (InvalidArgument).
+// blocks x the group's size (InvalidArgument).
+// blocks > 1: the output is that many equal blocks side by side, each split across the group
+// (a fused [q | k | v] projection, blocks 3: rank r holds its heads' q, then their k, then their
+// v, which is what nn::CausalSelfAttention over heads/tp heads reads).
 class ColumnParallelLinear : public nn::Linear {
  public:
   ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                       nn::LinearOptions options = {});
+                       nn::LinearOptions options = {}, int blocks = 1);
   std::string describe() const override;
 
  protected:
@@ -73,6 +80,7 @@ class ColumnParallelLinear : public nn::Linear {
  private:
   Communicator& group_;
   std::int64_t in_, out_;
+  int blocks_;
 };
 
 // y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear
@@ -112,12 +120,12 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
 // the whole parameter's shape.
 StateDict split_state_dict(const StateDict& whole, nn::Module& model);
 
-// COLLECTIVE over `group` (one small allreduce), after a backward of `ddp` that completed a
+// COLLECTIVE over `group` (one small allreduce; under ZeRO one more over DDP's data-parallel
+// ranks, since each holds a shard of the gradients), after a backward of `ddp` that completed a
 // step: the global L2 norm of the whole model's reduced gradients, as the unsplit model's would
 // be (the split parameters' squares summed over the group, the others' once), and the clipping
-// coefficient for max_norm to pass to Optimizer::step. One host sync. ZeRO stage 0 only
-// (InvalidArgument otherwise: under ZeRO each rank holds a shard of the gradients, which would
-// need the data-parallel sum too).
+// coefficient for max_norm to pass to Optimizer::step. One host sync. Any ZeRO stage; not the
+// deterministic mode under ZeRO (InvalidArgument).
 optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm);
 
 }  // namespace tutti::parallel
