@@ -23,6 +23,11 @@ int parse_flags(int argc, char** argv, Flags& f) {
                  "and multi-head Llama only)")
       ->check(CLI::IsMember({"flash", "materialized"}))
       ->capture_default_str();
+  app.add_option("--tp", f.tp,
+                 "tensor parallelism: each model split over N ranks (each layer's heads and MLP features; GPT "
+                 "only), data parallelism over the world / N groups; N must divide the ranks")
+      ->check(example::positive(f.tp))
+      ->capture_default_str();
   app.add_option("--recompute", f.recompute,
                  "activation checkpointing: none, blocks (every residual block recomputes its forward in "
                  "backward: least memory, about one more forward), every:K (the blocks of layers 0, K, 2K, ...), "

@@ -72,26 +72,29 @@ std::string shaping_flags(const gpt::Flags& f, const gpt::ModelConfig& c) {
     << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every "
     << f.eval_every << " --val-tokens " << f.val_tokens << " --checkpoint-every " << f.checkpoint_every
     << " --max-steps " << f.max_steps << " --resume " << f.resume << " --init-from " << f.init_from << " --export "
-    << f.export_dir;
+    << f.export_dir << " --tp " << f.tp;
   return s.str();
 }
 
-// Mean loss over the first min(all, --val-tokens / T) validation windows, each rank
-// computing its contiguous share. COLLECTIVE.
-// sharded: ZeRO-3, whose every forward gathers parameters (collective): every rank runs as many
-// forwards, a rank with fewer windows one more of a window it does not count.
+// Mean loss over the first min(all, --val-tokens / T) validation windows, each of `parts` data-parallel
+// groups computing its contiguous share (part: this rank's group; --tp: the ranks of a
+// tensor-parallel group compute the same windows together). COLLECTIVE.
+// sharded: ZeRO-3, whose every forward gathers parameters, or --tp, whose forward sums over its
+// group (collective): every rank runs as many forwards, a rank with fewer windows one more of a
+// window it does not count.
 double evaluate(tutti::Job& job, tutti::models::CausalLm& model, const tutti::data::TokenLoader& val,
-                std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream, bool sharded) {
+                std::int64_t max_windows, std::int64_t chunk, const tutti::Stream& stream, bool sharded, int part,
+                int parts) {
   std::optional<tutti::trace::Span> span;
   if (tutti::trace::on()) span.emplace("evaluation", "eval");
   const std::int64_t n = std::min(val.windows(), max_windows);
-  const std::int64_t begin = n * job.rank() / job.world_size(), end = n * (job.rank() + 1) / job.world_size();
+  const std::int64_t begin = n * part / parts, end = n * (part + 1) / parts;
   tutti::Tensor acc = tutti::Tensor::zeros({2}, tutti::DType::f32, job.device());  // sum of losses, count
   const tutti::Tensor sum = acc.view(0, {1}), count = acc.view(1, {1});
   const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(job.device(), stream);
   tutti::nn::CrossEntropyLoss loss;
   model.eval();
-  const std::int64_t most = (n + job.world_size() - 1) / job.world_size();  // the most windows of a rank
+  const std::int64_t most = (n + parts - 1) / parts;  // the most windows of a rank
   for (std::int64_t b = begin; b < end || (sharded && b < begin + most); b += chunk) {
     if (b >= end) {
       if (n > 0) model.forward(val.windows_range(0, 1).inputs.to(job.device(), stream));
@@ -106,6 +109,7 @@ double evaluate(tutti::Job& job, tutti::models::CausalLm& model, const tutti::da
     tutti::kernels::add_scaled(one, static_cast<float>(rows), count, stream);
   }
   model.train();
+  // Over every rank: a tensor-parallel group adds its windows' sums and counts tp times alike.
   tutti::CallOptions call;
   call.label = "validation loss";
   call.stream = stream;
@@ -144,7 +148,19 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context, 1024);
   if (f.min_lr < 0) f.min_lr = f.lr / 10;
   TUTTI_CHECK_ARG(f.seq_len <= context, "--seq-len ", f.seq_len, " is longer than the context ", context);
-  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);
+  // --tp N: N ranks per model, data parallelism over the world / N groups.
+  TUTTI_CHECK_ARG(world % f.tp == 0, "--tp ", f.tp, " must divide the ", world, " rank(s)");
+  if (f.tp > 1) {
+    TUTTI_CHECK_ARG(std::holds_alternative<tutti::models::GptConfig>(config),
+                    "--tp: only a GPT (--model gpt-*) splits over ranks yet, not ", f.model);
+    TUTTI_CHECK_ARG(f.init_from.empty() && f.export_dir.empty(), "--tp with --init-from or --export: not yet");
+    TUTTI_CHECK_ARG(f.sync == "ddp" && f.allreduce == "flat",
+                    "--tp: data parallelism is plain DDP only (--sync ddp, --allreduce flat), got --sync ", f.sync,
+                    " --allreduce ", f.allreduce);
+    TUTTI_CHECK_ARG(!f.deterministic, "--tp with --deterministic: not yet");
+  }
+  const int dp = world / f.tp;
+  f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, dp);
   job.check_same("the flags that shape the run", shaping_flags(f, config));
   job.check_same("the training data (crc32/tokens)", corpus_fingerprint(data.train));
   job.check_same("the validation data (crc32/tokens)", corpus_fingerprint(data.val));
@@ -154,12 +170,16 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // At ZeRO-3 the model is built without storage (nn::DeferredParameters): DDP fills each rank's
   // shards one transformer layer at a time, from the seed or the --init-from folder, so that no
   // rank ever holds the whole model. The other stages keep it whole anyway.
+  // --tp: the mesh of dp x tp ranks (COLLECTIVE); the model is split over its tp group.
+  std::optional<tutti::DeviceMesh> mesh;
+  if (f.tp > 1) mesh.emplace(job.mesh({{"dp", dp}, {"tp", f.tp}}));
+  tutti::Communicator* tp_group = mesh ? &mesh->group("tp") : nullptr;
   std::unique_ptr<tutti::models::CausalLm> owned_model;
   if (f.zero == 3) {
     tutti::nn::DeferredParameters defer;
-    owned_model = gpt::make_model(config);
+    owned_model = gpt::make_model(config, tp_group);
   } else {
-    owned_model = gpt::make_model(config);
+    owned_model = gpt::make_model(config, tp_group);
   }
   tutti::models::CausalLm& model = *owned_model;
   model.set_recompute(tutti::models::Recompute::parse(f.recompute));
@@ -190,7 +210,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (f.deterministic) ddp_options.deterministic = tutti::ddp::DeterministicOptions{};
   const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)
-  tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
+  tutti::ddp::DistributedDataParallel ddp(mesh ? mesh->group("dp") : sync.ddp_communicator(), model, ddp_options);
   if (hook) ddp.register_comm_hook(hook);
   // What building, loading and sharding the model took at its worst (the optimizer's state is
   // not made yet).
@@ -226,15 +246,17 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   tutti::data::TokenLoaderOptions lo;
   lo.sequence_length = f.seq_len;
   lo.global_micro_batch_size = f.batch_size / f.accum_steps;
-  lo.rank = job.rank();
-  lo.world_size = world;
+  // A data-parallel group's slice of each batch (--tp: its ranks read the same).
+  const int dp_rank = mesh ? mesh->coordinate("dp") : job.rank();
+  lo.rank = dp_rank;
+  lo.world_size = dp;
   lo.seed = f.seed;
   tutti::data::TokenLoader loader(data.train, lo);
   tutti::data::TokenLoaderOptions vo = lo;
   vo.shuffle = false;
-  vo.global_micro_batch_size = world;
+  vo.global_micro_batch_size = dp;
   tutti::data::TokenLoader val_loader(data.val, vo);
-  const std::int64_t val_windows = std::max<std::int64_t>(world, f.val_tokens / f.seq_len);
+  const std::int64_t val_windows = std::max<std::int64_t>(dp, f.val_tokens / f.seq_len);
   const std::int64_t tokens_per_step = f.batch_size * f.seq_len;
 
   // Run control (tutti::train::Run): resume (every rank reads the checkpoint), checkpoints,
@@ -252,6 +274,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
        std::visit([](const auto& c) { return tutti::models::hf::config_json(c, tutti::DType::f32); }, config)}};
   double last_val = -1;
   tutti::train::State state(ddp, optimizer, scaler, loader);
+  state.tensor_parallel = tp_group;  // --tp: checkpoints of whole tensors, resumable at any --tp
   state.add_scalar("train.last_val_loss", last_val);
   // The CPU's measured peak (MFU), kept with the run: a relaunch neither measures nor probes anew.
   double run_peak_flops = 0;
@@ -260,13 +283,21 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   tutti::train::Run run(job, state, run_options);
   const std::int64_t first_step = run.first_step();
 
+  // The whole model's parameters and FLOPs (--tp: the unsplit model's, counted once: MFU is
+  // its useful work over every rank's peak). Built without storage.
+  std::unique_ptr<tutti::models::CausalLm> unsplit;
+  if (tp_group) {
+    tutti::nn::DeferredParameters defer;
+    unsplit = gpt::make_model(config);
+  }
+  tutti::models::CausalLm& whole_model = unsplit ? *unsplit : model;
   std::int64_t params = 0;
-  for (auto* p : model.parameters()) params += p->numel();
+  for (auto* p : whole_model.parameters()) params += p->numel();
   // What the run trains: the preset, or the Hugging Face folder it started from.
   const std::string model_name = f.init_from.empty() ? f.model : f.init_from;
   // MFU: the model's FLOPs as its layers count them (Module::flops), over the peak of tutti's table
   // (a known GPU), the GEMM ceiling measured now (CPU) or --peak-tflops (docs/observability.md).
-  const double flops_per_token = model.flops_per_token(f.seq_len);
+  const double flops_per_token = whole_model.flops_per_token(f.seq_len);
   const std::string device_name = tutti::device_description(device);
   tutti::obs::PeakFlops peak_info = tutti::obs::peak_flops(device, policy.compute, f.peak_tflops, run_peak_flops);
   if (peak_info.measured) run_peak_flops = peak_info.flops;
@@ -276,13 +307,14 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (chatty) {
     std::printf(
         "train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
-        "precision %s, grad comm %s, zero %d, recompute %s | global batch %lld x %lld tokens (%lld sequences per rank "
+        "precision %s, grad comm %s, zero %d, tp %d, recompute %s | global batch %lld x %lld tokens (%lld sequences "
+        "per rank "
         "x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
         "%lld steps%s%s\n",
         world, device_name.c_str(), std::string(job.backend()).c_str(), model_name.c_str(), model.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
-        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.recompute.c_str(),
+        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.tp, f.recompute.c_str(),
         static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
         static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
         static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
@@ -298,6 +330,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("ranks", world);
   summary.set("precision", f.precision);
   summary.set("zero", f.zero);
+  summary.set("tp", f.tp);
   summary.set("sync", sync.mode());
   summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);
@@ -341,7 +374,10 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     }
     if (scaler.update(ddp.found_nonfinite())) {
       float coefficient = 1.0f;
-      if (f.grad_clip > 0) coefficient = ddp.grad_norm(f.grad_clip).coefficient;
+      if (f.grad_clip > 0) {
+        coefficient = (tp_group ? tutti::parallel::grad_norm(ddp, *tp_group, f.grad_clip) : ddp.grad_norm(f.grad_clip))
+                          .coefficient;
+      }
       optimizer.step(coefficient);
     }
     ddp.zero_grad();
@@ -371,7 +407,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || end.last;
     if (eval_now) {
       ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
-      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream, f.zero == 3);
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream,
+                          f.zero == 3 || tp_group, dp_rank, dp);
       curve.push_back({step, step * tokens_per_step, end.loss, last_val});
     }
     const auto now = Clock::now();
@@ -397,9 +434,11 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     ddp.synchronize_parameters();
     // Resumed at the end: the checkpoint's validation loss may be of an earlier evaluation.
     if (curve.empty())
-      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream, f.zero == 3);
+      last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream,
+                          f.zero == 3 || tp_group, dp_rank, dp);
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const tutti::StateDict final_state = ddp.model_state_dict();  // COLLECTIVE under ZeRO
+    tutti::StateDict final_state = ddp.model_state_dict();  // COLLECTIVE under ZeRO
+    if (tp_group) final_state = tutti::parallel::whole_state_dict(final_state, model, *tp_group);  // COLLECTIVE
     const std::uint32_t crc = example::parameters_crc32(final_state);
     if (!f.export_dir.empty() && job.rank() == 0) {
       tutti::models::hf::ExportOptions eo;
@@ -426,7 +465,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     std::string sample;
     // What a person looks at first: text from the trained model. Rank 0's; at ZeRO-3 every
     // forward gathers parameters (collective), so every rank generates (the same text).
-    if (f.sample_tokens > 0 && (job.rank() == 0 || f.zero == 3)) {
+    if (f.sample_tokens > 0 && (job.rank() == 0 || f.zero == 3 || tp_group)) {
       tutti::models::SampleOptions so;
       so.tokens = f.sample_tokens;
       so.temperature = static_cast<float>(f.temperature);

@@ -52,14 +52,16 @@ ModelConfig model_config(const Flags& f, std::int64_t vocab) {
   return c;
 }
 
-std::unique_ptr<m::CausalLm> make_model(const ModelConfig& config) {
+std::unique_ptr<m::CausalLm> make_model(const ModelConfig& config, tutti::Communicator* tensor_parallel) {
   return std::visit(
-      [](const auto& c) -> std::unique_ptr<m::CausalLm> {
+      [tensor_parallel](const auto& c) -> std::unique_ptr<m::CausalLm> {
         using C = std::decay_t<decltype(c)>;
-        if constexpr (std::is_same_v<C, m::GptConfig>)
-          return std::make_unique<m::Gpt>(c);
-        else
+        if constexpr (std::is_same_v<C, m::GptConfig>) {
+          return tensor_parallel ? std::make_unique<m::Gpt>(c, *tensor_parallel) : std::make_unique<m::Gpt>(c);
+        } else {
+          TUTTI_CHECK_ARG(tensor_parallel == nullptr, "--tp: a Llama does not split over ranks yet");
           return std::make_unique<m::Llama>(c);
+        }
       },
       config);
 }

@@ -11,6 +11,7 @@ namespace gpt {
 
 int print_plan(Flags f) {
   namespace m = tutti::models;
+  TUTTI_CHECK_ARG(f.tp == 1, "--plan with --tp: the memory plan does not know tensor parallelism yet");
   const ModelConfig config = model_config(f, 0);  // the preset's vocabulary: --data is not read
   if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context_of(config), 1024);
   const int world = f.world_size;

@@ -164,16 +164,21 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)] / s.blocks;  // of each block
     TUTTI_CHECK_ARG(s.begin == group.rank() * count, "whole_state_dict: '", key, "' holds elements from ", s.begin,
                     " along dimension ", s.dim, ", not rank ", group.rank(), "'s share of ", count);
-    // Every rank's slice, back to back in rank order, then each put in its place.
+    // Every rank's slice, back to back in rank order (gathered on the model's device, which the
+    // group serves: nccl takes no host tensors), then each put in its place on the host.
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "whole_state_dict: '", key, "' is ", t.str(), ", not f32");
-    const Tensor slice = t.to(Device::cpu());
-    const Tensor gathered = Tensor::empty({group.size() * slice.numel()}, DType::f32);
+    const Stream& stream = model.stream();
+    const Tensor slice = t.to(model.device(), stream);
+    const Tensor gathered = Tensor::empty({group.size() * slice.numel()}, DType::f32, model.device());
     CallOptions call;
     call.label = "whole_state_dict " + key;
-    group.allgather(slice.reshape({slice.numel()}), gathered, call).wait();
+    call.stream = stream;
+    group.allgather(slice.reshape({slice.numel()}), gathered, call).wait(stream);
+    const Tensor host = gathered.to(Device::cpu(), stream);
+    stream.synchronize();
     const Tensor whole = Tensor::empty(s.full, DType::f32);
     for (int r = 0; r < group.size(); ++r) {
-      nn::put_slice(gathered.view(r * slice.numel(), p->shape()), s.dim, r * count, whole, s.blocks);
+      nn::put_slice(host.view(r * slice.numel(), p->shape()), s.dim, r * count, whole, s.blocks);
     }
     out[key] = whole;
   }

@@ -15,6 +15,7 @@
 #include "tutti/io/checkpoint.h"
 #include "tutti/nn/module.h"
 #include "tutti/optim/optimizer.h"
+#include "tutti/parallel/tensor_parallel.h"
 
 namespace tutti::train {
 io::Metadata metadata_of(const RunOptions& o) {
@@ -120,11 +121,22 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   // Whole tensors by name, whatever the number of ranks and the ZeRO stage that wrote them.
   ddp::DistributedDataParallel& ddp = *state.ddp;
   const StateDict model_state = io::strip_prefix(ckpt.state, "model.");
-  StateDict expected = ddp.module().extra_state();
-  for (const nn::Parameter* p : ddp.module().parameters()) expected[p->name] = Tensor::empty(p->shape(), DType::f32);
+  // A tensor-parallel model: the checkpoint holds the whole tensors; this rank takes its slices.
+  nn::Module& model = ddp.module();
+  StateDict expected = model.extra_state();
+  for (const nn::Parameter* p : model.parameters()) {
+    const bool split = state.tensor_parallel != nullptr && !p->init_slice.full.empty();
+    expected[p->name] = Tensor::empty(split ? p->init_slice.full : p->shape(), DType::f32);
+  }
   io::check_state_matches(model_state, expected, source);
-  ddp.load_model_state_dict(model_state);
-  ddp.load_optimizer_state_dict(*state.optimizer, io::strip_prefix(ckpt.state, "optim."));
+  const StateDict optim_state = io::strip_prefix(ckpt.state, "optim.");
+  if (state.tensor_parallel) {
+    ddp.load_model_state_dict(parallel::split_state_dict(model_state, model));
+    ddp.load_optimizer_state_dict(*state.optimizer, parallel::split_state_dict(optim_state, model));
+  } else {
+    ddp.load_model_state_dict(model_state);
+    ddp.load_optimizer_state_dict(*state.optimizer, optim_state);
+  }
   // The loss scaler's state belongs to the precision it was saved with: an fp32 run's (off,
   // scale 1) would start an fp16 run at scale 1 instead of the default 2^16.
   const auto saved_precision = ckpt.metadata.find("precision");
@@ -160,7 +172,14 @@ void Run::Impl::write_checkpoint(bool must) {
   // its result.
   for (const State::Entry& e : state.entries)
     if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
-  if (ddp.zero_stage() == 0) {
+  if (state.tensor_parallel) {
+    // A split model: the whole tensors over the data-parallel ranks (ZeRO's shards), then over
+    // the tensor-parallel group; every rank takes part (each group gathers its own), rank 0 writes.
+    Communicator& tp = *state.tensor_parallel;
+    model_state = parallel::whole_state_dict(ddp.model_state_dict(), ddp.module(), tp);
+    optim_state = parallel::whole_state_dict(ddp.optimizer_state_dict(*state.optimizer), ddp.module(), tp);
+    if (rank != 0) return;
+  } else if (ddp.zero_stage() == 0) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,
     // which copies them (not collective). An optimizer that is not attached has no views:
     // its state_dict() (a copy, also not collective at stage 0).
@@ -203,11 +222,13 @@ void Run::Impl::write_checkpoint(bool must) {
       if (!e.collective) io::add_prefixed(all, e.prefix, e.save());
     for (auto& [key, t] : collected) all[key] = t;
     io::add_prefixed(all, "", run_scalars());
-    // Stage 0 hands the writer live views, which it copies; ZeRO's gathered state was made for
-    // this checkpoint and is handed over, written where it is: the host holds it once.
+    // Stage 0 hands the writer live views, which it copies; ZeRO's (and a split model's) gathered
+    // state was made for this checkpoint and is handed over, written where it is: the host holds
+    // it once.
     StateDict gathered;
-    io::add_prefixed(ddp.zero_stage() == 0 ? all : gathered, "model.", model_state);
-    io::add_prefixed(ddp.zero_stage() == 0 ? all : gathered, "optim.", optim_state);
+    const bool made_for_it = ddp.zero_stage() != 0 || state.tensor_parallel != nullptr;  // not live views
+    io::add_prefixed(made_for_it ? gathered : all, "model.", model_state);
+    io::add_prefixed(made_for_it ? gathered : all, "optim.", optim_state);
     model_state = {};
     optim_state = {};
     io::Metadata metadata = metadata_of(options);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """train_gpt end to end under mpirun, on a small GPT and a small corpus so that CI stays fast
 (unittest): the same training on 1, 2 and 4 ranks, a resumed run bit-identical to an
-uninterrupted one, the data order that the PyTorch peer reproduces (benchmarks/peers/gpt_data.py),
+uninterrupted one, tensor parallelism (--tp) training as one rank does and resuming at any tp, the data order that the PyTorch peer reproduces (benchmarks/peers/gpt_data.py),
 the JSON summary and MFU, the sample, llm.c token shards, the default corpus (Debian's
 fortunes); a Llama (TrainLlama): the same training on 1 and 2 ranks and at every ZeRO stage, a
 resume across stages bit-identical, recomputation and deterministic mode bit-identical, DiLoCo,
@@ -35,7 +35,7 @@ WEIGHTS = {
     "test_default_corpus_is_debians_fortunes": 1.5, "test_recompute_trains_bit_identically": 3,
     "test_plan_prints_the_table_and_what_to_change": 0.1, "test_plan_counts_checkpoints_as_the_flags_ask": 0.1,
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
-    "test_diloco_and_memory_snapshots": 5,
+    "test_diloco_and_memory_snapshots": 5, "test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp": 7,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -124,6 +124,36 @@ class TrainGpt(unittest.TestCase):
         self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
         self.assertEqual(resumed["final_train_loss"], straight["final_train_loss"])
         self.assertEqual(resumed["final_val_loss"], straight["final_val_loss"])
+
+    def test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp(self):
+        # --tp 2 on 2 ranks, and dp 2 x tp 2 on 4 (ZeRO-1): the training of one rank (the same
+        # batches; only the sums' order differs). A tp 2 checkpoint holds whole tensors: it
+        # resumes at tp 1 and at dp 2 x tp 2 and continues the training.
+        heads = ["--heads", "4"]
+        one = train(1, self.dir, "tp1", *self.data, *heads)
+        for ranks, extra in ((2, []), (4, ["--zero", "1"])):
+            r = train(ranks, self.dir, "np%d" % ranks, *self.data, *heads, "--tp", "2", *extra)
+            self.assertEqual(r["tp"], 2)
+            self.assertEqual(r["parameters"], one["parameters"], "the whole model's count")
+            self.assertEqual(r["flops_per_token"], one["flops_per_token"], "the whole model's FLOPs")
+            for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+                self.assertAlmostEqual(r[key], one[key], delta=2e-5 * abs(one[key]), msg="np %d %s" % (ranks, key))
+            self.assertEqual(r["sample"], one["sample"])
+        ckpt = os.path.join(self.dir, "ckpt")
+        train(2, self.dir, "first", *self.data, *heads, "--tp", "2", "--checkpoint-dir", ckpt, "--max-steps", "3")
+        shutil.copytree(ckpt, ckpt + "2")
+        for ranks, flags, where in ((1, [], ckpt), (4, ["--tp", "2", "--zero", "1"], ckpt + "2")):
+            r = train(ranks, self.dir, "resumed%d" % ranks, *self.data, *heads, *flags, "--checkpoint-dir", where,
+                      "--resume")
+            self.assertEqual(r["resumed_from_step"], 3)
+            self.assertAlmostEqual(r["final_train_loss"], one["final_train_loss"], delta=2e-5 * one["final_train_loss"])
+        # Refused, naming the flag: a size that does not divide, a Llama, memory snapshots.
+        for ranks, flags, named in ((4, ["--tp", "3"], "--tp 3 must divide the 4 rank(s)"),
+                                    (2, ["--tp", "2", "--model", "llama-tiny"], "only a GPT"),
+                                    (2, ["--tp", "2", "--snapshot-every", "2", "--checkpoint-dir",
+                                         os.path.join(self.dir, "snap")], "do not hold a tensor-parallel model")):
+            p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
+            self.assertIn(named, p.stderr)
 
     def test_zero_stages_and_resume_across_them(self):
         # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,
@@ -339,7 +369,7 @@ class TrainGpt(unittest.TestCase):
 
 class TrainGptOnEmulatedGpu(unittest.TestCase):
     """train_gpt_emu --device cuda: the model, DDP (nccl, a GPU per rank) and the optimizer on
-    the emulated GPU follow the CPU run."""
+    the emulated GPU follow the CPU run (a GPT, a Llama, a GPT split over 2 ranks)."""
 
     def test_fp32_follows_the_cpu(self):
         if not ARGS.emu_binary:
@@ -348,7 +378,8 @@ class TrainGptOnEmulatedGpu(unittest.TestCase):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         data = ["--data", corpus(ARGS.workdir), "--steps", "3", "--eval-every", "0", "--sample-tokens", "4"]
-        for name, model in (("gpt", []), ("llama", LLAMA)):
+        # gpt-tp: the model split over the 2 ranks (--tp 2): its allreduces on the devices' streams.
+        for name, model in (("gpt", []), ("llama", LLAMA), ("gpt-tp", ["--heads", "4", "--tp", "2"])):
             cpu = train(2, d, name + "-cpu", *data, *model, "--device", "cpu")
             gpu = train(2, d, name + "-gpu", *data, *model, "--device", "cuda", binary=ARGS.emu_binary,
                         env={"TUTTI_EMU_DEVICES": "2"})
