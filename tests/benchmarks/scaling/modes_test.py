@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The thin-links model (benchmarks/scaling/modes.py) and predict --thin-links: properties that a
-wrong formula breaks, checked against the closed forms of the docstring and each other."""
+"""The thin-links model (benchmarks/scaling/modes.py) and predict --thin-links, and the
+tensor-parallel model (tensor_parallel.py) and predict --tensor-parallel: properties that a wrong
+formula breaks, checked against the closed forms of the docstrings and each other."""
 import json
 import math
 import os
@@ -13,6 +14,7 @@ SCALING = os.path.join(HERE, "..", "..", "..", "benchmarks", "scaling")
 sys.path.insert(0, SCALING)
 import model as M  # noqa: E402
 import modes as MD  # noqa: E402
+import tensor_parallel as TP  # noqa: E402
 
 NVLINK = M.Link(2e-6, 1 / 450e9)
 
@@ -256,6 +258,56 @@ class PowerSgd(unittest.TestCase):
     def test_needs_the_matrices(self):
         with self.assertRaises(ValueError):
             MD.predict(gpu_cluster(2, 1), gpt(), MD.Mode("ddp", "powersgd"), 1000)
+
+
+PCIE = M.Link(5e-6, 1 / 25e9)
+GPT2_XL = TP.Gpt(layers=48, width=1600, vocab=50257, context=1024, tokens_per_gpu=8192, peak_tflops=989, mfu=0.4)
+
+
+class TensorParallel(unittest.TestCase):
+    def test_tp_one_is_a_plain_ddp_step(self):
+        c = gpu_cluster(4, 8, 100.0)
+        r = TP.predict(c, GPT2_XL, 1)
+        g = GPT2_XL
+        flops = 6 * (48 * 12 * g.width ** 2 + g.vocab * g.width) + 12 * 48 * g.width * g.context
+        compute = flops * g.tokens_per_gpu / (g.peak_tflops * 1e12 * g.mfu)
+        self.assertAlmostEqual(r.compute_s, compute, delta=1e-9)
+        layers = [(g.vocab + g.context) * g.width] + [12 * g.width ** 2] * 48
+        step = M.ddp_step(c, M.Model("x", layers, 2, compute / 3, 2 * compute / 3, 0.0), "nccl")[0]
+        self.assertAlmostEqual(r.step_s, step, delta=1e-9)
+        self.assertEqual(r.tp_comm_s, 0.0)
+
+    def test_state_per_rank_is_the_closed_form(self):
+        g = GPT2_XL
+        for tp in (1, 2, 4, 8):
+            r = TP.predict(gpu_cluster(1, 8), g, tp)
+            held = (g.vocab + g.context) * g.width + 48 * 12 * g.width ** 2 / tp
+            self.assertAlmostEqual(r.state_bytes, 16 * held, delta=1)
+            # TP's allreduces: 4 per layer, a ring of tp over the intra link.
+            ring = 0 if tp == 1 else 2 * (tp - 1) * (NVLINK.alpha + g.tokens_per_gpu * g.width * 2 * NVLINK.beta)
+            self.assertAlmostEqual(r.tp_comm_s, 4 * 48 * ring, delta=1e-12)
+
+    def test_tp_pays_over_thin_links_on_nvlink_and_not_over_pcie_in_one_node(self):
+        thin = [TP.predict(gpu_cluster(16, 8, 10.0), GPT2_XL, tp) for tp in TP.sizes(8)]
+        self.assertGreater(max(thin, key=lambda r: r.tokens_per_s).tp, 1)
+        self.assertIn("TP pays in speed", TP.advise(thin))
+        pcie = M.Cluster("pcie", 1, 8, PCIE, ethernet(100.0))
+        rows = [TP.predict(pcie, GPT2_XL, tp) for tp in TP.sizes(8)]
+        self.assertEqual(max(rows, key=lambda r: r.tokens_per_s).tp, 1)
+        self.assertTrue(all(a.tokens_per_s > b.tokens_per_s for a, b in zip(rows, rows[1:])))
+        # The memory advice: 24.9 GB at tp 1 does not fit 16 GB; tp 2's 13.1 GB does.
+        self.assertIn("tp 2 is the smallest that does", TP.advise(rows, 16e9))
+
+    def test_refusals_and_the_cli(self):
+        with self.assertRaises(ValueError):
+            TP.predict(gpu_cluster(1, 6), GPT2_XL, 4)
+        self.assertEqual(TP.sizes(8), [1, 2, 4, 8])
+        p = subprocess.run([sys.executable, os.path.join(SCALING, "predict"), "--tensor-parallel", "--gpu", "l40s",
+                            "--model", "gpt2-1558m", "--nodes", "1", "--inter-gbit", "100"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("advice: fastest: tp 1", p.stdout)
+        self.assertEqual(len([x for x in p.stdout.splitlines() if x.strip()[:1].isdigit()]), 4)
 
 
 if __name__ == "__main__":
