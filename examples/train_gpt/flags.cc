@@ -24,8 +24,8 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(CLI::IsMember({"flash", "materialized"}))
       ->capture_default_str();
   app.add_option("--tp", f.tp,
-                 "tensor parallelism: each model split over N ranks (each layer's heads and MLP features; GPT "
-                 "only), data parallelism over the world / N groups; N must divide the ranks")
+                 "tensor parallelism: each model split over N ranks (each layer's heads and MLP features), data "
+                 "parallelism over the world / N groups; N must divide the ranks, and the heads")
       ->check(example::positive(f.tp))
       ->capture_default_str();
   app.add_option("--recompute", f.recompute,

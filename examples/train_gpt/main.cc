@@ -151,8 +151,6 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // --tp N: N ranks per model, data parallelism over the world / N groups.
   TUTTI_CHECK_ARG(world % f.tp == 0, "--tp ", f.tp, " must divide the ", world, " rank(s)");
   if (f.tp > 1) {
-    TUTTI_CHECK_ARG(std::holds_alternative<tutti::models::GptConfig>(config),
-                    "--tp: only a GPT (--model gpt-*) splits over ranks yet, not ", f.model);
     TUTTI_CHECK_ARG(f.init_from.empty() && f.export_dir.empty(), "--tp with --init-from or --export: not yet");
     TUTTI_CHECK_ARG(f.sync == "ddp" && f.allreduce == "flat",
                     "--tp: data parallelism is plain DDP only (--sync ddp, --allreduce flat), got --sync ", f.sync,

@@ -59,8 +59,7 @@ std::unique_ptr<m::CausalLm> make_model(const ModelConfig& config, tutti::Commun
         if constexpr (std::is_same_v<C, m::GptConfig>) {
           return tensor_parallel ? std::make_unique<m::Gpt>(c, *tensor_parallel) : std::make_unique<m::Gpt>(c);
         } else {
-          TUTTI_CHECK_ARG(tensor_parallel == nullptr, "--tp: a Llama does not split over ranks yet");
-          return std::make_unique<m::Llama>(c);
+          return tensor_parallel ? std::make_unique<m::Llama>(c, *tensor_parallel) : std::make_unique<m::Llama>(c);
         }
       },
       config);

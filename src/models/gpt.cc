@@ -93,7 +93,7 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp)
   const LinearOptions proj{.init = WeightInit::normal(0.02 / std::sqrt(2.0 * static_cast<double>(config.layers)))};
   const nn::AttentionOptions attention{.kernel = config.attention};
   if (tp_ != nullptr) {
-    // Megatron's split: each rank its heads (the [q | k | v] projection's rows of them, blocks 3)
+    // Megatron's split: each rank its heads (the [q | k | v] projection's rows of them, 3 blocks)
     // and its 1/tp of the MLP's 4·width features; the output projections sum over the group.
     TUTTI_CHECK_ARG(config.heads % tp_->size() == 0, "GPT: ", config.heads,
                     " heads must divide by the tensor-parallel group's ", tp_->size(), " rank(s)");
@@ -101,7 +101,7 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp)
       blocks_.emplace<Residual>()
           .body()
           .add<LayerNorm>(C)
-          .add<parallel::ColumnParallelLinear>(*tp_, C, 3 * C, weight, /*blocks=*/3)
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 3 * C, weight, std::vector<std::int64_t>{C, C, C})
           .add<nn::CausalSelfAttention>(config.heads / tp_->size(), attention)
           .add<parallel::RowParallelLinear>(*tp_, C, C, proj);
       blocks_.emplace<Residual>()

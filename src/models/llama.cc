@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "tutti/core/error.h"
+#include "tutti/parallel/tensor_parallel.h"
 
 namespace tutti::models {
 
@@ -77,28 +78,58 @@ void LlamaConfig::validate() const {
                   " kv_heads for ", heads, " heads); use flash");
 }
 
-Llama::Llama(const LlamaConfig& config)
+Llama::Llama(const LlamaConfig& config) : Llama(config, nullptr) {}
+
+Llama::Llama(const LlamaConfig& config, Communicator& tensor_parallel) : Llama(config, &tensor_parallel) {}
+
+Llama::Llama(const LlamaConfig& config, Communicator* tp)
     : config_((config.validate(), config)),
+      tp_(tp),
       rope_(std::make_shared<nn::RopeTable>(config.head_dim(), config.rope)),
       embed_(config.vocab, config.width),
       norm_(config.width, config.norm_eps) {
   const std::int64_t C = config.width, hs = config.head_dim(), H = config.heads, G = config.kv_heads;
   const LinearOptions weight{.bias = false, .init = WeightInit::normal(0.02)};
   const nn::AttentionOptions attention{.kv_heads = G, .kernel = config.attention};
-  for (std::int64_t l = 0; l < config.layers; ++l) {
-    blocks_.emplace<Residual>()
-        .body()
-        .add<RMSNorm>(C, config.norm_eps)
-        .add<Linear>(C, (H + 2 * G) * hs, weight)
-        .add<nn::RotaryEmbedding>(H, G, rope_)
-        .add<nn::CausalSelfAttention>(H, attention)
-        .add<Linear>(H * hs, C, weight);
-    blocks_.emplace<Residual>()
-        .body()
-        .add<RMSNorm>(C, config.norm_eps)
-        .add<Linear>(C, 2 * config.ffn, weight)
-        .add<nn::SwiGLU>()
-        .add<Linear>(config.ffn, C, weight);
+  if (tp_ != nullptr) {
+    // Megatron's split (as Gpt's): each rank H/tp query heads and G/tp key/value heads, F/tp of the
+    // MLP's features; the output and down projections sum over the group.
+    const std::int64_t n = tp_->size(), F = config.ffn;
+    TUTTI_CHECK_ARG(H % n == 0 && G % n == 0 && F % n == 0, "Llama: ", H, " heads, ", G, " key/value heads and ffn ", F,
+                    " must divide by the tensor-parallel group's ", n, " rank(s)");
+    const nn::AttentionOptions local{.kv_heads = G / n, .kernel = config.attention};
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+      blocks_.emplace<Residual>()
+          .body()
+          .add<RMSNorm>(C, config.norm_eps)
+          .add<parallel::ColumnParallelLinear>(*tp_, C, (H + 2 * G) * hs, weight,
+                                               std::vector<std::int64_t>{H * hs, G * hs, G * hs})
+          .add<nn::RotaryEmbedding>(H / n, G / n, rope_)
+          .add<nn::CausalSelfAttention>(H / n, local)
+          .add<parallel::RowParallelLinear>(*tp_, H * hs, C, weight);
+      blocks_.emplace<Residual>()
+          .body()
+          .add<RMSNorm>(C, config.norm_eps)
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 2 * F, weight, std::vector<std::int64_t>{F, F})
+          .add<nn::SwiGLU>()
+          .add<parallel::RowParallelLinear>(*tp_, F, C, weight);
+    }
+  } else {
+    for (std::int64_t l = 0; l < config.layers; ++l) {
+      blocks_.emplace<Residual>()
+          .body()
+          .add<RMSNorm>(C, config.norm_eps)
+          .add<Linear>(C, (H + 2 * G) * hs, weight)
+          .add<nn::RotaryEmbedding>(H, G, rope_)
+          .add<nn::CausalSelfAttention>(H, attention)
+          .add<Linear>(H * hs, C, weight);
+      blocks_.emplace<Residual>()
+          .body()
+          .add<RMSNorm>(C, config.norm_eps)
+          .add<Linear>(C, 2 * config.ffn, weight)
+          .add<nn::SwiGLU>()
+          .add<Linear>(config.ffn, C, weight);
+    }
   }
   register_module("embed", embed_);
   register_module("blocks", blocks_);
@@ -112,7 +143,9 @@ Llama::Llama(const LlamaConfig& config)
   }
 }
 
-std::string Llama::describe() const { return "Llama(" + config_.fingerprint() + ")"; }
+std::string Llama::describe() const {
+  return "Llama(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") + ")";
+}
 
 std::int64_t Llama::flop_parameters() {
   std::int64_t n = 0;

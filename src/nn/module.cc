@@ -318,7 +318,7 @@ Module& Module::init(std::uint64_t seed) {
       // A shard: the whole tensor's draw, then this slice of it.
       const Tensor whole = Tensor::empty(slice.full, DType::f32);
       fill_init(whole, spec, rng);
-      take_slice(whole, slice.dim, slice.begin, host, slice.blocks);
+      take_slice(whole, slice, host);
     };
     p.initialized = true;
     if (p.deferred) continue;  // the same values, drawn when the parameter is materialized

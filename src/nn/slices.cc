@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "tutti/core/error.h"
 
@@ -9,54 +10,70 @@ namespace tutti::nn {
 
 namespace {
 
-// A slice's shape along `dim`: `blocks` blocks of `block` elements in whole, `count` of each in
-// part, from `begin`; `outer`, `inner` the products of whole's dimensions before and after dim.
+// Where a slice's elements are along its dimension: (whole's begin, count) of each block, in
+// order, laid end to end in the part; `outer`, `inner` the products of the dimensions before and
+// after it.
 struct Geometry {
-  std::int64_t outer = 1, inner = 1, block = 0, count = 0;
+  std::int64_t outer = 1, inner = 1, along = 0, part_along = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;
 };
 
-Geometry slice_geometry(const Tensor& whole, int dim, std::int64_t begin, const Tensor& part, int blocks) {
-  const Shape& full = whole.shape();
-  TUTTI_CHECK_ARG(blocks >= 1 && dim >= 0 && dim < whole.ndim() && part.ndim() == whole.ndim() &&
-                      whole.dim(dim) % blocks == 0 && part.dim(dim) % blocks == 0 &&
-                      begin + part.dim(dim) / blocks <= whole.dim(dim) / blocks,
-                  "a slice ", part.str(), " from ", begin, " along dimension ", dim, " (in each of ", blocks,
-                  " block(s)) is not in ", whole.str());
+Geometry slice_geometry(const Tensor& whole, const Parameter::InitSlice& s, const Tensor& part) {
+  const int dim = s.dim;
+  TUTTI_CHECK_ARG(
+      dim >= 0 && dim < whole.ndim() && part.ndim() == whole.ndim() && s.parts >= 1 && s.part >= 0 && s.part < s.parts,
+      "a slice ", part.str(), " (part ", s.part, " of ", s.parts, " along dimension ", dim, ") does not fit ",
+      whole.str());
   Geometry g;
-  for (int d = 0; d < dim; ++d) g.outer *= full[static_cast<std::size_t>(d)];
-  for (int d = dim + 1; d < whole.ndim(); ++d) g.inner *= full[static_cast<std::size_t>(d)];
-  g.block = whole.dim(dim) / blocks;
-  g.count = part.dim(dim) / blocks;
+  g.along = whole.dim(dim);
+  const std::vector<std::int64_t> blocks = s.blocks.empty() ? std::vector<std::int64_t>{g.along} : s.blocks;
+  std::int64_t at = 0;
+  for (const std::int64_t b : blocks) {
+    TUTTI_CHECK_ARG(b > 0 && b % s.parts == 0, "a slice of ", whole.str(), ": block ", b, " along dimension ", dim,
+                    " does not divide into ", s.parts, " parts");
+    g.runs.emplace_back(at + b / s.parts * s.part, b / s.parts);
+    g.part_along += b / s.parts;
+    at += b;
+  }
+  TUTTI_CHECK_ARG(at == g.along && part.dim(dim) == g.part_along, "a slice ", part.str(), " (part ", s.part, " of ",
+                  s.parts, " of blocks summing to ", at, " along dimension ", dim, ") does not fit ", whole.str());
+  for (int d = 0; d < whole.ndim(); ++d) {
+    if (d != dim) {
+      TUTTI_CHECK_ARG(part.dim(d) == whole.dim(d), "a slice ", part.str(), " differs from ", whole.str(),
+                      " in dimension ", d);
+    }
+    if (d < dim) g.outer *= whole.dim(d);
+    if (d > dim) g.inner *= whole.dim(d);
+  }
   return g;
 }
 
 // Calls copy(whole offset, part offset, elements) for every contiguous run of the slice.
 template <typename Copy>
-void for_each_run(const Geometry& g, std::int64_t begin, int blocks, Copy&& copy) {
-  const std::int64_t along = g.block * blocks, part_along = g.count * blocks;
+void for_each_run(const Geometry& g, Copy&& copy) {
   for (std::int64_t o = 0; o < g.outer; ++o) {
-    for (int b = 0; b < blocks; ++b) {
-      copy((o * along + b * g.block + begin) * g.inner, (o * part_along + b * g.count) * g.inner, g.count * g.inner);
+    std::int64_t p = o * g.part_along;
+    for (const auto& [begin, count] : g.runs) {
+      copy((o * g.along + begin) * g.inner, p * g.inner, count * g.inner);
+      p += count;
     }
   }
 }
 
 }  // namespace
 
-void take_slice(const Tensor& whole, int dim, std::int64_t begin, const Tensor& part, int blocks) {
-  const Geometry g = slice_geometry(whole, dim, begin, part, blocks);
+void take_slice(const Tensor& whole, const Parameter::InitSlice& slice, const Tensor& part) {
+  const Geometry g = slice_geometry(whole, slice, part);
   const float* src = whole.data_as<float>();
   float* dst = part.data_as<float>();
-  for_each_run(g, begin, blocks,
-               [&](std::int64_t w, std::int64_t p, std::int64_t n) { std::copy_n(src + w, n, dst + p); });
+  for_each_run(g, [&](std::int64_t w, std::int64_t p, std::int64_t n) { std::copy_n(src + w, n, dst + p); });
 }
 
-void put_slice(const Tensor& part, int dim, std::int64_t begin, const Tensor& whole, int blocks) {
-  const Geometry g = slice_geometry(whole, dim, begin, part, blocks);
+void put_slice(const Tensor& part, const Parameter::InitSlice& slice, const Tensor& whole) {
+  const Geometry g = slice_geometry(whole, slice, part);
   const float* src = part.data_as<float>();
   float* dst = whole.data_as<float>();
-  for_each_run(g, begin, blocks,
-               [&](std::int64_t w, std::int64_t p, std::int64_t n) { std::copy_n(src + p, n, dst + w); });
+  for_each_run(g, [&](std::int64_t w, std::int64_t p, std::int64_t n) { std::copy_n(src + p, n, dst + w); });
 }
 
 }  // namespace tutti::nn

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "tutti/core/tensor.h"
+#include "tutti/nn/parameter.h"
 
 namespace tutti::nn {
 
@@ -17,12 +18,11 @@ inline Shape with_last(Shape shape, std::int64_t last) {
   return shape;
 }
 
-// part = the elements [begin, begin + part's size along dim) of `whole` along `dim` (fp32, CPU;
-// whole's other dimensions equal part's). With blocks > 1, whole's `dim` is that many equal
-// blocks and part takes part's size / blocks elements from `begin` of each (Parameter::InitSlice).
-// InvalidArgument when it does not fit.
-void take_slice(const Tensor& whole, int dim, std::int64_t begin, const Tensor& part, int blocks = 1);
+// part = the elements of `whole` that `slice` (Parameter::InitSlice) names, fp32 on the CPU: along
+// slice.dim, part slice.part of slice.parts of each block, the blocks' parts end to end; whole's
+// shape is slice.full and part's the same but along dim. InvalidArgument when they do not fit.
+void take_slice(const Tensor& whole, const Parameter::InitSlice& slice, const Tensor& part);
 // The converse: those elements of `whole` = part.
-void put_slice(const Tensor& part, int dim, std::int64_t begin, const Tensor& whole, int blocks = 1);
+void put_slice(const Tensor& part, const Parameter::InitSlice& slice, const Tensor& whole);
 
 }  // namespace tutti::nn

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/slices.h"
 #include "tutti/core/error.h"
+#include "tutti/ddp/ddp.h"
 #include "tutti/kernels/linear.h"
 #include "tutti/kernels/reduce.h"
 
@@ -24,11 +27,23 @@ std::int64_t part_of(const Communicator& group, std::int64_t whole, const char* 
   return whole / group.size();
 }
 
-// The size of one of `blocks` equal blocks of `out` features; InvalidArgument unless they divide.
-std::int64_t block_of(std::int64_t out, int blocks) {
-  TUTTI_CHECK_ARG(blocks >= 1 && out % blocks == 0, "ColumnParallelLinear: out_features ", out, " must divide into ",
-                  blocks, " equal block(s)");
-  return out / blocks;
+// This rank's features of `out` made of `blocks` (empty: one block), each split over the group;
+// InvalidArgument unless the blocks sum to out and each divides by the group's size.
+std::int64_t column_part(const Communicator& group, std::int64_t out, const std::vector<std::int64_t>& blocks) {
+  if (blocks.empty()) return part_of(group, out, "ColumnParallelLinear", "out_features");
+  std::int64_t sum = 0, part = 0;
+  for (const std::int64_t b : blocks) {
+    sum += b;
+    part += part_of(group, b, "ColumnParallelLinear", "a block of out_features");
+  }
+  TUTTI_CHECK_ARG(sum == out, "ColumnParallelLinear: blocks summing to ", sum, ", not out_features ", out);
+  return part;
+}
+
+std::string blocks_str(const std::vector<std::int64_t>& blocks) {
+  std::string s;
+  for (const std::int64_t b : blocks) s += (s.empty() ? "" : " | ") + std::to_string(b);
+  return s;
 }
 
 // Sums `t` over the group in place, ordered on `stream` (COLLECTIVE).
@@ -42,25 +57,21 @@ void sum_over(Communicator& group, const Tensor& t, const Stream& stream, const 
 // ---- ColumnParallelLinear -----------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                                           nn::LinearOptions options, int blocks)
-    : nn::Linear(in_features,
-                 blocks * part_of(group, block_of(out_features, blocks), "ColumnParallelLinear",
-                                  blocks == 1 ? "out_features" : "a block of out_features"),
-                 options),
+                                           nn::LinearOptions options, std::vector<std::int64_t> blocks)
+    : nn::Linear(in_features, column_part(group, out_features, blocks), options),
       group_(group),
       in_(in_features),
       out_(out_features),
-      blocks_(blocks) {
-  // Rows [r·part, (r+1)·part) of each block of the whole [out, in] weight and of the bias, drawn
-  // as the whole layer's (its fan-out, not the part's).
-  const std::int64_t part = out_features / blocks / group.size();
+      blocks_(std::move(blocks)) {
+  // Part r of each block of the whole [out, in] weight's rows and of the bias, drawn as the whole
+  // layer's (its fan-out, not the part's).
   weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
-  weight.init_slice = {{out_, in_}, 0, group.rank() * part, blocks};
-  bias.init_slice = {{out_}, 0, group.rank() * part, blocks};
+  weight.init_slice = {{out_, in_}, 0, group.rank(), group.size(), blocks_};
+  bias.init_slice = {{out_}, 0, group.rank(), group.size(), blocks_};
 }
 
 std::string ColumnParallelLinear::describe() const {
-  return detail::str("ColumnParallelLinear(", in_, ", ", out_, blocks_ > 1 ? detail::str(", ", blocks_, " blocks") : "",
+  return detail::str("ColumnParallelLinear(", in_, ", ", out_, blocks_.empty() ? "" : " [" + blocks_str(blocks_) + "]",
                      ", tp ", group_.size(), ")");
 }
 
@@ -85,7 +96,7 @@ RowParallelLinear::RowParallelLinear(Communicator& group, std::int64_t in_featur
       has_bias_(options.bias) {
   TUTTI_CHECK_ARG(out_features > 0, "RowParallelLinear(", in_features, ", ", out_features, "): sizes must be positive");
   // Columns [r·part, (r+1)·part) of the whole [out, in] weight; the bias whole.
-  weight.init_slice = {{out_, in_}, 1, group.rank() * part_};
+  weight.init_slice = {{out_, in_}, 1, group.rank(), group.size(), {}};
   bias.no_weight_decay = true;
   register_parameter("weight", weight);
   if (has_bias_) register_parameter("bias", bias);
@@ -161,9 +172,8 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
       continue;
     }
     const nn::Parameter::InitSlice& s = p->init_slice;
-    const std::int64_t count = p->shape()[static_cast<std::size_t>(s.dim)] / s.blocks;  // of each block
-    TUTTI_CHECK_ARG(s.begin == group.rank() * count, "whole_state_dict: '", key, "' holds elements from ", s.begin,
-                    " along dimension ", s.dim, ", not rank ", group.rank(), "'s share of ", count);
+    TUTTI_CHECK_ARG(s.part == group.rank() && s.parts == group.size(), "whole_state_dict: '", key, "' holds part ",
+                    s.part, " of ", s.parts, ", not rank ", group.rank(), "'s of the group's ", group.size());
     // Every rank's slice, back to back in rank order (gathered on the model's device, which the
     // group serves: nccl takes no host tensors), then each put in its place on the host.
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "whole_state_dict: '", key, "' is ", t.str(), ", not f32");
@@ -178,7 +188,9 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     stream.synchronize();
     const Tensor whole = Tensor::empty(s.full, DType::f32);
     for (int r = 0; r < group.size(); ++r) {
-      nn::put_slice(host.view(r * slice.numel(), p->shape()), s.dim, r * count, whole, s.blocks);
+      nn::Parameter::InitSlice of_r = s;
+      of_r.part = r;
+      nn::put_slice(host.view(r * slice.numel(), p->shape()), of_r, whole);
     }
     out[key] = whole;
   }
@@ -199,7 +211,7 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
                     " (", shape_str(s.full), ")");
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "split_state_dict: '", key, "' is ", t.str(), ", not f32");
     const Tensor part = Tensor::empty(p->shape(), DType::f32);
-    nn::take_slice(t.to(Device::cpu()), s.dim, s.begin, part, s.blocks);
+    nn::take_slice(t.to(Device::cpu()), s, part);
     out[key] = part;
   }
   return out;

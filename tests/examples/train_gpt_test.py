@@ -147,9 +147,10 @@ class TrainGpt(unittest.TestCase):
                       "--resume")
             self.assertEqual(r["resumed_from_step"], 3)
             self.assertAlmostEqual(r["final_train_loss"], one["final_train_loss"], delta=2e-5 * one["final_train_loss"])
-        # Refused, naming the flag: a size that does not divide, a Llama, memory snapshots.
+        # Refused, naming the flag: a size that does not divide the ranks or the heads, memory snapshots.
         for ranks, flags, named in ((4, ["--tp", "3"], "--tp 3 must divide the 4 rank(s)"),
-                                    (2, ["--tp", "2", "--model", "llama-tiny"], "only a GPT"),
+                                    (4, ["--tp", "4", "--model", "llama-tiny", "--kv-heads", "2"],
+                                     "must divide by the tensor-parallel group's 4"),
                                     (2, ["--tp", "2", "--snapshot-every", "2", "--checkpoint-dir",
                                          os.path.join(self.dir, "snap")], "do not hold a tensor-parallel model")):
             p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
@@ -369,7 +370,7 @@ class TrainGpt(unittest.TestCase):
 
 class TrainGptOnEmulatedGpu(unittest.TestCase):
     """train_gpt_emu --device cuda: the model, DDP (nccl, a GPU per rank) and the optimizer on
-    the emulated GPU follow the CPU run (a GPT, a Llama, a GPT split over 2 ranks)."""
+    the emulated GPU follow the CPU run (a GPT, a Llama, each also split over 2 ranks)."""
 
     def test_fp32_follows_the_cpu(self):
         if not ARGS.emu_binary:
@@ -379,7 +380,8 @@ class TrainGptOnEmulatedGpu(unittest.TestCase):
         os.makedirs(d)
         data = ["--data", corpus(ARGS.workdir), "--steps", "3", "--eval-every", "0", "--sample-tokens", "4"]
         # gpt-tp: the model split over the 2 ranks (--tp 2): its allreduces on the devices' streams.
-        for name, model in (("gpt", []), ("llama", LLAMA), ("gpt-tp", ["--heads", "4", "--tp", "2"])):
+        for name, model in (("gpt", []), ("llama", LLAMA), ("gpt-tp", ["--heads", "4", "--tp", "2"]),
+                            ("llama-tp", [*LLAMA, "--tp", "2"])):
             cpu = train(2, d, name + "-cpu", *data, *model, "--device", "cpu")
             gpu = train(2, d, name + "-gpu", *data, *model, "--device", "cuda", binary=ARGS.emu_binary,
                         env={"TUTTI_EMU_DEVICES": "2"})

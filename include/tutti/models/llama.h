@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tutti/comm/communicator.h"
 #include "tutti/models/causal_lm.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/transformer.h"
@@ -74,6 +75,14 @@ class Llama : public CausalLm {
  public:
   // Throws InvalidArgument for an invalid configuration (LlamaConfig::validate).
   explicit Llama(const LlamaConfig& config);
+  // Tensor parallelism over `tensor_parallel` (parallel/tensor_parallel.h, as models::Gpt's): each
+  // layer's query and key/value heads (the q/k/v projection column-parallel by blocks {H·hs, G·hs,
+  // G·hs}, the output projection row-parallel) and its MLP features (the gate/up projection by
+  // blocks {F, F}, the down projection row-parallel) split across the group; the embedding, the
+  // head and the norms whole on every rank. COLLECTIVE forward and backward over the group; heads,
+  // kv_heads and ffn must divide by its size (InvalidArgument). Module::init gives each rank its
+  // slices of the unsplit Llama's values for the seed. Keeps a reference to the group.
+  Llama(const LlamaConfig& config, Communicator& tensor_parallel);
   const LlamaConfig& config() const { return config_; }
   std::string describe() const override;
   std::int64_t vocab() const override { return config_.vocab; }
@@ -102,7 +111,10 @@ class Llama : public CausalLm {
   Tensor backward_impl(const Tensor& dlogits) override;
 
  private:
+  Llama(const LlamaConfig& config, Communicator* tp);
+
   LlamaConfig config_;
+  Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
   std::shared_ptr<nn::RopeTable> rope_;
   nn::TokenEmbedding embed_;
   nn::RMSNorm norm_;

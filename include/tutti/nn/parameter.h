@@ -72,16 +72,17 @@ struct Parameter {
   // How Module::init fills it.
   InitSpec init;
   // A shard of a larger tensor (tensor parallelism, parallel/tensor_parallel.h): Module::init
-  // draws the whole tensor, of shape `full`, by `init` from this parameter's seed and keeps the
-  // elements [begin, begin + shape()[dim]) along `dim`, so a sharded model starts from the
-  // values of the unsharded one with the same seed. `full` empty: not a shard. With blocks > 1
-  // the dimension is that many equal blocks side by side (a fused [q | k | v] projection: 3),
-  // and the shard holds shape()[dim] / blocks elements from `begin` of each block, in order.
+  // draws the whole tensor, of shape `full`, by `init` from this parameter's seed and keeps part
+  // `part` of `parts` along `dim`, so a sharded model starts from the values of the unsharded
+  // one with the same seed. `full` empty: not a shard. The dimension may be blocks side by side
+  // (a fused [q | k | v] projection: Llama's H, G and G heads; SwiGLU's [gate | up]), each split
+  // alike: the shard holds elements [b·part/parts, b·(part+1)/parts) of each block of size b, in
+  // block order. `blocks` empty: one block, the whole dimension.
   struct InitSlice {
     Shape full;
     int dim = 0;
-    std::int64_t begin = 0;
-    int blocks = 1;
+    int part = 0, parts = 1;
+    std::vector<std::int64_t> blocks;
   };
   InitSlice init_slice;
   // false until Module::init or load_state_dict gave it values (or, deferred, a source);

@@ -39,9 +39,9 @@
 // parallel::grad_norm sums the split parameters' over the group and counts the replicated ones
 // (the row-parallel bias, and every parameter of the layers that are not split) once.
 //
-// Attention with the heads split: a ColumnParallelLinear(C, 3C, ..., blocks 3) before an
+// Attention with the heads split: a ColumnParallelLinear(C, 3C, ..., {C, C, C}) before an
 // nn::CausalSelfAttention of heads/tp heads and a RowParallelLinear(C, C) after it
-// (models::Gpt(config, group) builds GPT so).
+// (models::Gpt(config, group) and models::Llama(config, group) build theirs so).
 //
 // What is not here yet: the vocabulary-parallel embedding and
 // cross-entropy, sequence parallelism,
@@ -51,12 +51,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tutti/comm/communicator.h"
-#include "tutti/ddp/ddp.h"
 #include "tutti/nn/layers.h"
 #include "tutti/nn/module.h"
 #include "tutti/optim/clip.h"
+
+namespace tutti::ddp {
+class DistributedDataParallel;  // ddp/ddp.h (grad_norm reads its reduced gradients)
+}
 
 namespace tutti::parallel {
 
@@ -64,14 +68,16 @@ namespace tutti::parallel {
 // nn::Linear(in, out)'s output. An nn::Linear(in, out/tp) (weight [out/tp, in], bias [out/tp];
 // its forward and FLOPs as they are) whose initial values are its rows of the whole layer's and
 // whose input gradient is summed over the group in backward (COLLECTIVE). out must divide by
-// blocks x the group's size (InvalidArgument).
-// blocks > 1: the output is that many equal blocks side by side, each split across the group
-// (a fused [q | k | v] projection, blocks 3: rank r holds its heads' q, then their k, then their
-// v, which is what nn::CausalSelfAttention over heads/tp heads reads).
+// the group's size (InvalidArgument).
+// blocks: the output is blocks of these sizes side by side (summing to out), each split across
+// the group: rank r holds part r of each, in block order. A fused [q | k | v] projection,
+// {H·hs, G·hs, G·hs}: rank r holds its heads' q, then their k, then their v, which is what
+// nn::CausalSelfAttention over H/tp heads (G/tp key/value heads) reads; SwiGLU's [gate | up],
+// {F, F}. Empty: one block, the whole output. Each block must divide by the group's size.
 class ColumnParallelLinear : public nn::Linear {
  public:
   ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                       nn::LinearOptions options = {}, int blocks = 1);
+                       nn::LinearOptions options = {}, std::vector<std::int64_t> blocks = {});
   std::string describe() const override;
 
  protected:
@@ -80,7 +86,7 @@ class ColumnParallelLinear : public nn::Linear {
  private:
   Communicator& group_;
   std::int64_t in_, out_;
-  int blocks_;
+  std::vector<std::int64_t> blocks_;
 };
 
 // y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear

@@ -1,14 +1,16 @@
-// GPT with tensor parallelism (models::Gpt(config, group): heads and MLP features split, the
-// [q | k | v] projection by blocks) on thread ranks, against the unsplit Gpt on one rank with
-// the whole batch: at tp 2 and 4, and at dp 2 x tp 2 with DDP over the dp groups (ZeRO 0 and 3),
-// 20 steps of 2 micro-batches with gradient clipping give every step's loss and the whole
-// trained model (whole_state_dict) within 1e-5 of the reference's; the split model's state cut
-// from the whole (split_state_dict) is the rank's own, and a resumed tp 2 run continues the
-// reference; heads that do not divide are refused.
+// GPT and Llama with tensor parallelism (models::Gpt(config, group), models::Llama(config, group):
+// heads and MLP features split, the [q | k | v] and [gate | up] projections by blocks) on thread
+// ranks, against the unsplit model on one rank with the whole batch: at tp 2 and 4, and at dp 2
+// x tp 2 with DDP over the dp groups (ZeRO 0 and 3), 20 steps of 2 micro-batches with gradient
+// clipping give every step's loss and the whole trained model (whole_state_dict) within 1e-5 of
+// the reference's (a Llama with grouped-query heads, tied and untied heads); the split model's
+// state cut from the whole (split_state_dict) is the rank's own, and a resumed tp 2 run continues
+// the reference; heads that do not divide are refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +22,7 @@
 #include "tutti/ddp/ddp.h"
 #include "tutti/kernels/threads.h"
 #include "tutti/models/gpt.h"
+#include "tutti/models/llama.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/sgd.h"
 #include "tutti/parallel/tensor_parallel.h"
@@ -51,6 +54,35 @@ Tensor tokens(int step, int micro, std::int64_t first, std::int64_t rows, int sh
   return Tensor::from_ints(ids, {rows, kT}, DType::i32);
 }
 
+// 8 query heads over 4 key/value heads (tp 2 and 4 split both), an MLP of 64, no biases.
+models::LlamaConfig llama_config(bool tied) {
+  models::LlamaConfig c;
+  c.vocab = 32;
+  c.context = kT;
+  c.layers = 2;
+  c.heads = 8;
+  c.kv_heads = 4;
+  c.width = 32;
+  c.ffn = 64;
+  c.tied_head = tied;
+  return c;
+}
+
+enum class Kind { gpt, llama, llama_tied };
+
+// The model of `kind`, split over `tp` when given.
+std::unique_ptr<models::CausalLm> make(Kind kind, Communicator* tp) {
+  if (kind == Kind::gpt)
+    return tp ? std::make_unique<models::Gpt>(config(), *tp) : std::make_unique<models::Gpt>(config());
+  const models::LlamaConfig c = llama_config(kind == Kind::llama_tied);
+  return tp ? std::make_unique<models::Llama>(c, *tp) : std::make_unique<models::Llama>(c);
+}
+
+std::function<std::string(const std::string&)> gather_group(Kind kind) {
+  if (kind == Kind::gpt) return models::Gpt::gather_group;
+  return models::Llama::gather_groups(llama_config(kind == Kind::llama_tied));
+}
+
 struct Trained {
   std::vector<double> losses;  // rank 0's, each step's mean over its micro-batches
   StateDict whole, optim;      // the whole model and its optimizer's state at the end (rank 0's)
@@ -59,20 +91,20 @@ struct Trained {
 
 // Steps [first_step, first_step + steps) of SGD with momentum on a dp x tp mesh of thread ranks (tp 1: the
 // unsplit Gpt), from `from`'s whole state (cut for this tp) when given.
-Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first_step = 0, int steps = kSteps) {
+Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first_step = 0, int steps = kSteps,
+              Kind kind = Kind::gpt) {
   kernels::set_cpu_threads(1);
   Trained out;
   ThreadGroup group(dp * tp, CommOptions{.timeout = std::chrono::seconds(30)});
   group.run([&](int r) {
     const DeviceMesh mesh = group.mesh(r, {{"dp", dp}, {"tp", tp}});
     Communicator& tp_group = mesh.group("tp");
-    std::unique_ptr<models::Gpt> model =
-        tp == 1 ? std::make_unique<models::Gpt>(config()) : std::make_unique<models::Gpt>(config(), tp_group);
+    const std::unique_ptr<models::CausalLm> model = make(kind, tp == 1 ? nullptr : &tp_group);
     model->init(kSeed);
     if (from) model->load_state_dict(split_state_dict(from->whole, *model));
     ddp::DistributedDataParallel ddp(
         mesh.group("dp"), *model,
-        {.accumulation_steps = kMicro, .zero_stage = zero, .gather_group = models::Gpt::gather_group});
+        {.accumulation_steps = kMicro, .zero_stage = zero, .gather_group = gather_group(kind)});
     optim::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
     ddp.attach(sgd);
     if (from) ddp.load_optimizer_state_dict(sgd, split_state_dict(from->optim, *model));
@@ -190,6 +222,35 @@ TEST(GptTensorParallel, TheFusedProjectionSplitsByHeadsAndAResumeContinues) {
   const Trained resumed = train(1, 2, 0, &first, kSteps / 2, kSteps / 2);
   EXPECT_LT(relative_difference(resumed.whole, whole.whole), 1e-5);
   EXPECT_LT(relative_difference(resumed.optim, whole.optim), 1e-5);
+}
+
+TEST(LlamaTensorParallel, GroupedHeadsAndTheGatedMlpSplitAndTrainLikeTheUnsplitModel) {
+  for (const Kind kind : {Kind::llama, Kind::llama_tied}) {
+    SCOPED_TRACE(kind == Kind::llama ? "untied head" : "tied head");
+    const Trained one = train(1, 1, 0, nullptr, 0, kSteps, kind);
+    EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the reference learned";
+    for (int tp : {2, 4}) {
+      const Trained split = train(1, tp, 0, nullptr, 0, kSteps, kind);
+      std::printf("llama%s tp %d: parameters %.2e, losses %.2e from tp 1\n", kind == Kind::llama ? "" : " (tied)", tp,
+                  relative_difference(split.whole, one.whole), max_step_difference(split.losses, one.losses));
+      EXPECT_LT(relative_difference(split.whole, one.whole), 1e-5) << "tp " << tp;
+      EXPECT_LT(max_step_difference(split.losses, one.losses), 1e-5) << "tp " << tp;
+    }
+    const Trained mesh = train(2, 2, 3, nullptr, 0, kSteps, kind);
+    EXPECT_LT(relative_difference(mesh.whole, one.whole), 1e-5) << "dp 2 x tp 2, ZeRO 3";
+  }
+  // Key/value heads that do not divide: 4 query heads sharing 2 over 4 ranks.
+  models::LlamaConfig c = llama_config(false);
+  c.heads = 4;
+  c.kv_heads = 2;
+  ThreadGroup group(4);
+  try {
+    group.run([&](int r) { models::Llama model(c, group.communicator(r)); });
+    ADD_FAILURE() << "2 key/value heads over 4 ranks accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide by the tensor-parallel group's 4"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(GptTensorParallel, HeadsThatDoNotDivideAreRefused) {
