@@ -99,8 +99,15 @@ bool PreemptionWatcher::poll_once() {
     std::ifstream in(source_);
     std::stringstream text;
     text << in.rdbuf();
+    const std::string said(trim(text.str()));
+    // Empty: perhaps created and not written yet (a shell's `echo terminate > file`). It counts
+    // at the next poll, which quotes what was written by then.
+    if (said.empty() && !empty_file_seen_) {
+      empty_file_seen_ = true;
+      return false;
+    }
     std::lock_guard lock(mutex_);
-    notice_ = "file " + source_ + " exists: " + std::string(trim(text.str()));
+    notice_ = "file " + source_ + " exists: " + said;
     return true;
   }
   std::vector<std::pair<std::string, std::string>> headers;

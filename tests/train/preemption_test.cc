@@ -73,7 +73,14 @@ TEST(PreemptionWatcher, SeesAFileNamedForItsHost) {
   std::ofstream(dir / "notice-node7") << "terminate";
   for (int i = 0; i < 200 && !w.noticed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_TRUE(w.noticed());
+  // The file is created before it is written: a poll between the two sees it empty and waits
+  // one poll (this test failed once in 46 runs under load when the first sight counted).
   EXPECT_NE(w.notice().find("terminate"), std::string::npos) << w.notice();
+  // A file that stays empty is a notice too, one poll later.
+  PreemptionWatcher empty({.source = "file:" + (dir / "empty").string(), .poll_seconds = 0.01}, "node7");
+  std::ofstream(dir / "empty").close();
+  for (int i = 0; i < 200 && !empty.noticed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(empty.noticed());
   std::filesystem::remove_all(dir);
 }
 

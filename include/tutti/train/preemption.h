@@ -28,7 +28,9 @@ struct PreemptionOptions {
   //            Metadata: true): an event of EventType "Preempt" is a notice
   //   "http://HOST[:PORT]/PATH"  any service of your own: an answer 200 whose body is not
   //            empty, "FALSE", "false" or "0" is a notice
-  //   "file:PATH"  a notice once the file exists (tests, or a node agent that writes one)
+  //   "file:PATH"  a notice once the file exists (tests, or a node agent that writes one); an
+  //            empty file counts one poll later (its writer may be between creating and
+  //            writing it: the notice then quotes what it wrote)
   // "{host}" in a URL or a path is replaced by this host's name (one service for many nodes).
   // URLs need tutti built with cpp-httplib (libcpp-httplib-dev); plain HTTP only, as the
   // metadata services are.
@@ -71,6 +73,7 @@ class PreemptionWatcher {
   std::condition_variable stop_cv_;
   bool stopping_ = false;
   std::string notice_, error_;
+  bool empty_file_seen_ = false;  // "file:": the file existed, empty, at the last poll
   std::thread thread_;
 };
 
