@@ -165,6 +165,51 @@ const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, cons
 StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group) {
   const std::vector<nn::Parameter*> params = model.parameters();
   StateDict out;
+  // The split entries (every rank has the same, in key order), gathered in batches of at most
+  // kBatchBytes of this rank's slices: one allgather per batch rather than per tensor, and no
+  // more than tp x kBatchBytes on the device at once.
+  constexpr std::int64_t kBatchBytes = 64 << 20;
+  struct Split {
+    std::string key;
+    const nn::Parameter* param;
+    Tensor slice;
+  };
+  std::vector<Split> batch;
+  std::int64_t batch_numel = 0;
+  const Stream& stream = model.stream();
+  auto gather_batch = [&] {
+    if (batch.empty()) return;
+    // Every rank's slices back to back (in rank order, each rank's in key order), gathered on
+    // the model's device (the group serves it: nccl takes no host tensors), then each put in
+    // its place on the host.
+    const Tensor flat = Tensor::empty({batch_numel}, DType::f32, model.device());
+    std::int64_t at = 0;
+    for (const Split& e : batch) {
+      flat.view(at, {e.slice.numel()}).copy_from(e.slice.to(model.device(), stream).reshape({e.slice.numel()}), stream);
+      at += e.slice.numel();
+    }
+    const Tensor gathered = Tensor::empty({group.size() * batch_numel}, DType::f32, model.device());
+    CallOptions call;
+    call.label = "whole_state_dict of " + std::to_string(batch.size()) + " tensor(s) from '" + batch.front().key + "'";
+    call.stream = stream;
+    group.allgather(flat, gathered, call).wait(stream);
+    const Tensor host = gathered.to(Device::cpu(), stream);
+    stream.synchronize();
+    at = 0;
+    for (const Split& e : batch) {
+      const nn::Parameter::InitSlice& s = e.param->init_slice;
+      const Tensor whole = Tensor::empty(s.full, DType::f32);
+      for (int r = 0; r < group.size(); ++r) {
+        nn::Parameter::InitSlice of_r = s;
+        of_r.part = r;
+        nn::put_slice(host.view(r * batch_numel + at, e.param->shape()), of_r, whole);
+      }
+      out[e.key] = whole;
+      at += e.slice.numel();
+    }
+    batch.clear();
+    batch_numel = 0;
+  };
   for (const auto& [key, t] : mine) {
     const nn::Parameter* p = split_owner(params, key);
     if (p == nullptr || t.shape() != p->shape()) {
@@ -174,26 +219,12 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     const nn::Parameter::InitSlice& s = p->init_slice;
     TUTTI_CHECK_ARG(s.part == group.rank() && s.parts == group.size(), "whole_state_dict: '", key, "' holds part ",
                     s.part, " of ", s.parts, ", not rank ", group.rank(), "'s of the group's ", group.size());
-    // Every rank's slice, back to back in rank order (gathered on the model's device, which the
-    // group serves: nccl takes no host tensors), then each put in its place on the host.
     TUTTI_CHECK_ARG(t.dtype() == DType::f32, "whole_state_dict: '", key, "' is ", t.str(), ", not f32");
-    const Stream& stream = model.stream();
-    const Tensor slice = t.to(model.device(), stream);
-    const Tensor gathered = Tensor::empty({group.size() * slice.numel()}, DType::f32, model.device());
-    CallOptions call;
-    call.label = "whole_state_dict " + key;
-    call.stream = stream;
-    group.allgather(slice.reshape({slice.numel()}), gathered, call).wait(stream);
-    const Tensor host = gathered.to(Device::cpu(), stream);
-    stream.synchronize();
-    const Tensor whole = Tensor::empty(s.full, DType::f32);
-    for (int r = 0; r < group.size(); ++r) {
-      nn::Parameter::InitSlice of_r = s;
-      of_r.part = r;
-      nn::put_slice(host.view(r * slice.numel(), p->shape()), of_r, whole);
-    }
-    out[key] = whole;
+    if (batch_numel > 0 && (batch_numel + t.numel()) * 4 > kBatchBytes) gather_batch();
+    batch.push_back({key, p, t});
+    batch_numel += t.numel();
   }
+  gather_batch();
   return out;
 }
 

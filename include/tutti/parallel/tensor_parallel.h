@@ -117,8 +117,9 @@ class RowParallelLinear : public nn::Module {
 // optimizer's state_dict(), or one of DistributedDataParallel's) with every tensor of a split
 // parameter of `model` (Parameter::init_slice; its name, or "<name>.<state>" of its shape)
 // replaced by the whole tensor, the group's slices put together in rank order; the other
-// entries as they are. Every rank gets the whole state. InvalidArgument where a slice is not
-// this rank's share (begin = rank x size along the split dimension).
+// entries as they are. Every rank gets the whole state. One allgather per 64 MiB of this rank's
+// slices, on the model's device and stream (at most tp x 64 MiB there at once). InvalidArgument
+// where a slice is not this rank's part (init_slice.part = the rank in the group).
 StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group);
 // Not collective: `whole` with every tensor of a split parameter of `model` cut to this rank's
 // slice (the parameter's init_slice), the other entries as they are: what model.load_state_dict
