@@ -40,12 +40,12 @@
 // docs/thin-links.md ("PowerSGD") has the measurements.
 //
 // Checkpoints. The state lives in the hook; PowerSgdHook::state_dict (COLLECTIVE) returns it
-// and train::Run keeps it under "powersgd." (train::State registers it): the step count ("step": finish() calls, the
-// warm-up's count), the world size
-// ("ranks"), the options ("options.<field>"), each compressed matrix's Q by parameter name
-// ("q.<name>", [m, r]; "q_drawn": a warm start has one) and every rank's error by rank and
-// parameter name ("rank<k>.error.<name>", the parameter's shape), all-gathered to rank 0 bucket
-// by bucket. Q and the step count are the same bits on every rank; the error is each rank's own.
+// and train::Run keeps it under "powersgd." (train::State registers it): the step count
+// ("step": finish() calls, the warm-up's count), the world size ("ranks"), the options
+// ("options.<field>"), each compressed matrix's Q by parameter name ("q.<name>", [m, r];
+// "q_drawn": a warm start has one) and every rank's error by rank and parameter name
+// ("rank<k>.error.<name>", the parameter's shape), all-gathered to rank 0 bucket by bucket. Q
+// and the step count are the same bits on every rank; the error is each rank's own.
 // PowerSgdHook::load_state_dict (not collective; every rank reads rank 0's state):
 //   - the same options and world size: PowerSGD continues exactly (bit for bit on the CPU); the
 //     entries are found by name, so another bucket layout loads them too;

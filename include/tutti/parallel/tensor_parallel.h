@@ -43,10 +43,12 @@
 // nn::CausalSelfAttention of heads/tp heads and a RowParallelLinear(C, C) after it
 // (models::Gpt(config, group) and models::Llama(config, group) build theirs so).
 //
-// What is not here yet: the vocabulary-parallel embedding and
-// cross-entropy, sequence parallelism,
-// train::Run writing whole tensors of a split model by itself (a program calls the functions
-// below around its own save and load), and the trainers' --tp.
+// train::Run writes a split model's checkpoints as whole tensors when its State names the group
+// (train::State::tensor_parallel); train_gpt takes --tp N.
+//
+// What is not here yet: the vocabulary-parallel embedding and cross-entropy (each rank computes
+// the whole logits), sequence parallelism (each rank holds its group's whole batch in the parts
+// that are not split), and memory snapshots of a split model.
 #pragma once
 
 #include <cstdint>
