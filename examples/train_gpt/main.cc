@@ -151,7 +151,6 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // --tp N: N ranks per model, data parallelism over the world / N groups.
   TUTTI_CHECK_ARG(world % f.tp == 0, "--tp ", f.tp, " must divide the ", world, " rank(s)");
   if (f.tp > 1) {
-    TUTTI_CHECK_ARG(f.init_from.empty() && f.export_dir.empty(), "--tp with --init-from or --export: not yet");
     TUTTI_CHECK_ARG(f.sync == "ddp" && f.allreduce == "flat",
                     "--tp: data parallelism is plain DDP only (--sync ddp, --allreduce flat), got --sync ", f.sync,
                     " --allreduce ", f.allreduce);
@@ -443,7 +442,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
       eo.dtype = f.export_dtype == "bf16"  ? tutti::DType::bf16
                  : f.export_dtype == "f16" ? tutti::DType::f16
                                            : tutti::DType::f32;
-      tutti::models::hf::save(f.export_dir, model, final_state, eo);
+      // The whole model's shape (with --tp the state was gathered whole; the split model's own
+      // parameters are slices).
+      std::visit([&](const auto& c) { tutti::models::hf::save(f.export_dir, c, final_state, eo); }, config);
       summary.set("exported_to", f.export_dir);
       if (!f.quiet)
         std::printf("train_gpt: exported %s to %s (%s)\n", model.describe().c_str(), f.export_dir.c_str(),

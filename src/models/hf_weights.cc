@@ -6,6 +6,7 @@
 #include <set>
 
 #include "io/checkpoint_file.h"
+#include "nn/slices.h"
 #include "tutti/core/error.h"
 #include "tutti/io/safetensors.h"
 #include "tutti/models/hf.h"
@@ -185,7 +186,17 @@ void load_weights(const std::string& dir, CausalLm& model, const LoadProgress& p
   const Stream& stream = model.stream();
   for (nn::Parameter* p : model.parameters()) {
     TUTTI_CHECK_ARG(reading->by_param.count(p->name), "Hugging Face weights: no tensor maps to ", p->name);
-    p->source = [reading, fill, name = p->name](Tensor& host) { fill(*reading, name, host); };
+    if (p->init_slice.full.empty()) {
+      p->source = [reading, fill, name = p->name](Tensor& host) { fill(*reading, name, host); };
+    } else {
+      // Split over a tensor-parallel group (Parameter::init_slice): the whole tensor, one at a
+      // time, and this rank's slice of it.
+      p->source = [reading, fill, name = p->name, slice = p->init_slice](Tensor& host) {
+        Tensor whole = Tensor::empty(slice.full, DType::f32);
+        fill(*reading, name, whole);
+        nn::take_slice(whole, slice, host);
+      };
+    }
     p->initialized = true;
     if (p->deferred) continue;  // read when it is materialized (nn::DeferredParameters)
     nn::fill_from_source(*p, p->value, stream);

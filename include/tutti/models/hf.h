@@ -83,6 +83,9 @@ std::vector<TensorMap> tensor_map(const LlamaConfig& config);
 // releases' buffers ("*.attn.bias", "*.attn.masked_bias", "*.rotary_emb.inv_freq").
 // `progress`, when given, is called after each parameter with the bytes of the folder's tensors
 // read so far and in all (a large model takes a while: a program can say how far it is).
+// A model split over a tensor-parallel group (Gpt(config, group), Llama(config, group)) reads
+// each split parameter's whole tensor and keeps its slice (Parameter::init_slice): host memory
+// for one whole parameter at a time.
 // On a model with deferred parameters (nn::DeferredParameters) nothing is read here but the
 // headers: each parameter's source reads its tensors when it is materialized (by
 // DistributedDataParallel, one ZeRO-3 gather group at a time, or Module::materialize), and

@@ -11,8 +11,9 @@ by tutti (models/hf.h, through tests/models/hf/hf_tool), and compared on one bat
   - tutti's export (hf::save, f32 and bf16 in shards) loaded back by transformers;
   - GPT-2 as OpenAI's release names its tensors (no "transformer." prefix, the attention's mask
     buffers kept);
-  - train_gpt --init-from a transformers folder, 20 steps at ZeRO-3 on 2 ranks and at ZeRO-0 on 1,
-    --export: transformers loads the result and gives tutti's logits within 1e-4, and the two runs
+  - train_gpt --init-from a transformers folder, 20 steps at ZeRO-3 on 2 ranks, at ZeRO-0 on 1 and
+    split over 2 ranks (--tp 2),
+    --export: transformers loads the result and gives tutti's logits within 1e-4, and the three runs
     agree; export_hf turns the run's checkpoint into the same folder.
 
   hf_compare_test.py HF_TOOL TRAIN_GPT EXPORT_HF     (ctest: models_hf_compare_test)
@@ -235,31 +236,33 @@ class HfComparison(unittest.TestCase):
         exports = {}
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
-        for ranks, zero in ((1, 0), (2, 3)):
-            out = os.path.join(self.dir, "tuned-np%d-zero%d" % (ranks, zero))
+        # (ranks, ZeRO stage, tensor-parallel size): the last splits the model over both ranks.
+        for ranks, zero, tp in ((1, 0, 1), (2, 3, 1), (2, 0, 2)):
+            out = os.path.join(self.dir, "tuned-np%d-zero%d-tp%d" % (ranks, zero, tp))
             cmd = ["mpirun", "-np", str(ranks), TRAIN_GPT, "--init-from", start, "--export", out, "--data", shard,
                    "--steps", "20", "--batch-size", "8", "--seq-len", "32", "--lr", "3e-3", "--warmup-steps", "2",
-                   "--zero", str(zero), "--eval-every", "0", "--sample-tokens", "0", "--device", "cpu",
+                   "--zero", str(zero), "--tp", str(tp), "--eval-every", "0", "--sample-tokens", "0", "--device", "cpu",
                    "--checkpoint-dir", out + "-ckpt"]
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            exports[(ranks, zero)] = out
+            exports[(ranks, zero, tp)] = out
         tokens, targets = batch(11)
         for key, out in exports.items():
             back = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
             hf_logits, _, _ = reference(back, tokens, targets)
-            t_logits, _, _ = self.tutti(out, tokens, targets, tag="tuned-%d-%d" % key)
+            t_logits, _, _ = self.tutti(out, tokens, targets, tag="tuned-%d-%d-%d" % key)
             self.assertLess(relative(t_logits, hf_logits), 1e-4, str(key))
             start_logits, _, _ = reference(LlamaForCausalLM.from_pretrained(start).eval(), tokens, targets)
             self.assertGreater(relative(hf_logits, start_logits), 1e-3, "the 20 steps changed the model")
-        a = safetensors.numpy.load_file(os.path.join(exports[(1, 0)], "model.safetensors"))
-        b = safetensors.numpy.load_file(os.path.join(exports[(2, 3)], "model.safetensors"))
-        worst = max(relative(b[n], a[n]) for n in a)
-        print("train_gpt: np 2 ZeRO-3 against np 1 ZeRO-0 after 20 steps: %.2e" % worst)
-        self.assertLess(worst, 1e-4)
+        a = safetensors.numpy.load_file(os.path.join(exports[(1, 0, 1)], "model.safetensors"))
+        for key in ((2, 3, 1), (2, 0, 2)):
+            b = safetensors.numpy.load_file(os.path.join(exports[key], "model.safetensors"))
+            worst = max(relative(b[n], a[n]) for n in a)
+            print("train_gpt: np %d ZeRO-%d tp %d against np 1 ZeRO-0 after 20 steps: %.2e" % (*key, worst))
+            self.assertLess(worst, 1e-4, str(key))
         # The checkpoint of the same run, converted: the same weights.
         converted = os.path.join(self.dir, "converted")
-        run(EXPORT_HF, exports[(1, 0)] + "-ckpt/checkpoint.tckp", converted)
+        run(EXPORT_HF, exports[(1, 0, 1)] + "-ckpt/checkpoint.tckp", converted)
         c = safetensors.numpy.load_file(os.path.join(converted, "model.safetensors"))
         self.assertEqual(sorted(c), sorted(a))
         for n in a:
