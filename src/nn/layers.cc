@@ -45,8 +45,7 @@ Tensor Linear::forward_impl(const Tensor& x) {
   TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in_, describe(), ": input ", x.str(), " must end in ", in_);
   x_ = x;
   Tensor y = buffer(0, with_last(x.shape(), out_), x.dtype());
-  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), has_bias_ ? bias.compute_value() : Tensor(),
-                          as_rows(y, out_), stream());
+  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), forward_bias(), as_rows(y, out_), stream());
   return y;
 }
 

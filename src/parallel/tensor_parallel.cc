@@ -10,15 +10,11 @@
 #include "nn/slices.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
-#include "tutti/kernels/linear.h"
 #include "tutti/kernels/reduce.h"
 
 namespace tutti::parallel {
 
 namespace {
-
-using nn::as_rows;
-using nn::with_last;
 
 // The part of `whole` features this rank of `group` holds; InvalidArgument unless it divides.
 std::int64_t part_of(const Communicator& group, std::int64_t whole, const char* layer, const char* what) {
@@ -86,63 +82,33 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
 
 RowParallelLinear::RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
                                      nn::LinearOptions options)
-    : weight({out_features, part_of(group, in_features, "RowParallelLinear", "in_features")},
-             options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features))),
-      bias({options.bias ? out_features : 0}, nn::InitSpec::zeros()),
+    : nn::Linear(part_of(group, in_features, "RowParallelLinear", "in_features"), out_features, options),
       group_(group),
       in_(in_features),
-      out_(out_features),
-      part_(in_features / group.size()),
-      has_bias_(options.bias) {
-  TUTTI_CHECK_ARG(out_features > 0, "RowParallelLinear(", in_features, ", ", out_features, "): sizes must be positive");
-  // Columns [r·part, (r+1)·part) of the whole [out, in] weight; the bias whole.
+      out_(out_features) {
+  // Columns [r·part, (r+1)·part) of the whole [out, in] weight, drawn as the whole layer's (its
+  // fan-in, not the part's); the bias whole.
+  weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
   weight.init_slice = {{out_, in_}, 1, group.rank(), group.size(), {}};
-  bias.no_weight_decay = true;
-  register_parameter("weight", weight);
-  if (has_bias_) register_parameter("bias", bias);
 }
 
 std::string RowParallelLinear::describe() const {
   return detail::str("RowParallelLinear(", in_, ", ", out_, ", tp ", group_.size(), ")");
 }
 
-nn::Flops RowParallelLinear::flops(const Shape& sample, Shape& out) const {
-  out = sample;
-  if (out.empty()) out.push_back(part_);
-  out.back() = out_;
-  // Every row of the sample is one [in/tp] x [in/tp, out] product: this rank's share.
-  double rows = 1;
-  for (std::size_t i = 0; i + 1 < sample.size(); ++i) rows *= static_cast<double>(sample[i]);
-  const double forward = 2.0 * rows * static_cast<double>(part_) * static_cast<double>(out_);
-  return {forward, backward_flops(forward)};
+Tensor RowParallelLinear::forward_bias() const {
+  // The bias once: on the group's first rank, before the sum.
+  return group_.rank() == 0 ? nn::Linear::forward_bias() : Tensor();
 }
 
 Tensor RowParallelLinear::forward_impl(const Tensor& x) {
-  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == part_, describe(), ": input ", x.str(), " must end in ", part_,
-                  " (this rank's ", part_, " of ", in_, " features)");
-  x_ = x;
-  Tensor y = buffer(0, with_last(x.shape(), out_), x.dtype());
-  // The bias once: on the group's first rank, before the sum.
-  const bool add_bias = has_bias_ && group_.rank() == 0;
-  kernels::linear_forward(as_rows(x, part_), weight.compute_value(), add_bias ? bias.compute_value() : Tensor(),
-                          as_rows(y, out_), stream());
+  Tensor y = nn::Linear::forward_impl(x);
   sum_over(group_, y, stream(), describe() + " output");
   return y;
 }
 
-Tensor RowParallelLinear::backward_impl(const Tensor& dy) {
-  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  TUTTI_CHECK_ARG(dy.numel() == x_.numel() / part_ * out_, describe(), ": dy ", dy.str(), " does not match the output");
-  Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
-  Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
-  // Every rank has the whole dy: each computes the bias's whole gradient, the same on all.
-  Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
-  kernels::linear_backward(as_rows(x_, part_), weight.compute_value(), as_rows(dy, out_),
-                           dx.defined() ? as_rows(dx, part_) : Tensor(), dw, db, /*accumulate_params=*/true, stream());
-  if (db.defined()) grad_ready(bias);
-  if (weight.requires_grad) grad_ready(weight);
-  return dx;
-}
+// Backward is nn::Linear's: every rank has the whole dy, so each computes the bias's whole
+// gradient, the same on all, and its weight columns' own.
 
 // ---- whole tensors of split parameters ------------------------------------------------------
 

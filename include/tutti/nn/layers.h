@@ -47,6 +47,9 @@ class Linear : public Module {
  protected:
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // The bias forward adds: the bias, or none without one. parallel::RowParallelLinear adds it on
+  // one rank of its group only, before the output is summed over the group.
+  virtual Tensor forward_bias() const { return has_bias_ ? bias.compute_value() : Tensor(); }
 
  private:
   std::int64_t in_, out_;

@@ -93,26 +93,24 @@ class ColumnParallelLinear : public nn::Linear {
 
 // y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear
 // (in, out) on an input split by features (a ColumnParallelLinear's output, or anything so
-// split). in must divide by the group's size (InvalidArgument). Forward: the sum over the
-// group (COLLECTIVE). Backward: no communication.
-class RowParallelLinear : public nn::Module {
+// split). An nn::Linear(in/tp, out) (weight [out, in/tp], bias [out] whole on every rank; its
+// backward and FLOPs as they are) whose initial weight is its columns of the whole layer's and
+// whose forward adds the bias on the group's first rank only, then sums the output over the
+// group (COLLECTIVE). Backward: no communication. in must divide by the group's size
+// (InvalidArgument).
+class RowParallelLinear : public nn::Linear {
  public:
   RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
                     nn::LinearOptions options = {});
-  nn::Parameter weight;  // [out, in/tp]
-  nn::Parameter bias;    // [out], whole on every rank; a [0]-shaped placeholder without a bias
   std::string describe() const override;
-  nn::Flops flops(const Shape& sample, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
-  Tensor backward_impl(const Tensor& dy) override;
+  Tensor forward_bias() const override;
 
  private:
   Communicator& group_;
-  std::int64_t in_, out_, part_;  // part_ = in / tp
-  bool has_bias_;
-  Tensor x_;
+  std::int64_t in_, out_;
 };
 
 // COLLECTIVE over `group` (the split layers' group): `mine` (model.state_dict(), an
