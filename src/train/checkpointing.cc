@@ -173,11 +173,16 @@ void Run::Impl::write_checkpoint(bool must) {
   for (const State::Entry& e : state.entries)
     if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
   if (state.tensor_parallel) {
-    // A split model: the whole tensors over the data-parallel ranks (ZeRO's shards), then over
-    // the tensor-parallel group; every rank takes part (each group gathers its own), rank 0 writes.
+    // A split model: the whole tensors over the data-parallel ranks (ZeRO's shards: collective
+    // over them), then over the tensor-parallel group of rank 0, the one whose ranks have
+    // data-parallel rank 0 (a mesh's layout); the other groups' gathers would be thrown away.
+    const bool rank0_group = ddp.reducer().communicator().rank() == 0;
+    if (!rank0_group && ddp.zero_stage() == 0) return;  // nothing collective to take part in
+    StateDict model_whole = ddp.model_state_dict(), optim_whole = ddp.optimizer_state_dict(*state.optimizer);
+    if (!rank0_group) return;
     Communicator& tp = *state.tensor_parallel;
-    model_state = parallel::whole_state_dict(ddp.model_state_dict(), ddp.module(), tp);
-    optim_state = parallel::whole_state_dict(ddp.optimizer_state_dict(*state.optimizer), ddp.module(), tp);
+    model_state = parallel::whole_state_dict(model_whole, ddp.module(), tp);
+    optim_state = parallel::whole_state_dict(optim_whole, ddp.module(), tp);
     if (rank != 0) return;
   } else if (ddp.zero_stage() == 0) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,

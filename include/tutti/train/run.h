@@ -178,10 +178,12 @@ class State {
   amp::LossScaler* scaler;
   std::vector<Entry> entries;
   // Set: the model is split over this tensor-parallel group (models::Gpt(config, group),
-  // parallel/tensor_parallel.h). Checkpoints then hold the unsplit model's whole tensors
-  // (parallel::whole_state_dict, COLLECTIVE over the group, on every rank when one is written)
-  // and a resume cuts this rank's slices from them (split_state_dict), so a checkpoint resumes
-  // at any tensor-parallel size, 1 included. Memory snapshots refuse it (InvalidArgument).
+  // parallel/tensor_parallel.h), and DDP runs over the mesh's other dimension (DeviceMesh: the
+  // ranks of one tp group share their data-parallel rank). Checkpoints then hold the unsplit
+  // model's whole tensors (parallel::whole_state_dict, COLLECTIVE over the tp group of rank 0,
+  // the one of data-parallel rank 0, when one is written) and a resume cuts this rank's slices
+  // from them (split_state_dict), so a checkpoint resumes at any tensor-parallel size, 1
+  // included. Memory snapshots refuse it (InvalidArgument).
   Communicator* tensor_parallel = nullptr;
 };
 
