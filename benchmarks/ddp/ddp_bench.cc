@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
         tutti::ddp::DdpOptions o;
         o.bucket_cap_mb = c.bucket_mb;
         o.reducer.overlap = mode != "after";
-        o.zero_stage = m->zero;
+        o.sharding = tutti::ddp::sharding_of_stage(m->zero);
         tutti::Communicator& comm = mode == "hier" ? *hier : job.communicator();
         m->ddp = std::make_unique<tutti::ddp::DistributedDataParallel>(comm, *m->model, o);
       } else {

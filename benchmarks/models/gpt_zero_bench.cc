@@ -120,8 +120,7 @@ int main(int argc, char** argv) {
       amp::apply(policy, *s.model);
       s.model->to(device, stream).init(1);
       ddp::DdpOptions o;
-      o.zero_stage = s.stage;
-      o.gather_group = models::Gpt::gather_group;
+      o.sharding = ddp::sharding_of_stage(s.stage, models::Gpt::gather_group);
       s.ddp = std::make_unique<ddp::DistributedDataParallel>(job.communicator(), *s.model, o);
       s.optimizer = std::make_unique<optim::AdamW>(optim::weight_decay_groups(s.model->parameters(), 0.1f),
                                                    optim::AdamWOptions{.lr = 1e-4f});

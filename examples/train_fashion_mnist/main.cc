@@ -152,7 +152,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   ddp_options.bucket_cap_mb = f.bucket_mb;
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
-  ddp_options.zero_stage = f.zero;
+  ddp_options.sharding = tutti::ddp::sharding_of_stage(f.zero);
   if (f.deterministic) ddp_options.deterministic = tutti::ddp::DeterministicOptions{};
   const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)

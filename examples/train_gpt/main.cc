@@ -202,8 +202,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.bucket_cap_mb = f.bucket_mb;
   ddp_options.accumulation_steps = f.accum_steps;
   ddp_options.reducer.grad_comm_dtype = policy.comm;
-  ddp_options.zero_stage = f.zero;
-  ddp_options.gather_group = gpt::gather_groups(config);  // ZeRO-3: a transformer layer per group
+  // ZeRO-3: a transformer layer per gather group.
+  ddp_options.sharding = tutti::ddp::sharding_of_stage(f.zero, gpt::gather_groups(config));
   if (f.deterministic) ddp_options.deterministic = tutti::ddp::DeterministicOptions{};
   const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
   example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)

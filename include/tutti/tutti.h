@@ -26,6 +26,7 @@
 #include "tutti/ddp/ddp.h"
 #include "tutti/ddp/diloco.h"
 #include "tutti/ddp/powersgd.h"
+#include "tutti/ddp/sharding.h"
 #include "tutti/io/checkpoint.h"
 #include "tutti/io/checkpoint_writer.h"
 #include "tutti/io/safetensors.h"

@@ -22,7 +22,7 @@ PowerSgdHook::~PowerSgdHook() = default;
 void PowerSgdHook::bind(const CommHookContext& context) {
   TUTTI_CHECK_ARG(impl_ == nullptr, "PowerSgdHook: registered twice; a hook serves one reducer (make one per model)");
   TUTTI_CHECK_ARG(context.options.sharding == GradientSharding::none,
-                  "PowerSgdHook (PowerSGD) needs sharding none (DistributedDataParallel zero_stage 0): it compresses "
+                  "PowerSgdHook (PowerSGD) needs sharding none (DistributedDataParallel with Replicate): it compresses "
                   "allreduces, not reduce-scatters (ZeRO)");
   TUTTI_CHECK_ARG(context.buffer.dtype() == DType::f32 && context.wire == DType::f32,
                   "PowerSgdHook (PowerSGD) needs f32 gradients and grad_comm_dtype f32, got ",

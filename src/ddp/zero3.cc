@@ -38,10 +38,11 @@ std::vector<int> gather_segments(const std::vector<nn::Parameter*>& params,
   groups.clear();
   std::vector<int> segments;
   for (const nn::Parameter* p : params) {
-    TUTTI_CHECK_ARG(p->requires_grad, "DistributedDataParallel: zero_stage 3 does not support frozen parameters, and '",
+    TUTTI_CHECK_ARG(p->requires_grad,
+                    "DistributedDataParallel: ShardParameters (ZeRO-3) does not support frozen parameters, and '",
                     p->name,
                     "' has requires_grad false (its gradient would have no shard to go to): train it, drop it from "
-                    "the model, or use zero_stage 2");
+                    "the model, or use ShardGradients (ZeRO-2)");
     groups.push_back(group ? group(p->name) : default_gather_group(p->name));
     const bool same = !segments.empty() && groups.back() == groups[groups.size() - 2];
     segments.push_back(segments.empty() ? 0 : segments.back() + (same ? 0 : 1));
@@ -56,9 +57,10 @@ namespace {
 void check_tied(nn::Module& m, const std::vector<nn::Parameter*>& params, const std::vector<std::string>& groups) {
   if (const auto* tied = dynamic_cast<const nn::TiedLinear*>(&m)) {
     for (std::size_t i = 0; i < params.size(); ++i) {
-      TUTTI_CHECK_ARG(params[i] != &tied->weight() || groups[i].empty(), "DistributedDataParallel: zero_stage 3: '",
-                      params[i]->name, "' is read by a ", tied->describe(), " that does not own it, so it must be ",
-                      "in the resident group (DdpOptions::gather_group \"\"), not in group '", groups[i], "'");
+      TUTTI_CHECK_ARG(params[i] != &tied->weight() || groups[i].empty(),
+                      "DistributedDataParallel: ShardParameters (ZeRO-3): '", params[i]->name, "' is read by a ",
+                      tied->describe(), " that does not own it, so it must be ",
+                      "in the resident group (ShardParameters::gather_group \"\"), not in group '", groups[i], "'");
     }
   }
   for (const auto& [name, child] : m.children()) check_tied(*child, params, groups);
@@ -102,8 +104,13 @@ std::vector<Tensor> shard_deferred_parameters(Communicator& comm, nn::Module& mo
 
 Zero3Parameters::Zero3Parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
                                  const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard,
-                                 const std::function<Tensor(int bucket)>& bucket_values)
-    : comm_(comm), model_(model), plan_(plan), params_(model.parameters()), half_(is_half(model.compute_dtype())) {
+                                 const std::function<Tensor(int bucket)>& bucket_values, bool prefetch)
+    : comm_(comm),
+      model_(model),
+      plan_(plan),
+      params_(model.parameters()),
+      half_(is_half(model.compute_dtype())),
+      prefetch_(prefetch) {
   check_tied(model_, params_, groups);
   const std::size_t nb = plan_.buckets.size();
   resident_.assign(nb, false);
@@ -121,12 +128,12 @@ Zero3Parameters::Zero3Parameters(Communicator& comm, nn::Module& model, const nn
   std::int64_t buffer_numel = largest;
   if (buffer_mb > 0) {
     buffer_numel = static_cast<std::int64_t>(buffer_mb * 1024 * 1024) / element;
-    TUTTI_CHECK_ARG(largest <= buffer_numel, "DistributedDataParallel: zero_stage 3: gather group '",
+    TUTTI_CHECK_ARG(largest <= buffer_numel, "DistributedDataParallel: ShardParameters (ZeRO-3): gather group '",
                     groups[plan_.buckets[largest_bucket].entries.front()], "' holds ", largest, " elements (",
                     largest * element, " bytes with padding) but the gather buffers hold ", buffer_numel,
-                    " (DdpOptions::gather_buffer_mb = ", buffer_mb,
+                    " (ShardParameters::gather_buffer_mb = ", buffer_mb,
                     "): raise gather_buffer_mb, set it to 0 (the largest group's size), or split the group "
-                    "(DdpOptions::gather_group)");
+                    "(ShardParameters::gather_group)");
   }
   slot_of_.assign(nb, -1);
   pending_.resize(nb);
@@ -246,6 +253,7 @@ void Zero3Parameters::use(int bucket) {
   wait(bucket);
   current_ = bucket;
   // Prefetch the next group into the other buffer; its occupant (the group before) is done.
+  if (!prefetch_) return;
   const int next = next_group(bucket, model_.awaiting_backward());
   if (next >= 0 && slot_of_[static_cast<std::size_t>(next)] < 0) gather_into(next, 1 - slot_of_[b]);
 }

@@ -1,8 +1,8 @@
-// ZeRO-3's parameters (DistributedDataParallel with zero_stage 3; ddp.h says what a user sees).
+// ZeRO-3's parameters (ShardParameters, ddp/sharding.h; its strategy: zero3_strategy.cc).
 //
 // Who owns what. This object owns, for the whole life of the DistributedDataParallel:
 //   - the compute shard: this rank's chunk of every bucket in the compute dtype (half), what the
-//     gathers read; under f32 compute it is the fp32 master shard itself (DDP's master_shard_),
+//     gathers read; under f32 compute it is the fp32 master shard itself (the strategy's),
 //   - two gather buffers, each as long as the largest non-resident group (bucket), in the
 //     compute dtype: a group is whole only while it sits in one of them,
 //   - one buffer per resident bucket (the parameters outside every group), whole for good.
@@ -38,17 +38,17 @@ class Zero3Parameters {
   // groups: each parameter's gather group (gather_segments; "": resident). buffer_mb: each
   // gather buffer's size in MiB (0: the largest group's; a larger group is refused, naming it).
   // Refuses a layer that reads another module's parameter (nn::TiedLinear) of a group that is
-  // not resident.
+  // not resident. prefetch: use() also gathers the next group (ShardParameters::prefetch).
   Zero3Parameters(Communicator& comm, nn::Module& model, const nn::FlatPlan& plan,
                   const std::vector<std::string>& groups, double buffer_mb, const Tensor& master_shard,
-                  const std::function<Tensor(int bucket)>& bucket_values);
+                  const std::function<Tensor(int bucket)>& bucket_values, bool prefetch = true);
   ~Zero3Parameters();
   Zero3Parameters(const Zero3Parameters&) = delete;
   Zero3Parameters& operator=(const Zero3Parameters&) = delete;
 
   // The param-use hook: bucket b is about to be read. Makes it whole (waits for its gather, or
-  // gathers it now) and prefetches the next group (forward: in decreasing bucket order, the
-  // order forward reaches them; backward: increasing).
+  // gathers it now) and, with prefetch, gathers the next group (forward: in decreasing bucket
+  // order, the order forward reaches them; backward: increasing).
   void use(int bucket);
   // The optimizer stepped: every shard changed. Gathers the resident buckets again and the
   // group in use (the first one the next forward reads), forgets the other buffer's.
@@ -89,6 +89,7 @@ class Zero3Parameters {
   std::vector<nn::Parameter*> params_;
   std::vector<bool> resident_;
   bool half_ = false;
+  bool prefetch_ = true;
   Tensor compute_shard_;
   Tensor slots_[2];
   int slot_bucket_[2] = {-1, -1};
@@ -117,7 +118,7 @@ std::vector<Tensor> shard_deferred_parameters(Communicator& comm, nn::Module& mo
                                               const std::vector<std::string>& groups, bool broadcast,
                                               const Tensor& master_shard);
 
-// The gather group of a parameter by default (DdpOptions::gather_group unset): its name up to
+// The gather group of a parameter by default (ShardParameters::gather_group unset): its name up to
 // the first numeric component ("blocks.3.body.1.weight" -> "blocks.3"), "" when it has none.
 std::string default_gather_group(const std::string& name);
 

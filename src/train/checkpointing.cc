@@ -177,14 +177,14 @@ void Run::Impl::write_checkpoint(bool must) {
     // over them), then over the tensor-parallel group of rank 0, the one whose ranks have
     // data-parallel rank 0 (a mesh's layout); the other groups' gathers would be thrown away.
     const bool rank0_group = ddp.reducer().communicator().rank() == 0;
-    if (!rank0_group && ddp.zero_stage() == 0) return;  // nothing collective to take part in
+    if (!rank0_group && !ddp.sharded()) return;  // nothing collective to take part in
     StateDict model_whole = ddp.model_state_dict(), optim_whole = ddp.optimizer_state_dict(*state.optimizer);
     if (!rank0_group) return;
     Communicator& tp = *state.tensor_parallel;
     model_state = parallel::whole_state_dict(model_whole, ddp.module(), tp);
     optim_state = parallel::whole_state_dict(optim_whole, ddp.module(), tp);
     if (rank != 0) return;
-  } else if (ddp.zero_stage() == 0) {
+  } else if (!ddp.sharded()) {
     // Every rank holds the whole tensors: rank 0 alone hands the live ones to the writer,
     // which copies them (not collective). An optimizer that is not attached has no views:
     // its state_dict() (a copy, also not collective at stage 0).
@@ -231,7 +231,7 @@ void Run::Impl::write_checkpoint(bool must) {
     // state was made for this checkpoint and is handed over, written where it is: the host holds
     // it once.
     StateDict gathered;
-    const bool made_for_it = ddp.zero_stage() != 0 || state.tensor_parallel != nullptr;  // not live views
+    const bool made_for_it = ddp.sharded() || state.tensor_parallel != nullptr;  // not live views
     io::add_prefixed(made_for_it ? gathered : all, "model.", model_state);
     io::add_prefixed(made_for_it ? gathered : all, "optim.", optim_state);
     model_state = {};

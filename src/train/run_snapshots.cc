@@ -128,7 +128,7 @@ StateDict Run::Impl::snapshot_part() const {
 }
 
 void Run::Impl::start_snapshots() {
-  const bool sharded = state.ddp->zero_stage() > 0;
+  const bool sharded = state.ddp->sharded();
   std::uint64_t bytes = 0;
   if (snapshots->writes(sharded)) {
     // The file a write makes, its metadata's values stood in for by 20 digits (an i64's most).
@@ -142,7 +142,7 @@ void Run::Impl::start_snapshots() {
 }
 
 void Run::Impl::write_snapshot() {
-  const bool sharded = state.ddp->zero_stage() > 0;
+  const bool sharded = state.ddp->sharded();
   StateDict part;
   if (snapshots->writes(sharded)) {
     // The parts are views of the live buffers: the step's kernels must be done with them.

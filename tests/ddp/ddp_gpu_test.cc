@@ -139,15 +139,16 @@ TEST_P(DdpGpu, ZeroStagesMatchOneRankOnTheCpu) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     GpuRun run;
-    run.ddp.zero_stage = stage;
+    run.ddp.sharding = sharding_of_stage(stage);
     run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 3e-4;  // several buckets and shards
     EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
     run.optimizer = Opt::adamw;
     run.accumulation = 2;
-    run.ddp.gather_during_forward = false;
+    if (auto* s = std::get_if<ShardOptimizer>(&run.ddp.sharding)) s->gather_during_forward = false;
+    if (auto* s = std::get_if<ShardGradients>(&run.ddp.sharding)) s->gather_during_forward = false;
     EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
     run.accumulation = 1;
-    run.ddp.gather_during_forward = true;
+    run.ddp.sharding = sharding_of_stage(stage);
     // Half compute: the fp32 masters are this rank's shard, the gathers move bf16 / fp16.
     // (SGD, as the stage-0 test above: AdamW's normalized steps magnify fp16's rounding, at
     // any stage alike.)
@@ -167,7 +168,7 @@ TEST_P(DdpGpu, DeferredParametersMatchOneRankOnTheCpu) {
   for (int stage : {3, 1}) {
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     GpuRun run{.optimizer = Opt::adamw, .deferred = true};
-    run.ddp.zero_stage = stage;
+    run.ddp.sharding = sharding_of_stage(stage);
     run.ddp.bucket_cap_mb = run.ddp.first_bucket_cap_mb = 3e-4;
     EXPECT_LE(train_gpu_against_cpu(comm, run), 1e-5);
     run.optimizer = Opt::sgd;
@@ -183,7 +184,7 @@ TEST_P(DdpGpu, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
     const Stream stream = Stream::create(gpu);
     auto model = make_mlp();
     model->to(gpu, stream).init(kSeed);
-    DistributedDataParallel ddp(communicator_for(GetParam()), *model, {.zero_stage = stage});
+    DistributedDataParallel ddp(communicator_for(GetParam()), *model, {.sharding = sharding_of_stage(stage)});
     auto opt = make_optimizer(Opt::sgd, *model);
     ddp.attach(*opt);
     amp::LossScaler scaler;  // dynamic, 2^16

@@ -113,7 +113,7 @@ TEST(Ddp, ZeroStagesMatchOneRank) {
     cfg.optimizer = Opt::adamw;
     cfg.accumulation = 2;
     cfg.ddp.accumulation_steps = 2;
-    cfg.ddp.zero_stage = stage;
+    cfg.ddp.sharding = sharding_of_stage(stage);
     cfg.ddp.bucket_cap_mb = cfg.ddp.first_bucket_cap_mb = 2e-4;  // several buckets
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     expect_equivalent([] { return make_mlp(); }, {12}, cfg);
@@ -139,7 +139,7 @@ TEST(Ddp, DocumentedScalingWithAccumulationMatchesOneRank) {
     cfg.optimizer = Opt::sgd;
     cfg.accumulation = cfg.ddp.accumulation_steps = 4;
     cfg.loss_scale = 1024.0f;
-    cfg.ddp.zero_stage = stage;
+    cfg.ddp.sharding = sharding_of_stage(stage);
     SCOPED_TRACE("zero stage " + std::to_string(stage));
     expect_equivalent([] { return make_mlp(); }, {12}, cfg);
   }

@@ -57,7 +57,7 @@ struct Trainer {
     model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values must reach everyone
     DdpOptions o;
     o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-4;  // several buckets
-    o.zero_stage = zero_stage;
+    o.sharding = sharding_of_stage(zero_stage);
     ddp = std::make_unique<DistributedDataParallel>(comm, *model, o);
     if (adamw) {
       opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2f});
@@ -92,7 +92,7 @@ std::vector<Values> train_ddp(int ranks, int steps, bool adamw = false) {
 // The parameters whole, whatever the stage (ZeRO-3 releases them outside forward and backward).
 // COLLECTIVE over the DDP's ranks.
 Values whole_values_of(Trainer& t) {
-  if (t.ddp->zero_stage() == 0) return values_of(*t.model);
+  if (!t.ddp->sharded()) return values_of(*t.model);
   const StateDict state = t.ddp->model_state_dict();
   Values v;
   for (nn::Parameter* p : t.model->parameters()) v.push_back(state.at(p->name).to_floats());

@@ -297,9 +297,11 @@ TEST(PowerSgd, RefusalsNameTheOptionOrTheHook) {
     auto model = testing::make_mlp();
     model->init(testing::kSeed);
     DdpOptions zero;
-    zero.zero_stage = 1;
+    zero.sharding = ShardOptimizer{};
     DistributedDataParallel sharded(comm, *model, zero);
-    EXPECT_NE(refusal([&] { sharded.register_comm_hook(std::make_shared<PowerSgdHook>()); }).find("zero_stage 0"),
+    EXPECT_NE(refusal([&] {
+                sharded.register_comm_hook(std::make_shared<PowerSgdHook>());
+              }).find("needs Replicate (ZeRO-0), got ZeRO-1"),
               std::string::npos);
     DdpOptions det;
     det.deterministic = DeterministicOptions{};

@@ -46,7 +46,7 @@ void train_then(int zero, amp::Policy policy,
     amp::apply(policy, *model);
     model->init(77);
     DdpOptions o;
-    o.zero_stage = zero;
+    o.sharding = sharding_of_stage(zero);
     o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-4;  // several buckets
     DistributedDataParallel ddp(group.communicator(rank), *model, o);
     optim::AdamW opt(model->parameters(), {.lr = 1e-2f});

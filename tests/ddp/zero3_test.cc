@@ -1,4 +1,4 @@
-// ZeRO-3 (DistributedDataParallel with zero_stage 3) with ranks as threads (tutti::ThreadGroup):
+// ZeRO-3 (DistributedDataParallel with ShardParameters) with ranks as threads (tutti::ThreadGroup):
 // against stage 0 at 1 to 4 ranks over 20 steps with accumulation and clipping, on an MLP and on
 // a small GPT with its tied embedding (and with recomputation); at most two gather groups whole
 // at a time; bf16; checkpoints that resume at stages 0 and 2 on other world sizes and back; the
@@ -86,6 +86,7 @@ struct TrainRun {
   double clip = 0.5;
   amp::Policy policy = amp::Policy::fp32();
   bool layer_groups = true;  // GPT: Gpt::gather_group (else the default: a group per residual block)
+  bool prefetch = true;      // ShardParameters::prefetch
   bool recompute = false;
   bool repeat_data = false;  // every step the same batch (the loss then must fall)
   bool deferred = false;     // the model built under nn::DeferredParameters
@@ -133,10 +134,13 @@ Result train(const TrainRun& run) {
       model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values reach everyone
     }
     DdpOptions o;
-    o.zero_stage = run.zero;
+    o.sharding = sharding_of_stage(run.zero);
+    if (auto* zero3 = std::get_if<ShardParameters>(&o.sharding)) {
+      if (run.model == Model::gpt && run.layer_groups) zero3->gather_group = models::Gpt::gather_group;
+      zero3->prefetch = run.prefetch;
+    }
     o.accumulation_steps = run.accumulation;
     o.bucket_cap_mb = o.first_bucket_cap_mb = 3e-3;
-    if (run.model == Model::gpt && run.layer_groups) o.gather_group = models::Gpt::gather_group;
     DistributedDataParallel ddp(group.communicator(rank), *model, o);
     optim::AdamW opt(optim::weight_decay_groups(model->parameters(), 0.05f), {.lr = 1e-2f});
     ddp.attach(opt);
@@ -250,6 +254,14 @@ TEST(Zero3, AtMostTwoGroupsAreWholeAndTheGroupBeforeIsReleased) {
   EXPECT_EQ(checked, 2 * 2 * 2);  // ranks x steps x micro-steps
 }
 
+// Without prefetch each group is gathered when first read: the same bits, later.
+TEST(Zero3, WithoutPrefetchTheSameBits) {
+  const Result prefetched = train({.ranks = 2, .steps = 4});
+  const Result on_demand = train({.ranks = 2, .steps = 4, .prefetch = false});
+  EXPECT_EQ(on_demand.values, prefetched.values);
+  EXPECT_EQ(on_demand.losses, prefetched.losses);
+}
+
 // ---- bf16 ----------------------------------------------------------------------------------------
 
 TEST(Zero3, Bf16MatchesStageTwoAndTheLossFalls) {
@@ -315,7 +327,7 @@ TEST(Zero3, MemoryIsStageTwosLessTheWholeParametersPlusTheGatherBuffers) {
       amp::apply(bf16_grads, *model);
       model->init(kSeed);
       DistributedDataParallel ddp(group.communicator(rank), *model,
-                                  {.zero_stage = zero, .gather_group = models::Gpt::gather_group});
+                                  {.sharding = sharding_of_stage(zero, models::Gpt::gather_group)});
       optim::AdamW opt(model->parameters(), {.lr = 1e-3f});
       ddp.attach(opt);
       nn::CrossEntropyLoss loss;
@@ -431,7 +443,7 @@ TEST(Zero3, DeferredConstructionNeverHoldsTheWholeModel) {
       }
       model->init(kSeed);
       DistributedDataParallel ddp(group.communicator(rank), *model,
-                                  {.zero_stage = 3, .gather_group = models::Gpt::gather_group});
+                                  {.sharding = ShardParameters{.gather_group = models::Gpt::gather_group}});
       if (rank != 0 || deferred) return;
       const nn::FlatPlan& plan = ddp.plan();
       total = plan.total;
@@ -477,26 +489,33 @@ std::string construction_error(Model kind, DdpOptions o, const std::function<voi
 
 TEST(Zero3, BadSetupsAreRefusedBeforeTraining) {
   // A frozen parameter.
-  std::string e = construction_error(Model::mlp, {.zero_stage = 3},
+  std::string e = construction_error(Model::mlp, {.sharding = ShardParameters{}},
                                      [](nn::Module& m) { m.parameters()[1]->requires_grad = false; });
   EXPECT_NE(e.find("frozen"), std::string::npos) << e;
   EXPECT_NE(e.find("'0.bias'"), std::string::npos) << e;
   // Deterministic mode.
-  e = construction_error(Model::mlp, {.zero_stage = 3, .deterministic = DeterministicOptions{}});
-  EXPECT_NE(e.find("deterministic needs zero_stage 0 or 1"), std::string::npos) << e;
+  e = construction_error(Model::mlp, {.sharding = ShardParameters{}, .deterministic = DeterministicOptions{}});
+  EXPECT_NE(e.find("deterministic needs Replicate or ShardOptimizer"), std::string::npos) << e;
+  EXPECT_NE(e.find("ZeRO-3 keeps no full gradient buffer"), std::string::npos) << e;
   // A group larger than the gather buffers: layer groups of 16-wide GPT are 12·16² + 13·16
   // elements, 6.5 KiB of f32; the buffers hold 4 KiB.
-  e = construction_error(Model::gpt,
-                         {.zero_stage = 3, .gather_group = models::Gpt::gather_group, .gather_buffer_mb = 4.0 / 1024});
+  e = construction_error(Model::gpt, {.sharding = ShardParameters{.gather_group = models::Gpt::gather_group,
+                                                                  .gather_buffer_mb = 4.0 / 1024}});
   EXPECT_NE(e.find("gather group 'layer"), std::string::npos) << e;
   EXPECT_NE(e.find("gather_buffer_mb"), std::string::npos) << e;
   // The tied embedding outside the resident group.
-  e = construction_error(Model::gpt,
-                         {.zero_stage = 3, .gather_group = [](const std::string& name) { return name.substr(0, 5); }});
+  e = construction_error(
+      Model::gpt,
+      {.sharding = ShardParameters{.gather_group = [](const std::string& name) { return name.substr(0, 5); }}});
   EXPECT_NE(e.find("'embed.wte' is read by a"), std::string::npos) << e;
   // Stage 4 does not exist.
-  e = construction_error(Model::mlp, {.zero_stage = 4});
-  EXPECT_NE(e.find("zero_stage must be 0, 1, 2 or 3"), std::string::npos) << e;
+  try {
+    sharding_of_stage(4);
+    ADD_FAILURE() << "stage 4 was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("ZeRO stage 4 does not exist"), std::string::npos) << error.what();
+  }
+  for (int stage = 0; stage <= 3; ++stage) EXPECT_EQ(zero_stage(sharding_of_stage(stage)), stage);
 }
 
 TEST(Zero3, DefaultGroupsCutAtTheFirstNumberedModule) {

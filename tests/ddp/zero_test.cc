@@ -94,10 +94,11 @@ std::vector<Values> train(const TrainRun& run) {
     amp::apply(run.policy, *model);
     model->init(rank == 0 ? kSeed : kSeed + 99);  // rank 0's values reach everyone
     DdpOptions o;
-    o.zero_stage = run.zero;
+    o.sharding = sharding_of_stage(run.zero);
+    if (auto* s = std::get_if<ShardOptimizer>(&o.sharding)) s->gather_during_forward = run.gather_during_forward;
+    if (auto* s = std::get_if<ShardGradients>(&o.sharding)) s->gather_during_forward = run.gather_during_forward;
     o.accumulation_steps = run.accumulation;
     o.bucket_cap_mb = o.first_bucket_cap_mb = run.bucket_mb;
-    o.gather_during_forward = run.gather_during_forward;
     DistributedDataParallel ddp(comm, *model, o);
     auto opt = make_optimizer(run.optimizer, *model);
     ddp.attach(*opt);
@@ -287,7 +288,7 @@ TEST(Zero, ACollectiveThatFailsMidStepFailsTheStep) {
     auto model = make_model();
     model->init(kSeed);
     DistributedDataParallel ddp(group.communicator(rank), *model,
-                                {.bucket_cap_mb = 3e-4, .first_bucket_cap_mb = 3e-4, .zero_stage = 1});
+                                {.bucket_cap_mb = 3e-4, .first_bucket_cap_mb = 3e-4, .sharding = ShardOptimizer{}});
     auto opt = make_optimizer(Opt::adamw, *model);
     ddp.attach(*opt);
     nn::CrossEntropyLoss loss;
@@ -474,7 +475,7 @@ TEST(Zero, MemoryIsTheShardsPlusWholeParameters) {
       auto model = make_model();
       amp::apply(bf16_grads, *model);
       model->init(kSeed);
-      DistributedDataParallel ddp(group.communicator(rank), *model, {.zero_stage = zero});
+      DistributedDataParallel ddp(group.communicator(rank), *model, {.sharding = sharding_of_stage(zero)});
       auto opt = make_optimizer(Opt::adamw, *model);
       ddp.attach(*opt);
       nn::CrossEntropyLoss loss;

@@ -160,7 +160,7 @@ class TrainFashionMnist(Case):
         self.assertIn("--deterministic: --batch-size 64 must be a multiple of --max-micro-batch", p.stderr)
         p = run(2, *det, "--zero", "2", "--max-steps", "1", check=False, env=ENDS_AT_ONCE)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("deterministic needs zero_stage 0 or 1", p.stderr)
+        self.assertIn("deterministic needs Replicate or ShardOptimizer (ZeRO-0 or 1)", p.stderr)
 
     def test_resume_is_bit_identical(self):
         whole = self.path("whole")

@@ -147,8 +147,7 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
     ddp::DistributedDataParallel ddp(world().communicator(), model,
                                      {.bucket_cap_mb = k.bucket_mb,
                                       .first_bucket_cap_mb = std::min(1.0, k.bucket_mb),
-                                      .zero_stage = k.zero,
-                                      .gather_group = groups});
+                                      .sharding = ddp::sharding_of_stage(k.zero, groups)});
     optim::AdamW optimizer(model.parameters(), {.lr = 1e-3f});
     ddp.attach(optimizer);
     if (flat_total) *flat_total = ddp.reducer().plan().total;

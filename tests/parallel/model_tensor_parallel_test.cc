@@ -104,7 +104,7 @@ Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first
     if (from) model->load_state_dict(split_state_dict(from->whole, *model));
     ddp::DistributedDataParallel ddp(
         mesh.group("dp"), *model,
-        {.accumulation_steps = kMicro, .zero_stage = zero, .gather_group = gather_group(kind)});
+        {.accumulation_steps = kMicro, .sharding = ddp::sharding_of_stage(zero, gather_group(kind))});
     optim::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
     ddp.attach(sgd);
     if (from) ddp.load_optimizer_state_dict(sgd, split_state_dict(from->optim, *model));

@@ -161,7 +161,8 @@ std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero, double clip 
       m.add<RowParallelLinear>(mesh.group("tp"), kHidden, kOut);
     }
     m.init(kSeed);
-    ddp::DistributedDataParallel ddp(mesh.group("dp"), m, {.accumulation_steps = kMicro, .zero_stage = zero});
+    ddp::DistributedDataParallel ddp(mesh.group("dp"), m,
+                                     {.accumulation_steps = kMicro, .sharding = ddp::sharding_of_stage(zero)});
     optim::SGD sgd(m.parameters(), {.lr = 0.2f, .momentum = 0.9f});
     ddp.attach(sgd);
     nn::CrossEntropyLoss loss;
@@ -326,7 +327,7 @@ TEST(TensorParallel, ATp4CheckpointResumesAtTp2Tp1AndTp2TimesDp2) {
   mesh_ranks.run([&](int r) {
     const DeviceMesh mesh = mesh_ranks.mesh(r, {{"dp", 2}, {"tp", 2}});
     Split resumed(mesh.group("tp"), 2, kSeed + 1);
-    ddp::DistributedDataParallel ddp(mesh.group("dp"), resumed.m, {.zero_stage = 1});
+    ddp::DistributedDataParallel ddp(mesh.group("dp"), resumed.m, {.sharding = ddp::ShardOptimizer{}});
     ddp.attach(*resumed.sgd);
     ddp.load_model_state_dict(split_state_dict(whole_model, resumed.m));
     ddp.load_optimizer_state_dict(*resumed.sgd, split_state_dict(whole_optim, resumed.m));

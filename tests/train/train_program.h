@@ -114,7 +114,7 @@ inline Result train(const Plan& plan) {
     o.accumulation_steps = accumulation;
     if (plan.deterministic)
       o.deterministic = ddp::DeterministicOptions{.fixed_point_fraction_bits = plan.fraction_bits};
-    o.zero_stage = plan.zero;
+    o.sharding = ddp::sharding_of_stage(plan.zero);
     ddp::DistributedDataParallel ddp(comm, model, o);
     if (plan.powersgd) ddp.register_comm_hook(std::make_shared<ddp::PowerSgdHook>(*plan.powersgd));
     optim::SGD optimizer(model.parameters(), {.lr = 0.05f, .momentum = 0.9f});

@@ -1,5 +1,6 @@
-// DistributedDataParallel: N ranks train like one rank with N times the batch, and with
-// zero_stage 1, 2 or 3 without N copies of the optimizer's (and at 3 the parameters') memory.
+// DistributedDataParallel: N ranks train like one rank with N times the batch, and with a
+// sharded state (DdpOptions::sharding, ddp/sharding.h: ZeRO-1, 2 or 3) without N copies of the
+// optimizer's (and with ShardParameters, the parameters') memory.
 //
 // It wraps a model and a communicator. At construction (COLLECTIVE) it checks that every rank
 // has the same model (names, shapes, dtypes, in order; a difference fails on every rank with a
@@ -36,29 +37,29 @@
 // nothing divides for you: unscale with LossScaler::unscale_and_check(grads, k), or pass
 // grad_scale = scale / k.
 //
-// zero_stage (ZeRO, as DeepSpeed numbers it; bytes per parameter with AdamW, N ranks, half
-// compute and half gradients: 16 at stage 0, 4 + 12/N at stage 1, 2 + 14/N at stage 2):
-//   0  every rank keeps everything; gradients are allreduced.
-//   1  gradients are reduce-scattered (each rank gets the averaged gradients of its shard of
-//      every bucket), each rank keeps the fp32 master weights and the optimizer state of its
-//      shard only and updates only those, and the updated parameters (in the compute dtype)
-//      are all-gathered, bucket by bucket, by the next forward as it reaches them.
-//   2  as 1, and no full-size gradient buffer is kept: backward writes each bucket into a
-//      small pool, each rank keeps its shard of the gradients. Every micro-step communicates.
-//   3  as 2, and each rank keeps only its shard of the parameters too (compute dtype, beside
-//      the fp32 master shard under mixed precision): bytes per parameter 18/N with bf16 AdamW,
-//      plus two gather buffers and the resident group. Parameters are grouped (gather_group:
-//      by default one group per numbered module, "blocks.3", "0"; the plan cuts a bucket per
-//      group); a group is all-gathered into one of two gather buffers when a layer first reads
-//      it (the param-use hook), the next group in forward order (reverse order in backward) is
-//      prefetched into the other buffer, and the group before is released, so at most two groups
-//      are whole at a time. Backward gathers again and reduce-scatters each group's gradients as
-//      ZeRO-2 does. Parameters outside every group (gather_group ""; by default the names
-//      without a number: GPT's embeddings, its tied head and final LayerNorm) form the resident
-//      group, whole for the whole step (gathered after each optimizer step). A layer that reads
-//      another module's parameter (nn::TiedLinear) must read a resident one. Not with frozen
-//      parameters nor in deterministic mode (refused at construction). Outside forward and
-//      backward the parameters are not whole: read them through model_state_dict().
+// Sharding (ddp/sharding.h has the values and their options; a strategy object inside carries
+// each out, src/ddp/strategy.h):
+//   Replicate (ZeRO-0)  every rank keeps everything; gradients are allreduced.
+//   ShardOptimizer (1)  gradients are reduce-scattered (each rank gets the averaged gradients of
+//      its shard of every bucket), each rank keeps the fp32 master weights and the optimizer
+//      state of its shard only and updates only those, and the updated parameters (in the
+//      compute dtype) are all-gathered, bucket by bucket, by the next forward as it reaches them.
+//   ShardGradients (2)  as 1, and no full-size gradient buffer is kept: backward writes each
+//      bucket into a small pool, each rank keeps its shard of the gradients. Every micro-step
+//      communicates.
+//   ShardParameters (3)  as 2, and each rank keeps only its shard of the parameters too (compute
+//      dtype, beside the fp32 master shard under mixed precision): bytes per parameter 18/N with
+//      bf16 AdamW, plus two gather buffers and the resident group. Parameters are grouped
+//      (ShardParameters::gather_group: by default one group per numbered module, "blocks.3", "0";
+//      the plan cuts a bucket per group); a group is all-gathered into one of two gather buffers
+//      when a layer first reads it (the param-use hook), the next group in forward order
+//      (reverse order in backward) is prefetched into the other buffer, and the group before is
+//      released, so at most two groups are whole at a time. Backward gathers again and
+//      reduce-scatters each group's gradients as ZeRO-2 does. Parameters outside every group
+//      (gather_group ""; by default the names without a number: GPT's embeddings, its tied head
+//      and final LayerNorm) form the resident group, whole for the whole step (gathered after
+//      each optimizer step). Outside forward and backward the parameters are not whole: read
+//      them through model_state_dict().
 // Under ZeRO the optimizer must be attached (backward refuses to complete a step otherwise),
 // gradient-norm clipping goes through grad_norm() and checkpoints through model_state_dict()
 // and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
@@ -73,6 +74,7 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/core/state_dict.h"
 #include "tutti/ddp/reducer.h"
+#include "tutti/ddp/sharding.h"
 #include "tutti/nn/module.h"
 #include "tutti/optim/clip.h"
 #include "tutti/optim/optimizer.h"
@@ -93,27 +95,15 @@ struct DdpOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   int accumulation_steps = 1;  // micro-batches per optimizer step
-  int zero_stage = 0;          // 0, 1, 2 or 3 (see the top of this file)
-  // ZeRO: true: each bucket's all-gather of the updated parameters is waited for by the first
-  // forward that reads one of its parameters (overlapped with the forward of the layers
-  // before it); false: right after the optimizer's step.
-  bool gather_during_forward = true;
-  // ZeRO-3: the gather group of a parameter, by name ("" puts it in the resident group, whole
-  // for the whole step). Unset: the name up to its first numeric component ("blocks.3.body.1.w"
-  // -> "blocks.3", "0.weight" -> "0"; "embed.wte" -> ""). models::Gpt::gather_group puts a
-  // transformer layer's two residual blocks in one group. Consecutive parameters (in
-  // registration order) with the same group form one bucket of the plan; bucket caps do not
-  // apply at stage 3.
-  std::function<std::string(const std::string& name)> gather_group;
-  // ZeRO-3: each of the two gather buffers' size in MiB of the compute dtype; 0: the largest
-  // group's. A group larger than a given size is refused at construction, naming it.
-  double gather_buffer_mb = 0;
+  // What each rank keeps of the parameters, gradients and optimizer state (ddp/sharding.h):
+  // Replicate, ShardOptimizer, ShardGradients or ShardParameters (ZeRO-0 to 3).
+  Sharding sharding = Replicate{};
   // How gradients are reduced. grad_comm_dtype unset: the model's grad_comm_dtype(), which
-  // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. sharding is
-  // zero_stage's to set (leave it). After construction, options().reducer holds what is used.
+  // amp::apply sets from the policy (bf16 for Policy::bf16()) and is f32 otherwise. Its sharding
+  // is `sharding`'s to set (leave it). After construction, options().reducer holds what is used.
   ReducerOptions reducer{};
   // Set: the deterministic mode. The trained model does not depend on the world size, bit for bit
-  // (zero_stage 0 or 1; at 1 every rank sums and converts the whole gradient, an allreduce
+  // (Replicate or ShardOptimizer; with ShardOptimizer every rank sums and converts the whole gradient, an allreduce
   // rather than a reduce-scatter, and its optimizer updates its shard). Each micro-batch must be one slice of the
   // global batch, of the same size at every world size (so world size x accumulation steps is constant); each slice's
   // gradients are added exactly into int64 fixed point (DeterministicOptions), summed across ranks
@@ -150,7 +140,7 @@ struct StatePart {
 using StateParts = std::map<std::string, StatePart>;
 
 class ExactGradientSum;  // the deterministic mode's sum (src/ddp/exact_sum.h)
-class Zero3Parameters;   // ZeRO-3's sharded parameters and gather buffers (src/ddp/zero3.h)
+class ShardingStrategy;  // carries out DdpOptions::sharding (src/ddp/strategy.h)
 
 class DistributedDataParallel {
  public:
@@ -160,9 +150,9 @@ class DistributedDataParallel {
   // both: they must outlive this object, which leaves the model's batch slice at (0, 1)
   // when it goes. Under ZeRO with a half compute dtype the model's fp32 masters are released
   // (FlatStorage::release_masters): the model then lives on with this object's shard only; at
-  // zero_stage 3 its parameters are released too (FlatStorage::release_parameters).
+  // ShardParameters its parameters are released too (FlatStorage::release_parameters).
   // A model with deferred parameters (nn::DeferredParameters; init() or hf::load_weights gave
-  // them sources): at zero_stage 3 its shards are filled one gather group at a time (rank 0
+  // them sources): with ShardParameters its shards are filled one gather group at a time (rank 0
   // reads the sources and broadcasts each group, or every rank reads them without
   // broadcast_parameters), so no rank holds the whole model at once; at stages 0-2 it is
   // materialized whole first (Module::materialize).
@@ -179,7 +169,7 @@ class DistributedDataParallel {
   void attach(optim::Optimizer& optimizer);
 
   // The model's forward (not collective; under ZeRO it waits, bucket by bucket, for the
-  // all-gathers of the last step). At zero_stage 3 COLLECTIVE: it gathers each group, so every
+  // all-gathers of the last step). With ShardParameters COLLECTIVE: it gathers each group, so every
   // rank must run as many forwards, the model's own too (evaluation, sampling: on every rank). The first forward of a
   // step starts the step's clock (StepStats::compute_before_comm_ms).
   Tensor forward(const Tensor& x);
@@ -224,7 +214,7 @@ class DistributedDataParallel {
   // "step" are small CPU tensors). They change with the next step: for a checkpoint, hand them
   // to io::CheckpointWriter::save (with module().stream()), which copies them into its host
   // buffers, one copy where the *_state_dict functions make one more. Only where this rank
-  // holds every whole tensor: zero_stage 0, and for the optimizer, attached; otherwise
+  // holds every whole tensor: Replicate, and for the optimizer, attached; otherwise
   // InvalidArgument (under ZeRO the *_state_dict functions gather the shards).
   StateDict model_state_views();
   StateDict optimizer_state_views(optim::Optimizer& optimizer);
@@ -255,7 +245,7 @@ class DistributedDataParallel {
 
   // Replaces the reducer's allreduce of each bucket by `hook` (ddp/comm_hook.h; PowerSGD:
   // ddp/powersgd.h): Reducer::register_comm_hook, after checking that this DDP can use one
-  // (zero_stage 0, not deterministic: else InvalidArgument naming the hook). Not collective;
+  // (Replicate, not deterministic: else InvalidArgument naming the hook). Not collective;
   // every rank registers the same kind. Register it before building a train::State, which
   // saves the hook's state as the entry "<name>.", and before a DiLoCo over this DDP (which
   // refuses one).
@@ -265,7 +255,9 @@ class DistributedDataParallel {
   Reducer& reducer() { return *reducer_; }
   const nn::FlatPlan& plan() const { return reducer_->plan(); }
   const DdpOptions& options() const { return options_; }
-  int zero_stage() const { return options_.zero_stage; }
+  // Whether each rank holds a shard of the state (ShardOptimizer and beyond): the *_state_dict
+  // functions are then collective, and no *_views exist.
+  bool sharded() const;
   // Statistics of the last synchronized step.
   const StepStats& last_stats() const { return reducer_->last_stats(); }
   // Bytes this rank holds now, by component.
@@ -275,17 +267,7 @@ class DistributedDataParallel {
   void verify_same_model();
   // Rank 0's layer state, and its flat parameter values when `values`.
   void broadcast_parameters(bool values);
-  void launch_gathers();
-  void wait_gather(int bucket);
-  Tensor gather_full(const Tensor& shard);
-  bool half_masters() const { return master_shard_.defined(); }
   bool exact_backward(const Tensor& dy, double loss_scale);  // deterministic mode (exact_sum.cc)
-  // The optimizer's state tensors as its checkpoints name them: fn(key, k, entry) for state k
-  // (state_names()[k], in order) of each of its parameters (plan entry `entry`), key
-  // "<key_of(i)>.<state name>".
-  void for_each_optimizer_state(
-      optim::Optimizer& optimizer,
-      const std::function<void(const std::string& key, std::size_t k, const nn::PlanEntry& entry)>& fn) const;
 
   Communicator& comm_;
   nn::Module& model_;
@@ -296,18 +278,10 @@ class DistributedDataParallel {
   int micro_step_ = 0;
   bool step_clock_running_ = false;
   std::chrono::steady_clock::time_point t_step_start_;
-  optim::Optimizer* attached_ = nullptr;
   std::unique_ptr<ExactGradientSum> exact_;  // deterministic mode
   bool exact_reduced_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
-  // ZeRO
-  Tensor master_shard_;  // f32 [shard_numel] where the compute dtype is half, and at zero_stage 3
-  std::unique_ptr<Zero3Parameters> zero3_;
-  std::vector<Work> gathers_;
-  std::vector<bool> gather_pending_;
-  int gathers_pending_ = 0;
-  std::chrono::steady_clock::time_point t_gather_launch_;
-  double gather_ms_ = 0, exposed_gather_ms_ = 0;
+  std::unique_ptr<ShardingStrategy> strategy_;             // declared last: it goes first, before the reducer it uses
 };
 
 }  // namespace tutti::ddp

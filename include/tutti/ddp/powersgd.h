@@ -24,7 +24,7 @@
 //
 // Where it works, and what it refuses (InvalidArgument naming PowerSgdOptions' field at the
 // hook's construction, naming PowerSgdHook at its registration):
-//   - plain data parallelism: sharding none (DistributedDataParallel zero_stage 0), not in
+//   - plain data parallelism: sharding none (DistributedDataParallel with Replicate), not in
 //     deterministic mode;
 //   - f32 gradients on the wire (grad_dtype f32 and grad_comm_dtype f32 or unset);
 //   - averaging (ReducerOptions::average true);

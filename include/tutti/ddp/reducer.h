@@ -10,7 +10,7 @@
 // the same order on every rank — bucket b is launched only after buckets 0..b-1, whatever
 // order the gradients become ready in.
 //
-// Sharding (ReducerOptions::sharding; DistributedDataParallel's zero_stage sets it):
+// Sharding (ReducerOptions::sharding; DistributedDataParallel's sharding strategy sets it):
 //   none        allreduce: every rank gets every averaged gradient (plain data parallelism).
 //   scatter     reduce-scatter in place (ZeRO-1): rank r gets the averaged gradients of its
 //               chunk of each bucket (shard_grad(b)); the rest of the buffer keeps this rank's

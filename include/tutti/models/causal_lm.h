@@ -72,7 +72,7 @@ class CausalLm : public nn::Module {
   // Bytes the checkpointed residuals' shared workspace holds now (0 without recomputation).
   std::int64_t recompute_workspace_bytes() const;
 
-  // ZeRO-3's gather group of a parameter (ddp::DdpOptions::gather_group) by the layer it belongs to:
+  // ZeRO-3's gather group of a parameter (ddp::ShardParameters::gather_group) by the layer it belongs to:
   // "layer <l>" for both residual blocks of layer l ("blocks.<2l>.*", "blocks.<2l+1>.*"), "" (the
   // resident group) otherwise. Llama::gather_group refines it for an untied head.
   static std::string gather_group(const std::string& name);

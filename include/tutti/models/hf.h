@@ -11,7 +11,8 @@
 //   tutti::models::Llama model(shape);
 //   model.to(job.device());
 //   tutti::models::hf::load_weights("Llama-3.2-1B", model);   // every rank, before DDP
-//   tutti::ddp::DdpOptions options{.zero_stage = 3, .gather_group = tutti::models::Llama::gather_groups(shape)};
+//   tutti::ddp::DdpOptions options{
+//       .sharding = tutti::ddp::ShardParameters{.gather_group = tutti::models::Llama::gather_groups(shape)}};
 //   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, options);
 //   // ... train (docs/bring-your-own-model.md has the whole program) ...
 //   const tutti::StateDict state = ddp.model_state_dict();       // COLLECTIVE: every rank

@@ -102,7 +102,7 @@ class Llama : public CausalLm {
   // the embedding and the untied head each a group of their own ("embedding", "head"), gathered for
   // their one use, so that no rank holds both whole between them.
   std::string group_of(const std::string& name) const;
-  // group_of for a configuration, as a function (ddp::DdpOptions::gather_group).
+  // group_of for a configuration, as a function (ddp::ShardParameters::gather_group).
   static std::function<std::string(const std::string&)> gather_groups(const LlamaConfig& config);
 
  protected:

@@ -121,7 +121,7 @@ struct Parameter {
 //   { nn::DeferredParameters defer; model = std::make_unique<models::Llama>(config); }
 //   model->to(device).init(seed);   // nothing allocated yet
 //   ddp::DdpOptions options;
-//   options.zero_stage = 3;
+//   options.sharding = ddp::ShardParameters{};
 //   ddp::DistributedDataParallel ddp(comm, *model, options);  // allocates this rank's shard
 // Scopes nest.
 class DeferredParameters {
