@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
           if (it < c.warmup) continue;
           m.step.push_back(ms);
           if (m.ddp) {
-            const auto& s = m.ddp->last_stats();
+            const auto& s = m.ddp->reducer().last_stats();
             const double exposed = s.exposed_comm_ms + s.exposed_gather_ms;
             m.exposed.push_back(exposed);
             m.compute.push_back(ms - exposed);

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         step(s, x, y, stream);
         s.step_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        s.wait_ms.push_back(s.ddp->last_stats().exposed_gather_ms);
+        s.wait_ms.push_back(s.ddp->reducer().last_stats().exposed_gather_ms);
       }
     }
     if (job.rank() != 0) return 0;

@@ -297,7 +297,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     }
     const bool stepped = scaler.update(ddp.found_nonfinite());
     if (stepped) optimizer->step();
-    const tutti::ddp::StepStats stats = ddp.last_stats();
+    const tutti::ddp::StepStats stats = ddp.reducer().last_stats();
     ddp.zero_grad();
     sync.end_step(run);  // --sync diloco: the outer sync every H steps
     watch.after_step(step, stats, data_s, straggler_figures, stream);
@@ -369,7 +369,7 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
     const std::int64_t step = run.step(), first_step = run.first_step();
     if (accuracy < 0) accuracy = evaluate(job, *model, data.test, stream, f.zero == 3);  // resumed at the end
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-    const std::uint32_t crc = example::parameters_crc32(ddp.model_state_dict());
+    const std::uint32_t crc = example::parameters_crc32(ddp.state().model_state_dict());
     const double samples_per_s =
         train_seconds > 0 ? static_cast<double>((step - first_step) * f.batch_size) / train_seconds : 0;
     // Resumed at the end (no step ran): the CPU's ceiling once more, every rank at once.

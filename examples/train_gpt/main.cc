@@ -403,7 +403,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     const double tokens_per_s = static_cast<double>((step - first_step) * tokens_per_step) / train_seconds;
     const bool eval_now = (f.eval_every > 0 && step % f.eval_every == 0) || end.last;
     if (eval_now) {
-      ddp.synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
+      ddp.state().synchronize_parameters();  // ZeRO: the forward below is the model's own, outside DDP
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream,
                           f.zero == 3 || tp_group, dp_rank, dp);
       curve.push_back({step, step * tokens_per_step, end.loss, last_val});
@@ -428,13 +428,13 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (run.completed()) {
     // The figures of a completed run (a stopped or diverged one ends with what it had).
     const std::int64_t step = run.step();
-    ddp.synchronize_parameters();
+    ddp.state().synchronize_parameters();
     // Resumed at the end: the checkpoint's validation loss may be of an earlier evaluation.
     if (curve.empty())
       last_val = evaluate(job, model, val_loader, val_windows, loader.local_micro_batch_size(), stream,
                           f.zero == 3 || tp_group, dp_rank, dp);
     const double wall = std::chrono::duration<double>(Clock::now() - t_start).count();
-    tutti::StateDict final_state = ddp.model_state_dict();  // COLLECTIVE under ZeRO
+    tutti::StateDict final_state = ddp.state().model_state_dict();  // COLLECTIVE under ZeRO
     if (tp_group) final_state = tutti::parallel::whole_state_dict(final_state, model, *tp_group);  // COLLECTIVE
     const std::uint32_t crc = example::parameters_crc32(final_state);
     if (!f.export_dir.empty() && job.rank() == 0) {
@@ -515,7 +515,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     summary.set("setup_peak_device_bytes", setup_peak_bytes);
     // Gradient bytes this rank put on the wire in the last step (DDP's StepStats: the buckets,
     // or PowerSGD's P, Q and uncompressed gradients), and the communicator DDP used.
-    summary.set("reduced_bytes_last_step", ddp.last_stats().bytes_reduced);
+    summary.set("reduced_bytes_last_step", ddp.reducer().last_stats().bytes_reduced);
     summary.set("allreduce", f.allreduce);
     summary.set_json("loss_curve", curve.dump());
     summary.set("sample", sample);

@@ -82,7 +82,7 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
 
 DistributedDataParallel::~DistributedDataParallel() {
   try {
-    synchronize_parameters();
+    strategy_->synchronize_parameters();
   } catch (...) {
   }
   model_.storage().set_grad_ready_hook({});
@@ -99,8 +99,6 @@ void DistributedDataParallel::attach(optim::Optimizer& optimizer) {
   optimizer.bind(std::move(target));
   strategy_->set_attached(&optimizer);
 }
-
-void DistributedDataParallel::synchronize_parameters() { strategy_->synchronize_parameters(); }
 
 bool DistributedDataParallel::sharded() const { return strategy_->sharded(); }
 

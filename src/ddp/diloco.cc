@@ -77,17 +77,17 @@ DiLoCo::DiLoCo(DistributedDataParallel& inner, optim::Optimizer& optimizer, cons
                   "H / fragments = ",
                   options_.sync_every / options_.fragments, ", not ", options_.overlap_steps);
   const int local = groups_.intra->size();
-  total_ = inner_.plan().total;
+  total_ = inner_.reducer().plan().total;
   std::int64_t widest = 0;
   for (int f = 0; f < options_.fragments; ++f) widest = std::max(widest, fragment(f).second - fragment(f).first);
   shard_ = (widest + local - 1) / local;
   const Stream& stream = inner_.module().stream();
   const Device device = inner_.module().device();
   // Node 0's parameters are everybody's start: each local index broadcasts the whole vector.
-  global_ = inner_.parameters_flat();
+  global_ = inner_.state().parameters_flat();
   CallOptions call{"diloco start broadcast", stream};
   groups_.inter->broadcast(global_, 0, call).wait(stream);
-  inner_.load_parameters_flat(global_);
+  inner_.state().load_parameters_flat(global_);
   momentum_ = Tensor::zeros({total_}, DType::f32, device);
   avg_ = Tensor::zeros({local * shard_}, DType::f32, device);
   // Error feedback: whole-length, holding this rank's slice of every fragment (zero elsewhere).
@@ -134,14 +134,14 @@ bool DiLoCo::scheduled_step() {
   Tensor local;
   bool changed = false;
   if (pending_ >= 0 && ++pending_age_ >= options_.overlap_steps) {
-    local = inner_.parameters_flat();
+    local = inner_.state().parameters_flat();
     apply_pending(local);
     changed = true;
   }
   bool synced = false;
   for (int f = 0; f < k; ++f) {
     if (inner_step_ != (f == 0 ? h : f * h / k)) continue;
-    if (!local.defined()) local = inner_.parameters_flat();
+    if (!local.defined()) local = inner_.state().parameters_flat();
     if (options_.overlap_steps > 0) {
       launch(f, local, /*keep_snapshot=*/true);
       pending_ = f;
@@ -153,7 +153,7 @@ bool DiLoCo::scheduled_step() {
     }
     synced = true;
   }
-  if (changed) inner_.load_parameters_flat(local);
+  if (changed) inner_.state().load_parameters_flat(local);
   if (changed || synced) inner_.module().stream().synchronize();
   if (synced) ++syncs_;
   if (inner_step_ == h) inner_step_ = 0;
@@ -161,10 +161,10 @@ bool DiLoCo::scheduled_step() {
 }
 
 void DiLoCo::sync() {
-  const Tensor local = inner_.parameters_flat();  // collective over the node under ZeRO with half masters
+  const Tensor local = inner_.state().parameters_flat();  // collective over the node under ZeRO with half masters
   if (pending_ >= 0) apply_pending(local);
   for (int f = 0; f < options_.fragments; ++f) sync_fragment(f, local);
-  inner_.load_parameters_flat(local);
+  inner_.state().load_parameters_flat(local);
   inner_.module().stream().synchronize();
   inner_step_ = 0;
   ++syncs_;
@@ -251,11 +251,11 @@ void DiLoCo::apply_pending(const Tensor& local) {
 }
 
 StateDict DiLoCo::named(const Tensor& flat) const {
-  return named_of_flat(inner_.plan(), flat, inner_.module().stream());
+  return named_of_flat(inner_.reducer().plan(), flat, inner_.module().stream());
 }
 
 Tensor DiLoCo::flat_of(const StateDict& state, const std::string& prefix) const {
-  const Tensor host = flat_of_named(inner_.plan(), state, prefix, "DiLoCo::load_state_dict",
+  const Tensor host = flat_of_named(inner_.reducer().plan(), state, prefix, "DiLoCo::load_state_dict",
                                     " (the checkpoint is of another model, or not of --sync diloco)");
   Tensor out = host.to(inner_.module().device(), inner_.module().stream());
   inner_.module().stream().synchronize();  // before `host` goes
@@ -284,8 +284,8 @@ StateDict DiLoCo::state_dict() {
   out[kNodes] = int_scalar_tensor(nodes());
   // This node's own state (collective over the node under ZeRO).
   StateDict mine;
-  io::add_prefixed(mine, "model.", inner_.model_state_dict());
-  io::add_prefixed(mine, "optim.", inner_.optimizer_state_dict(optimizer_));
+  io::add_prefixed(mine, "model.", inner_.state().model_state_dict());
+  io::add_prefixed(mine, "optim.", inner_.state().optimizer_state_dict(optimizer_));
   // The node's residuals: each rank holds its slices and zeros elsewhere, so the sum.
   for (const auto& [key, part] : {std::pair{"residual", residual_}, std::pair{"owner_residual", owner_residual_}}) {
     if (!part.defined()) continue;
@@ -334,9 +334,9 @@ void DiLoCo::load_state_dict(const StateDict& state) {
     // Another layout of nodes: the period restarts from the global parameters, with node 0's
     // inner optimizer state; the residuals start at zero and a sync in flight is dropped
     // (diloco.h says why).
-    inner_.load_parameters_flat(global_);
+    inner_.state().load_parameters_flat(global_);
     const StateDict opt0 = io::strip_prefix(state, node_prefix(0) + "optim.");
-    if (!opt0.empty()) inner_.load_optimizer_state_dict(optimizer_, opt0);
+    if (!opt0.empty()) inner_.state().load_optimizer_state_dict(optimizer_, opt0);
     inner_step_ = 0;
     stream.synchronize();
     return;
@@ -345,8 +345,8 @@ void DiLoCo::load_state_dict(const StateDict& state) {
   const StateDict model = io::strip_prefix(state, mine + "model.");
   TUTTI_CHECK_ARG(!model.empty(), "DiLoCo::load_state_dict: no entries '", mine,
                   "model.*' (a state_dict() of another rank than rank 0?)");
-  inner_.load_model_state_dict(model);
-  inner_.load_optimizer_state_dict(optimizer_, io::strip_prefix(state, mine + "optim."));
+  inner_.state().load_model_state_dict(model);
+  inner_.state().load_optimizer_state_dict(optimizer_, io::strip_prefix(state, mine + "optim."));
   for (const auto& [key, into] : {std::pair{"residual", residual_}, std::pair{"owner_residual", owner_residual_}}) {
     const auto res = state.find(mine + key);
     if (!into.defined() || res == state.end()) continue;

@@ -396,7 +396,7 @@ StateDict Optimizer::state_dict() {
     TUTTI_CHECK(covered == pe.numel, "Optimizer::state_dict: this optimizer holds ", covered, " of the ", pe.numel,
                 " elements of the state of '", key_of(i),
                 "' (one rank's shard under ZeRO): save it with "
-                "DistributedDataParallel::optimizer_state_dict, which gathers the shards");
+                "DdpState::optimizer_state_dict, which gathers the shards");
     for (std::size_t k = 0; k < names.size(); ++k) {
       Tensor whole = Tensor::empty(pe.shape, DType::f32);
       for (std::size_t s = 0; s < target_->spans.size(); ++s) {

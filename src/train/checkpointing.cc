@@ -131,11 +131,11 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   io::check_state_matches(model_state, expected, source);
   const StateDict optim_state = io::strip_prefix(ckpt.state, "optim.");
   if (state.tensor_parallel) {
-    ddp.load_model_state_dict(parallel::split_state_dict(model_state, model));
-    ddp.load_optimizer_state_dict(*state.optimizer, parallel::split_state_dict(optim_state, model));
+    ddp.state().load_model_state_dict(parallel::split_state_dict(model_state, model));
+    ddp.state().load_optimizer_state_dict(*state.optimizer, parallel::split_state_dict(optim_state, model));
   } else {
-    ddp.load_model_state_dict(model_state);
-    ddp.load_optimizer_state_dict(*state.optimizer, optim_state);
+    ddp.state().load_model_state_dict(model_state);
+    ddp.state().load_optimizer_state_dict(*state.optimizer, optim_state);
   }
   // The loss scaler's state belongs to the precision it was saved with: an fp32 run's (off,
   // scale 1) would start an fp16 run at scale 1 instead of the default 2^16.
@@ -178,7 +178,8 @@ void Run::Impl::write_checkpoint(bool must) {
     // data-parallel rank 0 (a mesh's layout); the other groups' gathers would be thrown away.
     const bool rank0_group = ddp.reducer().communicator().rank() == 0;
     if (!rank0_group && !ddp.sharded()) return;  // nothing collective to take part in
-    StateDict model_whole = ddp.model_state_dict(), optim_whole = ddp.optimizer_state_dict(*state.optimizer);
+    StateDict model_whole = ddp.state().model_state_dict(),
+              optim_whole = ddp.state().optimizer_state_dict(*state.optimizer);
     if (!rank0_group) return;
     Communicator& tp = *state.tensor_parallel;
     model_state = parallel::whole_state_dict(model_whole, ddp.module(), tp);
@@ -189,11 +190,11 @@ void Run::Impl::write_checkpoint(bool must) {
     // which copies them (not collective). An optimizer that is not attached has no views:
     // its state_dict() (a copy, also not collective at stage 0).
     if (rank != 0) return;
-    model_state = ddp.model_state_views();
+    model_state = ddp.state().model_state_views();
     try {
-      optim_state = ddp.optimizer_state_views(*state.optimizer);
+      optim_state = ddp.state().optimizer_state_views(*state.optimizer);
     } catch (const InvalidArgument&) {
-      optim_state = ddp.optimizer_state_dict(*state.optimizer);
+      optim_state = ddp.state().optimizer_state_dict(*state.optimizer);
     }
   } else {
     // ZeRO: every rank gathers the whole tensors from the shards (collective). A write in flight
@@ -212,8 +213,8 @@ void Run::Impl::write_checkpoint(bool must) {
       note_written();
       early_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    model_state = ddp.model_state_dict();
-    optim_state = ddp.optimizer_state_dict(*state.optimizer);
+    model_state = ddp.state().model_state_dict();
+    optim_state = ddp.state().optimizer_state_dict(*state.optimizer);
     if (rank != 0) return;
   }
   // Rank 0. A failure throws an Error naming the step and the file (the Job tells the other

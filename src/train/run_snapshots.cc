@@ -118,8 +118,8 @@ std::unique_ptr<detail::MemorySnapshots> Run::Impl::make_snapshots(const std::st
 StateDict Run::Impl::snapshot_part() const {
   ddp::DistributedDataParallel& ddp = *state.ddp;
   std::map<std::string, detail::MemorySnapshots::Piece> pieces;
-  add_parts(pieces, "model.", ddp.model_state_parts());
-  add_parts(pieces, "optim.", ddp.optimizer_state_parts(*state.optimizer));
+  add_parts(pieces, "model.", ddp.state().model_state_parts());
+  add_parts(pieces, "optim.", ddp.state().optimizer_state_parts(*state.optimizer));
   add_whole(pieces, "scaler.", state.scaler->state_dict());
   for (const State::Entry& e : state.entries)
     if (e.not_in_snapshots.empty()) add_whole(pieces, e.prefix, e.save());

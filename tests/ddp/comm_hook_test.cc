@@ -89,7 +89,7 @@ std::vector<Values> train(bool hooked, std::vector<std::shared_ptr<AllreduceHook
     model->init(testing::kSeed);
     // Small buckets: several per step.
     DistributedDataParallel ddp(group.communicator(rank), *model, {.bucket_cap_mb = 1e-4, .first_bucket_cap_mb = 1e-4});
-    EXPECT_GT(ddp.plan().buckets.size(), 2U);
+    EXPECT_GT(ddp.reducer().plan().buckets.size(), 2U);
     const std::int64_t before = ddp.memory().communication;
     if (hooked) {
       auto hook = std::make_shared<AllreduceHook>();

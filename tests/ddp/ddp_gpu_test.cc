@@ -103,7 +103,7 @@ double train_gpu_against_cpu(Communicator& comm, const GpuRun& run) {
   EXPECT_GT(relative_difference(*untouched, *reference), 1e-3) << "training must move the parameters";
   // Whole parameters, gathered from the shards under ZeRO, on the CPU.
   auto gathered = make_mlp();
-  gathered->load_state_dict(ddp.model_state_dict());
+  gathered->load_state_dict(ddp.state().model_state_dict());
   return relative_difference(*gathered, *reference);
 }
 

@@ -255,7 +255,7 @@ TEST(DdpPolicy, Bf16GradientsAreSentAsBf16ByDefault) {
     // The gradients stay f32; the wire carries 2 or 4 bytes per element.
     EXPECT_EQ(ddp.reducer().buffer().dtype(), DType::f32) << what;
     const auto wire_bytes = static_cast<std::int64_t>(size_of(c.wire));
-    EXPECT_EQ(ddp.last_stats().bytes_reduced, ddp.reducer().buffer().numel() * wire_bytes) << what;
+    EXPECT_EQ(ddp.reducer().last_stats().bytes_reduced, ddp.reducer().buffer().numel() * wire_bytes) << what;
   }
 }
 

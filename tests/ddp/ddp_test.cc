@@ -326,7 +326,7 @@ TEST(Ddp, StatsCountBytesAndBuckets) {
   const Batch b = my_slice(global_batch({12}, 12, 5));
   loss.forward(ddp.forward(b.x), b.y);
   ASSERT_TRUE(ddp.backward(loss.grad()));
-  const StepStats& s = ddp.last_stats();
+  const StepStats& s = ddp.reducer().last_stats();
   EXPECT_EQ(s.buckets, ddp.reducer().bucket_count());
   EXPECT_EQ(s.bytes_reduced, static_cast<std::int64_t>(ddp.reducer().buffer().nbytes()));
   EXPECT_GE(s.backward_ms, 0.0);

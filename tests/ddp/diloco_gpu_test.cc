@@ -76,7 +76,7 @@ Result train(const DiLoCoOptions& options, nn::Module* reference = nullptr) {
     diloco.end_inner_step();
   }
   Result r;
-  const Tensor flat = ddp.parameters_flat();
+  const Tensor flat = ddp.state().parameters_flat();
   const std::int64_t n = flat.numel();
   const Tensor all = Tensor::empty({4 * n}, DType::f32, gpu);
   world().communicator().allgather(flat, all, {"diloco test gather", stream}).wait(stream);

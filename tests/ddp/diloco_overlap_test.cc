@@ -45,14 +45,14 @@ TEST(DiLoCoOverlap, AppliesTheMergeRuleTauStepsLater) {
                    .nesterov = false,
                    .fragments = 2,
                    .overlap_steps = 1});
-    const std::int64_t n = t.ddp->plan().total, half = n / 2;
+    const std::int64_t n = t.ddp->reducer().plan().total, half = n / 2;
     std::vector<float> snapshot, snapshot_avg;
     for (int s = 0; s < 9; ++s) {
       t.step(s, rank * 4, 4);
-      const std::vector<float> b = t.ddp->parameters_flat().to_floats();
+      const std::vector<float> b = t.ddp->state().parameters_flat().to_floats();
       const int pending = diloco.pending_fragment();
       const bool launched = diloco.end_inner_step();
-      const std::vector<float> a = t.ddp->parameters_flat().to_floats();
+      const std::vector<float> a = t.ddp->state().parameters_flat().to_floats();
       const int c = (s + 1) % 4;
       EXPECT_EQ(launched, c == 0 || c == 2) << "step " << s + 1;
       EXPECT_EQ(diloco.pending_fragment(), c == 2 ? 1 : c == 0 ? 0 : -1) << "step " << s + 1;

@@ -168,7 +168,7 @@ Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs, in
     Trainer t(*g.intra, rank, false);
     DiLoCo diloco(*t.ddp, *t.opt, g,
                   {.outer_dtype = dtype, .error_feedback = error_feedback, .block = block, .exchange = exchange});
-    const std::int64_t n = t.ddp->plan().total;
+    const std::int64_t n = t.ddp->reducer().plan().total;
     std::vector<double> sent_sum(static_cast<std::size_t>(n)), true_sum(static_cast<std::size_t>(n));
     for (int s = 0; s < syncs; ++s) {
       std::vector<float> true_avg(static_cast<std::size_t>(n));
@@ -183,7 +183,7 @@ Quality compression_quality(OuterDType dtype, bool error_feedback, int syncs, in
       }
       std::vector<float> local = diloco.global_parameters().to_floats();
       for (std::size_t i = 0; i < local.size(); ++i) local[i] -= mine[i];
-      t.ddp->load_parameters_flat(Tensor::from_floats(local, {n}));
+      t.ddp->state().load_parameters_flat(Tensor::from_floats(local, {n}));
       diloco.sync();
       const std::vector<float> got = diloco.last_pseudo_gradient().view(0, {n}).to_floats();
       first[static_cast<std::size_t>(rank)] = got;
@@ -320,15 +320,15 @@ TEST(DiLoCo, StreamingSyncsEachFragmentAtItsStep) {
     Trainer t(*g.intra, rank, false);
     DiLoCo diloco(*t.ddp, *t.opt, g,
                   {.sync_every = 4, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false, .fragments = 2});
-    const std::int64_t n = t.ddp->plan().total, half = n / 2;
+    const std::int64_t n = t.ddp->reducer().plan().total, half = n / 2;
     for (int s = 0; s < 8; ++s) {
       t.step(s, rank * 4, 4);
-      const Tensor before = t.ddp->parameters_flat();
+      const Tensor before = t.ddp->state().parameters_flat();
       const Tensor nodes = Tensor::empty({kNodes * n}, DType::f32);
       g.inter->allgather(before, nodes).wait();
       const std::vector<float> b = before.to_floats(), all = nodes.to_floats();
       const bool synced = diloco.end_inner_step();
-      const std::vector<float> a = t.ddp->parameters_flat().to_floats();
+      const std::vector<float> a = t.ddp->state().parameters_flat().to_floats();
       const int c = (s + 1) % 4;  // 2: fragment 1 [n/2, n); 0: fragment 0 [0, n/2)
       EXPECT_EQ(synced, c == 0 || c == 2) << "step " << s + 1;
       int off = 0;
@@ -357,19 +357,19 @@ TEST(DiLoCo, TheLastStepSyncsWhateverTheSchedule) {
     const NodeGroups g = group.node_groups(rank, sizes(kNodes, kLocal));
     Trainer t(*g.intra, rank, false);
     DiLoCo diloco(*t.ddp, *t.opt, g, {.sync_every = 4, .outer_lr = 1.0, .outer_momentum = 0.0, .nesterov = false});
-    const std::int64_t n = t.ddp->plan().total;
+    const std::int64_t n = t.ddp->reducer().plan().total;
     std::vector<bool> synced;
     std::vector<float> all;
     for (int s = 0; s < 6; ++s) {
       t.step(s, rank * 8, 8);
       const Tensor nodes = Tensor::empty({kNodes * n}, DType::f32);
-      g.inter->allgather(t.ddp->parameters_flat(), nodes).wait();
+      g.inter->allgather(t.ddp->state().parameters_flat(), nodes).wait();
       all = nodes.to_floats();
       synced.push_back(diloco.end_inner_step(/*last_step=*/s == 5));
     }
     EXPECT_EQ(synced, (std::vector<bool>{false, false, false, true, false, true})) << "rank " << rank;
     EXPECT_EQ(diloco.syncs(), 2);
-    const std::vector<float> a = t.ddp->parameters_flat().to_floats();
+    const std::vector<float> a = t.ddp->state().parameters_flat().to_floats();
     int off = 0, differed = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       const auto k = static_cast<std::size_t>(i);
@@ -413,7 +413,7 @@ TEST(DiLoCo, ResumeOnOtherNodeCountRestartsFromGlobalAndRefusesDdpState) {
     Trainer t(*g.intra, rank, true);
     DiLoCo diloco(*t.ddp, *t.opt, g, {.sync_every = 4});
     try {
-      diloco.load_state_dict(t.ddp->model_state_dict());
+      diloco.load_state_dict(t.ddp->state().model_state_dict());
       ADD_FAILURE() << "a state without DiLoCo entries was loaded";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("--sync ddp"), std::string::npos) << e.what();

@@ -93,7 +93,7 @@ std::vector<Values> train_ddp(int ranks, int steps, bool adamw = false) {
 // COLLECTIVE over the DDP's ranks.
 Values whole_values_of(Trainer& t) {
   if (!t.ddp->sharded()) return values_of(*t.model);
-  const StateDict state = t.ddp->model_state_dict();
+  const StateDict state = t.ddp->state().model_state_dict();
   Values v;
   for (nn::Parameter* p : t.model->parameters()) v.push_back(state.at(p->name).to_floats());
   return v;

@@ -74,12 +74,12 @@ Ranks train(int ranks, int from, int to, const Saved* load, Saved* save, std::op
     std::shared_ptr<PowerSgdHook> hook;
     if (psgd) ddp.register_comm_hook(hook = std::make_shared<PowerSgdHook>(*psgd));
     const Stream& stream = model->stream();
-    if (rank == 0) EXPECT_EQ(ddp.plan().buckets.size(), bucket_per_parameter ? 6U : 1U);
+    if (rank == 0) EXPECT_EQ(ddp.reducer().plan().buckets.size(), bucket_per_parameter ? 6U : 1U);
     optim::SGD opt(model->parameters(), optim::SgdOptions{.lr = 0.05f, .momentum = 0.9f});
     ddp.attach(opt);
     if (load) {
-      ddp.load_model_state_dict(load->model);
-      ddp.load_optimizer_state_dict(opt, load->optim);
+      ddp.state().load_model_state_dict(load->model);
+      ddp.state().load_optimizer_state_dict(opt, load->optim);
       if (hook) out.notes[r] = hook->load_state_dict(powersgd_override ? *powersgd_override : load->powersgd, stream);
     }
     nn::CrossEntropyLoss loss;
@@ -90,13 +90,13 @@ Ranks train(int ranks, int from, int to, const Saved* load, Saved* save, std::op
       EXPECT_TRUE(ddp.backward(loss.grad()));
       opt.step();
       ddp.zero_grad();
-      out.last_bytes[r] = ddp.last_stats().bytes_reduced;
+      out.last_bytes[r] = ddp.reducer().last_stats().bytes_reduced;
     }
     if (hook) out.powersgd[r] = hook->state_dict(stream);  // COLLECTIVE
-    const StateDict m = ddp.model_state_dict(), op = ddp.optimizer_state_dict(opt);
+    const StateDict m = ddp.state().model_state_dict(), op = ddp.state().optimizer_state_dict(opt);
     if (save && rank == 0) *save = Saved{m, op, out.powersgd[r]};
     out.params[r] = testing::values_of(*model);
-    if (rank == 0) out.total = ddp.plan().total;
+    if (rank == 0) out.total = ddp.reducer().plan().total;
   });
   return out;
 }

@@ -1,4 +1,4 @@
-// DistributedDataParallel::model_state_views / optimizer_state_views: the same entries as
+// DdpState::model_state_views / optimizer_state_views (ddp.state()): the same entries as
 // model_state_dict / optimizer_state_dict, bit for bit, without a copy (views of the live
 // tensors), so that io::CheckpointWriter writes the same file from either; refused under ZeRO.
 // Ranks are threads (tutti::ThreadGroup).
@@ -80,8 +80,9 @@ void expect_same(const StateDict& views, const StateDict& copies, Device device)
 TEST(StateViews, SameEntriesAsTheStateDictsAndTheSameFile) {
   for (amp::Policy policy : {amp::Policy::fp32(), amp::Policy::bf16()}) {
     train_then(0, policy, [&](DistributedDataParallel& ddp, optim::Optimizer& opt, int rank) {
-      const StateDict model_views = ddp.model_state_views(), optim_views = ddp.optimizer_state_views(opt);
-      const StateDict model_copy = ddp.model_state_dict(), optim_copy = ddp.optimizer_state_dict(opt);
+      const StateDict model_views = ddp.state().model_state_views(),
+                      optim_views = ddp.state().optimizer_state_views(opt);
+      const StateDict model_copy = ddp.state().model_state_dict(), optim_copy = ddp.state().optimizer_state_dict(opt);
       expect_same(model_views, model_copy, ddp.module().device());
       expect_same(optim_views, optim_copy, ddp.module().device());
       // A view is the live tensor: it shares the storage the optimizer updates.
@@ -107,8 +108,8 @@ TEST(StateViews, SameEntriesAsTheStateDictsAndTheSameFile) {
 
 TEST(StateViews, RefusedWhereThisRankHoldsOnlyAShard) {
   train_then(1, amp::Policy::fp32(), [&](DistributedDataParallel& ddp, optim::Optimizer& opt, int) {
-    EXPECT_THROW(ddp.model_state_views(), InvalidArgument);
-    EXPECT_THROW(ddp.optimizer_state_views(opt), InvalidArgument);
+    EXPECT_THROW(ddp.state().model_state_views(), InvalidArgument);
+    EXPECT_THROW(ddp.state().optimizer_state_views(opt), InvalidArgument);
   });
 }
 

@@ -146,8 +146,8 @@ Result train(const TrainRun& run) {
     ddp.attach(opt);
     amp::LossScaler scaler(run.policy.default_scaler());
     if (run.resume) {
-      ddp.load_model_state_dict(io::strip_prefix(*run.resume, "model."));
-      ddp.load_optimizer_state_dict(opt, io::strip_prefix(*run.resume, "optim."));
+      ddp.state().load_model_state_dict(io::strip_prefix(*run.resume, "model."));
+      ddp.state().load_optimizer_state_dict(opt, io::strip_prefix(*run.resume, "optim."));
     }
     nn::CrossEntropyLoss loss;
     const std::int64_t per_rank = run.micro_batch / run.ranks;
@@ -169,8 +169,8 @@ Result train(const TrainRun& run) {
         ddp.zero_grad();
       }
     }
-    const StateDict model_state = ddp.model_state_dict();
-    const StateDict optim_state = ddp.optimizer_state_dict(opt);
+    const StateDict model_state = ddp.state().model_state_dict();
+    const StateDict optim_state = ddp.state().optimizer_state_dict(opt);
     result.values[static_cast<std::size_t>(rank)] = values_of(model_state, *model);
     if (run.save && rank == 0) {
       run.save->clear();
@@ -239,7 +239,7 @@ TEST(Zero3, AtMostTwoGroupsAreWholeAndTheGroupBeforeIsReleased) {
     EXPECT_EQ(whole.count("layer 0"), 0u) << "layer 0's group was not released";
     EXPECT_EQ(whole.count("layer 2"), 1u) << "the last group forward used";
     // The gathered bytes: two buffers of the largest layer group and the resident buckets.
-    const nn::FlatPlan& plan = ddp.plan();
+    const nn::FlatPlan& plan = ddp.reducer().plan();
     std::int64_t largest = 0, resident = 0;
     for (const nn::PlanBucket& pb : plan.buckets) {
       if (models::Gpt::gather_group(plan.entries[pb.entries.front()].name).empty())
@@ -337,7 +337,7 @@ TEST(Zero3, MemoryIsStageTwosLessTheWholeParametersPlusTheGatherBuffers) {
       opt.step();
       if (rank != 0) return;
       mem[zero] = ddp.memory();
-      const nn::FlatPlan& plan = ddp.plan();
+      const nn::FlatPlan& plan = ddp.reducer().plan();
       total[zero] = plan.total;
       shard[zero] = plan.shard_numel;
       if (zero != 3) return;
@@ -445,7 +445,7 @@ TEST(Zero3, DeferredConstructionNeverHoldsTheWholeModel) {
       DistributedDataParallel ddp(group.communicator(rank), *model,
                                   {.sharding = ShardParameters{.gather_group = models::Gpt::gather_group}});
       if (rank != 0 || deferred) return;
-      const nn::FlatPlan& plan = ddp.plan();
+      const nn::FlatPlan& plan = ddp.reducer().plan();
       total = plan.total;
       shard = plan.shard_numel;
       for (const nn::PlanBucket& pb : plan.buckets) {

@@ -104,8 +104,8 @@ std::vector<Values> train(const TrainRun& run) {
     ddp.attach(*opt);
     amp::LossScaler scaler(run.policy.default_scaler());
     if (run.resume) {
-      ddp.load_model_state_dict(io::strip_prefix(*run.resume, "model."));
-      ddp.load_optimizer_state_dict(*opt, io::strip_prefix(*run.resume, "optim."));
+      ddp.state().load_model_state_dict(io::strip_prefix(*run.resume, "model."));
+      ddp.state().load_optimizer_state_dict(*opt, io::strip_prefix(*run.resume, "optim."));
       scaler.load_state_dict(io::strip_prefix(*run.resume, "scaler."));
     }
     nn::CrossEntropyLoss loss;
@@ -128,8 +128,8 @@ std::vector<Values> train(const TrainRun& run) {
         ddp.zero_grad();
       }
     }
-    const StateDict model_state = ddp.model_state_dict();
-    const StateDict optim_state = ddp.optimizer_state_dict(*opt);
+    const StateDict model_state = ddp.state().model_state_dict();
+    const StateDict optim_state = ddp.state().optimizer_state_dict(*opt);
     out[static_cast<std::size_t>(rank)] = values_of(model_state, *model);
     if (run.save && rank == 0) {
       run.save->clear();
@@ -485,8 +485,8 @@ TEST(Zero, MemoryIsTheShardsPlusWholeParameters) {
       opt->step();
       mem[static_cast<std::size_t>(rank)] = ddp.memory();
       if (rank == 0) {
-        total = ddp.plan().total;
-        shard = ddp.plan().shard_numel;
+        total = ddp.reducer().plan().total;
+        shard = ddp.reducer().plan().shard_numel;
       }
     });
     SCOPED_TRACE("zero " + std::to_string(zero));

@@ -186,7 +186,7 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
       stream.synchronize();
     }
     if (run) {
-      const StateDict final_state = ddp.model_state_dict();  // COLLECTIVE under ZeRO
+      const StateDict final_state = ddp.state().model_state_dict();  // COLLECTIVE under ZeRO
       EXPECT_EQ(run->finish().status, train::Outcome::Status::completed);
       EXPECT_GE(final_state.size(), model.parameters().size());
     }

@@ -137,7 +137,7 @@ void run_traced(Traced& out, int steps, trace::Options window) {
   ddp::DistributedDataParallel ddp(world().communicator(), *model, o);
   auto opt = make_optimizer(Opt::sgd, *model);
   ddp.attach(*opt);
-  out.buckets = static_cast<int>(ddp.plan().buckets.size());
+  out.buckets = static_cast<int>(ddp.reducer().plan().buckets.size());
   nn::CrossEntropyLoss loss;
   const Batch global = global_batch({12}, 8 * world().world_size(), 7);
   const Batch mine = my_slice(global);

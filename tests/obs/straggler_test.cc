@@ -79,7 +79,7 @@ std::vector<StragglerReport> busy_run(int slow_rank, double slow_ms, double ms, 
     ddp.backward(loss.grad());
     ddp.zero_grad();
     stream.synchronize();
-    detector.add_step(step, ddp.last_stats().compute_before_comm_ms * 1e-3, 0.0);
+    detector.add_step(step, ddp.reducer().last_stats().compute_before_comm_ms * 1e-3, 0.0);
     if (detector.due(step)) reports.push_back(detector.exchange(world().cpu_communicator()));
   }
   return reports;

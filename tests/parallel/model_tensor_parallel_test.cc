@@ -107,7 +107,7 @@ Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first
         {.accumulation_steps = kMicro, .sharding = ddp::sharding_of_stage(zero, gather_group(kind))});
     optim::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
     ddp.attach(sgd);
-    if (from) ddp.load_optimizer_state_dict(sgd, split_state_dict(from->optim, *model));
+    if (from) ddp.state().load_optimizer_state_dict(sgd, split_state_dict(from->optim, *model));
     nn::CrossEntropyLoss loss;
     const std::int64_t rows = kBatch / dp, first = mesh.coordinate("dp") * rows;
     for (int step = first_step; step < first_step + steps; ++step) {
@@ -126,8 +126,8 @@ Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first
       if (r == 0) out.losses.push_back(sum / kMicro);  // rank 0's dp slice: compared at equal dp only
     }
     // Whole over dp (ZeRO's shards gathered), then over tp.
-    const StateDict whole = whole_state_dict(ddp.model_state_dict(), *model, tp_group);
-    const StateDict optim = whole_state_dict(ddp.optimizer_state_dict(sgd), *model, tp_group);
+    const StateDict whole = whole_state_dict(ddp.state().model_state_dict(), *model, tp_group);
+    const StateDict optim = whole_state_dict(ddp.state().optimizer_state_dict(sgd), *model, tp_group);
     if (r == 0) out.whole = whole, out.optim = optim;
   });
   return out;

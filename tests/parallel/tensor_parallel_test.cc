@@ -184,7 +184,7 @@ std::vector<std::vector<float>> train_ddp(int dp, int tp, int zero, double clip 
       sgd.step(coefficient);
       ddp.zero_grad();
     }
-    const StateDict state = ddp.model_state_dict();  // whole tensors over dp (this rank's tp slices)
+    const StateDict state = ddp.state().model_state_dict();  // whole tensors over dp (this rank's tp slices)
     out[static_cast<std::size_t>(2 * r)] = state.at("0.weight").to_floats();
     out[static_cast<std::size_t>(2 * r + 1)] = state.at("2.weight").to_floats();
   });
@@ -329,15 +329,15 @@ TEST(TensorParallel, ATp4CheckpointResumesAtTp2Tp1AndTp2TimesDp2) {
     Split resumed(mesh.group("tp"), 2, kSeed + 1);
     ddp::DistributedDataParallel ddp(mesh.group("dp"), resumed.m, {.sharding = ddp::ShardOptimizer{}});
     ddp.attach(*resumed.sgd);
-    ddp.load_model_state_dict(split_state_dict(whole_model, resumed.m));
-    ddp.load_optimizer_state_dict(*resumed.sgd, split_state_dict(whole_optim, resumed.m));
+    ddp.state().load_model_state_dict(split_state_dict(whole_model, resumed.m));
+    ddp.state().load_optimizer_state_dict(*resumed.sgd, split_state_dict(whole_optim, resumed.m));
     for (int step = 2; step < 4; ++step) {
       ddp.forward(values(kRows, kIn, 10 + step));
       ddp.backward(values(kRows, kOut, 50 + step));
       resumed.sgd->step();
       ddp.zero_grad();
     }
-    const StateDict end = ddp.model_state_dict();
+    const StateDict end = ddp.state().model_state_dict();
     const int t = mesh.coordinate("tp");
     const std::int64_t part = kHidden / 2;
     EXPECT_LT(max_diff(end.at("0.weight").to_floats(),

@@ -171,7 +171,7 @@ inline Result train(const Plan& plan) {
     }
     out.outcomes[static_cast<std::size_t>(rank)] = run.finish();
     out.steps[static_cast<std::size_t>(rank)] = run.step();
-    const StateDict state = ddp.model_state_dict();
+    const StateDict state = ddp.state().model_state_dict();
     if (rank == 0) {
       for (const nn::Parameter* p : model.parameters()) {
         const std::vector<float> v = state.at(p->name).to_floats();

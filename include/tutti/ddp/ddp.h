@@ -73,6 +73,8 @@
 
 #include "tutti/comm/communicator.h"
 #include "tutti/core/state_dict.h"
+#include "tutti/ddp/comm_hook.h"
+#include "tutti/ddp/ddp_state.h"
 #include "tutti/ddp/reducer.h"
 #include "tutti/ddp/sharding.h"
 #include "tutti/nn/module.h"
@@ -129,16 +131,6 @@ struct DdpMemory {
   }
 };
 
-// A part of a whole state tensor, as one rank holds it: elements [begin, begin + part.numel())
-// of the tensor of shape `shape`, flattened in row-major order (train::Run's memory snapshots,
-// which every rank writes alone).
-struct StatePart {
-  Tensor part;  // 1-D, contiguous: a view of a live buffer on its device, or a small CPU tensor
-  std::int64_t begin = 0;
-  Shape shape;  // the whole tensor's
-};
-using StateParts = std::map<std::string, StatePart>;
-
 class ExactGradientSum;  // the deterministic mode's sum (src/ddp/exact_sum.h)
 class ShardingStrategy;  // carries out DdpOptions::sharding (src/ddp/strategy.h)
 
@@ -189,59 +181,16 @@ class DistributedDataParallel {
   // After a backward that returned true: whether any reduced gradient holds inf or nan (the
   // same answer on every rank). Reads a flag from the device: the step's one host sync.
   bool found_nonfinite();
-  // The flag itself (i32 [1] on the device), for callers that read it later.
-  const Tensor& found_nonfinite_flag() const;
   // Zeroes all gradients and starts a new step (the micro-step count restarts).
   void zero_grad();
   // After a backward that returned true, COLLECTIVE under ZeRO (one small allreduce): the
   // global L2 norm of the reduced gradients of every rank, and the clipping coefficient for
   // max_norm to pass to Optimizer::step (as optim::compute_grad_norm). One host sync.
   optim::GradNorm grad_norm(double max_norm);
-  // ZeRO: waits until every updated parameter has been gathered (forward does it bucket by
-  // bucket by itself; call it before reading parameters outside forward). ZeRO-3: the gathers
-  // in flight (the parameters outside the resident group are whole only inside forward and
-  // backward).
-  void synchronize_parameters();
-
-  // Checkpoints whose layout depends neither on the number of ranks nor on the stage: whole
-  // tensors by name, exactly what model.state_dict() and optimizer.state_dict() give at
-  // stage 0 on one rank. COLLECTIVE (call on every rank; under ZeRO they gather the shards).
-  StateDict model_state_dict();
-  StateDict optimizer_state_dict(optim::Optimizer& optimizer);
-  // Not collective, no copy: the live tensors behind model_state_dict() and
-  // optimizer_state_dict(optimizer), under the same names and shapes: views of the model's
-  // fp32 values and of the optimizer's state on the model's device (the layers' extra state and
-  // "step" are small CPU tensors). They change with the next step: for a checkpoint, hand them
-  // to io::CheckpointWriter::save (with module().stream()), which copies them into its host
-  // buffers, one copy where the *_state_dict functions make one more. Only where this rank
-  // holds every whole tensor: Replicate, and for the optimizer, attached; otherwise
-  // InvalidArgument (under ZeRO the *_state_dict functions gather the shards).
-  StateDict model_state_views();
-  StateDict optimizer_state_views(optim::Optimizer& optimizer);
-  // Not collective, no copy: this rank's parts of model_state_dict() and of
-  // optimizer_state_dict(optimizer), under the same names. Under ZeRO, the elements of its
-  // shard (views of the live fp32 values or masters and of the attached optimizer's state; a
-  // tensor with no element in the shard is left out) and, whole, the small entries every rank
-  // holds (the layers' extra state, "step"): the parts of all ranks of one step hold every
-  // element of every tensor once. At stage 0, every tensor whole (begin 0), as the *_views
-  // (an optimizer not attached: a copy of its state). They change with the next step: copy
-  // them before (on module().stream()).
-  StateParts model_state_parts();
-  StateParts optimizer_state_parts(optim::Optimizer& optimizer);
-  // Not collective: every rank takes its part of the whole tensors (any stage, any world
-  // size wrote them).
-  void load_model_state_dict(const StateDict& state);
-  void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
-  // The model's fp32 parameters, whole, in the plan's flat layout: a new f32 [plan().total] on
-  // the model's device (padding between entries is 0), ordered on module().stream(). COLLECTIVE
-  // under ZeRO with a half compute dtype (gathers the masters' shards), else not (a copy of the
-  // values). For runtimes above DDP that work on the whole vector (ddp/diloco.h).
-  Tensor parameters_flat();
-  // Not collective: sets every parameter from `flat` (f32 [plan().total], any device), in the
-  // plan's layout: the fp32 values (ZeRO with half compute, and ZeRO-3: this rank's master shard)
-  // and the compute copies (ZeRO-3: its compute shard and the resident group; the gathered groups
-  // are dropped), on module().stream(). The optimizer's state is left as it is.
-  void load_parameters_flat(const Tensor& flat);
+  // The model's and the optimizer's state as this object holds it, whatever the sharding: whole
+  // tensors for checkpoints, live views, this rank's parts, the flat parameter vector, and their
+  // loads (ddp/ddp_state.h).
+  DdpState& state() { return state_; }
 
   // Replaces the reducer's allreduce of each bucket by `hook` (ddp/comm_hook.h; PowerSGD:
   // ddp/powersgd.h): Reducer::register_comm_hook, after checking that this DDP can use one
@@ -252,14 +201,12 @@ class DistributedDataParallel {
   void register_comm_hook(std::shared_ptr<CommHook> hook);
 
   nn::Module& module() { return model_; }
+  // The reducer: its plan() (THE flat plan) and last_stats() (statistics of the last step).
   Reducer& reducer() { return *reducer_; }
-  const nn::FlatPlan& plan() const { return reducer_->plan(); }
   const DdpOptions& options() const { return options_; }
   // Whether each rank holds a shard of the state (ShardOptimizer and beyond): the *_state_dict
   // functions are then collective, and no *_views exist.
   bool sharded() const;
-  // Statistics of the last synchronized step.
-  const StepStats& last_stats() const { return reducer_->last_stats(); }
   // Bytes this rank holds now, by component.
   DdpMemory memory() const;
 
@@ -268,6 +215,9 @@ class DistributedDataParallel {
   // Rank 0's layer state, and its flat parameter values when `values`.
   void broadcast_parameters(bool values);
   bool exact_backward(const Tensor& dy, double loss_scale);  // deterministic mode (exact_sum.cc)
+  // The found-nonfinite flag (i32 [1] on the device): the exact sum's or the reducer's.
+  const Tensor& found_nonfinite_flag() const;
+  friend class DdpState;
 
   Communicator& comm_;
   nn::Module& model_;
@@ -281,7 +231,9 @@ class DistributedDataParallel {
   std::unique_ptr<ExactGradientSum> exact_;  // deterministic mode
   bool exact_reduced_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);  // the optimizer's after_step checks it
-  std::unique_ptr<ShardingStrategy> strategy_;             // declared last: it goes first, before the reducer it uses
+  DdpState state_{*this};
+  // Declared last: it goes first, before the reducer it uses.
+  std::unique_ptr<ShardingStrategy> strategy_;
 };
 
 }  // namespace tutti::ddp

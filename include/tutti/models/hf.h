@@ -15,7 +15,7 @@
 //       .sharding = tutti::ddp::ShardParameters{.gather_group = tutti::models::Llama::gather_groups(shape)}};
 //   tutti::ddp::DistributedDataParallel ddp(job.communicator(), model, options);
 //   // ... train (docs/bring-your-own-model.md has the whole program) ...
-//   const tutti::StateDict state = ddp.model_state_dict();       // COLLECTIVE: every rank
+//   const tutti::StateDict state = ddp.state().model_state_dict();       // COLLECTIVE: every rank
 //   if (job.rank() == 0) tutti::models::hf::save("out", model, state);
 //
 // The names: GPT-2's "transformer.wte.weight", "transformer.h.<l>.attn.c_attn.weight" (a Conv1D,
@@ -100,7 +100,7 @@ struct ExportOptions {
 };
 
 // Writes a Hugging Face folder for `model`'s shape: config.json and the weights of `state` (a
-// whole model state dict, model.state_dict() or DistributedDataParallel::model_state_dict(), CPU
+// whole model state dict, model.state_dict() or DdpState::model_state_dict(), CPU
 // tensors) under transformers' names, in options.dtype, each file atomically; the folder is
 // created when missing and files of another shard count removed. InvalidArgument when a
 // parameter is missing from `state` or has another shape. Call it on one rank.

@@ -53,7 +53,7 @@ struct PlanOptions {
   // sequences (train_gpt's validation): its logits gradient, the targets (the inputs take the
   // training batch's place in the embedding) and a few scalars, as the row "evaluation".
   bool evaluation = false;
-  // Between steps: DistributedDataParallel::model_state_dict (train_gpt's final checksum), which
+  // Between steps: DdpState::model_state_dict (train_gpt's final checksum), which
   // with ZeRO 1-2 in half precision, and at ZeRO-3, gathers the f32 values whole on the device
   // for a moment (on the CPU, where host memory is the device's, every stage holds the f32 values
   // whole: a copy, or the gather itself), as the row "state dict".

@@ -77,7 +77,7 @@ struct StepRecord {
   double loss = -1;          // the step's loss (negative: not known)
   double loss_scale = 1;
   bool skipped = false;  // the loss scaler skipped the step
-  ddp::StepStats ddp;    // ddp.last_stats(): bytes, bandwidth, waits, compute before comm
+  ddp::StepStats ddp;    // ddp.reducer().last_stats(): bytes, bandwidth, waits, compute before comm
   double flops = 0;      // model FLOPs this rank did in the step (0: unknown; see obs/mfu.h)
 };
 

@@ -142,7 +142,7 @@ class Optimizer {
 
   // "step" (i64) and "<param name>.<state>" for each state buffer: CPU copies of whole
   // tensors, the same whatever the binding; synchronizes. Throws when bound to spans that do
-  // not cover the plan (one rank's shard: DistributedDataParallel::optimizer_state_dict
+  // not cover the plan (one rank's shard: DdpState::optimizer_state_dict
   // gathers it). load_state_dict checks names and shapes and copies back what this optimizer
   // holds (for a shard, its part of every tensor).
   StateDict state_dict();
