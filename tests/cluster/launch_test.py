@@ -373,6 +373,8 @@ def ends_the_attempt_ahead():
     expect(c.rc == 0 and c.hosts() == ["ac", "abc"], "ac, then abc started ahead: %s (exit %d)" % (c.hosts(), c.rc))
     expect_said(c, "starting attempt 2 ahead")
     expect_said(c, "done: exit 0 after 1 attempt(s)")
+    # Said by the watcher, or on the way out when the job ended first (a race either may win).
+    expect_said(c, "did not reach its start gate (the job it was to replace ended): ended")
     ends = dict(l.split() for l in open(os.path.join(c.dir.name, "ends")))
     expect("1" in ends, "attempt 2 was ended (SIGTERM) rather than left running: %s" % ends)
     expect(c.seconds < 8, "the launcher exited at once, not after the attempt ahead (30 s): %.1f s" % c.seconds)
