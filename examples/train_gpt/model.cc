@@ -80,16 +80,17 @@ std::string fingerprint_of(const ModelConfig& config) {
 
 std::int32_t document_token(std::int64_t vocab) { return vocab > 65536 ? 128000 : 50256; }
 
-m::MemoryPlan memory_plan(const ModelConfig& config, const m::PlanOptions& options) {
-  return std::visit([&](const auto& c) { return m::memory_plan(c, options); }, config);
+tutti::train::MemoryPlan memory_plan(const ModelConfig& config, const tutti::train::PlanOptions& options) {
+  return std::visit([&](const auto& c) { return tutti::train::memory_plan(c, options); }, config);
 }
 
-std::int64_t largest_micro_batch(const ModelConfig& config, const m::PlanOptions& options, std::int64_t device_bytes) {
-  return std::visit([&](const auto& c) { return m::largest_micro_batch(c, options, device_bytes); }, config);
+std::int64_t largest_micro_batch(const ModelConfig& config, const tutti::train::PlanOptions& options,
+                                 std::int64_t device_bytes) {
+  return std::visit([&](const auto& c) { return tutti::train::largest_micro_batch(c, options, device_bytes); }, config);
 }
 
-std::string fit_advice(const ModelConfig& config, const m::PlanOptions& options, std::int64_t device_bytes) {
-  return std::visit([&](const auto& c) { return m::fit_advice(c, options, device_bytes); }, config);
+std::string fit_advice(const ModelConfig& config, const tutti::train::PlanOptions& options, std::int64_t device_bytes) {
+  return std::visit([&](const auto& c) { return tutti::train::fit_advice(c, options, device_bytes); }, config);
 }
 
 }  // namespace gpt

@@ -38,9 +38,9 @@ std::string fingerprint_of(const ModelConfig& config);
 // <|endoftext|> 50256, Llama 3's <|begin_of_text|> 128000).
 std::int32_t document_token(std::int64_t vocab);
 
-tutti::models::MemoryPlan memory_plan(const ModelConfig& config, const tutti::models::PlanOptions& options);
-std::int64_t largest_micro_batch(const ModelConfig& config, const tutti::models::PlanOptions& options,
+tutti::train::MemoryPlan memory_plan(const ModelConfig& config, const tutti::train::PlanOptions& options);
+std::int64_t largest_micro_batch(const ModelConfig& config, const tutti::train::PlanOptions& options,
                                  std::int64_t device_bytes);
-std::string fit_advice(const ModelConfig& config, const tutti::models::PlanOptions& options, std::int64_t device_bytes);
+std::string fit_advice(const ModelConfig& config, const tutti::train::PlanOptions& options, std::int64_t device_bytes);
 
 }  // namespace gpt

@@ -11,13 +11,14 @@ namespace gpt {
 
 int print_plan(Flags f) {
   namespace m = tutti::models;
+  namespace t = tutti::train;
   TUTTI_CHECK_ARG(f.tp == 1, "--plan with --tp: the memory plan does not know tensor parallelism yet");
   const ModelConfig config = model_config(f, 0);  // the preset's vocabulary: --data is not read
   if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context_of(config), 1024);
   const int world = f.world_size;
   f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, world);  // checks the batch divides
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
-  m::PlanOptions o;
+  t::PlanOptions o;
   o.world_size = world;
   o.zero_stage = f.zero;
   o.compute = policy.compute;
@@ -33,8 +34,8 @@ int print_plan(Flags f) {
   o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
   o.state_dict = true;  // the final params_crc32
   if (!f.checkpoint_dir.empty())
-    o.checkpoint = f.checkpoint_mode == "sync" ? m::PlanOptions::Checkpoint::sync : m::PlanOptions::Checkpoint::async;
-  const m::MemoryPlan plan = memory_plan(config, o);
+    o.checkpoint = f.checkpoint_mode == "sync" ? t::PlanOptions::Checkpoint::sync : t::PlanOptions::Checkpoint::async;
+  const t::MemoryPlan plan = memory_plan(config, o);
   std::printf(
       "train_gpt --plan: %s (%s, %lld parameters), %d rank(s), zero %d, %s, recompute %s, micro-batch %lld x "
       "%lld tokens per rank (batch %lld = %d rank(s) x %d accumulation step(s) x %lld)%s\n",
@@ -47,7 +48,7 @@ int print_plan(Flags f) {
     std::printf("(--device-memory SIZE, e.g. 141GB, gives the largest micro-batch that fits)\n");
     return 0;
   }
-  const std::int64_t memory = m::parse_bytes(f.device_memory);
+  const std::int64_t memory = t::parse_bytes(f.device_memory);
   const std::int64_t largest = largest_micro_batch(config, o, memory);
   std::printf("largest micro-batch that fits %s per rank: %lld sequence(s) of %lld tokens\n", f.device_memory.c_str(),
               static_cast<long long>(largest), static_cast<long long>(o.seq_len));

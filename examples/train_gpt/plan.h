@@ -1,4 +1,4 @@
-// train_gpt --plan: the memory plan of the run the flags describe (models::memory_plan), per
+// train_gpt --plan: the memory plan of the run the flags describe (train::memory_plan), per
 // rank, and the largest micro-batch that fits --device-memory, without training.
 #pragma once
 

@@ -48,21 +48,19 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   const bool deferred = model_.has_deferred_parameters();
   params_ = model_.parameters();
   for (std::size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i], i);
-  nn::FlatPlanOptions po;
-  po.bucket_cap_mb = options_.bucket_cap_mb;
-  po.first_bucket_cap_mb = options_.first_bucket_cap_mb;
-  po.grad_element_bytes = size_of(model_.grad_dtype());
-  strategy_->plan_options(po);
+  std::vector<nn::PlanParam> specs;
+  for (const nn::Parameter* p : params_) specs.push_back({p->name, p->shape(), p->requires_grad});
+  std::vector<std::string> groups;  // ShardParameters: each parameter's gather group
+  const nn::FlatPlanOptions po = flat_plan_options(options_, specs, comm_.size(), model_.grad_dtype(), groups);
   ReducerOptions& ro = options_.reducer;
   if (!ro.grad_comm_dtype) ro.grad_comm_dtype = model_.grad_comm_dtype();
   ro.sharding = strategy_->gradient_sharding();
   // THE plan: the reducer's buckets and shards, the model's values and gradients, the optimizer's state.
-  reducer_ =
-      std::make_unique<Reducer>(comm_, nn::make_flat_plan(params_, po), model_.grad_dtype(), model_.device(), ro);
+  reducer_ = std::make_unique<Reducer>(comm_, nn::make_flat_plan(specs, po), model_.grad_dtype(), model_.device(), ro);
   strategy_->lay_out(*reducer_, deferred);
   // Before the hooks: a refusal here must not leave the model calling into a DDP never made.
   if (options_.broadcast_parameters) broadcast_parameters(!deferred);
-  strategy_->shard(deferred, options_.broadcast_parameters);
+  strategy_->shard(deferred, options_.broadcast_parameters, groups);
   if (options_.deterministic) {
     exact_ = std::make_unique<ExactGradientSum>(comm_, reducer_->plan().total, model_.device(),
                                                 options_.deterministic->fixed_point_fraction_bits,

@@ -40,7 +40,9 @@ class ExactGradientSum {
   void zero(const Stream& stream);
   // i32 [1] on the device: 1 when the last finish() found inf or nan in some slice.
   const Tensor& found() const { return found_; }
-  std::int64_t bytes() const { return static_cast<std::int64_t>(acc_.nbytes()); }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(acc_.nbytes() + found_.nbytes()); }
+  // What bytes() will be for `numel` gradient elements (the constructor's allocations).
+  static std::int64_t predicted_bytes(std::int64_t numel) { return (numel + 2) * 8 + 4; }
 
  private:
   Communicator& comm_;

@@ -66,6 +66,23 @@ Reducer::Reducer(Communicator& comm, nn::FlatPlan plan, DType grad_dtype, Device
   marked_.assign(plan_->entries.size(), false);
 }
 
+Reducer::Bytes Reducer::predicted_bytes(const nn::FlatPlan& plan, DType grad_dtype, DType wire_dtype,
+                                        GradientSharding sharding, int pool) {
+  const auto g = static_cast<std::int64_t>(size_of(grad_dtype)), w = static_cast<std::int64_t>(size_of(wire_dtype));
+  const bool staged = wire_dtype != grad_dtype;
+  Bytes out;
+  if (sharding == GradientSharding::shard_only) {  // the shard; the pool's buffers (acquire_slot)
+    std::int64_t largest = 0;
+    for (const nn::PlanBucket& pb : plan.buckets) largest = std::max(largest, pb.numel());
+    out.gradients = plan.shard_numel * g;
+    out.communication = pool * largest * (g + (staged ? w : 0));
+  } else {  // the flat buffer; a staging buffer per bucket
+    out.gradients = plan.total * g;
+    out.communication = staged ? plan.total * w : 0;
+  }
+  return out;
+}
+
 Reducer::~Reducer() {
   // Collectives still in flight read the buffers: let them finish before they are freed
   // (their Works keep the storage alive too). After a failure they may never finish.
@@ -157,6 +174,45 @@ int Reducer::acquire_slot(int bucket) {
   slot.bucket = bucket;
   slot.grads.view(0, {plan_->buckets[static_cast<std::size_t>(bucket)].numel()}).zero(stream_);
   return chosen;
+}
+
+int Reducer::pool_buffers(const nn::FlatPlan& plan, const std::vector<GradientEvent>& order) {
+  const std::size_t nb = plan.buckets.size();
+  std::vector<int> slots;  // the bucket each buffer holds, -1 free
+  std::vector<int> slot_of(nb, -1);
+  std::vector<bool> launched(nb, false);
+  std::vector<std::int64_t> pending(nb, 0);
+  for (std::size_t b = 0; b < nb; ++b) pending[b] = static_cast<std::int64_t>(plan.buckets[b].entries.size());
+  std::size_t next = 0;  // buckets launch in order (launch_ready_buckets)
+  for (const GradientEvent& e : order) {
+    const auto b = static_cast<std::size_t>(plan.entries.at(e.param).bucket);
+    if (e.ready) {
+      --pending[b];
+      while (next < nb && pending[next] == 0) launched[next++] = true;
+      continue;
+    }
+    if (slot_of[b] >= 0) continue;
+    int chosen = -1;  // as acquire_slot
+    for (std::size_t s = 0; s < slots.size() && chosen < 0; ++s) {
+      if (slots[s] < 0) chosen = static_cast<int>(s);
+    }
+    if (chosen < 0) {
+      for (std::size_t s = 0; s < slots.size(); ++s) {
+        if (launched[static_cast<std::size_t>(slots[s])] &&
+            (chosen < 0 || slots[s] < slots[static_cast<std::size_t>(chosen)])) {
+          chosen = static_cast<int>(s);
+        }
+      }
+      if (chosen >= 0) slot_of[static_cast<std::size_t>(slots[static_cast<std::size_t>(chosen)])] = -1;
+    }
+    if (chosen < 0) {
+      slots.push_back(-1);
+      chosen = static_cast<int>(slots.size()) - 1;
+    }
+    slots[static_cast<std::size_t>(chosen)] = static_cast<int>(b);
+    slot_of[b] = chosen;
+  }
+  return static_cast<int>(slots.size());
 }
 
 // Waits for bucket b's reduce-scatter, adds its chunk to the shard and frees its buffer.

@@ -14,7 +14,6 @@ class ReplicateStrategy final : public ShardingStrategy {
 
   int stage() const override { return 0; }
   bool sharded() const override { return false; }
-  void plan_options(nn::FlatPlanOptions& po) override { po.world_size = 1; }
   GradientSharding gradient_sharding() const override { return GradientSharding::none; }
 
   optim::FlatTarget target(const std::weak_ptr<int>& /*alive*/) override {
@@ -94,6 +93,25 @@ class ReplicateStrategy final : public ShardingStrategy {
 };
 
 }  // namespace
+
+GradientSharding predict_replicate(const PlannedModel& m, MemoryPrediction& p) {
+  // As flatten (values, compute copies), the span target() binds and the optimizer's state on it.
+  const std::int64_t total = m.plan.total;
+  const bool half = m.in.compute != DType::f32;
+  const std::int64_t numel = numel_of(m.in.params);
+  if (half) {
+    p.lines[0] = {"parameters", total * static_cast<std::int64_t>(size_of(m.in.compute)),
+                  std::string(name_of(m.in.compute)) + " compute copies, " + grouped(total) + " elements"};
+    p.lines[1] = {"master weights", total * 4, "f32"};
+  } else {
+    p.lines[0] = {"parameters", total * 4,
+                  "f32 values, " + grouped(total) + " elements (" + grouped(numel) + " + padding)"};
+    p.lines[1] = {"master weights", 0, "none: the f32 values are the masters"};
+  }
+  p.lines[2] = {"gathered parameters", 0, "none: the parameters are whole"};
+  p.lines[4] = {"optimizer state", m.in.optimizer_states * total * 4, std::to_string(m.in.optimizer_states) + " x f32"};
+  return GradientSharding::none;
+}
 
 std::unique_ptr<ShardingStrategy> make_replicate(StrategyContext context) {
   return std::make_unique<ReplicateStrategy>(context);

@@ -17,7 +17,6 @@ class ShardedState : public ShardingStrategy {
   std::string refuses_comm_hook() const override {
     return "a hook replaces the allreduce of whole gradients; ZeRO reduce-scatters";
   }
-  void plan_options(nn::FlatPlanOptions& po) override { po.world_size = ctx_.comm.size(); }
   bool needs_attached() const override { return true; }
 
   optim::FlatTarget target(const std::weak_ptr<int>& alive) override;

@@ -2,6 +2,7 @@
 #include "tutti/ddp/sharding.h"
 
 #include "ddp/strategy.h"
+#include "ddp/zero3.h"
 #include "tutti/core/error.h"
 
 namespace tutti::ddp {
@@ -16,6 +17,45 @@ Sharding sharding_of_stage(int stage, std::function<std::string(const std::strin
     case 3: return ShardParameters{.gather_group = std::move(gather_group)};
     default: TUTTI_THROW(InvalidArgument, "sharding_of_stage: ZeRO stage ", stage, " does not exist (0, 1, 2 or 3)");
   }
+}
+
+nn::FlatPlanOptions flat_plan_options(const DdpOptions& options, const std::vector<nn::PlanParam>& params,
+                                      int world_size, DType grad, std::vector<std::string>& groups) {
+  nn::FlatPlanOptions po;
+  po.bucket_cap_mb = options.bucket_cap_mb;
+  po.first_bucket_cap_mb = options.first_bucket_cap_mb;
+  po.grad_element_bytes = size_of(grad);
+  po.world_size = std::holds_alternative<Replicate>(options.sharding) ? 1 : world_size;
+  groups.clear();
+  if (const auto* zero3 = std::get_if<ShardParameters>(&options.sharding)) {
+    po.segments = gather_segments(params, zero3->gather_group, groups);
+    po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;  // one bucket per group
+  }
+  return po;
+}
+
+std::string grouped(std::int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string s = n < 0 ? "-" : "";
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+std::int64_t numel_of(const std::vector<nn::PlanParam>& params) {
+  std::int64_t n = 0;
+  for (const nn::PlanParam& p : params) {
+    std::int64_t k = 1;
+    for (const std::int64_t d : p.shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+std::string shard_of(const nn::FlatPlan& plan) {
+  return " (shard " + grouped(plan.shard_numel) + " of " + grouped(plan.total) + ")";
 }
 
 void ShardingStrategy::lay_out(Reducer& reducer, bool deferred) {

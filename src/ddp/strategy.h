@@ -15,7 +15,7 @@
 // ShardedOptimizer and ShardedParameters share what a shard means (ShardedState, zero.cc): the
 // optimizer's spans, the gradient norm over shards, the gathered checkpoints and the parts.
 //
-// The frame calls, in its constructor: plan_options, gradient_sharding (the reducer is made),
+// The frame calls, in its constructor: flat_plan_options, gradient_sharding (the reducer is made),
 // lay_out, (the parameters are broadcast), shard, install_hooks. Then per step: attach once,
 // before_backward, after_reduce; zero_grad; and the state functions whenever asked.
 #pragma once
@@ -30,6 +30,7 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/core/state_dict.h"
 #include "tutti/ddp/ddp.h"
+#include "tutti/ddp/memory.h"
 #include "tutti/ddp/reducer.h"
 #include "tutti/ddp/sharding.h"
 #include "tutti/nn/flat_plan.h"
@@ -66,14 +67,13 @@ class ShardingStrategy {
   // Whether deferred parameters are materialized whole before the plan (ZeRO-3 fills its shards
   // one group at a time instead).
   virtual bool materializes_whole() const { return true; }
-  // This strategy's part of the plan's options (the shards' world size, ZeRO-3's segments).
-  virtual void plan_options(nn::FlatPlanOptions& po) = 0;
   virtual GradientSharding gradient_sharding() const = 0;
   // The reducer exists: lays the model's values (unless deferred) and gradients out by its plan.
   // Before the parameters are broadcast.
   virtual void lay_out(Reducer& reducer, bool deferred);
   // After the broadcast: keeps this rank's shards (broadcast: rank 0's values are everyone's).
-  virtual void shard(bool /*deferred*/, bool /*broadcast*/) {}
+  // groups: each parameter's gather group (flat_plan_options'; ShardParameters only).
+  virtual void shard(bool /*deferred*/, bool /*broadcast*/, const std::vector<std::string>& /*groups*/) {}
   // Installs the model's parameter-use and gradient-placement hooks, if it needs them.
   // index_of(p): p's entry in the plan.
   virtual void install_hooks(const std::function<std::size_t(const nn::Parameter&)>& /*index_of*/) {}
@@ -128,6 +128,31 @@ class ShardingStrategy {
 
 // The strategy that carries out `sharding`.
 std::unique_ptr<ShardingStrategy> make_strategy(const Sharding& sharding, StrategyContext context);
+
+// THE flat plan's options for `options` (its sharding and bucket caps) over `world_size` ranks:
+// the shards' world size and, for ShardParameters, a bucket per run of one gather group (each
+// parameter's group into `groups`; a frozen parameter is refused). DistributedDataParallel's
+// constructor and predict_memory (ddp/memory.h) both make their plan with it.
+nn::FlatPlanOptions flat_plan_options(const DdpOptions& options, const std::vector<nn::PlanParam>& params,
+                                      int world_size, DType grad, std::vector<std::string>& groups);
+
+// ---- Predictions (ddp/memory.h): each strategy's lines, beside the code that allocates them ----
+struct PlannedModel {
+  const MemoryInputs& in;
+  const nn::FlatPlan& plan;
+  const std::vector<std::string>& groups;  // ShardParameters' gather groups
+};
+// Fill prediction.lines[0..2] (parameters, master weights, gathered parameters), [4] (optimizer
+// state), the matching DdpMemory fields and the gathers_* flags; return the reducer's sharding.
+GradientSharding predict_replicate(const PlannedModel& m, MemoryPrediction& prediction);
+GradientSharding predict_sharded_optimizer(const PlannedModel& m, bool shard_gradients, MemoryPrediction& prediction);
+GradientSharding predict_sharded_parameters(const PlannedModel& m, const ShardParameters& options,
+                                            MemoryPrediction& prediction);
+// "1,234,567", and " (shard 1,234 of 5,678)" for a shard's lines.
+std::string grouped(std::int64_t n);
+std::string shard_of(const nn::FlatPlan& plan);
+// The elements of the parameters (without the plan's padding).
+std::int64_t numel_of(const std::vector<nn::PlanParam>& params);
 
 // A whole state tensor as one part (begin 0), and every entry of a state dict so.
 StatePart whole_part(const Tensor& t);

@@ -230,7 +230,8 @@ class ShardedOptimizer final : public ShardedState {
     return shard_gradients_ ? GradientSharding::shard_only : GradientSharding::scatter;
   }
 
-  void shard(bool /*deferred: materialized whole*/, bool /*broadcast*/) override {
+  void shard(bool /*deferred: materialized whole*/, bool /*broadcast*/,
+             const std::vector<std::string>& /*groups*/) override {
     nn::FlatStorage& storage = ctx_.model.storage();
     gathers_.resize(plan().buckets.size());
     pending_.assign(plan().buckets.size(), false);
@@ -356,6 +357,28 @@ void ShardedOptimizer::wait(int bucket) {
 }
 
 }  // namespace
+
+GradientSharding predict_sharded_optimizer(const PlannedModel& m, bool shard_gradients, MemoryPrediction& p) {
+  // The model's flat values or compute copies stay whole; shard() keeps the f32 masters' chunks
+  // (half compute); target() binds the optimizer to this rank's chunks.
+  const std::int64_t total = m.plan.total, shard = m.plan.shard_numel;
+  const bool half = m.in.compute != DType::f32;
+  const std::int64_t numel = numel_of(m.in.params);
+  if (half) {
+    p.lines[0] = {"parameters", total * static_cast<std::int64_t>(size_of(m.in.compute)),
+                  std::string(name_of(m.in.compute)) + " compute copies, " + grouped(total) + " elements"};
+    p.lines[1] = {"master weights", shard * 4, "f32" + shard_of(m.plan)};
+  } else {
+    p.lines[0] = {"parameters", total * 4,
+                  "f32 values, " + grouped(total) + " elements (" + grouped(numel) + " + padding)"};
+    p.lines[1] = {"master weights", 0, "none: the f32 values are the masters"};
+  }
+  p.lines[2] = {"gathered parameters", 0, "none: the parameters are whole"};
+  p.lines[4] = {"optimizer state", m.in.optimizer_states * shard * 4,
+                std::to_string(m.in.optimizer_states) + " x f32" + shard_of(m.plan)};
+  p.gathers_values = half;
+  return shard_gradients ? GradientSharding::shard_only : GradientSharding::scatter;
+}
 
 std::unique_ptr<ShardingStrategy> make_replicate(StrategyContext context);  // replicate.cc
 

@@ -32,18 +32,18 @@ std::string default_gather_group(const std::string& name) {
   return "";
 }
 
-std::vector<int> gather_segments(const std::vector<nn::Parameter*>& params,
+std::vector<int> gather_segments(const std::vector<nn::PlanParam>& params,
                                  const std::function<std::string(const std::string&)>& group,
                                  std::vector<std::string>& groups) {
   groups.clear();
   std::vector<int> segments;
-  for (const nn::Parameter* p : params) {
-    TUTTI_CHECK_ARG(p->requires_grad,
+  for (const nn::PlanParam& p : params) {
+    TUTTI_CHECK_ARG(p.requires_grad,
                     "DistributedDataParallel: ShardParameters (ZeRO-3) does not support frozen parameters, and '",
-                    p->name,
+                    p.name,
                     "' has requires_grad false (its gradient would have no shard to go to): train it, drop it from "
                     "the model, or use ShardGradients (ZeRO-2)");
-    groups.push_back(group ? group(p->name) : default_gather_group(p->name));
+    groups.push_back(group ? group(p.name) : default_gather_group(p.name));
     const bool same = !segments.empty() && groups.back() == groups[groups.size() - 2];
     segments.push_back(segments.empty() ? 0 : segments.back() + (same ? 0 : 1));
   }

@@ -104,7 +104,7 @@ class Zero3Parameters {
 // Each parameter's gather group (group(name), or default_gather_group where group is empty)
 // into `groups`, and the plan's segments (FlatPlanOptions::segments): one per run of
 // consecutive parameters of one group. Refuses frozen parameters (naming the first).
-std::vector<int> gather_segments(const std::vector<nn::Parameter*>& params,
+std::vector<int> gather_segments(const std::vector<nn::PlanParam>& params,
                                  const std::function<std::string(const std::string&)>& group,
                                  std::vector<std::string>& groups);
 

@@ -19,14 +19,10 @@ class ShardedParameters final : public ShardedState {
     return "ZeRO-3 keeps no full gradient buffer to sum the slices into";
   }
   bool materializes_whole() const override { return false; }
-  void plan_options(nn::FlatPlanOptions& po) override {
-    ShardedState::plan_options(po);
-    po.segments = gather_segments(ctx_.params, options_.gather_group, groups_);
-    po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;  // one bucket per group
-  }
   GradientSharding gradient_sharding() const override { return GradientSharding::shard_only; }
 
-  void shard(bool deferred, bool broadcast) override {
+  void shard(bool deferred, bool broadcast, const std::vector<std::string>& groups) override {
+    groups_ = groups;
     nn::Module& model = ctx_.model;
     const nn::FlatPlan& p = plan();
     master_shard_ = Tensor::empty({p.shard_numel}, DType::f32, model.device());
@@ -87,6 +83,40 @@ class ShardedParameters final : public ShardedState {
 };
 
 }  // namespace
+
+GradientSharding predict_sharded_parameters(const PlannedModel& m, const ShardParameters& options,
+                                            MemoryPrediction& p) {
+  // shard(): the master shard, and Zero3Parameters' compute shard (half), two gather buffers and
+  // the resident buckets.
+  const std::int64_t total = m.plan.total, shard = m.plan.shard_numel;
+  const bool half = m.in.compute != DType::f32;
+  const auto cd = static_cast<std::int64_t>(size_of(m.in.compute));
+  const std::string dtype = half ? std::string(name_of(m.in.compute)) : "f32";
+  p.lines[0] = {
+      "parameters", shard * (half ? cd : 4),
+      dtype + " shard, " + grouped(shard) + " of " + grouped(total) + " elements" + (half ? "" : " (the masters)")};
+  p.lines[1] = {"master weights", half ? shard * 4 : 0,
+                half ? "f32" + shard_of(m.plan) : "none: the f32 shard is the masters"};
+  std::int64_t largest = 0, resident = 0;
+  for (const nn::PlanBucket& b : m.plan.buckets) {
+    if (b.entries.empty()) continue;
+    if (m.groups[b.entries.front()].empty())
+      resident += b.numel();
+    else
+      largest = std::max(largest, b.numel());
+  }
+  const std::int64_t buffer =
+      options.gather_buffer_mb > 0 ? static_cast<std::int64_t>(options.gather_buffer_mb * 1024 * 1024) / cd : largest;
+  p.lines[2] = {"gathered parameters", (2 * std::max<std::int64_t>(buffer, 1) + resident) * cd,
+                "2 gather buffers of " + grouped(buffer) + " elements (" +
+                    (options.gather_buffer_mb > 0 ? "ShardParameters::gather_buffer_mb" : "the largest group") +
+                    ") + the resident group of " + grouped(resident) +
+                    (m.in.resident.empty() ? "" : " (" + m.in.resident + ")") + ", " + dtype};
+  p.lines[4] = {"optimizer state", m.in.optimizer_states * shard * 4,
+                std::to_string(m.in.optimizer_states) + " x f32" + shard_of(m.plan)};
+  p.gathers_values = true;
+  return GradientSharding::shard_only;
+}
 
 std::unique_ptr<ShardingStrategy> make_sharded_parameters(const ShardParameters& options, StrategyContext context) {
   return std::make_unique<ShardedParameters>(context, options);

@@ -71,6 +71,13 @@ struct ReducerOptions {
   GradientSharding sharding = GradientSharding::none;
 };
 
+// One step of a backward pass as the reducer sees it: gradient `param` (its index in the plan's
+// entries) is placed (grad(i): shard_only's pool) or reported ready (mark_ready(i)).
+struct GradientEvent {
+  bool ready = false;
+  std::size_t param = 0;
+};
+
 // Timings of the last synchronized step, in milliseconds of wall time on the host (GPU:
 // the time the host spent, not device time), and its traffic.
 struct StepStats {
@@ -175,6 +182,18 @@ class Reducer {
   CommHook* comm_hook() const { return hook_.get(); }
   // shard_only: buffers in the pool now.
   int pool_size() const { return static_cast<int>(slots_.size()); }
+  // shard_only: the pool buffers (each of the largest bucket's size) that one backward pass in
+  // `order` leaves, replaying the choices the pool makes (a free buffer, else the earliest
+  // launched bucket's, else one more): pool_size() after that pass. For ddp/memory.h's
+  // predictions, beside the code it predicts.
+  static int pool_buffers(const nn::FlatPlan& plan, const std::vector<GradientEvent>& order);
+  // What a reducer of `plan` allocates, as gradient_bytes() and communication_bytes() will say
+  // (without a hook): the buffer or the shard, and the wire-dtype staging or `pool` buffers.
+  struct Bytes {
+    std::int64_t gradients = 0, communication = 0;
+  };
+  static Bytes predicted_bytes(const nn::FlatPlan& plan, DType grad_dtype, DType wire_dtype, GradientSharding sharding,
+                               int pool);
 
  private:
   struct Bucket {

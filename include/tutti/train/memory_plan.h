@@ -2,11 +2,11 @@
 // building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory").
 //
 // doc-test: wrap-main
-//   tutti::models::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
+//   tutti::train::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
 //                                .grad_comm = tutti::DType::bf16, .micro_batch = 16};
 //   o.recompute = tutti::models::Recompute::parse("blocks");
 //   const auto config = tutti::models::GptConfig::preset("gpt2-1558m");
-//   const tutti::models::MemoryPlan plan = tutti::models::memory_plan(config, o);
+//   const tutti::train::MemoryPlan plan = tutti::train::memory_plan(config, o);
 //   plan.total();  // bytes at the peak of a training step on each rank
 //
 // The figures are the sizes of the tensors tutti allocates (Storage: what Storage::peak_bytes
@@ -26,7 +26,7 @@
 #include "tutti/models/gpt.h"
 #include "tutti/models/llama.h"
 
-namespace tutti::models {
+namespace tutti::train {
 
 // What is trained, and how: the options of DistributedDataParallel, the precision policy and
 // the optimizer that train_gpt takes from its flags.
@@ -36,7 +36,7 @@ struct PlanOptions {
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
   DType grad = DType::f32;       // amp::Policy::grad: the gradient buffers
   DType grad_comm = DType::f32;  // amp::Policy::comm: what the reducer sends
-  Recompute recompute;           // CausalLm::set_recompute's policy
+  models::Recompute recompute;   // CausalLm::set_recompute's policy
   std::int64_t micro_batch = 1;  // sequences per rank per micro-batch (B)
   std::int64_t seq_len = 0;      // tokens per sequence (T); 0: the context
   enum class Optimizer : std::uint8_t { adamw, sgd, sgd_momentum } optimizer = Optimizer::adamw;
@@ -94,7 +94,7 @@ struct MemoryPlan {
   // layer's when both its blocks recompute).
   std::int64_t layer_bytes_kept = 0;
   std::int64_t layer_bytes_checkpointed = 0;
-  std::int64_t parameters = 0;  // GptConfig::parameter_count()
+  std::int64_t parameters = 0;  // models::GptConfig::parameter_count()
   std::int64_t flat_total = 0;  // elements of the flat plan, padding included
   std::int64_t shard = 0;       // elements of one rank's shard (flat_total without ZeRO)
   int buckets = 0;              // the flat plan's buckets
@@ -117,25 +117,25 @@ struct MemoryPlan {
 // model would refuse (zero_stage outside 0-3, world_size < 1, micro_batch < 1, seq_len beyond
 // the context, every:K with K > layers, a gradient dtype other than f32 or the compute dtype).
 // The Llama's ZeRO-3 groups are Llama::gather_groups(config)'s.
-MemoryPlan memory_plan(const GptConfig& config, const PlanOptions& options);
-MemoryPlan memory_plan(const LlamaConfig& config, const PlanOptions& options);
+MemoryPlan memory_plan(const models::GptConfig& config, const PlanOptions& options);
+MemoryPlan memory_plan(const models::LlamaConfig& config, const PlanOptions& options);
 
 // The largest micro_batch (per rank) whose plan fits in `device_bytes`, searched up to `limit`
 // sequences; 0 when not even one fits.
-std::int64_t largest_micro_batch(const GptConfig& config, PlanOptions options, std::int64_t device_bytes,
+std::int64_t largest_micro_batch(const models::GptConfig& config, PlanOptions options, std::int64_t device_bytes,
                                  std::int64_t limit = 1 << 16);
-std::int64_t largest_micro_batch(const LlamaConfig& config, PlanOptions options, std::int64_t device_bytes,
+std::int64_t largest_micro_batch(const models::LlamaConfig& config, PlanOptions options, std::int64_t device_bytes,
                                  std::int64_t limit = 1 << 16);
 
 // What to change when `options` does not fit `device_bytes`: each of a smaller micro-batch,
 // recomputation (blocks), the next ZeRO stage and twice the ranks, then all of them at once at
 // this many ranks, with the total each would give and whether that fits; "" when the plan fits.
 // One sentence per line, for a person.
-std::string fit_advice(const GptConfig& config, const PlanOptions& options, std::int64_t device_bytes);
-std::string fit_advice(const LlamaConfig& config, const PlanOptions& options, std::int64_t device_bytes);
+std::string fit_advice(const models::GptConfig& config, const PlanOptions& options, std::int64_t device_bytes);
+std::string fit_advice(const models::LlamaConfig& config, const PlanOptions& options, std::int64_t device_bytes);
 
 // "141GB", "80 GiB", "512MiB", "1.5TB" or plain bytes -> bytes (GB and TB are powers of 10,
 // GiB and TiB of 2). InvalidArgument otherwise.
 std::int64_t parse_bytes(const std::string& text);
 
-}  // namespace tutti::models
+}  // namespace tutti::train

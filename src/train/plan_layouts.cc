@@ -4,10 +4,16 @@
 // shape) and the model's constructor (src/models/gpt.cc, llama.cc).
 #include <algorithm>
 
-#include "models/plan_layout.h"
+#include "train/plan_layout.h"
 #include "tutti/kernels/flash_attention.h"
 
-namespace tutti::models::detail {
+namespace tutti::train::detail {
+
+using models::CausalLm;
+using models::GptConfig;
+using models::Llama;
+using models::LlamaConfig;
+using models::Recompute;
 
 std::int64_t Body::bytes() const {
   std::int64_t n = 0;
@@ -223,4 +229,4 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   return d;
 }
 
-}  // namespace tutti::models::detail
+}  // namespace tutti::train::detail

@@ -1,4 +1,4 @@
-#include "tutti/models/memory_plan.h"
+#include "tutti/train/memory_plan.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,20 +7,22 @@
 #include <sstream>
 
 #include "core/format_bytes.h"
-#include "models/plan_layout.h"
+#include "train/plan_layout.h"
 #include "tutti/core/error.h"
+#include "tutti/ddp/memory.h"
 #include "tutti/nn/flat_plan.h"
 
-namespace tutti::models {
+namespace tutti::train {
+
+using models::GptConfig;
+using models::LlamaConfig;
+using models::Recompute;
 
 using detail::Body;
 using detail::BodyBuffer;
 using detail::DecoderLayout;
-using detail::GradEvent;
 
 namespace {
-
-std::int64_t bytes_of(DType d) { return static_cast<std::int64_t>(size_of(d)); }
 
 // "1,234,567".
 std::string grouped(std::int64_t n) {
@@ -38,55 +40,6 @@ std::string human(std::int64_t bytes) {
   return tutti::detail::format_bytes(static_cast<double>(bytes), 2, tutti::detail::ByteUnit::MiB);
 }
 
-// ZeRO-2's pool of bucket buffers (Reducer::acquire_slot): how many the backward pass needs,
-// replaying the order in which the layers place (grad_of) and report (grad_ready) gradients.
-int zero2_slots(const std::vector<GradEvent>& order, const nn::FlatPlan& plan) {
-  const int nb = static_cast<int>(plan.buckets.size());
-  std::vector<int> slots;  // bucket held by each slot, -1 free
-  std::vector<int> slot_of(static_cast<std::size_t>(nb), -1);
-  std::vector<bool> launched(static_cast<std::size_t>(nb), false);
-  std::vector<std::int64_t> pending(static_cast<std::size_t>(nb), 0);
-  for (const nn::PlanBucket& b : plan.buckets) {
-    pending[static_cast<std::size_t>(&b - plan.buckets.data())] = static_cast<std::int64_t>(b.entries.size());
-  }
-  int next = 0;
-  auto bucket = [&](std::size_t i) { return static_cast<std::size_t>(plan.entries[i].bucket); };
-  auto place = [&](std::size_t i) {
-    const std::size_t b = bucket(i);
-    if (slot_of[b] >= 0) return;
-    int chosen = -1;
-    for (std::size_t s = 0; s < slots.size() && chosen < 0; ++s) {
-      if (slots[s] < 0) chosen = static_cast<int>(s);
-    }
-    if (chosen < 0) {  // the earliest launched bucket gives its buffer back
-      for (std::size_t s = 0; s < slots.size(); ++s) {
-        if (launched[static_cast<std::size_t>(slots[s])] &&
-            (chosen < 0 || slots[s] < slots[static_cast<std::size_t>(chosen)])) {
-          chosen = static_cast<int>(s);
-        }
-      }
-      if (chosen >= 0) slot_of[static_cast<std::size_t>(slots[static_cast<std::size_t>(chosen)])] = -1;
-    }
-    if (chosen < 0) {
-      slots.push_back(-1);
-      chosen = static_cast<int>(slots.size()) - 1;
-    }
-    slots[static_cast<std::size_t>(chosen)] = static_cast<int>(b);
-    slot_of[b] = chosen;
-  };
-  auto ready = [&](std::size_t i) {
-    --pending[bucket(i)];
-    while (next < nb && pending[static_cast<std::size_t>(next)] == 0) launched[static_cast<std::size_t>(next++)] = true;
-  };
-  for (const GradEvent& e : order) {
-    if (e.ready)
-      ready(e.param);
-    else
-      place(e.param);
-  }
-  return static_cast<int>(slots.size());
-}
-
 }  // namespace
 
 MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
@@ -99,35 +52,30 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   TUTTI_CHECK_ARG(!(o.cpu && o.gpu),
                   "memory_plan: PlanOptions::cpu and ::gpu are both set: the device is one or the other");
   const std::int64_t L = d.layers;
-  const std::int64_t cd = bytes_of(o.compute), gd = bytes_of(o.grad), wd = bytes_of(o.grad_comm);
-  const bool half = o.compute != DType::f32;
 
-  nn::FlatPlanOptions po;
-  po.bucket_cap_mb = o.bucket_cap_mb;
-  po.first_bucket_cap_mb = o.first_bucket_cap_mb;
-  po.grad_element_bytes = static_cast<std::size_t>(gd);
-  po.world_size = o.zero_stage > 0 ? o.world_size : 1;
-  const bool zero3 = o.zero_stage == 3;
-  std::vector<std::string> groups;  // ZeRO-3: the model's gather groups, a bucket per run of one group
-  if (zero3) {
-    for (const nn::PlanParam& p : d.params) {
-      groups.push_back(d.gather_group(p.name));
-      const bool same = po.segments.size() > 0 && groups.back() == groups[groups.size() - 2];
-      po.segments.push_back(po.segments.empty() ? 0 : po.segments.back() + (same ? 0 : 1));
-    }
-    po.bucket_cap_mb = po.first_bucket_cap_mb = 1e12;
-  }
-  const nn::FlatPlan plan = nn::make_flat_plan(d.params, po);
-  const std::int64_t total = plan.total, shard = o.zero_stage > 0 ? plan.shard_numel : plan.total;
-  std::int64_t largest = 0, largest_group = 0, resident = 0;
-  for (const nn::PlanBucket& b : plan.buckets) {
-    largest = std::max(largest, b.numel());
-    if (!zero3) continue;
-    if (groups[b.entries.front()].empty())
-      resident += b.numel();
-    else
-      largest_group = std::max(largest_group, b.numel());
-  }
+  // DistributedDataParallel's part, stated by each of its parts (ddp/memory.h): the plan, the
+  // parameters and masters, ZeRO-3's gathered groups, the gradients, the optimizer's state and the
+  // communication buffers.
+  ddp::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
+  ddp_options.sharding = ddp::sharding_of_stage(o.zero_stage, d.gather_group);
+  if (o.deterministic) ddp_options.deterministic = ddp::DeterministicOptions{};
+  const int states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
+                     : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
+                                                                           : 0;
+  ddp::MemoryInputs in;
+  in.params = d.params;
+  in.world_size = o.world_size;
+  in.compute = o.compute;
+  in.grad = o.grad;
+  in.grad_comm = o.grad_comm;
+  in.optimizer_states = states;
+  in.backward_order = d.backward_order;
+  in.resident = d.resident;
+  const ddp::MemoryPrediction held = ddp::predict_memory(ddp_options, in);
+  const nn::FlatPlan& plan = held.plan;
+  const std::int64_t total = plan.total, shard = held.sharded ? plan.shard_numel : plan.total;
 
   MemoryPlan m;
   m.parameters = d.parameters;
@@ -137,55 +85,7 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   auto row = [&](std::string name, std::int64_t bytes, std::string detail) {
     m.rows.push_back({std::move(name), bytes, std::move(detail)});
   };
-  const std::string sh = o.zero_stage > 0 ? " (shard " + grouped(shard) + " of " + grouped(total) + ")" : "";
-
-  // Values (FlatStorage::flatten) and, in half precision, the compute copies the model reads.
-  if (zero3) {
-    // ZeRO-3 (ddp/zero3.h): the shards the gathers read; the whole parameters below.
-    row("parameters", shard * (half ? cd : 4),
-        std::string(half ? name_of(o.compute) : "f32") + " shard, " + grouped(shard) + " of " + grouped(total) +
-            " elements" + (half ? "" : " (the masters)"));
-    row("master weights", half ? shard * 4 : 0, half ? "f32" + sh : "none: the f32 shard is the masters");
-  } else if (half) {
-    row("parameters", total * cd, std::string(name_of(o.compute)) + " compute copies, " + grouped(total) + " elements");
-    row("master weights", (o.zero_stage > 0 ? shard : total) * 4, "f32" + sh);
-  } else {
-    row("parameters", total * 4,
-        "f32 values, " + grouped(total) + " elements (" + grouped(m.parameters) + " + padding)");
-    row("master weights", 0, "none: the f32 values are the masters");
-  }
-  // ZeRO-3's two gather buffers (the largest group) and the resident group.
-  row("gathered parameters", zero3 ? (2 * largest_group + resident) * cd : 0,
-      zero3
-          ? "2 gather buffers of " + grouped(largest_group) + " elements (the largest group) + the resident group of " +
-                grouped(resident) + " (" + d.resident + "), " + std::string(name_of(o.compute))
-          : "none: the parameters are whole");
-  // The reducer's buffer (stages 0, 1) or ZeRO-2's and 3's shard.
-  row("gradients", (o.zero_stage >= 2 ? shard : total) * gd,
-      std::string(name_of(o.grad)) + (o.zero_stage >= 2 ? sh : ", the reducer's flat buffer"));
-  const int states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
-                     : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
-                                                                           : 0;
-  row("optimizer state", states * shard * 4, std::to_string(states) + " x f32" + sh);
-  // Communication: the per-bucket staging in the wire dtype (stages 0, 1), or ZeRO-2's pool of
-  // bucket buffers (gradients, plus staging) of the largest bucket's size.
-  std::int64_t comm = 0;
-  std::string comm_detail;
-  if (o.zero_stage < 2) {
-    if (wd != gd) comm = total * wd;
-    comm_detail = std::to_string(m.buckets) + " bucket(s)" +
-                  (wd != gd ? ", staged in " + std::string(name_of(o.grad_comm)) : ", none staged (same dtype)");
-  } else {
-    const int slots = zero2_slots(d.backward_order, plan);
-    comm = slots * largest * (gd + (wd != gd ? wd : 0));
-    comm_detail = std::to_string(slots) + " bucket buffer(s) of " + grouped(largest) + " elements (of " +
-                  std::to_string(m.buckets) + " buckets)" + (wd != gd ? " + staging" : "");
-  }
-  if (o.deterministic) {
-    comm += (total + 2) * 8 + 4;
-    comm_detail += ", exact-sum accumulator";
-  }
-  row("communication buffers", comm, comm_detail);
+  for (const ddp::MemoryLine& line : held.lines) row(line.name, line.bytes, line.detail);
   const std::int64_t T = o.seq_len, B = o.micro_batch, N = B * T;
   row("batch", o.batch_on_device ? 2 * N * 4 : 0,
       "tokens and targets, " + std::to_string(B) + " x " + std::to_string(T) + " i32 each");
@@ -256,7 +156,7 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   // model_state_dict: with ZeRO's f32 shards a gather of the values whole (on the CPU its views
   // are the state dict); otherwise a host copy of each parameter, which on a GPU is not the
   // device's memory.
-  const bool gathers = o.zero_stage > 0 && (half || zero3);
+  const bool gathers = held.gathers_values;
   const std::int64_t values_whole = gathers ? total * 4 : o.cpu ? m.parameters * 4 : 0;
   const std::string values_detail = gathers ? "the f32 values gathered whole"
                                     : o.cpu ? "a copy of the f32 values (host memory is the device's)"
@@ -269,11 +169,11 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
     MemoryRow r{"checkpoint", 0, "", true};
     if (!o.cpu) {
       // One rank's ZeRO has nothing to gather but the f32 masters of half precision or ZeRO-3.
-      const bool gathered = o.zero_stage > 0 && (o.world_size > 1 || gathers);
+      const bool gathered = held.gathers_optimizer_state || gathers;
       r.bytes = gathered ? total * 4 : 0;
       r.detail = gathered ? "between steps: the state gathered whole, one f32 vector at a time"
                           : "between steps: nothing on the device (the writer copies to host memory)";
-    } else if (o.zero_stage > 0) {
+    } else if (held.sharded) {
       r.bytes = values_whole + states * total * 4;
       r.detail = "between steps, until written: " + values_detail + " and " + std::to_string(states) +
                  " optimizer state(s) gathered whole";
@@ -475,4 +375,4 @@ std::int64_t parse_bytes(const std::string& text) {
   return static_cast<std::int64_t>(std::llround(value * scale));
 }
 
-}  // namespace tutti::models
+}  // namespace tutti::train

@@ -1,4 +1,4 @@
-// models::memory_plan against the allocator: for configurations mixing the model (GPT with either
+// train::memory_plan against the allocator: for configurations mixing the model (GPT with either
 // attention kernel, Llama with a tied or untied head), the ZeRO stage, recomputation, precision
 // and micro-batch, a small model trains two steps under
 // DistributedDataParallel with AdamW, and the peak of Storage's live bytes on the rank's device
@@ -24,13 +24,15 @@
 #include "ddp/ddp_world.h"
 #include "tutti/amp/policy.h"
 #include "tutti/ddp/ddp.h"
-#include "tutti/models/memory_plan.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/adamw.h"
+#include "tutti/train/memory_plan.h"
 #include "tutti/train/run.h"
 
-namespace tutti::models {
+namespace tutti::train {
 namespace {
+
+using namespace tutti::models;
 
 using testing::world;
 using namespace std::chrono_literals;
@@ -401,6 +403,6 @@ TEST(MemoryPlan, ParseBytes) {
 }
 
 }  // namespace
-}  // namespace tutti::models
+}  // namespace tutti::train
 
 int main(int argc, char** argv) { return tutti::testing::run_world_tests(argc, argv, "auto"); }

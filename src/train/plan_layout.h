@@ -1,9 +1,9 @@
-// What models::memory_plan needs to know of a decoder-only model to predict its bytes, stated by
+// What train::memory_plan needs to know of a decoder-only model to predict its bytes, stated by
 // the model's shape (gpt_layout, llama_layout in plan_layouts.cc) and read by one planner
 // (memory_plan.cc): the parameters as the model registers them (what its flat plan cuts), the order
 // in which backward places and reports their gradients (ZeRO-2's bucket pool), and the reusable
 // buffers (Module::buffer) of one attention body and one MLP body, by (position in the body,
-// slot), as the layers allocate them. Internal to src/models.
+// slot), as the layers allocate them. Internal to src/train.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "tutti/models/memory_plan.h"
+#include "tutti/ddp/reducer.h"
 #include "tutti/nn/flat_plan.h"
+#include "tutti/train/memory_plan.h"
 
-namespace tutti::models::detail {
+namespace tutti::train::detail {
 
 // One Module::buffer of a residual block's body.
 struct BodyBuffer {
@@ -34,11 +35,8 @@ struct Body {
 };
 
 // One step of backward as the flat plan's gradients see it: a parameter's gradient is placed
-// (grad_of) or reported ready (grad_ready), by index in `params`.
-struct GradEvent {
-  bool ready;
-  std::size_t param;
-};
+// (grad_of) or reported ready (grad_ready), by index in `params` (the reducer's own type).
+using GradEvent = ddp::GradientEvent;
 
 struct DecoderLayout {
   std::string fingerprint;
@@ -59,8 +57,8 @@ struct DecoderLayout {
   std::string gpu_scratch_detail;
 };
 
-DecoderLayout gpt_layout(const GptConfig& config, const PlanOptions& options);
-DecoderLayout llama_layout(const LlamaConfig& config, const PlanOptions& options);
+DecoderLayout gpt_layout(const models::GptConfig& config, const PlanOptions& options);
+DecoderLayout llama_layout(const models::LlamaConfig& config, const PlanOptions& options);
 
 // The plan of a layout (memory_plan's work once the model is described).
 MemoryPlan plan_decoder(const DecoderLayout& layout, const PlanOptions& options);
@@ -71,4 +69,4 @@ std::int64_t largest_micro_batch(const std::function<MemoryPlan(const PlanOption
 std::string fit_advice(const std::function<MemoryPlan(const PlanOptions&)>& plan, const PlanOptions& options,
                        std::int64_t device_bytes);
 
-}  // namespace tutti::models::detail
+}  // namespace tutti::train::detail
