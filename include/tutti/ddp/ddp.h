@@ -59,10 +59,11 @@
 //      (gather_group ""; by default the names without a number: GPT's embeddings, its tied head
 //      and final LayerNorm) form the resident group, whole for the whole step (gathered after
 //      each optimizer step). Outside forward and backward the parameters are not whole: read
-//      them through model_state_dict().
+//      them through state().model_state_dict().
 // Under ZeRO the optimizer must be attached (backward refuses to complete a step otherwise),
-// gradient-norm clipping goes through grad_norm() and checkpoints through model_state_dict()
-// and optimizer_state_dict(), which write whole tensors whatever the stage and world size.
+// gradient-norm clipping goes through grad_norm() and checkpoints through
+// state().model_state_dict() and state().optimizer_state_dict() (ddp/ddp_state.h), which write
+// whole tensors whatever the stage and world size.
 #pragma once
 
 #include <functional>

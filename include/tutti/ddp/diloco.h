@@ -17,8 +17,8 @@
 //     diloco.end_inner_step(step == steps - 1); // every H-th call, and the last: COLLECTIVE
 //   }
 //
-// The outer sync, for n = plan().total parameters, N nodes of L ranks: each rank takes Δ on
-// its slice of ceil(n / L) elements (local rank l: [l · ceil(n/L), ...)), averages it across
+// The outer sync, for n = reducer().plan().total parameters, N nodes of L ranks: each rank
+// takes Δ on its slice of ceil(n / L) elements (local rank l: [l · ceil(n/L), ...)), averages it across
 // the nodes over NodeGroups::inter (L slices travel in parallel, each node sends n values in
 // all, as the hierarchical allreduce does), then the averaged slices are all-gathered inside
 // the node, and every rank applies the outer step to the whole vector. So the global
@@ -158,11 +158,11 @@ class DiLoCo {
   std::int64_t syncs() const { return syncs_; }   // outer syncs done by this object
   const DiLoCoOptions& options() const { return options_; }
   int nodes() const { return groups_.node_count(); }
-  // f32 [plan().total] on the model's device: the global parameters and the outer momentum.
+  // f32 [reducer().plan().total] on the model's device: the global parameters and the outer momentum.
   const Tensor& global_parameters() const { return global_; }
   const Tensor& outer_momentum() const { return momentum_; }
   // The averaged pseudo-gradient of the last fragment synced: its first (fragment's length)
-  // elements (f32; with one fragment, plan().total).
+  // elements (f32; with one fragment, reducer().plan().total).
   const Tensor& last_pseudo_gradient() const { return avg_; }
   // Bytes one rank sent across nodes in the last sync (its slice, in the outer dtype).
   std::int64_t last_sync_bytes() const { return last_bytes_; }
