@@ -66,7 +66,7 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
                                                                            : 0;
   ddp::MemoryInputs in;
   in.params = d.params;
-  in.world_size = o.world_size;
+  in.world_size = o.world_size / o.tensor_parallel;  // DDP's: the data-parallel ranks
   in.compute = o.compute;
   in.grad = o.grad;
   in.grad_comm = o.grad_comm;
@@ -201,6 +201,12 @@ PlanOptions settled(const PlanOptions& o, std::int64_t context) {
                   "memory_plan: world_size ", s.world_size, " (>= 1), zero_stage ", s.zero_stage,
                   " (0-3), micro_batch ", s.micro_batch, " (>= 1) and seq_len ", s.seq_len, " (1 to the context ",
                   context, ") are out of range");
+  TUTTI_CHECK_ARG(s.tensor_parallel >= 1 && s.world_size % s.tensor_parallel == 0, "memory_plan: tensor_parallel ",
+                  s.tensor_parallel, " must be >= 1 and divide world_size ", s.world_size);
+  TUTTI_CHECK_ARG(s.tensor_parallel == 1 || (!s.state_dict && s.checkpoint == PlanOptions::Checkpoint::none),
+                  "memory_plan: with tensor_parallel ", s.tensor_parallel,
+                  " the state dict and checkpoint rows are not planned yet (each gathers the whole tensors over the "
+                  "group: parallel::whole_state_dict); leave PlanOptions::state_dict and checkpoint unset");
   return s;
 }
 

@@ -87,13 +87,16 @@ void head_and_scratch(DecoderLayout& d, std::int64_t B, std::int64_t T, std::int
 
 DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   const std::int64_t T = seq_len(o, c.context), B = o.micro_batch, N = B * T, C = c.width, V = c.padded_vocab;
-  const std::int64_t cd = bytes_of(o.compute);
+  const std::int64_t cd = bytes_of(o.compute), tp = o.tensor_parallel;
+  TUTTI_CHECK_ARG(c.heads % tp == 0, "memory_plan: ", c.heads, " heads must divide by tensor_parallel ", tp);
   DecoderLayout d;
   d.fingerprint = c.fingerprint();
   d.parameters = c.parameter_count();
   d.layers = c.layers;
   // Gpt registers (gpt.h): the embeddings, per layer the attention block (LayerNorm, Linear(C, 3C),
   // attention, Linear(C, C)) and the MLP block (LayerNorm, Linear(C, 4C), GELU, Linear(4C, C)), ln_f.
+  // Split over tp ranks (Megatron's): the first Linear's rows and the second's columns are 1/tp,
+  // the second's bias whole.
   d.params.push_back({"embed.wte", {V, C}});
   d.params.push_back({"embed.wpe", {c.context, C}});
   for (std::int64_t l = 0; l < c.layers; ++l) {
@@ -101,9 +104,9 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
       const std::string block = "blocks." + std::to_string(2 * l + (wide == 4 * C ? 1 : 0)) + ".body.";
       d.params.push_back({block + "0.gamma", {C}});
       d.params.push_back({block + "0.beta", {C}});
-      d.params.push_back({block + "1.weight", {wide, C}});
-      d.params.push_back({block + "1.bias", {wide}});
-      d.params.push_back({block + "3.weight", {C, wide == 4 * C ? 4 * C : C}});
+      d.params.push_back({block + "1.weight", {wide / tp, C}});
+      d.params.push_back({block + "1.bias", {wide / tp}});
+      d.params.push_back({block + "3.weight", {C, (wide == 4 * C ? 4 * C : C) / tp}});
       d.params.push_back({block + "3.bias", {C}});
     }
   }
@@ -128,7 +131,10 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   // The bodies. LayerNorm: y, mean, rstd (forward), dx; Linear: y, then dx; attention: y, its saved
   // tensor, then dqkv; GELU: y, then dx. Held: each layer's input (the previous one's y) and saved
   // statistics.
-  const AttentionCost a = attention_cost(c.attention, B, T, c.heads, c.heads, C / c.heads, o.compute);
+  // A rank's slices: Ct = C/tp of the heads' width, 4Ct of the MLP's; the inputs and outputs of the
+  // blocks (and the dx of the column-parallel Linear) stay whole.
+  const std::int64_t Ct = C / tp, H = c.heads / tp;
+  const AttentionCost a = attention_cost(c.attention, B, T, H, H, C / c.heads, o.compute);
   const auto layernorm = [&](Body& body) {
     body.buffers.push_back({0, 0, N * C * cd, true, true});
     body.buffers.push_back({0, 1, N * 4, true, true});
@@ -136,20 +142,20 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
     body.buffers.push_back({0, 3, N * C * cd, false, false});
   };
   layernorm(d.attention);
-  d.attention.buffers.push_back({1, 0, 3 * N * C * cd, true, true});
+  d.attention.buffers.push_back({1, 0, 3 * N * Ct * cd, true, true});
   d.attention.buffers.push_back({1, 1, N * C * cd, false, false});
-  d.attention.buffers.push_back({2, 0, N * C * cd, true, true});
+  d.attention.buffers.push_back({2, 0, N * Ct * cd, true, true});
   d.attention.buffers.push_back({2, 1, a.saved, true, true});
-  d.attention.buffers.push_back({2, 2, 3 * N * C * cd, false, false});
+  d.attention.buffers.push_back({2, 2, 3 * N * Ct * cd, false, false});
   d.attention.buffers.push_back({3, 0, N * C * cd, true, false});
-  d.attention.buffers.push_back({3, 1, N * C * cd, false, false});
+  d.attention.buffers.push_back({3, 1, N * Ct * cd, false, false});
   layernorm(d.mlp);
-  d.mlp.buffers.push_back({1, 0, 4 * N * C * cd, true, true});
+  d.mlp.buffers.push_back({1, 0, 4 * N * Ct * cd, true, true});
   d.mlp.buffers.push_back({1, 1, N * C * cd, false, false});
-  d.mlp.buffers.push_back({2, 0, 4 * N * C * cd, true, true});
-  d.mlp.buffers.push_back({2, 1, 4 * N * C * cd, false, false});
+  d.mlp.buffers.push_back({2, 0, 4 * N * Ct * cd, true, true});
+  d.mlp.buffers.push_back({2, 1, 4 * N * Ct * cd, false, false});
   d.mlp.buffers.push_back({3, 0, N * C * cd, true, false});
-  d.mlp.buffers.push_back({3, 1, 4 * N * C * cd, false, false});
+  d.mlp.buffers.push_back({3, 1, 4 * N * Ct * cd, false, false});
   d.residual_bytes = 2 * N * C * cd;
   d.outside_bytes = N * C * cd + 2 * N * C * cd + 2 * N * 4;
   d.outside_detail = "the embedding's output and ln_f";
@@ -160,7 +166,13 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
 DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   c.validate();
   const std::int64_t T = seq_len(o, c.context), B = o.micro_batch, N = B * T, C = c.width, V = c.vocab;
-  const std::int64_t H = c.heads, G = c.kv_heads, hs = c.head_dim(), F = c.ffn, Wq = (H + 2 * G) * hs, Hc = H * hs;
+  // A rank's slices over tp ranks (Megatron's split, as Llama(config, group)): H/tp query heads,
+  // G/tp key/value heads, F/tp of the MLP's features; the blocks' inputs and outputs stay whole.
+  const std::int64_t tp = o.tensor_parallel;
+  TUTTI_CHECK_ARG(c.heads % tp == 0 && c.kv_heads % tp == 0 && c.ffn % tp == 0, "memory_plan: ", c.heads, " heads, ",
+                  c.kv_heads, " key/value heads and ffn ", c.ffn, " must divide by tensor_parallel ", tp);
+  const std::int64_t H = c.heads / tp, G = c.kv_heads / tp, hs = c.head_dim(), F = c.ffn / tp;
+  const std::int64_t Wq = (H + 2 * G) * hs, Hc = H * hs;
   const std::int64_t cd = bytes_of(o.compute);
   DecoderLayout d;
   d.fingerprint = c.fingerprint();

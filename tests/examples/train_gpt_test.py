@@ -34,6 +34,7 @@ WEIGHTS = {
     "test_summary_says_how_the_run_ended": 3, "test_llmc_token_shards": 2,
     "test_default_corpus_is_debians_fortunes": 1.5, "test_recompute_trains_bit_identically": 3,
     "test_plan_prints_the_table_and_what_to_change": 0.1, "test_plan_counts_checkpoints_as_the_flags_ask": 0.1,
+    "test_plan_with_tensor_parallelism": 0.1,
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
     "test_diloco_and_memory_snapshots": 5, "test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp": 7,
 }
@@ -238,6 +239,31 @@ class TrainGpt(unittest.TestCase):
         self.assertIn("the sync writer writes the live tensors", out)
         self.assertEqual(sync_total, without)
         self.assertFalse(os.path.exists(folder), "--plan creates nothing")
+
+    def test_plan_with_tensor_parallelism(self):
+        # --tp 2 on 4 ranks: each rank holds its slices, DDP runs over the 2 data-parallel ranks
+        # (so the per-rank micro-batch is the batch / 2); checkpoints are not planned yet, and say so.
+        base = [ARGS.binary, "--plan", "--model", "gpt-tiny", "--batch-size", "8", "--world-size", "4",
+                "--device", "cpu", "--checkpoint-dir", os.path.join(self.dir, "plan_tp")]
+
+        def plan(*flags):
+            p = subprocess.run(base + list(flags), capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, msg=p.stderr)
+            total = int(re.search(r"^  total .*\(([\d,]+) bytes\)", p.stdout, re.M).group(1).replace(",", ""))
+            params = int(re.search(r"^  parameters .* ([\d,]+) elements", p.stdout, re.M).group(1).replace(",", ""))
+            return p.stdout, total, params
+
+        whole, whole_total, whole_params = plan()
+        split, split_total, split_params = plan("--tp", "2")
+        self.assertIn("tp 2 (data parallelism over 2)", split)
+        self.assertIn("micro-batch 4 x", split)
+        self.assertIn("checkpoints are not counted yet", split)
+        self.assertNotIn("  checkpoint ", split)
+        self.assertLess(split_params, whole_params)
+        self.assertGreater(split_params, whole_params // 2, "the embeddings and norms stay whole")
+        p = subprocess.run(base + ["--tp", "3"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--tp 3 must divide --world-size 4", p.stderr + p.stdout)
 
     def test_data_order_is_the_one_the_python_peer_reads(self):
         r = train(2, self.dir, "order", *self.data, "--seed", "7")

@@ -31,8 +31,13 @@ namespace tutti::train {
 // What is trained, and how: the options of DistributedDataParallel, the precision policy and
 // the optimizer that train_gpt takes from its flags.
 struct PlanOptions {
-  int world_size = 1;            // ranks (>= 1)
-  int zero_stage = 0;            // DdpOptions::zero_stage: 0, 1, 2 or 3 (with the model's gather groups)
+  int world_size = 1;  // ranks (>= 1)
+  // Ranks per tensor-parallel group (train_gpt --tp): each holds its heads' and MLP features'
+  // slices (models::Gpt(config, group), models::Llama(config, group)); DistributedDataParallel
+  // runs over world_size / tensor_parallel ranks. Not with state_dict or checkpoint (the whole
+  // tensors gathered over the group are not counted yet: InvalidArgument).
+  int tensor_parallel = 1;
+  int zero_stage = 0;            // ddp::sharding_of_stage: 0, 1, 2 or 3 (with the model's gather groups)
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
   DType grad = DType::f32;       // amp::Policy::grad: the gradient buffers
   DType grad_comm = DType::f32;  // amp::Policy::comm: what the reducer sends
