@@ -30,6 +30,8 @@ using StateParts = std::map<std::string, StatePart>;
 
 class DistributedDataParallel;
 
+// Handed out by reference (ddp.state()) and owned by its DistributedDataParallel: it lives and
+// dies with it.
 class DdpState {
  public:
   DdpState(const DdpState&) = delete;
@@ -71,15 +73,16 @@ class DdpState {
   void load_model_state_dict(const StateDict& state);
   void load_optimizer_state_dict(optim::Optimizer& optimizer, const StateDict& state);
   // The model's fp32 parameters, whole, in the plan's flat layout: a new f32
-  // [ddp.reducer().plan().total] on the model's device (padding between entries is 0), ordered on
-  // the model's stream. COLLECTIVE
-  // under ZeRO with a half compute dtype (gathers the masters' shards), else not (a copy of the
-  // values). For runtimes above DDP that work on the whole vector (ddp/diloco.h).
+  // [ddp.reducer().plan().total] on the model's device (padding between entries is 0), ordered
+  // on the model's stream. COLLECTIVE under ZeRO with a half compute dtype (gathers the masters'
+  // shards), else not (a copy of the values). For runtimes above DDP that work on the whole
+  // vector (ddp/diloco.h).
   Tensor parameters_flat();
-  // Not collective: sets every parameter from `flat` (f32 [reducer().plan().total], any device), in the
-  // plan's layout: the fp32 values (ZeRO with half compute, and ZeRO-3: this rank's master shard)
-  // and the compute copies (ZeRO-3: its compute shard and the resident group; the gathered groups
-  // are dropped), on the model's stream. The optimizer's state is left as it is.
+  // Not collective: sets every parameter from `flat` (f32 [ddp.reducer().plan().total], any
+  // device), in the plan's layout: the fp32 values (ZeRO with half compute, and ZeRO-3: this
+  // rank's master shard) and the compute copies (ZeRO-3: its compute shard and the resident
+  // group; the gathered groups are dropped), on the model's stream. The optimizer's state is
+  // left as it is.
   void load_parameters_flat(const Tensor& flat);
 
  private:
