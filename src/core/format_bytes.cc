@@ -19,4 +19,14 @@ std::string format_bytes(double bytes, int decimals, ByteUnit smallest, ByteUnit
   return text;
 }
 
+std::string format_count(std::int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string s = n < 0 ? "-" : "";
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
 }  // namespace tutti::detail

@@ -16,4 +16,7 @@ enum class ByteUnit : std::uint8_t { B, KiB, MiB, GiB };
 // "0.0 MiB", "4096.0 MiB".
 std::string format_bytes(double bytes, int decimals, ByteUnit smallest = ByteUnit::B, ByteUnit largest = ByteUnit::GiB);
 
+// A count with its thousands grouped: "1,234,567", "-4,096", "12".
+std::string format_count(std::int64_t n);
+
 }  // namespace tutti::detail

@@ -2,12 +2,15 @@
 // constructor makes it; each strategy, the reducer and the exact sum state their own bytes.
 #include "tutti/ddp/memory.h"
 
+#include "core/format_bytes.h"
 #include "ddp/exact_sum.h"
 #include "ddp/sharded_state.h"
 #include "ddp/strategy.h"
 #include "tutti/core/error.h"
 
 namespace tutti::ddp {
+
+using tutti::detail::format_count;
 
 MemoryPrediction predict_memory(const DdpOptions& options, const MemoryInputs& in) {
   TUTTI_CHECK_ARG(in.world_size >= 1 && in.optimizer_states >= 0, "predict_memory: world_size ", in.world_size,
@@ -39,7 +42,7 @@ MemoryPrediction predict_memory(const DdpOptions& options, const MemoryInputs& i
   const int buckets = static_cast<int>(p.plan.buckets.size());
   MemoryLine comm{
       "communication buffers", reducer.communication,
-      pooled ? std::to_string(pool) + " bucket buffer(s) of " + grouped(largest) + " elements (of " +
+      pooled ? std::to_string(pool) + " bucket buffer(s) of " + format_count(largest) + " elements (of " +
                    std::to_string(buckets) + " buckets)" + (wire != in.grad ? " + staging" : "")
              : std::to_string(buckets) + " bucket(s)" +
                    (wire != in.grad ? ", staged in " + std::string(name_of(wire)) : ", none staged (same dtype)")};

@@ -1,11 +1,14 @@
 // Replicate (ZeRO stage 0): every rank holds every whole tensor, so the state is the model's and
 // the optimizer's own, read in place; gradients are allreduced into one flat buffer.
+#include "core/format_bytes.h"
 #include "ddp/strategy.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/cast.h"
 #include "tutti/kernels/reduce.h"
 
 namespace tutti::ddp {
+
+using tutti::detail::format_count;
 namespace {
 
 class ReplicateStrategy final : public ShardingStrategy {
@@ -35,18 +38,7 @@ class ReplicateStrategy final : public ShardingStrategy {
     kernels::sum_squares(reducer_->buffer(), sq, /*accumulate=*/false, stream);
   }
 
-  void memory(DdpMemory& m) const override {
-    const nn::FlatStorage& s = ctx_.model.storage();
-    const auto bytes = [](const Tensor& t) {
-      return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0;
-    };
-    if (s.compute_copies().defined()) {
-      m.parameters = bytes(s.compute_copies());
-      m.master_weights = bytes(s.values());
-    } else {
-      m.parameters = bytes(s.values());  // f32 compute: the parameters are the masters
-    }
-  }
+  void memory(DdpMemory& m) const override { whole_model_bytes(m); }
 
   StateDict model_state_dict() override { return ctx_.model.state_dict(); }
   void load_model_state_dict(const StateDict& state) override { ctx_.model.load_state_dict(state); }
@@ -101,11 +93,11 @@ GradientSharding predict_replicate(const PlannedModel& m, MemoryPrediction& p) {
   const std::int64_t numel = numel_of(m.in.params);
   if (half) {
     p.lines[0] = {"parameters", total * static_cast<std::int64_t>(size_of(m.in.compute)),
-                  std::string(name_of(m.in.compute)) + " compute copies, " + grouped(total) + " elements"};
+                  std::string(name_of(m.in.compute)) + " compute copies, " + format_count(total) + " elements"};
     p.lines[1] = {"master weights", total * 4, "f32"};
   } else {
     p.lines[0] = {"parameters", total * 4,
-                  "f32 values, " + grouped(total) + " elements (" + grouped(numel) + " + padding)"};
+                  "f32 values, " + format_count(total) + " elements (" + format_count(numel) + " + padding)"};
     p.lines[1] = {"master weights", 0, "none: the f32 values are the masters"};
   }
   p.lines[2] = {"gathered parameters", 0, "none: the parameters are whole"};

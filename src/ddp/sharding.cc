@@ -1,11 +1,14 @@
 // The sharding values (ddp/sharding.h) and what every strategy shares (strategy.h).
 #include "tutti/ddp/sharding.h"
 
+#include "core/format_bytes.h"
 #include "ddp/strategy.h"
 #include "ddp/zero3.h"
 #include "tutti/core/error.h"
 
 namespace tutti::ddp {
+
+using tutti::detail::format_count;
 
 int zero_stage(const Sharding& sharding) { return static_cast<int>(sharding.index()); }
 
@@ -34,16 +37,6 @@ nn::FlatPlanOptions flat_plan_options(const DdpOptions& options, const std::vect
   return po;
 }
 
-std::string grouped(std::int64_t n) {
-  const std::string digits = std::to_string(n < 0 ? -n : n);
-  std::string s = n < 0 ? "-" : "";
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
 std::int64_t numel_of(const std::vector<nn::PlanParam>& params) {
   std::int64_t n = 0;
   for (const nn::PlanParam& p : params) {
@@ -55,7 +48,7 @@ std::int64_t numel_of(const std::vector<nn::PlanParam>& params) {
 }
 
 std::string shard_of(const nn::FlatPlan& plan) {
-  return " (shard " + grouped(plan.shard_numel) + " of " + grouped(plan.total) + ")";
+  return " (shard " + format_count(plan.shard_numel) + " of " + format_count(plan.total) + ")";
 }
 
 void ShardingStrategy::lay_out(Reducer& reducer, bool deferred) {
@@ -76,6 +69,17 @@ void ShardingStrategy::for_each_optimizer_state(
     for (std::size_t i = 0; i < mine.size(); ++i) {
       fn(optimizer.key_of(i) + "." + names[k], k, plan().entries[ctx_.index.at(mine[i])]);
     }
+  }
+}
+
+void ShardingStrategy::whole_model_bytes(DdpMemory& m) const {
+  const nn::FlatStorage& s = ctx_.model.storage();
+  const auto bytes = [](const Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0; };
+  if (s.compute_copies().defined()) {
+    m.parameters = bytes(s.compute_copies());
+    m.master_weights = bytes(s.values());
+  } else {
+    m.parameters = bytes(s.values());  // f32 compute: the parameters are the masters
   }
 }
 

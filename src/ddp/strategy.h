@@ -114,6 +114,9 @@ class ShardingStrategy {
 
  protected:
   const nn::FlatPlan& plan() const { return reducer_->plan(); }
+  // The parameters and masters as the model's flat storage holds them (whole): its compute
+  // copies and f32 values, or the f32 values alone.
+  void whole_model_bytes(DdpMemory& m) const;
   // The optimizer's state tensors as its checkpoints name them: fn(key, k, entry) for state k
   // (state_names()[k], in order) of each of its parameters (plan entry `entry`), key
   // "<key_of(i)>.<state name>".
@@ -148,8 +151,7 @@ GradientSharding predict_replicate(const PlannedModel& m, MemoryPrediction& pred
 GradientSharding predict_sharded_optimizer(const PlannedModel& m, bool shard_gradients, MemoryPrediction& prediction);
 GradientSharding predict_sharded_parameters(const PlannedModel& m, const ShardParameters& options,
                                             MemoryPrediction& prediction);
-// "1,234,567", and " (shard 1,234 of 5,678)" for a shard's lines.
-std::string grouped(std::int64_t n);
+// " (shard 1,234 of 5,678)" for a shard's lines.
 std::string shard_of(const nn::FlatPlan& plan);
 // The elements of the parameters (without the plan's padding).
 std::int64_t numel_of(const std::vector<nn::PlanParam>& params);

@@ -265,16 +265,8 @@ class ShardedOptimizer final : public ShardedState {
   }
 
   void memory(DdpMemory& m) const override {
-    const nn::FlatStorage& s = ctx_.model.storage();
-    const auto bytes = [](const Tensor& t) {
-      return t.defined() ? static_cast<std::int64_t>(t.storage()->nbytes()) : 0;
-    };
-    if (s.compute_copies().defined()) {
-      m.parameters = bytes(s.compute_copies());
-      m.master_weights = half_masters() ? bytes(master_shard_) : bytes(s.values());
-    } else {
-      m.parameters = bytes(s.values());  // f32 compute: the parameters are the masters
-    }
+    whole_model_bytes(m);  // the compute copies stay whole; the masters are this rank's shard
+    if (half_masters()) m.master_weights = static_cast<std::int64_t>(master_shard_.storage()->nbytes());
   }
 
  protected:
@@ -359,21 +351,12 @@ void ShardedOptimizer::wait(int bucket) {
 }  // namespace
 
 GradientSharding predict_sharded_optimizer(const PlannedModel& m, bool shard_gradients, MemoryPrediction& p) {
-  // The model's flat values or compute copies stay whole; shard() keeps the f32 masters' chunks
-  // (half compute); target() binds the optimizer to this rank's chunks.
-  const std::int64_t total = m.plan.total, shard = m.plan.shard_numel;
+  // The model's flat values or compute copies stay whole (as Replicate's); shard() keeps the f32
+  // masters' chunks (half compute); target() binds the optimizer to this rank's chunks.
+  const std::int64_t shard = m.plan.shard_numel;
   const bool half = m.in.compute != DType::f32;
-  const std::int64_t numel = numel_of(m.in.params);
-  if (half) {
-    p.lines[0] = {"parameters", total * static_cast<std::int64_t>(size_of(m.in.compute)),
-                  std::string(name_of(m.in.compute)) + " compute copies, " + grouped(total) + " elements"};
-    p.lines[1] = {"master weights", shard * 4, "f32" + shard_of(m.plan)};
-  } else {
-    p.lines[0] = {"parameters", total * 4,
-                  "f32 values, " + grouped(total) + " elements (" + grouped(numel) + " + padding)"};
-    p.lines[1] = {"master weights", 0, "none: the f32 values are the masters"};
-  }
-  p.lines[2] = {"gathered parameters", 0, "none: the parameters are whole"};
+  predict_replicate(m, p);
+  if (half) p.lines[1] = {"master weights", shard * 4, "f32" + shard_of(m.plan)};
   p.lines[4] = {"optimizer state", m.in.optimizer_states * shard * 4,
                 std::to_string(m.in.optimizer_states) + " x f32" + shard_of(m.plan)};
   p.gathers_values = half;

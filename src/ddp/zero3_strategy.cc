@@ -1,11 +1,14 @@
 // ZeRO-3 (ShardParameters): the parameters by shard too. Zero3Parameters (zero3.h) owns the
 // compute shard, the two gather buffers and the resident group; this strategy makes it, routes
 // the model's hooks to it and answers for its state.
+#include "core/format_bytes.h"
 #include "ddp/sharded_state.h"
 #include "ddp/zero3.h"
 #include "tutti/core/error.h"
 
 namespace tutti::ddp {
+
+using tutti::detail::format_count;
 namespace {
 
 class ShardedParameters final : public ShardedState {
@@ -92,9 +95,9 @@ GradientSharding predict_sharded_parameters(const PlannedModel& m, const ShardPa
   const bool half = m.in.compute != DType::f32;
   const auto cd = static_cast<std::int64_t>(size_of(m.in.compute));
   const std::string dtype = half ? std::string(name_of(m.in.compute)) : "f32";
-  p.lines[0] = {
-      "parameters", shard * (half ? cd : 4),
-      dtype + " shard, " + grouped(shard) + " of " + grouped(total) + " elements" + (half ? "" : " (the masters)")};
+  p.lines[0] = {"parameters", shard * (half ? cd : 4),
+                dtype + " shard, " + format_count(shard) + " of " + format_count(total) + " elements" +
+                    (half ? "" : " (the masters)")};
   p.lines[1] = {"master weights", half ? shard * 4 : 0,
                 half ? "f32" + shard_of(m.plan) : "none: the f32 shard is the masters"};
   std::int64_t largest = 0, resident = 0;
@@ -108,9 +111,9 @@ GradientSharding predict_sharded_parameters(const PlannedModel& m, const ShardPa
   const std::int64_t buffer =
       options.gather_buffer_mb > 0 ? static_cast<std::int64_t>(options.gather_buffer_mb * 1024 * 1024) / cd : largest;
   p.lines[2] = {"gathered parameters", (2 * std::max<std::int64_t>(buffer, 1) + resident) * cd,
-                "2 gather buffers of " + grouped(buffer) + " elements (" +
+                "2 gather buffers of " + format_count(buffer) + " elements (" +
                     (options.gather_buffer_mb > 0 ? "ShardParameters::gather_buffer_mb" : "the largest group") +
-                    ") + the resident group of " + grouped(resident) +
+                    ") + the resident group of " + format_count(resident) +
                     (m.in.resident.empty() ? "" : " (" + m.in.resident + ")") + ", " + dtype};
   p.lines[4] = {"optimizer state", m.in.optimizer_states * shard * 4,
                 std::to_string(m.in.optimizer_states) + " x f32" + shard_of(m.plan)};

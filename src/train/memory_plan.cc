@@ -14,6 +14,8 @@
 
 namespace tutti::train {
 
+using tutti::detail::format_count;
+
 using models::GptConfig;
 using models::LlamaConfig;
 using models::Recompute;
@@ -23,17 +25,6 @@ using detail::BodyBuffer;
 using detail::DecoderLayout;
 
 namespace {
-
-// "1,234,567".
-std::string grouped(std::int64_t n) {
-  const std::string digits = std::to_string(n < 0 ? -n : n);
-  std::string s = n < 0 ? "-" : "";
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
 
 // "0.12 MiB", "2.90 GiB": the table's unit.
 std::string human(std::int64_t bytes) {
@@ -261,7 +252,7 @@ std::string MemoryPlan::str() const {
   }
   const bool any_kept = std::any_of(rows.begin(), rows.end(), [](const MemoryRow& r) { return r.kept && r.bytes > 0; });
   std::snprintf(line, sizeof line, "  %-22s %12s  (%s bytes)%s\n", "total", human(total()).c_str(),
-                grouped(total()).c_str(),
+                format_count(total()).c_str(),
                 total() == step_total() ? ""
                 : any_kept ? ": after the first step, with the kept row and the largest other between-step row"
                            : ": after the first step, with the largest between-step row");

@@ -1,6 +1,7 @@
 // detail::format_bytes (src/core/format_bytes.h), in the three forms its callers print: the
 // collectives' sizes (1 place from B), the memory plan's table (2 places from MiB) and the
-// memory snapshots' sizes (MiB only). The expected texts are the ones tests and docs quote.
+// memory snapshots' sizes (MiB only); and detail::format_count, the plans' element counts. The
+// expected texts are the ones tests and docs quote.
 #include "core/format_bytes.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,15 @@ TEST(FormatBytes, SnapshotsInMiBOnly) {
   EXPECT_EQ(format_bytes(0, 1, ByteUnit::MiB, ByteUnit::MiB), "0.0 MiB");
   EXPECT_EQ(format_bytes(4.1 * kMiB, 1, ByteUnit::MiB, ByteUnit::MiB), "4.1 MiB");
   EXPECT_EQ(format_bytes(2 * kGiB, 1, ByteUnit::MiB, ByteUnit::MiB), "2048.0 MiB");
+}
+
+// Element counts in plans and messages.
+TEST(FormatCount, GroupsThousands) {
+  EXPECT_EQ(format_count(0), "0");
+  EXPECT_EQ(format_count(999), "999");
+  EXPECT_EQ(format_count(1000), "1,000");
+  EXPECT_EQ(format_count(1557686400), "1,557,686,400");
+  EXPECT_EQ(format_count(-4096), "-4,096");
 }
 
 }  // namespace
