@@ -48,8 +48,7 @@ DistributedDataParallel::DistributedDataParallel(Communicator& comm, nn::Module&
   const bool deferred = model_.has_deferred_parameters();
   params_ = model_.parameters();
   for (std::size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i], i);
-  std::vector<nn::PlanParam> specs;
-  for (const nn::Parameter* p : params_) specs.push_back({p->name, p->shape(), p->requires_grad});
+  const std::vector<nn::PlanParam> specs = nn::plan_params(params_);
   std::vector<std::string> groups;  // ShardParameters: each parameter's gather group
   const nn::FlatPlanOptions po = flat_plan_options(options_, specs, comm_.size(), model_.grad_dtype(), groups);
   ReducerOptions& ro = options_.reducer;

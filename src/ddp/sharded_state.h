@@ -44,6 +44,11 @@ class ShardedState : public ShardingStrategy {
   bool half_masters() const { return master_shard_.defined(); }
   // master_shard_ <- this rank's chunks of the whole fp32 values `whole` (plan layout).
   void keep_chunks(const Tensor& whole);
+  // Forgets the parameters' gradients: views into the reducer's pool buffers, which other buckets
+  // reuse (ShardGradients, ShardParameters).
+  void release_grads() {
+    for (nn::Parameter* p : ctx_.params) p->grad = Tensor();
+  }
   // A whole [plan.total] f32 vector on the device from every rank's shard (chunks in bucket order).
   Tensor gather_full(const Tensor& shard);
 

@@ -1,7 +1,6 @@
 // ZeRO-1 and 2 (ShardOptimizer, ShardGradients), and what every sharded strategy shares
 // (ShardedState, sharded_state.h): the optimizer's spans over this rank's chunks, the gradient
 // norm over the shards, the checkpoints gathered whole and the parts each rank holds.
-#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -170,13 +169,11 @@ namespace {
 // plan's layout) where `shard` is undefined. False when none do.
 bool part_of(const nn::FlatPlan& plan, const nn::PlanEntry& e, int rank, const Tensor& shard, const Tensor& flat,
              StatePart& out) {
+  const nn::ElementRange mine = plan.owned_part(e, rank);
+  if (mine.size() == 0) return false;
   const nn::PlanBucket& pb = plan.buckets[static_cast<std::size_t>(e.bucket)];
-  const nn::ElementRange chunk = pb.chunk_of(rank);
-  const std::int64_t lo = std::max(chunk.begin, e.offset);
-  const std::int64_t hi = std::min(chunk.end, e.offset + e.numel);
-  if (lo >= hi) return false;
-  const std::int64_t at = shard.defined() ? pb.shard_offset + (lo - chunk.begin) : lo;
-  out = StatePart{(shard.defined() ? shard : flat).view(at, {hi - lo}), lo - e.offset, e.shape};
+  const std::int64_t at = shard.defined() ? pb.shard_offset + (mine.begin - pb.chunk_of(rank).begin) : mine.begin;
+  out = StatePart{(shard.defined() ? shard : flat).view(at, {mine.size()}), mine.begin - e.offset, e.shape};
   return true;
 }
 
@@ -294,9 +291,6 @@ class ShardedOptimizer final : public ShardedState {
   }
 
  private:
-  void release_grads() {
-    for (nn::Parameter* p : ctx_.params) p->grad = Tensor();
-  }
   void wait(int bucket);
 
   bool shard_gradients_;

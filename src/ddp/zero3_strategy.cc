@@ -76,10 +76,6 @@ class ShardedParameters final : public ShardedState {
   void loaded(const Tensor& values) override { zero3_->load(values); }
 
  private:
-  void release_grads() {
-    for (nn::Parameter* p : ctx_.params) p->grad = Tensor();
-  }
-
   ShardParameters options_;
   std::vector<std::string> groups_;  // each parameter's gather group ("": resident)
   std::unique_ptr<Zero3Parameters> zero3_;

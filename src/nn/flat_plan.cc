@@ -1,5 +1,6 @@
 #include "tutti/nn/flat_plan.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "tutti/core/error.h"
@@ -72,11 +73,21 @@ FlatPlan make_flat_plan(const std::vector<PlanParam>& params, const FlatPlanOpti
   return plan;
 }
 
-FlatPlan make_flat_plan(const std::vector<Parameter*>& params, const FlatPlanOptions& options) {
+std::vector<PlanParam> plan_params(const std::vector<Parameter*>& params) {
   std::vector<PlanParam> specs;
   specs.reserve(params.size());
   for (const Parameter* p : params) specs.push_back({p->name, p->shape(), p->requires_grad});
-  return make_flat_plan(specs, options);
+  return specs;
+}
+
+FlatPlan make_flat_plan(const std::vector<Parameter*>& params, const FlatPlanOptions& options) {
+  return make_flat_plan(plan_params(params), options);
+}
+
+ElementRange FlatPlan::owned_part(const PlanEntry& e, int rank) const {
+  const ElementRange chunk = buckets.at(static_cast<std::size_t>(e.bucket)).chunk_of(rank);
+  const std::int64_t begin = std::max(chunk.begin, e.offset);
+  return {begin, std::max(begin, std::min(chunk.end, e.offset + e.numel))};
 }
 
 std::vector<ElementRange> FlatPlan::shard_ranges(int rank) const {

@@ -245,12 +245,12 @@ optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group
       const Tensor g = reducer.shard_grad(b);
       for (std::size_t i : pb.entries) {
         const nn::PlanEntry& e = plan.entries[i];
-        const std::int64_t lo = std::max(chunk.begin, e.offset), hi = std::min(chunk.end, e.offset + e.numel);
-        if (!e.requires_grad || lo >= hi) continue;
+        const nn::ElementRange mine = plan.owned_part(e, dp_rank);
+        if (!e.requires_grad || mine.size() == 0) continue;
         const auto p = by_name.find(e.name);
         const bool is_split = p != by_name.end() && !p->second->init_slice.full.empty();
-        kernels::sum_squares(g.view(lo - chunk.begin, {hi - lo}), is_split ? split : replicated, /*accumulate=*/true,
-                             stream);
+        kernels::sum_squares(g.view(mine.begin - chunk.begin, {mine.size()}), is_split ? split : replicated,
+                             /*accumulate=*/true, stream);
       }
     }
     sum_over(reducer.communicator(), squares, stream, "parallel::grad_norm over the data-parallel ranks");

@@ -100,7 +100,7 @@ void expect_predicted(const Case& k) {
   {
     const std::unique_ptr<nn::Module> like = make_model(k.model);
     amp::apply(policy, *like);
-    for (const nn::Parameter* p : like->parameters()) in.params.push_back({p->name, p->shape(), p->requires_grad});
+    in.params = nn::plan_params(like->parameters());
     in.compute = like->compute_dtype();
     in.grad = like->grad_dtype();
     in.grad_comm = like->grad_comm_dtype();

@@ -85,6 +85,9 @@ struct FlatPlan {
   int world_size() const { return options.world_size; }
   // Rank r's chunks of every bucket, in bucket order (their shard offsets follow each other).
   std::vector<ElementRange> shard_ranges(int rank) const;
+  // The elements of entry `e` (flat buffer offsets) that lie in rank r's chunk of its bucket;
+  // empty (begin == end) when none do.
+  ElementRange owned_part(const PlanEntry& e, int rank) const;
   // One line per entry and bucket: for error messages and tests.
   std::string describe() const;
   // Same entries at the same offsets, same buckets and shards.
@@ -93,6 +96,9 @@ struct FlatPlan {
   // and order); `what` names the caller.
   void check_matches(const std::vector<Parameter*>& params, const char* what) const;
 };
+
+// What the plan needs of each parameter (name, shape, requires_grad), in the same order.
+std::vector<PlanParam> plan_params(const std::vector<Parameter*>& params);
 
 // THE function that lays parameters out. Throws InvalidArgument on bad options.
 FlatPlan make_flat_plan(const std::vector<PlanParam>& params, const FlatPlanOptions& options = {});
