@@ -14,10 +14,22 @@ void require_tokens(const char* op, const Tensor& tokens) {
                   tokens.str());
 }
 
+// rows with total filled in (wte's own rows by default); InvalidArgument unless wte's rows lie in
+// the whole table.
+EmbeddingRows whole_rows(const char* op, const EmbeddingRows& rows, std::int64_t table_rows) {
+  if (rows.total == 0) {
+    TUTTI_CHECK_ARG(rows.first == 0, op, ": rows.first ", rows.first, " needs rows.total (the whole table's rows)");
+    return {0, table_rows};
+  }
+  TUTTI_CHECK_ARG(rows.first >= 0 && rows.first + table_rows <= rows.total, op, ": the table's ", table_rows,
+                  " rows from row ", rows.first, " are not within the whole table's ", rows.total);
+  return rows;
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& out,
-                       const Stream& stream) {
+                       const EmbeddingRows& rows, const Stream& stream) {
   constexpr const char* op = "embedding_forward";
   require_tokens(op, tokens);
   detail::require_floating(op, "wte", wte);
@@ -30,15 +42,16 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
   }
   detail::require_dtype(op, "out", out, wte.dtype());
   detail::require_shape(op, "out", out, {tokens.dim(0), T, C});
+  const EmbeddingRows whole = whole_rows(op, rows, wte.dim(0));
   const Device device = detail::require_same_device(op, {&tokens, &wte, &wpe, &out}, stream);
   if (device.is_cuda())
-    cuda::embedding_forward(tokens, wte, wpe, out, stream);
+    cuda::embedding_forward(tokens, wte, wpe, out, whole, stream);
   else
-    cpu::embedding_forward(tokens, wte, wpe, out);
+    cpu::embedding_forward(tokens, wte, wpe, out, whole);
 }
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dwte, const Tensor& dwpe,
-                        bool accumulate_params, const Stream& stream) {
+                        bool accumulate_params, const EmbeddingRows& rows, const Stream& stream) {
   constexpr const char* op = "embedding_backward";
   require_tokens(op, tokens);
   detail::require_floating(op, "dout", dout);
@@ -54,11 +67,12 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
     TUTTI_CHECK_ARG(dwpe.ndim() == 2 && dwpe.dim(1) == C && dwpe.dim(0) >= tokens.dim(1), op,
                     ": dwpe must be [T_max >= ", tokens.dim(1), ", ", C, "], got ", dwpe.str());
   }
+  const EmbeddingRows whole = dwte.defined() ? whole_rows(op, rows, dwte.dim(0)) : EmbeddingRows{};
   const Device device = detail::require_same_device(op, {&tokens, &dout, &dwte, &dwpe}, stream);
   if (device.is_cuda())
-    cuda::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params, stream);
+    cuda::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params, whole, stream);
   else
-    cpu::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params);
+    cpu::embedding_backward(tokens, dout, dwte, dwpe, accumulate_params, whole);
 }
 
 }  // namespace tutti::kernels

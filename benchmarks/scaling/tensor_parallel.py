@@ -6,24 +6,25 @@ The global batch is fixed: each of the N*L/tp data-parallel groups processes tp 
 (t: tokens per GPU), so at any tp every rank multiplies the same share of the layers. Per rank and
 step, for L layers of width C, vocabulary V, context T, a bytes per activation and gradient:
 
-  compute  (F_layers + tp x F_head) t / (peak x mfu): F_layers = 6 x 12 L C^2 + 12 L C T per token
-           (split), F_head = 6 V C (the tied head, which tutti's TP keeps whole on every rank of
-           the group: tp times the work).
-  tp comm  4 L allreduces (2 in forward, after the row-parallel projections; 2 in backward, of the
-           column-parallel layers' input gradients) of tp t C elements among the tp ranks of one
-           node, a ring over the intra link: 2(tp-1) (alpha + t C a beta) each; on the critical
-           path (not overlapped).
+  compute  (F_layers + F_head) t / (peak x mfu): F_layers = 6 x 12 L C^2 + 12 L C T per token,
+           F_head = 6 V C (the tied head); both split over the group (the head by the vocabulary,
+           parallel/vocab_parallel.h).
+  tp comm  4 L + 2 allreduces of tp t C elements among the tp ranks of one node (2 a layer in
+           forward, after the row-parallel projections; 2 in backward, of the column-parallel
+           layers' input gradients; the embedding's output and the head's input gradient), a
+           ring over the intra link: 2(tp-1) (alpha + t C a beta) each; and the loss's two of
+           3 tp t f32 (the rows' maxima, then their sums). On the critical path (not overlapped).
   dp comm  DDP's bucketed allreduce of this rank's gradients (model.ddp_step, overlapped with
-           backward): the layers' share 12 L C^2 / tp and the embeddings (V + T) C whole, among the
+           backward): the layers' share 12 L C^2 / tp and the embeddings (V / tp + T) C, among the
            N x L/tp ranks with the same tp coordinate (L/tp per node).
   state    16 bytes per parameter held (bf16 weights and gradients, the f32 master, Adam's two
-           moments; ZeRO 0): 12 L C^2 / tp + (V + T) C parameters.
+           moments; ZeRO 0): 12 L C^2 / tp + (V / tp + T) C parameters.
 
 TP pays in speed where the data-parallel allreduce is exposed (thin links between nodes) and the
 intra link is fast (NVLink): it divides the gradient bytes by tp and moves activations over the
 fast link instead. Over PCIe its allreduces cost more than they save. It pays in memory wherever
 the state does not fit one GPU. Not modelled: activation memory (also divided by tp for the
-layers), sequence parallelism, a vocabulary-parallel head, overlap of TP's allreduces with compute.
+layers), sequence parallelism, overlap of TP's allreduces with compute.
 """
 from dataclasses import dataclass
 
@@ -71,10 +72,12 @@ def predict(c: M.Cluster, g: Gpt, tp: int, algorithm="nccl", bucket_mb=25.0) -> 
         raise ValueError("tp %d must divide the %d ranks per node (TP stays inside a node)" % (tp, c.per_node))
     per_token_layers = 6 * g.layers * layer_params(g) + 12 * g.layers * g.width * g.context
     per_token_head = 6.0 * g.vocab * g.width
-    compute = (per_token_layers + tp * per_token_head) * g.tokens_per_gpu / (g.peak_tflops * 1e12 * g.mfu)
+    compute = (per_token_layers + per_token_head) * g.tokens_per_gpu / (g.peak_tflops * 1e12 * g.mfu)
     activation_bytes = tp * g.tokens_per_gpu * g.width * g.act_bytes
-    tp_comm = 4 * g.layers * ring_allreduce(c.intra, tp, activation_bytes)
-    embeddings = (g.vocab + g.context) * g.width
+    loss_bytes = 3 * tp * g.tokens_per_gpu * 4  # the rows' maxima, then their sums of exp and labels' logits
+    tp_comm = (4 * g.layers + 2) * ring_allreduce(c.intra, tp, activation_bytes) + (
+        ring_allreduce(c.intra, tp, loss_bytes / 3) + ring_allreduce(c.intra, tp, 2 * loss_bytes / 3))
+    embeddings = (g.vocab / tp + g.context) * g.width
     per_layer = layer_params(g) / tp
     dp_model = M.Model("gpt tp%d" % tp, [int(embeddings)] + [int(per_layer)] * g.layers, g.grad_bytes,
                        compute / 3, 2 * compute / 3, 0.0)

@@ -92,7 +92,8 @@ double evaluate(tutti::Job& job, tutti::models::CausalLm& model, const tutti::da
   tutti::Tensor acc = tutti::Tensor::zeros({2}, tutti::DType::f32, job.device());  // sum of losses, count
   const tutti::Tensor sum = acc.view(0, {1}), count = acc.view(1, {1});
   const tutti::Tensor one = tutti::Tensor::from_floats({1.0f}, {1}).to(job.device(), stream);
-  tutti::nn::CrossEntropyLoss loss;
+  // --tp: the logits' vocabulary is split over the group, and so is the loss (COLLECTIVE).
+  const std::unique_ptr<tutti::nn::CrossEntropyLoss> loss = model.make_loss();
   model.eval();
   const std::int64_t most = (n + parts - 1) / parts;  // the most windows of a rank
   for (std::int64_t b = begin; b < end || (sharded && b < begin + most); b += chunk) {
@@ -104,8 +105,8 @@ double evaluate(tutti::Job& job, tutti::models::CausalLm& model, const tutti::da
     const std::int64_t rows = batch.inputs.numel();
     const tutti::Tensor x = batch.inputs.to(job.device(), stream), y = batch.targets.to(job.device(), stream);
     const tutti::Tensor logits = model.forward(x);
-    loss.forward(logits, y, 1.0f, stream);
-    tutti::kernels::add_scaled(loss.loss(), static_cast<float>(rows), sum, stream);
+    loss->forward(logits, y, 1.0f, stream);
+    tutti::kernels::add_scaled(loss->loss(), static_cast<float>(rows), sum, stream);
     tutti::kernels::add_scaled(one, static_cast<float>(rows), count, stream);
   }
   model.train();
@@ -238,7 +239,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   optimizer.set_schedule(tutti::optim::LrSchedule::cosine(static_cast<float>(f.lr), f.warmup_steps, f.steps,
                                                           static_cast<float>(f.min_lr)));
   tutti::amp::LossScaler scaler(policy.default_scaler());
-  tutti::nn::CrossEntropyLoss loss;
+  // --tp: each rank's logits are its columns of the vocabulary; the loss is split alike.
+  const std::unique_ptr<tutti::nn::CrossEntropyLoss> loss = model.make_loss();
 
   tutti::data::TokenLoaderOptions lo;
   lo.sequence_length = f.seq_len;
@@ -365,9 +367,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
       }
       const tutti::Tensor x = b.inputs.to(device, stream), y = b.targets.to(device, stream);
       const tutti::Tensor logits = ddp.forward(x);
-      loss.forward(logits, y, scaler.scale(), stream);
-      run.add_loss(loss.loss(), 1.0f / static_cast<float>(f.accum_steps));
-      ddp.backward(loss.grad(), scaler.scale());
+      loss->forward(logits, y, scaler.scale(), stream);
+      run.add_loss(loss->loss(), 1.0f / static_cast<float>(f.accum_steps));
+      ddp.backward(loss->grad(), scaler.scale());
     }
     if (scaler.update(ddp.found_nonfinite())) {
       float coefficient = 1.0f;

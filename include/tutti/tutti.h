@@ -54,6 +54,7 @@
 #include "tutti/optim/optimizer.h"
 #include "tutti/optim/sgd.h"
 #include "tutti/parallel/tensor_parallel.h"
+#include "tutti/parallel/vocab_parallel.h"
 #include "tutti/train/memory_plan.h"
 #include "tutti/train/run.h"
 #include "tutti/train/summary.h"

@@ -60,7 +60,93 @@ TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, f
   return total;
 }
 
+// Rows [0, N) of e^(row - row_max[r]) for the columns of a slice, each row into dst (a row of
+// dlogits or a scratch row), and its sum. The same steps as softmax_xent_rows: with one rank the
+// pieces give its bits.
+TUTTI_CPU_SIMD_CLONES float exp_row(const float* row, float mx, float* dst, int64_t C) {
+  const ExpBounds bounds = exp_bounds();
+  TUTTI_IVDEP
+  for (int64_t c = 0; c < C; ++c) dst[c] = exp_f32(row[c] - mx, bounds);
+  return sum_f32(dst, C);
+}
+
+// Every label of `y` in [0, total) or ignore_index; InvalidArgument naming the op and row otherwise.
+int64_t check_and_count(const char* op, const std::vector<int64_t>& y, int64_t total, int64_t ignore_index,
+                        const Tensor& logits) {
+  int64_t counted = 0;
+  for (std::size_t r = 0; r < y.size(); ++r) {
+    if (y[r] == ignore_index) continue;
+    TUTTI_CHECK_ARG(y[r] >= 0 && y[r] < total, op, ": label ", y[r], " of row ", r, " is out of range [0, ", total,
+                    ") for logits ", logits.str(), " (ignore_index ", ignore_index, ")");
+    ++counted;
+  }
+  return counted;
+}
+
 }  // namespace
+
+void cross_entropy_local_max(const Tensor& logits, const Tensor& row_max) {
+  const int64_t N = logits.dim(0), C = logits.dim(1);
+  const F32Buffer L(logits, true);
+  auto* out = static_cast<float*>(row_max.data());
+  for (int64_t r = 0; r < N; ++r) out[r] = C > 0 ? max_f32(L.data() + r * C, C) : -INFINITY;
+}
+
+void cross_entropy_local_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                              const ClassColumns& columns, int64_t ignore_index) {
+  const int64_t N = logits.dim(0), C = logits.dim(1);
+  const std::vector<int64_t> y = read_labels(labels);
+  check_and_count("cross_entropy_local_sums", y, columns.total, ignore_index, logits);
+  const F32Buffer L(logits, true);
+  const auto* mx = static_cast<const float*>(row_max.data());
+  auto* exp_sum = static_cast<float*>(sums.data());
+  float* picked = exp_sum + N;
+  std::vector<float> scratch(static_cast<std::size_t>(C));
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t label = y[static_cast<std::size_t>(r)], column = label - columns.first;
+    if (label == ignore_index) {
+      exp_sum[r] = picked[r] = 0.0f;
+      continue;
+    }
+    const float* row = L.data() + r * C;
+    exp_sum[r] = exp_row(row, mx[r], scratch.data(), C);
+    picked[r] = column >= 0 && column < C ? row[column] : 0.0f;
+  }
+}
+
+void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                             const Tensor& loss, const Tensor& dlogits, const ClassColumns& columns,
+                             int64_t ignore_index, float grad_scale) {
+  const int64_t N = logits.dim(0), C = logits.dim(1);
+  const std::vector<int64_t> y = read_labels(labels);
+  const int64_t counted = check_and_count("cross_entropy_from_sums", y, columns.total, ignore_index, logits);
+  const float g_scale = grad_scale * (counted > 0 ? 1.0f / static_cast<float>(counted) : 0.0f);
+  const auto* mx = static_cast<const float*>(row_max.data());
+  const auto* exp_sum = static_cast<const float*>(sums.data());
+  const float* picked = exp_sum + N;
+  double total = 0.0;
+  for (int64_t r = 0; r < N; ++r) {
+    if (y[static_cast<std::size_t>(r)] == ignore_index) continue;
+    total += static_cast<double>(std::log(exp_sum[r]) + mx[r] - picked[r]);
+  }
+  static_cast<float*>(loss.data())[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
+  if (!dlogits.defined()) return;
+  const F32Buffer L(logits, true);
+  const F32Buffer D(dlogits, false);
+  for (int64_t r = 0; r < N; ++r) {
+    float* drow = D.data() + r * C;
+    const int64_t label = y[static_cast<std::size_t>(r)], column = label - columns.first;
+    if (label == ignore_index) {
+      std::fill(drow, drow + C, 0.0f);
+      continue;
+    }
+    exp_row(L.data() + r * C, mx[r], drow, C);
+    const float scale = g_scale / exp_sum[r];
+    for (int64_t c = 0; c < C; ++c) drow[c] *= scale;
+    if (column >= 0 && column < C) drow[column] -= g_scale;
+  }
+  D.store();
+}
 
 void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
                            int64_t ignore_index, float grad_scale) {

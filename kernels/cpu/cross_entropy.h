@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "tutti/core/tensor.h"
+#include "tutti/kernels/cross_entropy.h"
 
 namespace tutti::kernels::cpu {
 
@@ -12,6 +13,14 @@ namespace tutti::kernels::cpu {
 // label is neither in [0, C) nor ignore_index.
 void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
                            std::int64_t ignore_index, float grad_scale);
+// The classes split across ranks (kernels/cross_entropy.h); columns.total is the whole logits'
+// width. Labels are checked (InvalidArgument) by the last two.
+void cross_entropy_local_max(const Tensor& logits, const Tensor& row_max);
+void cross_entropy_local_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                              const ClassColumns& columns, std::int64_t ignore_index);
+void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                             const Tensor& loss, const Tensor& dlogits, const ClassColumns& columns,
+                             std::int64_t ignore_index, float grad_scale);
 // Labels out of range are never correct (as on the GPU).
 void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct, bool accumulate,
                    std::int64_t ignore_index);

@@ -8,6 +8,9 @@
 //   3. finish: one block sums the row losses in a fixed order (deterministic) and divides.
 // A label outside [0, C) that is not ignore_index makes its row's loss (so the mean) nan,
 // and its dlogits row nan: the host cannot check device labels without a sync.
+// The classes split across ranks (cross_entropy_local_max, _local_sums, _from_sums): one block
+// per row in each, as the row kernel above; from_sums counts the rows and finishes the loss as
+// softmax_cross_entropy does.
 // count_correct: one warp per row finds the argmax (first maximum on ties) and integer
 // atomics add the hits (exact, so the order does not matter).
 #include "kernels/cuda/cross_entropy.h"
@@ -59,6 +62,67 @@ __global__ void softmax_xent_row_kernel(const T* logits, const L* labels, int64_
         const float p = expf(load_f32(x[c]) - mx) * inv_sum;
         dx[c] = store_as<T>(valid ? g_scale * (p - (c == label ? 1.0f : 0.0f)) : NAN);
       }
+    }
+  }
+}
+
+// ---- The classes split across ranks: one block per row in each step ----
+
+template <typename T>
+__global__ void local_max_kernel(const T* logits, int64_t rows, int64_t C, float* row_max) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * C;
+    float mx = -INFINITY;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, load_f32(x[c]));
+    mx = block_allreduce_max(mx);
+    if (threadIdx.x == 0) row_max[r] = mx;
+  }
+}
+
+// sums[0, r] = sum of exp(x - row_max[r]) over these columns; sums[1, r] = the label's logit if
+// it is one of them (nan for a label outside [0, total)).
+template <typename T, typename L>
+__global__ void local_sums_kernel(const T* logits, const L* labels, const float* row_max, int64_t rows, int64_t C,
+                                  int64_t first, int64_t total, int64_t ignore_index, float* sums) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    if (label == ignore_index) {
+      if (threadIdx.x == 0) sums[r] = sums[rows + r] = 0.0f;
+      continue;  // uniform across the block
+    }
+    const T* x = logits + r * C;
+    const float mx = row_max[r];
+    float sum = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += expf(load_f32(x[c]) - mx);
+    sum = block_allreduce_sum(sum);
+    if (threadIdx.x == 0) {
+      const int64_t column = label - first;
+      sums[r] = sum;
+      sums[rows + r] = label < 0 || label >= total ? NAN : column >= 0 && column < C ? load_f32(x[column]) : 0.0f;
+    }
+  }
+}
+
+// Each row's loss, log(sums[0]) + row_max - sums[1], and its dlogits for these columns.
+template <typename T, typename L>
+__global__ void from_sums_kernel(const T* logits, const L* labels, const float* row_max, const float* sums,
+                                 int64_t rows, int64_t C, int64_t first, int64_t ignore_index, float grad_scale,
+                                 const int* count, float* row_loss, T* dlogits) {
+  const int counted = *count;
+  const float g_scale = counted > 0 ? grad_scale * (1.0f / static_cast<float>(counted)) : 0.0f;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t label = static_cast<int64_t>(labels[r]);
+    const bool ignored = label == ignore_index;
+    const float mx = row_max[r], sum = sums[r], picked = sums[rows + r];
+    if (threadIdx.x == 0) row_loss[r] = ignored ? 0.0f : logf(sum) + mx - picked;
+    if (dlogits == nullptr) continue;
+    const T* x = logits + r * C;
+    T* dx = dlogits + r * C;
+    const float inv_sum = 1.0f / sum;
+    const int64_t column = label - first;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float p = expf(load_f32(x[c]) - mx) * inv_sum;
+      dx[c] = store_as<T>(ignored ? 0.0f : isnan(picked) ? NAN : g_scale * (p - (c == column ? 1.0f : 0.0f)));
     }
   }
 }
@@ -145,6 +209,69 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
       softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
                                                                  count, row_loss, dx);
       TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
+      finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
+      TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
+    });
+  });
+}
+
+void cross_entropy_local_max(const Tensor& logits, const Tensor& row_max, const Stream& stream) {
+  const int64_t rows = logits.dim(0), C = logits.dim(1);
+  if (rows == 0) return;
+  DeviceGuard guard(logits.device());
+  detail::dispatch_floating("cross_entropy_local_max", logits.dtype(), [&](auto tag) {
+    using H = decltype(tag);
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+    local_max_kernel<<<grid, row_block_size(C), 0, native(stream)>>>(ptr<H>(logits), rows, C,
+                                                                     static_cast<float*>(row_max.data()));
+    TUTTI_CUDA_CHECK_LAUNCH("local_max_kernel");
+  });
+}
+
+void cross_entropy_local_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                              const ClassColumns& columns, int64_t ignore_index, const Stream& stream) {
+  const int64_t rows = logits.dim(0), C = logits.dim(1);
+  if (rows == 0) return;
+  DeviceGuard guard(logits.device());
+  detail::dispatch_floating("cross_entropy_local_sums", logits.dtype(), [&](auto tag) {
+    using H = decltype(tag);
+    dispatch_labels(labels, [&](auto label_tag) {
+      using L = decltype(label_tag);
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      local_sums_kernel<<<grid, row_block_size(C), 0, native(stream)>>>(
+          ptr<H>(logits), static_cast<const L*>(labels.data()), static_cast<const float*>(row_max.data()), rows, C,
+          columns.first, columns.total, ignore_index, static_cast<float*>(sums.data()));
+      TUTTI_CUDA_CHECK_LAUNCH("local_sums_kernel");
+    });
+  });
+}
+
+void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const Tensor& row_max, const Tensor& sums,
+                             const Tensor& loss, const Tensor& dlogits, const ClassColumns& columns,
+                             int64_t ignore_index, float grad_scale, const Stream& stream) {
+  const int64_t rows = logits.dim(0), C = logits.dim(1);
+  DeviceGuard guard(logits.device());
+  const cudaStream_t s = native(stream);
+  if (rows == 0) {
+    TUTTI_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), s));
+    return;
+  }
+  // Scratch as softmax_cross_entropy's: the count, then the row losses.
+  StreamScratch scratch(16 + static_cast<std::size_t>(rows) * sizeof(float), s);
+  int* count = scratch.as<int>();
+  float* row_loss = reinterpret_cast<float*>(scratch.as<char>() + 16);
+  detail::dispatch_floating("cross_entropy_from_sums", logits.dtype(), [&](auto tag) {
+    using H = decltype(tag);
+    dispatch_labels(labels, [&](auto label_tag) {
+      using L = decltype(label_tag);
+      const L* y = static_cast<const L*>(labels.data());
+      count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
+      TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
+          ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows, C,
+          columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
+      TUTTI_CUDA_CHECK_LAUNCH("from_sums_kernel");
       finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
       TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
     });

@@ -29,16 +29,20 @@ constexpr int kBlock = 256;
 constexpr int kTile = 512;  // keys a block sorts in shared memory (kTile / 2 threads, 4 KiB)
 constexpr uint64_t kPad = ~uint64_t{0};
 
+// wte holds rows [first, first + V) of a table of `total` rows: a token of the table outside them
+// gives its position alone (another rank adds its row), a token outside the table nan.
 template <typename T>
-__global__ void embedding_forward_kernel(const std::int32_t* tokens, const T* wte, const T* wpe, int64_t V, int64_t T_,
-                                         int64_t C, int64_t n, float nan, T* out) {
+__global__ void embedding_forward_kernel(const std::int32_t* tokens, const T* wte, const T* wpe, int64_t V,
+                                         int64_t first, int64_t total, int64_t T_, int64_t C, int64_t n, float nan,
+                                         T* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += stride) {
     const int64_t pos = idx / C, c = idx % C;
     const int64_t tok = tokens[pos];
-    const bool valid = tok >= 0 && tok < V;
+    const int64_t row = tok - first;
     const float position = wpe != nullptr ? load_f32(wpe[(pos % T_) * C + c]) : 0.0f;
-    out[idx] = store_as<T>(valid ? load_f32(wte[tok * C + c]) + position : nan);
+    const float embedded = row >= 0 && row < V ? load_f32(wte[row * C + c]) + position : position;
+    out[idx] = store_as<T>(tok >= 0 && tok < total ? embedded : nan);
   }
 }
 
@@ -58,18 +62,18 @@ __global__ void embedding_wpe_backward_kernel(const T* dout, int64_t B, int64_t 
   }
 }
 
-// keys[i] = token << 32 | i for the n positions (a token outside [0, V) sorts after every
-// valid one and is skipped), kPad up to `padded`.
-__global__ void embedding_sort_keys_kernel(const std::int32_t* tokens, int64_t n, int64_t V, int64_t padded,
-                                           uint64_t* keys) {
+// keys[i] = (token - first) << 32 | i for the n positions (a token outside [first, first + V),
+// this table's rows, sorts after every one inside and is skipped), kPad up to `padded`.
+__global__ void embedding_sort_keys_kernel(const std::int32_t* tokens, int64_t n, int64_t first, int64_t V,
+                                           int64_t padded, uint64_t* keys) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < padded; i += stride) {
     if (i >= n) {
       keys[i] = kPad;
       continue;
     }
-    const int64_t tok = tokens[i];
-    const uint64_t t = tok >= 0 && tok < V ? static_cast<uint64_t>(tok) : uint64_t{0xffffffffu};
+    const int64_t row = tokens[i] - first;
+    const uint64_t t = row >= 0 && row < V ? static_cast<uint64_t>(row) : uint64_t{0xffffffffu};
     keys[i] = t << 32 | static_cast<uint64_t>(i);
   }
 }
@@ -157,10 +161,10 @@ int64_t padded_size(int64_t n) {
 }
 
 // Sorts the keys of `tokens` (see above) into `keys` (padded_size(n) of them).
-void sort_token_keys(const Tensor& tokens, int64_t V, uint64_t* keys, cudaStream_t s) {
+void sort_token_keys(const Tensor& tokens, int64_t first, int64_t V, uint64_t* keys, cudaStream_t s) {
   const int64_t n = tokens.numel(), padded = padded_size(n);
   embedding_sort_keys_kernel<<<grid_for(padded, kBlock), kBlock, 0, s>>>(
-      static_cast<const std::int32_t*>(tokens.data()), n, V, padded, keys);
+      static_cast<const std::int32_t*>(tokens.data()), n, first, V, padded, keys);
   TUTTI_CUDA_CHECK_LAUNCH("embedding_sort_keys_kernel");
   const unsigned tiles = static_cast<unsigned>(padded / kTile);
   bitonic_sort_tile_kernel<<<tiles, kTile / 2, 0, s>>>(keys);
@@ -178,7 +182,7 @@ void sort_token_keys(const Tensor& tokens, int64_t V, uint64_t* keys, cudaStream
 }  // namespace
 
 void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& out,
-                       const Stream& stream) {
+                       const EmbeddingRows& rows, const Stream& stream) {
   const int64_t n = out.numel();
   if (n == 0) return;
   DeviceGuard guard(out.device());
@@ -186,13 +190,13 @@ void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wp
     using H = decltype(tag);
     embedding_forward_kernel<<<grid_for(n, kBlock), kBlock, 0, native(stream)>>>(
         static_cast<const std::int32_t*>(tokens.data()), ptr<H>(wte), wpe.defined() ? ptr<H>(wpe) : nullptr, wte.dim(0),
-        tokens.dim(1), wte.dim(1), n, std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
+        rows.first, rows.total, tokens.dim(1), wte.dim(1), n, std::numeric_limits<float>::quiet_NaN(), ptr<H>(out));
     TUTTI_CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   });
 }
 
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dwte, const Tensor& dwpe,
-                        bool accumulate_params, const Stream& stream) {
+                        bool accumulate_params, const EmbeddingRows& rows, const Stream& stream) {
   DeviceGuard guard(dout.device());
   const cudaStream_t s = native(stream);
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = dout.dim(2), n = tokens.numel();
@@ -217,7 +221,7 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
       if (n == 0) return;
       const int64_t V = dwte.dim(0);
       StreamScratch keys(static_cast<std::size_t>(padded_size(n)) * sizeof(uint64_t), s);
-      sort_token_keys(tokens, V, keys.as<uint64_t>(), s);
+      sort_token_keys(tokens, rows.first, V, keys.as<uint64_t>(), s);
       const int threads = C >= 256 ? 256 : 64;
       const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(n, 65535));
       with_grad_type(dwte, [&](auto* g) {

@@ -4,11 +4,13 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 
 #include "tutti/core/error.h"
 #include "tutti/core/stream.h"
 #include "tutti/nn/layers.h"
+#include "tutti/parallel/vocab_parallel.h"
 
 namespace tutti::models {
 
@@ -114,6 +116,28 @@ std::string CausalLm::gather_group(const std::string& name) {
   return "layer " + std::to_string(std::stoll(index) / 2);
 }
 
+namespace {
+
+// Row t of the logits [1, T, V], whole: with the vocabulary split, each rank's columns gathered in
+// rank order (COLLECTIVE over the group).
+Tensor last_logits(CausalLm& model, const Tensor& logits, std::int64_t t) {
+  const std::int64_t V = logits.dim(-1);
+  const Tensor row = logits.view(t * V, {V});
+  Communicator* group = model.vocab_group();
+  if (group == nullptr || group->size() == 1) return row;
+  Tensor whole = Tensor::empty({V * group->size()}, row.dtype(), row.device());
+  group->allgather(row, whole, {.label = "generate: the last logits", .stream = model.stream()}).wait(model.stream());
+  return whole;
+}
+
+}  // namespace
+
+std::unique_ptr<nn::CrossEntropyLoss> CausalLm::make_loss(std::int64_t ignore_index) const {
+  if (vocab_group_ != nullptr)
+    return std::make_unique<parallel::VocabParallelCrossEntropy>(*vocab_group_, ignore_index);
+  return std::make_unique<nn::CrossEntropyLoss>(ignore_index);
+}
+
 std::vector<std::int32_t> generate(CausalLm& model, std::vector<std::int32_t> prompt, const SampleOptions& options) {
   TUTTI_CHECK_ARG(!prompt.empty() && options.temperature > 0, "generate: needs a prompt and a positive temperature");
   std::mt19937_64 rng(options.seed);
@@ -126,7 +150,7 @@ std::vector<std::int32_t> generate(CausalLm& model, std::vector<std::int32_t> pr
     const std::vector<std::int64_t> window(out.end() - T, out.end());
     const Tensor x = Tensor::from_ints(window, {1, T}, DType::i32).to(model.device(), stream);
     const Tensor logits = model.forward(x);
-    const Tensor last = logits.view((T - 1) * model.padded_vocab(), {model.padded_vocab()}).to(Device::cpu(), stream);
+    const Tensor last = last_logits(model, logits, T - 1).to(Device::cpu(), stream);
     stream.synchronize();
     const std::vector<float> l = last.to_floats();
     // Softmax over the real vocabulary (the padding never occurs) at the temperature, among

@@ -10,6 +10,7 @@
 #include "tutti/core/error.h"
 #include "tutti/core/stream.h"
 #include "tutti/parallel/tensor_parallel.h"
+#include "tutti/parallel/vocab_parallel.h"
 
 namespace tutti::models {
 
@@ -76,12 +77,7 @@ Gpt::Gpt(const GptConfig& config) : Gpt(config, nullptr) {}
 
 Gpt::Gpt(const GptConfig& config, Communicator& tensor_parallel) : Gpt(config, &tensor_parallel) {}
 
-Gpt::Gpt(const GptConfig& config, Communicator* tp)
-    : config_(config),
-      embed_(config.padded_vocab, config.context, config.width),
-      ln_f_(config.width),
-      head_(embed_.wte),
-      tp_(tp) {
+Gpt::Gpt(const GptConfig& config, Communicator* tp) : config_(config), ln_f_(config.width), tp_(tp) {
   const std::int64_t C = config.width;
   TUTTI_CHECK_ARG(config.layers >= 1 && config.heads >= 1 && C % config.heads == 0 && config.vocab >= 1 &&
                       config.padded_vocab >= config.vocab,
@@ -94,9 +90,15 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp)
   const nn::AttentionOptions attention{.kernel = config.attention};
   if (tp_ != nullptr) {
     // Megatron's split: each rank its heads (the [q | k | v] projection's rows of them, 3 blocks)
-    // and its 1/tp of the MLP's 4·width features; the output projections sum over the group.
-    TUTTI_CHECK_ARG(config.heads % tp_->size() == 0, "GPT: ", config.heads,
-                    " heads must divide by the tensor-parallel group's ", tp_->size(), " rank(s)");
+    // and its 1/tp of the MLP's 4·width features; the output projections sum over the group. The
+    // vocabulary: wte's rows, which the tied head reads, so the logits' columns.
+    TUTTI_CHECK_ARG(config.heads % tp_->size() == 0 && config.padded_vocab % tp_->size() == 0, "GPT: ", config.heads,
+                    " heads and the padded vocabulary ", config.padded_vocab,
+                    " must divide by the tensor-parallel group's ", tp_->size(), " rank(s)");
+    embed_ =
+        std::make_unique<parallel::VocabParallelTokenPositionEmbedding>(*tp_, config.padded_vocab, config.context, C);
+    head_ = std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->wte);
+    vocab_group_ = tp_;
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
           .body()
@@ -112,6 +114,8 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp)
           .add<parallel::RowParallelLinear>(*tp_, 4 * C, C, proj);
     }
   } else {
+    embed_ = std::make_unique<nn::TokenPositionEmbedding>(config.padded_vocab, config.context, C);
+    head_ = std::make_unique<nn::TiedLinear>(embed_->wte);
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
           .body()
@@ -127,10 +131,10 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp)
           .add<Linear>(4 * C, C, proj);
     }
   }
-  register_module("embed", embed_);
+  register_module("embed", *embed_);
   register_module("blocks", blocks_);
   register_module("ln_f", ln_f_);
-  register_module("head", head_);
+  register_module("head", *head_);
 }
 
 std::string Gpt::describe() const {
@@ -140,16 +144,16 @@ std::string Gpt::describe() const {
 std::int64_t Gpt::flop_parameters() {
   std::int64_t n = 0;
   for (auto* p : parameters()) n += p->numel();
-  return n - embed_.wpe.numel();
+  return n - embed_->wpe.numel();
 }
 
 Tensor Gpt::forward_impl(const Tensor& tokens) {
-  hidden_ = ln_f_.forward(blocks_.forward(embed_.forward(tokens)));
-  return head_.forward(hidden_);
+  hidden_ = ln_f_.forward(blocks_.forward(embed_->forward(tokens)));
+  return head_->forward(hidden_);
 }
 
 Tensor Gpt::backward_impl(const Tensor& dlogits) {
-  embed_.backward(blocks_.backward(ln_f_.backward(head_.backward(dlogits))));
+  embed_->backward(blocks_.backward(ln_f_.backward(head_->backward(dlogits))));
   return Tensor();  // token ids have no gradient
 }
 

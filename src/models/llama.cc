@@ -4,6 +4,7 @@
 
 #include "tutti/core/error.h"
 #include "tutti/parallel/tensor_parallel.h"
+#include "tutti/parallel/vocab_parallel.h"
 
 namespace tutti::models {
 
@@ -86,7 +87,6 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
     : config_((config.validate(), config)),
       tp_(tp),
       rope_(std::make_shared<nn::RopeTable>(config.head_dim(), config.rope)),
-      embed_(config.vocab, config.width),
       norm_(config.width, config.norm_eps) {
   const std::int64_t C = config.width, hs = config.head_dim(), H = config.heads, G = config.kv_heads;
   const LinearOptions weight{.bias = false, .init = WeightInit::normal(0.02)};
@@ -95,8 +95,11 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
     // Megatron's split (as Gpt's): each rank H/tp query heads and G/tp key/value heads, F/tp of the
     // MLP's features; the output and down projections sum over the group.
     const std::int64_t n = tp_->size(), F = config.ffn;
-    TUTTI_CHECK_ARG(H % n == 0 && G % n == 0 && F % n == 0, "Llama: ", H, " heads, ", G, " key/value heads and ffn ", F,
+    TUTTI_CHECK_ARG(H % n == 0 && G % n == 0 && F % n == 0 && config.vocab % n == 0, "Llama: ", H, " heads, ", G,
+                    " key/value heads, ffn ", F, " and the vocabulary ", config.vocab,
                     " must divide by the tensor-parallel group's ", n, " rank(s)");
+    embed_ = std::make_unique<parallel::VocabParallelEmbedding>(*tp_, config.vocab, C);
+    vocab_group_ = tp_;
     const nn::AttentionOptions local{.kv_heads = G / n, .kernel = config.attention};
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
@@ -115,6 +118,7 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
           .add<parallel::RowParallelLinear>(*tp_, F, C, weight);
     }
   } else {
+    embed_ = std::make_unique<nn::TokenEmbedding>(config.vocab, C);
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
           .body()
@@ -131,14 +135,17 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
           .add<Linear>(config.ffn, C, weight);
     }
   }
-  register_module("embed", embed_);
+  register_module("embed", *embed_);
   register_module("blocks", blocks_);
   register_module("norm", norm_);
+  // The head: with tp, its rows of the vocabulary (the tied table's, or an untied weight's).
   if (config.tied_head) {
-    tied_head_ = std::make_unique<nn::TiedLinear>(embed_.weight);
+    tied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->weight)
+                     : std::make_unique<nn::TiedLinear>(embed_->weight);
     register_module("head", *tied_head_);
   } else {
-    untied_head_ = std::make_unique<Linear>(C, config.vocab, weight);
+    untied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelLinear>(*tp_, C, config.vocab, weight)
+                       : std::make_unique<Linear>(C, config.vocab, weight);
     register_module("head", *untied_head_);
   }
 }
@@ -168,13 +175,13 @@ std::function<std::string(const std::string&)> Llama::gather_groups(const LlamaC
 Tensor Llama::forward_impl(const Tensor& tokens) {
   TUTTI_CHECK_ARG(tokens.ndim() == 2 && tokens.dim(1) <= config_.context, describe(),
                   ": tokens must be [B, T <= ", config_.context, "], got ", tokens.str());
-  hidden_ = norm_.forward(blocks_.forward(embed_.forward(tokens)));
+  hidden_ = norm_.forward(blocks_.forward(embed_->forward(tokens)));
   return untied_head_ ? untied_head_->forward(hidden_) : tied_head_->forward(hidden_);
 }
 
 Tensor Llama::backward_impl(const Tensor& dlogits) {
   const Tensor dh = untied_head_ ? untied_head_->backward(dlogits) : tied_head_->backward(dlogits);
-  embed_.backward(blocks_.backward(norm_.backward(dh)));
+  embed_->backward(blocks_.backward(norm_.backward(dh)));
   return Tensor();  // token ids have no gradient
 }
 

@@ -14,8 +14,7 @@ void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
 }
 }  // namespace
 
-const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                        const Stream& stream) {
+void CrossEntropyLoss::prepare(const Tensor& logits, const Tensor& labels) {
   TUTTI_CHECK_ARG(logits.defined() && logits.ndim() >= 2, "CrossEntropyLoss: logits must be [..., C], got ",
                   logits.str());
   TUTTI_CHECK_ARG(labels.defined(), "CrossEntropyLoss: the labels are undefined");
@@ -24,6 +23,11 @@ const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labe
                   "the logits ", logits.str(), " without their last dimension");
   ensure(loss_, {1}, DType::f32, logits.device());
   ensure(dlogits_, logits.shape(), logits.dtype(), logits.device());
+}
+
+const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                        const Stream& stream) {
+  prepare(logits, labels);
   kernels::CrossEntropyOptions options;
   options.ignore_index = ignore_index_;
   options.grad_scale = grad_scale;

@@ -36,7 +36,8 @@ Tensor TokenPositionEmbedding::forward_impl(const Tensor& tokens) {
                   ": tokens must be [B, T <= ", context_, "] i32, got ", tokens.str());
   tokens_ = tokens;
   Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
-  kernels::embedding_forward(tokens, wte.compute_value(), wpe.compute_value(), y, stream());
+  kernels::embedding_forward(tokens, wte.compute_value(), adds_positions_ ? wpe.compute_value() : Tensor(), y, rows_,
+                             stream());
   return y;
 }
 
@@ -46,7 +47,7 @@ Tensor TokenPositionEmbedding::backward_impl(const Tensor& dy) {
   const Tensor dwpe = wpe.requires_grad ? grad_of(wpe) : Tensor();
   if (dwte.defined() || dwpe.defined()) {
     kernels::embedding_backward(tokens_, dy.reshape({tokens_.dim(0), tokens_.dim(1), width_}), dwte, dwpe,
-                                /*accumulate_params=*/true, stream());
+                                /*accumulate_params=*/true, rows_, stream());
   }
   // Reverse registration order. wte's gradient may also hold a tied head's share (TiedLinear):
   // it is complete only now.
@@ -73,7 +74,7 @@ Tensor TokenEmbedding::forward_impl(const Tensor& tokens) {
                   tokens.str());
   tokens_ = tokens;
   Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
-  kernels::embedding_forward(tokens, weight.compute_value(), Tensor(), y, stream());
+  kernels::embedding_forward(tokens, weight.compute_value(), Tensor(), y, rows_, stream());
   return y;
 }
 
@@ -81,7 +82,7 @@ Tensor TokenEmbedding::backward_impl(const Tensor& dy) {
   TUTTI_CHECK_ARG(tokens_.defined(), describe(), ": backward before forward");
   if (weight.requires_grad) {
     kernels::embedding_backward(tokens_, dy.reshape({tokens_.dim(0), tokens_.dim(1), width_}), grad_of(weight),
-                                Tensor(), /*accumulate_params=*/true, stream());
+                                Tensor(), /*accumulate_params=*/true, rows_, stream());
     // A tied head (TiedLinear) has added its share already: the gradient is complete only now.
     grad_ready(weight);
   }

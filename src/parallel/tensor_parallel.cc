@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nn/slices.h"
+#include "parallel/reduce_over.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/kernels/reduce.h"
@@ -42,12 +43,6 @@ std::string blocks_str(const std::vector<std::int64_t>& blocks) {
   return s;
 }
 
-// Sums `t` over the group in place, ordered on `stream` (COLLECTIVE).
-void sum_over(Communicator& group, const Tensor& t, const Stream& stream, const std::string& label) {
-  if (group.size() == 1) return;
-  group.allreduce(t, ReduceOp::sum, {.label = label, .stream = stream}).wait(stream);
-}
-
 }  // namespace
 
 // ---- ColumnParallelLinear -----------------------------------------------------------------
@@ -74,7 +69,7 @@ std::string ColumnParallelLinear::describe() const {
 Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
   Tensor dx = nn::Linear::backward_impl(dy);
   // Each rank's features contributed their part of the input gradient: the sum is the whole.
-  if (dx.defined()) sum_over(group_, dx, stream(), describe() + " input gradient");
+  if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
   return dx;
 }
 
@@ -103,7 +98,7 @@ Tensor RowParallelLinear::forward_bias() const {
 
 Tensor RowParallelLinear::forward_impl(const Tensor& x) {
   Tensor y = nn::Linear::forward_impl(x);
-  sum_over(group_, y, stream(), describe() + " output");
+  reduce_over(group_, y, stream(), describe() + " output");
   return y;
 }
 
@@ -151,7 +146,7 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     const Tensor flat = Tensor::empty({batch_numel}, DType::f32, model.device());
     std::int64_t at = 0;
     for (const Split& e : batch) {
-      flat.view(at, {e.slice.numel()}).copy_from(e.slice.to(model.device(), stream).reshape({e.slice.numel()}), stream);
+      flat.view(at, {e.slice.numel()}).copy_from(e.slice.reshape({e.slice.numel()}), stream);
       at += e.slice.numel();
     }
     const Tensor gathered = Tensor::empty({group.size() * batch_numel}, DType::f32, model.device());
@@ -159,7 +154,8 @@ StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicato
     call.label = "whole_state_dict of " + std::to_string(batch.size()) + " tensor(s) from '" + batch.front().key + "'";
     call.stream = stream;
     group.allgather(flat, gathered, call).wait(stream);
-    const Tensor host = gathered.to(Device::cpu(), stream);
+    // On the CPU the gathered tensor is the host's already: no copy of tp x the batch.
+    const Tensor host = gathered.device().is_cpu() ? gathered : gathered.to(Device::cpu(), stream);
     stream.synchronize();
     at = 0;
     for (const Split& e : batch) {
@@ -253,9 +249,9 @@ optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group
                              /*accumulate=*/true, stream);
       }
     }
-    sum_over(reducer.communicator(), squares, stream, "parallel::grad_norm over the data-parallel ranks");
+    reduce_over(reducer.communicator(), squares, stream, "parallel::grad_norm over the data-parallel ranks");
   }
-  sum_over(group, split, stream, "parallel::grad_norm");
+  reduce_over(group, split, stream, "parallel::grad_norm");
   stream.synchronize();
   optim::GradNorm out;
   const std::vector<float> sq = squares.to(Device::cpu()).to_floats();

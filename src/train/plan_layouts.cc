@@ -70,15 +70,18 @@ AttentionCost attention_cost(nn::AttentionKernel kernel, std::int64_t B, std::in
 
 constexpr std::int64_t kCublasLtWorkspace = 32 << 20;  // kernels/cuda/linear.cu's, per stream
 
-// What every decoder's head, loss and kernels add: the logits [B, T, V], the loss's gradient of
-// them and the head's input gradient; an evaluation's loss between steps; the GPU scratch.
-void head_and_scratch(DecoderLayout& d, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V, DType compute,
-                      const AttentionCost& a) {
-  const std::int64_t N = B * T, cd = bytes_of(compute);
-  d.logits_bytes = 2 * N * V * cd + N * C * cd;
+// What every decoder's head, loss and kernels add: the logits [B, T, V] (V: this rank's columns),
+// the loss's gradient of them and the head's input gradient, and with the vocabulary split over
+// tp ranks the loss's row statistics [3, N] f32 (parallel::VocabParallelCrossEntropy); an
+// evaluation's loss between steps; the GPU scratch.
+void head_and_scratch(DecoderLayout& d, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V, std::int64_t tp,
+                      DType compute, const AttentionCost& a) {
+  const std::int64_t N = B * T, cd = bytes_of(compute), stats = tp > 1 ? 3 * N * 4 : 0;
+  d.logits_bytes = 2 * N * V * cd + N * C * cd + stats;
   d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
                     std::string(name_of(compute)) + " and the loss's gradient of them, + the head's input gradient";
-  d.eval_bytes = N * V * cd + N * 4 + 16;
+  if (tp > 1) d.logits_detail += " (the vocabulary's 1/" + std::to_string(tp) + ")";
+  d.eval_bytes = N * V * cd + N * 4 + 16 + stats;
   d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
   d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
 }
@@ -96,8 +99,9 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   // Gpt registers (gpt.h): the embeddings, per layer the attention block (LayerNorm, Linear(C, 3C),
   // attention, Linear(C, C)) and the MLP block (LayerNorm, Linear(C, 4C), GELU, Linear(4C, C)), ln_f.
   // Split over tp ranks (Megatron's): the first Linear's rows and the second's columns are 1/tp,
-  // the second's bias whole.
-  d.params.push_back({"embed.wte", {V, C}});
+  // the second's bias whole; wte's rows (the vocabulary), so the logits' columns, are 1/tp.
+  TUTTI_CHECK_ARG(V % tp == 0, "memory_plan: the padded vocabulary ", V, " must divide by tensor_parallel ", tp);
+  d.params.push_back({"embed.wte", {V / tp, C}});
   d.params.push_back({"embed.wpe", {c.context, C}});
   for (std::int64_t l = 0; l < c.layers; ++l) {
     for (const std::int64_t wide : {3 * C, 4 * C}) {
@@ -159,7 +163,7 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   d.residual_bytes = 2 * N * C * cd;
   d.outside_bytes = N * C * cd + 2 * N * C * cd + 2 * N * 4;
   d.outside_detail = "the embedding's output and ln_f";
-  head_and_scratch(d, B, T, C, V, o.compute, a);
+  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a);
   return d;
 }
 
@@ -167,10 +171,12 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   c.validate();
   const std::int64_t T = seq_len(o, c.context), B = o.micro_batch, N = B * T, C = c.width, V = c.vocab;
   // A rank's slices over tp ranks (Megatron's split, as Llama(config, group)): H/tp query heads,
-  // G/tp key/value heads, F/tp of the MLP's features; the blocks' inputs and outputs stay whole.
+  // G/tp key/value heads, F/tp of the MLP's features, V/tp of the vocabulary (the embedding's and
+  // the head's rows, the logits' columns); the blocks' inputs and outputs stay whole.
   const std::int64_t tp = o.tensor_parallel;
-  TUTTI_CHECK_ARG(c.heads % tp == 0 && c.kv_heads % tp == 0 && c.ffn % tp == 0, "memory_plan: ", c.heads, " heads, ",
-                  c.kv_heads, " key/value heads and ffn ", c.ffn, " must divide by tensor_parallel ", tp);
+  TUTTI_CHECK_ARG(c.heads % tp == 0 && c.kv_heads % tp == 0 && c.ffn % tp == 0 && V % tp == 0, "memory_plan: ", c.heads,
+                  " heads, ", c.kv_heads, " key/value heads, ffn ", c.ffn, " and the vocabulary ", V,
+                  " must divide by tensor_parallel ", tp);
   const std::int64_t H = c.heads / tp, G = c.kv_heads / tp, hs = c.head_dim(), F = c.ffn / tp;
   const std::int64_t Wq = (H + 2 * G) * hs, Hc = H * hs;
   const std::int64_t cd = bytes_of(o.compute);
@@ -181,7 +187,7 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   // Llama registers (llama.h): the embedding, per layer the attention block (RMSNorm, the q/k/v
   // projection, the rotary embedding, attention, the output projection) and the MLP block (RMSNorm,
   // the gate/up projection, SwiGLU, the down projection), the final norm, an untied head.
-  d.params.push_back({"embed.weight", {V, C}});
+  d.params.push_back({"embed.weight", {V / tp, C}});
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string attn = "blocks." + std::to_string(2 * l) + ".body.";
     const std::string mlp = "blocks." + std::to_string(2 * l + 1) + ".body.";
@@ -193,7 +199,7 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
     d.params.push_back({mlp + "3.weight", {C, F}});
   }
   d.params.push_back({"norm.weight", {C}});
-  if (!c.tied_head) d.params.push_back({"head.weight", {V, C}});
+  if (!c.tied_head) d.params.push_back({"head.weight", {V / tp, C}});
   d.gather_group = Llama::gather_groups(c);
   d.resident = c.tied_head ? "the embedding (the tied head's weight), the final norm" : "the final norm";
   // Backward: the head (untied: its weight; tied: its share of the embedding's), the final norm,
@@ -237,7 +243,7 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   // The embedding's output, the final norm's buffers and the rotary table the layers share.
   d.outside_bytes = N * C * cd + 2 * N * C * cd + N * 4 + T * hs * 4;
   d.outside_detail = "the embedding's output, the final norm and the rotary table";
-  head_and_scratch(d, B, T, C, V, o.compute, a);
+  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a);
   return d;
 }
 

@@ -1,5 +1,7 @@
 // Cross-entropy family: CPU against a naive double-precision softmax and finite
-// differences; the CUDA twin against the CPU (skipped where no GPU is visible).
+// differences; the CUDA twin against the CPU (skipped where no GPU is visible). The split pieces
+// (classes across ranks) over uneven parts, the ranks' reductions done on the host, against the
+// whole rows' loss.
 #include "tutti/kernels/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -169,6 +171,112 @@ TEST(CrossEntropyCpu, OutOfRangeLabelThrowsBeforeWriting) {
   for (float v : dlogits.to_floats()) EXPECT_EQ(v, 0.0f);
 }
 
+// ---- The classes split across ranks ----
+
+// Columns [cuts[i], cuts[i + 1]) of the [N, C] values, as a tensor of dtype d on `device`.
+Tensor columns_of(const std::vector<float>& all, int64_t N, int64_t C, int64_t from, int64_t to, DType d,
+                  Device device) {
+  std::vector<float> part;
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = from; c < to; ++c) part.push_back(all[static_cast<std::size_t>(r * C + c)]);
+  return Tensor::from_floats(part, {N, to - from}, d).to(device);
+}
+
+struct SplitResult {
+  std::vector<float> losses;   // each part's loss (all the same, the whole rows')
+  std::vector<float> dlogits;  // [N, C], the parts' columns put back together
+};
+
+// The three split pieces over the parts [cuts[i], cuts[i + 1]) of the logits' columns, the
+// reductions over the "ranks" done here on the host (max, then sum), as
+// parallel::VocabParallelCrossEntropy's allreduces do.
+SplitResult split_ce(const Tensor& logits, const Tensor& labels, const std::vector<int64_t>& cuts,
+                     const CrossEntropyOptions& opt, Device device) {
+  const int64_t N = logits.dim(0), C = logits.dim(1);
+  const std::vector<float> all = logits.to_floats();
+  const Stream s = device.is_cpu() ? Stream() : Stream::default_for(device);
+  const Tensor y = labels.to(device);
+  std::vector<Tensor> parts;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i)
+    parts.push_back(columns_of(all, N, C, cuts[i], cuts[i + 1], logits.dtype(), device));
+  std::vector<float> mx(static_cast<std::size_t>(N), -INFINITY), sums(static_cast<std::size_t>(2 * N), 0.0f);
+  for (const Tensor& part : parts) {
+    const Tensor m = testing::poisoned({N}, DType::f32, device);
+    cross_entropy_local_max(part, m, s);
+    const std::vector<float> v = m.to_floats();
+    for (int64_t r = 0; r < N; ++r) mx[r] = std::max(mx[r], v[r]);
+  }
+  const Tensor row_max = Tensor::from_floats(mx, {N}).to(device);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const Tensor part_sums = testing::poisoned({2, N}, DType::f32, device);
+    cross_entropy_local_sums(parts[i], y, row_max, part_sums, {cuts[i], C}, opt.ignore_index, s);
+    const std::vector<float> v = part_sums.to_floats();
+    for (std::size_t k = 0; k < v.size(); ++k) sums[k] += v[k];
+  }
+  const Tensor all_sums = Tensor::from_floats(sums, {2, N}).to(device);
+  SplitResult out;
+  out.dlogits.assign(static_cast<std::size_t>(N * C), 0.0f);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const int64_t width = cuts[i + 1] - cuts[i];
+    const Tensor loss = testing::poisoned({1}, DType::f32, device);
+    const Tensor dl = testing::poisoned({N, width}, logits.dtype(), device);
+    cross_entropy_from_sums(parts[i], y, row_max, all_sums, loss, dl, {cuts[i], C}, opt, s);
+    out.losses.push_back(loss.to_floats()[0]);
+    const std::vector<float> d = dl.to_floats();
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        out.dlogits[static_cast<std::size_t>(r * C + cuts[i] + c)] = d[static_cast<std::size_t>(r * width + c)];
+  }
+  return out;
+}
+
+// Cuts of C columns into `parts` uneven parts (the last the widest; with few columns some parts
+// are empty: a rank may hold none).
+std::vector<int64_t> cuts_of(int64_t C, int parts) {
+  std::vector<int64_t> cuts{0};
+  for (int i = 1; i < parts; ++i) cuts.push_back(C * i / (parts + 1));
+  cuts.push_back(C);
+  return cuts;
+}
+
+TEST(CrossEntropySplitCpu, ThePiecesOverAnySplitGiveTheWholeLoss) {
+  std::uint32_t seed = 500;
+  for (DType d : kFloatDtypes)
+    for (DType ld : {DType::i32, DType::i64})
+      for (auto [N, C] : kShapes)
+        for (int parts : {1, 2, 3}) {
+          const Tensor logits = random_tensor({N, C}, d, seed++, -4.f, 4.f);
+          const Tensor labels = labels_with_ignored(N, C, ld, seed++, -100);
+          const CrossEntropyOptions opt{.ignore_index = -100, .grad_scale = 64.0f};
+          const Naive want = naive_ce(logits.to_floats(), labels.to_ints(), C, -100, opt.grad_scale);
+          const SplitResult got = split_ce(logits, labels, cuts_of(C, parts), opt, Device::cpu());
+          const std::string what = std::string(name_of(d)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                                   " parts=" + std::to_string(parts);
+          for (float l : got.losses) expect_close({l}, {static_cast<float>(want.loss)}, 1e-5, 1e-6, "loss " + what);
+          expect_close(got.dlogits, to_f(want.dlogits), d == DType::f32 ? 1e-5 : default_rtol(d),
+                       dlogits_atol(d, max_abs(want.dlogits)), "dlogits " + what);
+        }
+}
+
+TEST(CrossEntropySplitCpu, LabelsAreCheckedAgainstTheWholeWidth) {
+  // Columns [4, 8) of 8: label 6 is this part's, label 1 another's (picked 0 here), 8 is none.
+  const Tensor logits = random_tensor({2, 4}, DType::f32, 9);
+  const Tensor row_max = Tensor::from_floats({5.0f, 5.0f}, {2}), sums = Tensor::zeros({2, 2}, DType::f32);
+  cross_entropy_local_sums(logits, Tensor::from_ints({6, 1}, {2}, DType::i64), row_max, sums, {4, 8});
+  const std::vector<float> l = logits.to_floats(), v = sums.to_floats();
+  EXPECT_EQ(v[2], l[2]) << "row 0's label, column 2 of this part";
+  EXPECT_EQ(v[3], 0.0f) << "row 1's label lies in another part";
+  const Tensor loss = Tensor::zeros({1}, DType::f32);
+  for (const auto& bad : {std::vector<int64_t>{0, 8}, std::vector<int64_t>{-1, 0}}) {
+    const Tensor labels = Tensor::from_ints(bad, {2}, DType::i64);
+    EXPECT_THROW(cross_entropy_local_sums(logits, labels, row_max, sums, {4, 8}), InvalidArgument);
+    EXPECT_THROW(cross_entropy_from_sums(logits, labels, row_max, sums, loss, Tensor(), {4, 8}), InvalidArgument);
+  }
+  // Columns that do not lie within the whole width.
+  EXPECT_THROW(cross_entropy_local_sums(logits, Tensor::from_ints({6, 1}, {2}, DType::i64), row_max, sums, {6, 8}),
+               InvalidArgument);
+}
+
 // Rows whose argmax (the first, on ties) equals the label, skipping ignored rows.
 int64_t naive_correct(const std::vector<float>& logits, const std::vector<int64_t>& labels, int64_t C, int64_t ignore) {
   int64_t hits = 0;
@@ -287,6 +395,33 @@ TEST(CrossEntropyCuda, AllIgnoredAndOutOfRange) {
   softmax_cross_entropy(logits, gpu(Tensor::from_ints({0, 1, 9, 2, 3}, {5}, DType::i32)), loss, dlogits, {},
                         Stream::default_for(Device::cuda(0)));
   EXPECT_TRUE(std::isnan(loss.to_floats()[0]));
+}
+
+TEST(CrossEntropySplitCuda, ThePiecesMatchTheCpu) {
+  TUTTI_REQUIRE_GPU();
+  std::uint32_t seed = 3000;
+  const int64_t vocab = testing::on_emulated_device() ? 5003 : 50257;
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {7, 5}, {33, 129}, {16, vocab}};
+  for (DType d : kFloatDtypes)
+    for (auto [N, C] : shapes)
+      for (int parts : {1, 3}) {
+        const Tensor logits = random_tensor({N, C}, d, seed++, -4.f, 4.f);
+        const Tensor labels = labels_with_ignored(N, C, DType::i32, seed++, -100);
+        const CrossEntropyOptions opt{.ignore_index = -100, .grad_scale = 512.0f};
+        const SplitResult want = split_ce(logits, labels, cuts_of(C, parts), opt, Device::cpu());
+        const SplitResult got = split_ce(logits, labels, cuts_of(C, parts), opt, Device::cuda(0));
+        const std::string what = std::string(name_of(d)) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                                 " parts=" + std::to_string(parts);
+        expect_close(got.losses, want.losses, 1e-5, 1e-6, "cuda loss " + what);
+        double m = 0;
+        for (float v : want.dlogits) m = std::max(m, double(std::fabs(v)));
+        expect_close(got.dlogits, want.dlogits, d == DType::f32 ? 1e-5 : default_rtol(d), dlogits_atol(d, m),
+                     "cuda dlogits " + what);
+      }
+  // A label outside the whole width makes the loss nan (the host cannot read device labels).
+  const SplitResult bad = split_ce(random_tensor({2, 6}, DType::f32, 1), Tensor::from_ints({1, 6}, {2}, DType::i32),
+                                   {0, 3, 6}, {}, Device::cuda(0));
+  EXPECT_TRUE(std::isnan(bad.losses[0]) && std::isnan(bad.losses[1]));
 }
 
 TEST(CountCorrectCuda, MatchesCpu) {

@@ -1,5 +1,6 @@
 // Embedding family: CPU against a naive double-precision gather and scatter-add; the CUDA
-// twin against the CPU, and its scatter-add run twice for the same bits (deterministic).
+// twin against the CPU, and its scatter-add run twice for the same bits (deterministic). A table
+// split by rows (the vocabulary-parallel case) against the whole one, on both.
 #include "tutti/kernels/embedding.h"
 
 #include <gtest/gtest.h>
@@ -176,6 +177,54 @@ TEST(EmbeddingCpu, BadInputsThrowNamingTheOp) {
 
 // ---- CUDA twin ----------------------------------------------------------------------------
 
+// The table's rows split over `parts` "ranks" ([cuts[i], cuts[i + 1])): the parts' outputs, the
+// positions added by part 0 only, sum to the whole lookup, and each part's gradient is its rows of
+// the whole gradient, on `device` against the CPU's whole table. With a small table some parts
+// hold no row (part 0 still adds the positions).
+void expect_split_rows_match_whole(Device device) {
+  const Stream s = device.is_cpu() ? Stream() : Stream::default_for(device);
+  std::uint32_t seed = 700;
+  for (const Case& c : kCases)
+    for (int parts : {1, 2, 3}) {
+      const Tensor tok = random_tokens(c.B, c.T, c.V, seed++);
+      const Tensor wte = random_tensor({c.V, c.C}, DType::f32, seed++),
+                   wpe = random_tensor({c.Tmax, c.C}, DType::f32, seed++);
+      const Tensor dout = random_tensor({c.B, c.T, c.C}, DType::f32, seed++);
+      const Tensor out = Tensor::empty({c.B, c.T, c.C}, DType::f32);
+      embedding_forward(tok, wte, wpe, out);
+      const Tensor dwte = Tensor::zeros({c.V, c.C}, DType::f32);
+      embedding_backward(tok, dout, dwte, Tensor(), false);
+      const std::vector<float> w = wte.to_floats(), g = dwte.to_floats();
+      std::vector<float> sum(static_cast<std::size_t>(out.numel()), 0.0f);
+      const std::string what = name_of(c, DType::f32) + " parts " + std::to_string(parts) + " on " + device.str();
+      for (int p = 0; p < parts; ++p) {
+        const int64_t first = c.V * p / parts, last = c.V * (p + 1) / parts, rows = last - first;
+        const std::vector<float> mine(w.begin() + first * c.C, w.begin() + last * c.C);
+        const Tensor part = Tensor::from_floats(mine, {rows, c.C}).to(device);
+        const Tensor part_out = testing::poisoned({c.B, c.T, c.C}, DType::f32, device);
+        embedding_forward(tok.to(device), part, p == 0 ? wpe.to(device) : Tensor(), part_out, {first, c.V}, s);
+        const std::vector<float> o = part_out.to_floats();
+        for (std::size_t i = 0; i < o.size(); ++i) sum[i] += o[i];
+        const Tensor part_grad = testing::poisoned({rows, c.C}, DType::f32, device);
+        embedding_backward(tok.to(device), dout.to(device), part_grad, Tensor(), false, {first, c.V}, s);
+        expect_close(part_grad.to_floats(), std::vector<float>(g.begin() + first * c.C, g.begin() + last * c.C), 1e-6,
+                     1e-6, "dwte rows " + std::to_string(first) + ".." + std::to_string(last) + " " + what);
+      }
+      expect_close(sum, out.to_floats(), 1e-6, 1e-6, "the parts' sum " + what);
+    }
+}
+
+TEST(EmbeddingCpu, SplitRowsSumToTheWholeLookup) {
+  expect_split_rows_match_whole(Device::cpu());
+  // The whole table's range is checked, and a slice must lie within it.
+  const Tensor tok = Tensor::from_ints({0, 5, 2, 9}, {2, 2}, DType::i32);
+  const Tensor part = random_tensor({4, 3}, DType::f32, 1), out = Tensor::empty({2, 2, 3}, DType::f32);
+  EXPECT_NO_THROW(embedding_forward(tok, part, Tensor(), out, {4, 10}));
+  EXPECT_THROW(embedding_forward(tok, part, Tensor(), out, {4, 9}), InvalidArgument);   // 9 is out of [0, 9)
+  EXPECT_THROW(embedding_forward(tok, part, Tensor(), out, {8, 10}), InvalidArgument);  // rows 8..12 of 10
+  EXPECT_THROW(embedding_forward(tok, part, Tensor(), out, {2, 0}), InvalidArgument);   // first without total
+}
+
 Tensor gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
 
 // The last case has 2100 positions: its sort (padded to 4096 keys) takes global merge steps
@@ -204,12 +253,12 @@ TEST(EmbeddingCuda, ForwardAndBackwardMatchCpuAndAreDeterministic) {
 
           const Stream st = Stream::create(Device::cuda(0));
           const Tensor out_g = testing::poisoned({c.B, c.T, c.C}, d, Device::cuda(0));
-          embedding_forward(gpu(tok), gpu(wte), gpu(wpe), out_g, st);
+          embedding_forward(gpu(tok), gpu(wte), gpu(wpe), out_g, {}, st);
           std::vector<std::vector<float>> runs;
           for (int run = 0; run < 2; ++run) {
             const Tensor dwte_g = accumulate ? gpu(old_e) : testing::poisoned({c.V, c.C}, gd, Device::cuda(0));
             const Tensor dwpe_g = accumulate ? gpu(old_p) : testing::poisoned({c.Tmax, c.C}, gd, Device::cuda(0));
-            embedding_backward(gpu(tok), gpu(dout), dwte_g, dwpe_g, accumulate, st);
+            embedding_backward(gpu(tok), gpu(dout), dwte_g, dwpe_g, accumulate, {}, st);
             st.synchronize();
             const double tol = 2 * default_rtol(gd) * std::sqrt(double(c.B * c.T));
             expect_close(dwte_g.to_floats(), dwte_c.to_floats(), tol, tol, "cuda dwte " + what);
@@ -223,12 +272,17 @@ TEST(EmbeddingCuda, ForwardAndBackwardMatchCpuAndAreDeterministic) {
         }
 }
 
+TEST(EmbeddingCuda, SplitRowsSumToTheWholeLookup) {
+  TUTTI_REQUIRE_GPU();
+  expect_split_rows_match_whole(Device::cuda(0));
+}
+
 TEST(EmbeddingCuda, TokenOutOfRangeGivesNanRowsAndNoGradient) {
   TUTTI_REQUIRE_GPU();
   const Tensor tok = Tensor::from_ints({0, 9, 1, -3}, {2, 2}, DType::i32);
   const Tensor wte = random_tensor({3, 4}, DType::f32, 1), wpe = random_tensor({2, 4}, DType::f32, 2);
   const Tensor out = Tensor::zeros({2, 2, 4}, DType::f32, Device::cuda(0));
-  embedding_forward(gpu(tok), gpu(wte), gpu(wpe), out, Stream::default_for(Device::cuda(0)));
+  embedding_forward(gpu(tok), gpu(wte), gpu(wpe), out, {}, Stream::default_for(Device::cuda(0)));
   const std::vector<float> o = out.to_floats();
   for (int64_t n = 0; n < 4; ++n)
     for (int64_t k = 0; k < 4; ++k) {
@@ -237,7 +291,7 @@ TEST(EmbeddingCuda, TokenOutOfRangeGivesNanRowsAndNoGradient) {
     }
   const Tensor dout = Tensor::from_floats(std::vector<float>(16, 1.0f), {2, 2, 4});
   const Tensor dwte = testing::poisoned({3, 4}, DType::f32, Device::cuda(0));
-  embedding_backward(gpu(tok), gpu(dout), dwte, Tensor(), false, Stream::default_for(Device::cuda(0)));
+  embedding_backward(gpu(tok), gpu(dout), dwte, Tensor(), false, {}, Stream::default_for(Device::cuda(0)));
   std::vector<float> want(12, 0.0f);
   for (int k = 0; k < 4; ++k) want[static_cast<std::size_t>(k)] = 1.0f, want[static_cast<std::size_t>(4 + k)] = 1.0f;
   expect_close(dwte.to_floats(), want, 0, 0, "dwte skips the tokens out of range");

@@ -26,6 +26,7 @@
 #include "tutti/nn/loss.h"
 #include "tutti/optim/sgd.h"
 #include "tutti/parallel/tensor_parallel.h"
+#include "tutti/parallel/vocab_parallel.h"
 
 namespace tutti::parallel {
 namespace {
@@ -108,16 +109,16 @@ Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first
     optim::SGD sgd(model->parameters(), {.lr = 0.1f, .momentum = 0.9f});
     ddp.attach(sgd);
     if (from) ddp.state().load_optimizer_state_dict(sgd, split_state_dict(from->optim, *model));
-    nn::CrossEntropyLoss loss;
+    const std::unique_ptr<nn::CrossEntropyLoss> loss = model->make_loss();
     const std::int64_t rows = kBatch / dp, first = mesh.coordinate("dp") * rows;
     for (int step = first_step; step < first_step + steps; ++step) {
       double sum = 0;
       for (int micro = 0; micro < kMicro; ++micro) {
         const Tensor x = tokens(step, micro, first, rows, 0);
         const Tensor y = tokens(step, micro, first, rows, 1);
-        loss.forward(ddp.forward(x), y);
-        sum += nn::item(loss.loss());
-        ddp.backward(loss.grad());
+        loss->forward(ddp.forward(x), y);
+        sum += nn::item(loss->loss());
+        ddp.backward(loss->grad());
       }
       const optim::GradNorm norm = tp > 1 ? grad_norm(ddp, tp_group, kClip) : ddp.grad_norm(kClip);
       if (r == 0 && norm.coefficient < 1) ++out.clipped;
@@ -260,13 +261,63 @@ TEST(LlamaTensorParallel, GroupedHeadsAndTheGatedMlpSplitAndTrainLikeTheUnsplitM
             std::string::npos);
 }
 
-TEST(GptTensorParallel, HeadsThatDoNotDivideAreRefused) {
+TEST(GptTensorParallel, HeadsOrAVocabularyThatDoNotDivideAreRefused) {
   models::GptConfig c = config();
   c.heads = 2;
   EXPECT_NE(refusal([&](Communicator& tp) {
               models::Gpt model(c, tp);
-            }).find("2 heads must divide by the tensor-parallel group's 4"),
+            }).find("2 heads and the padded vocabulary 32 must divide by the tensor-parallel group's 4"),
             std::string::npos);
+  c = config();
+  c.vocab = c.padded_vocab = 30;
+  EXPECT_NE(refusal([&](Communicator& tp) { models::Gpt model(c, tp); }).find("the padded vocabulary 30 must divide"),
+            std::string::npos);
+}
+
+TEST(GptTensorParallel, EachRankHoldsItsRowsOfTheVocabularyAndItsColumnsOfTheLogits) {
+  // At tp 2: wte [V/2, C] (rows [r·V/2, (r+1)·V/2) of the unsplit model's), logits [B, T, V/2]
+  // (the unsplit logits' columns of those rows), and the loss make_loss() gives is the whole
+  // vocabulary's: the unsplit model's loss on every rank.
+  const models::GptConfig c = config();
+  models::Gpt whole(c);
+  whole.init(kSeed);
+  const Tensor x = tokens(0, 0, 0, 2, 0), y = tokens(0, 0, 0, 2, 1);
+  const Tensor whole_logits = whole.forward(x);
+  nn::CrossEntropyLoss whole_loss;
+  whole_loss.forward(whole_logits, y);
+  const std::vector<float> wl = whole_logits.to_floats(), wte = whole.embed_weight().value.to_floats();
+  const std::vector<float> whole_grad = whole_loss.grad().to_floats();
+  ThreadGroup group(2);
+  group.run([&](int r) {
+    models::Gpt model(c, group.communicator(r));
+    model.init(kSeed);
+    ASSERT_EQ(model.embed_weight().shape(), (Shape{c.padded_vocab / 2, c.width}));
+    const std::vector<float> mine = model.embed_weight().value.to_floats();
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      ASSERT_EQ(mine[i], wte[static_cast<std::size_t>(r) * mine.size() + i]) << "rank " << r << " element " << i;
+    const Tensor logits = model.forward(x);
+    ASSERT_EQ(logits.shape(), (Shape{2, kT, c.padded_vocab / 2}));
+    const std::vector<float> l = logits.to_floats();
+    const std::int64_t half = c.padded_vocab / 2;
+    double most = 0;
+    for (std::int64_t row = 0; row < 2 * kT; ++row)
+      for (std::int64_t v = 0; v < half; ++v)
+        most = std::max(most, std::fabs(double(l[static_cast<std::size_t>(row * half + v)]) -
+                                        wl[static_cast<std::size_t>(row * c.padded_vocab + r * half + v)]));
+    EXPECT_LT(most, 1e-5) << "rank " << r << "'s logits against the unsplit model's columns";
+    const std::unique_ptr<nn::CrossEntropyLoss> loss = model.make_loss();
+    EXPECT_NE(dynamic_cast<VocabParallelCrossEntropy*>(loss.get()), nullptr);
+    loss->forward(logits, y, 8.0f);
+    EXPECT_NEAR(nn::item(loss->loss()), nn::item(whole_loss.loss()), 1e-6) << "rank " << r;
+    // Its gradient: this rank's columns of the unsplit loss's (times the grad scale).
+    const std::vector<float> g = loss->grad().to_floats(), wg = whole_grad;
+    most = 0;
+    for (std::int64_t row = 0; row < 2 * kT; ++row)
+      for (std::int64_t v = 0; v < half; ++v)
+        most = std::max(most, std::fabs(double(g[static_cast<std::size_t>(row * half + v)]) -
+                                        8.0 * wg[static_cast<std::size_t>(row * c.padded_vocab + r * half + v)]));
+    EXPECT_LT(most, 1e-6) << "rank " << r << "'s gradient columns";
+  });
 }
 
 }  // namespace

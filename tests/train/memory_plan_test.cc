@@ -161,7 +161,7 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
     optim::AdamW optimizer(model.parameters(), {.lr = 1e-3f});
     ddp.attach(optimizer);
     if (flat_total) *flat_total = ddp.reducer().plan().total;
-    nn::CrossEntropyLoss loss;
+    const std::unique_ptr<nn::CrossEntropyLoss> loss = model.make_loss();  // tp: split as the logits
     amp::LossScaler scaler;
     const std::filesystem::path folder = shared_folder("memory_plan_checkpoints");
     std::optional<train::Run> run;
@@ -187,9 +187,9 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
     for (std::uint32_t step = 0; run ? run->next() : step < 2; ++step) {
       const Tensor x = tokens(k.batch, small().context, 10 + r + 2 * step).to(device, stream);
       const Tensor y = tokens(k.batch, small().context, 20 + r + 2 * step).to(device, stream);
-      loss.forward(ddp.forward(x), y, 1.0f, stream);
-      if (run) run->add_loss(loss.loss(), 1.0f);
-      EXPECT_TRUE(ddp.backward(loss.grad()));
+      loss->forward(ddp.forward(x), y, 1.0f, stream);
+      if (run) run->add_loss(loss->loss(), 1.0f);
+      EXPECT_TRUE(ddp.backward(loss->grad()));
       optimizer.step(ddp.grad_norm(1.0).coefficient);
       ddp.zero_grad();
       if (run) EXPECT_TRUE(run->end_step().checkpoint);
@@ -251,8 +251,9 @@ TEST(MemoryPlan, WithinFivePercentOfTheMeasuredPeak) {
   }
 }
 
-// Tensor parallelism over the whole world (dp 1): each rank holds its heads' and MLP features'
-// slices; the blocks' inputs and outputs, the embeddings, the head and the logits stay whole.
+// Tensor parallelism over the whole world (dp 1): each rank holds its heads', MLP features' and
+// vocabulary's slices (the embedding's and head's rows, the logits' columns); the blocks' inputs
+// and outputs stay whole.
 constexpr Case kTensorParallelCases[] = {
     {0, false, "none", 4, 25.0, M::gpt, 2},      {1, true, "blocks", 2, 25.0, M::gpt, 2},
     {3, false, "none", 3, 25.0, M::gpt, 2},      {0, true, "none", 3, 25.0, M::llama, 2},

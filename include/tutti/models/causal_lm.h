@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tutti/comm/communicator.h"
+#include "tutti/nn/loss.h"
 #include "tutti/nn/module.h"
 #include "tutti/nn/sequential.h"
 
@@ -63,6 +65,13 @@ class CausalLm : public nn::Module {
   nn::Flops flops(const Shape& sample, Shape& out) const override;
   // The final norm's output of the last forward, [B, T, width]: what the head multiplies.
   const Tensor& last_hidden() const { return hidden_; }
+  // The tensor-parallel group the logits' classes are split over (a model built over one: each
+  // rank's logits are [B, T, padded_vocab / tp], its columns in rank order), or nullptr where
+  // every rank has the whole logits.
+  Communicator* vocab_group() const { return vocab_group_; }
+  // The loss these logits take: nn::CrossEntropyLoss, or over vocab_group()
+  // parallel::VocabParallelCrossEntropy (COLLECTIVE over it). The group must outlive the loss.
+  std::unique_ptr<nn::CrossEntropyLoss> make_loss(std::int64_t ignore_index = -100) const;
 
   // Activation checkpointing by `policy` (see Recompute), from the next forward on; all
   // checkpointed residuals share one workspace, sized for the largest body. Throws
@@ -81,6 +90,7 @@ class CausalLm : public nn::Module {
   CausalLm() = default;
   nn::Sequential blocks_;  // the layers' residual blocks, registered by the model as "blocks"
   Tensor hidden_;
+  Communicator* vocab_group_ = nullptr;  // set by a model whose head splits the vocabulary
 
  private:
   Recompute recompute_;
@@ -96,7 +106,9 @@ struct SampleOptions {
 
 // Continues `prompt` (at least one token) by options.tokens tokens drawn one at a time from
 // the model (eval mode; each step runs the last `context` tokens through it, no cache).
-// Reads each step's last logits on the host. Not collective: call it on one rank.
+// Reads each step's last logits on the host. Not collective: call it on one rank; with tensor
+// parallelism every rank of the group calls it alike (the forward, and the gather of the split
+// logits' last row, are COLLECTIVE over the group) and draws the same tokens.
 std::vector<std::int32_t> generate(CausalLm& model, std::vector<std::int32_t> prompt, const SampleOptions& options);
 
 }  // namespace tutti::models

@@ -76,13 +76,15 @@ class Gpt : public CausalLm {
   explicit Gpt(const GptConfig& config);
   // Tensor parallelism over `tensor_parallel` (parallel/tensor_parallel.h, Megatron's): each
   // layer's attention heads and MLP features split across the group's ranks (the [q | k | v]
-  // and first MLP projections column-parallel, the output projections row-parallel), the
-  // embeddings, the tied head and the LayerNorms whole on every rank. Forward and backward are
-  // COLLECTIVE over the group (two allreduces a layer each way); the heads must divide by its
-  // size (InvalidArgument). Module::init gives each rank its slices of the values the unsplit
-  // Gpt gets for the seed; parallel::whole_state_dict / split_state_dict convert its state to
-  // and from the unsplit model's. The vocabulary is not split (each rank computes the whole
-  // logits) nor is the sequence. Keeps a reference to the group: it must outlive the model.
+  // and first MLP projections column-parallel, the output projections row-parallel) and the
+  // vocabulary (parallel/vocab_parallel.h: wte's rows, so the tied head's and the logits'
+  // columns, [B, T, padded_vocab / tp] per rank; train it with make_loss()); the position table
+  // and the LayerNorms whole on every rank. Forward and backward are COLLECTIVE over the group
+  // (two allreduces a layer each way, one for the embedding, two small ones for the loss); the
+  // heads and padded_vocab must divide by its size (InvalidArgument). Module::init gives each
+  // rank its slices of the values the unsplit Gpt gets for the seed;
+  // parallel::whole_state_dict / split_state_dict convert its state to and from the unsplit
+  // model's. The sequence is not split. Keeps a reference to the group: it must outlive the model.
   Gpt(const GptConfig& config, Communicator& tensor_parallel);
   const GptConfig& config() const { return config_; }
   std::string describe() const override;
@@ -96,14 +98,14 @@ class Gpt : public CausalLm {
   // parameters (biases and LayerNorms, 0.1% of GPT-2's, do no matrix product).
   std::int64_t flop_parameters() override;
   // The token embedding, which the output head shares.
-  nn::Parameter& embed_weight() { return embed_.wte; }
+  nn::Parameter& embed_weight() { return embed_->wte; }
   // The position embedding.
-  const nn::Parameter* position_embedding() const { return &embed_.wpe; }
+  const nn::Parameter* position_embedding() const { return &embed_->wpe; }
   // ZeRO-3's gather groups are CausalLm::gather_group's: a layer per group; the embeddings (which
   // the tied head reads again at the end) and ln_f resident.
 
  protected:
-  // tokens [B, T] i32 -> logits [B, T, padded_vocab].
+  // tokens [B, T] i32 -> logits [B, T, padded_vocab] (/ tp: this rank's columns).
   Tensor forward_impl(const Tensor& tokens) override;
   Tensor backward_impl(const Tensor& dlogits) override;
 
@@ -111,9 +113,10 @@ class Gpt : public CausalLm {
   Gpt(const GptConfig& config, Communicator* tp);
 
   GptConfig config_;
-  nn::TokenPositionEmbedding embed_;
+  // Whole, or with tensor parallelism their vocabulary-parallel kinds (parallel/vocab_parallel.h).
+  std::unique_ptr<nn::TokenPositionEmbedding> embed_;
   nn::LayerNorm ln_f_;
-  nn::TiedLinear head_;
+  std::unique_ptr<nn::TiedLinear> head_;
   Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
 };
 

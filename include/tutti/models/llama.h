@@ -78,10 +78,12 @@ class Llama : public CausalLm {
   // Tensor parallelism over `tensor_parallel` (parallel/tensor_parallel.h, as models::Gpt's): each
   // layer's query and key/value heads (the q/k/v projection column-parallel by blocks {H·hs, G·hs,
   // G·hs}, the output projection row-parallel) and its MLP features (the gate/up projection by
-  // blocks {F, F}, the down projection row-parallel) split across the group; the embedding, the
-  // head and the norms whole on every rank. COLLECTIVE forward and backward over the group; heads,
-  // kv_heads and ffn must divide by its size (InvalidArgument). Module::init gives each rank its
-  // slices of the unsplit Llama's values for the seed. Keeps a reference to the group.
+  // blocks {F, F}, the down projection row-parallel) split across the group, and the vocabulary
+  // (parallel/vocab_parallel.h: the embedding's rows and the head's, tied or not, so the logits'
+  // columns, [B, T, vocab / tp] per rank; train it with make_loss()); the norms whole on every
+  // rank. COLLECTIVE forward and backward over the group; heads, kv_heads, ffn and vocab must
+  // divide by its size (InvalidArgument). Module::init gives each rank its slices of the unsplit
+  // Llama's values for the seed. Keeps a reference to the group.
   Llama(const LlamaConfig& config, Communicator& tensor_parallel);
   const LlamaConfig& config() const { return config_; }
   std::string describe() const override;
@@ -92,7 +94,7 @@ class Llama : public CausalLm {
   // Every parameter: Llama has no position table. With a tied head its weight (the embedding)
   // counts once, though it multiplies twice: the head's product is counted by its layer's FLOPs.
   std::int64_t flop_parameters() override;
-  nn::Parameter& embed_weight() { return embed_.weight; }
+  nn::Parameter& embed_weight() { return embed_->weight; }
   // The untied head's weight; null when the head is tied to the embedding.
   nn::Parameter* head_weight() { return untied_head_ ? &untied_head_->weight : nullptr; }
   // The rotary table every layer shares (its bytes: RopeTable::bytes).
@@ -106,7 +108,7 @@ class Llama : public CausalLm {
   static std::function<std::string(const std::string&)> gather_groups(const LlamaConfig& config);
 
  protected:
-  // tokens [B, T] i32 -> logits [B, T, vocab].
+  // tokens [B, T] i32 -> logits [B, T, vocab] (/ tp: this rank's columns).
   Tensor forward_impl(const Tensor& tokens) override;
   Tensor backward_impl(const Tensor& dlogits) override;
 
@@ -116,7 +118,7 @@ class Llama : public CausalLm {
   LlamaConfig config_;
   Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
   std::shared_ptr<nn::RopeTable> rope_;
-  nn::TokenEmbedding embed_;
+  std::unique_ptr<nn::TokenEmbedding> embed_;  // whole, or parallel::VocabParallelEmbedding
   nn::RMSNorm norm_;
   std::unique_ptr<nn::Linear> untied_head_;
   std::unique_ptr<nn::TiedLinear> tied_head_;

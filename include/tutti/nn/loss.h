@@ -12,6 +12,7 @@ class CrossEntropyLoss {
  public:
   // Rows whose label is ignore_index count neither in the loss nor in the mean.
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100) : ignore_index_(ignore_index) {}
+  virtual ~CrossEntropyLoss() = default;
 
   // logits [..., C] (f32/f16/bf16; [N, C], or a transformer's [B, T, C]) and labels of the
   // leading shape [...] (i32/i64) on one device: as PyTorch's, the leading dimensions are
@@ -23,12 +24,16 @@ class CrossEntropyLoss {
   // the accumulation steps and by the ranks is said once, in ddp/ddp.h ("Gradient scaling").
   // Both results are reused buffers, valid until the next forward. Throws InvalidArgument
   // when the labels' shape is not the logits' without its last dimension.
-  const Tensor& forward(const Tensor& logits, const Tensor& labels, float grad_scale = 1.0f,
-                        const Stream& stream = Stream());
+  // Virtual: parallel::VocabParallelCrossEntropy takes logits whose classes are split across a
+  // tensor-parallel group (a model's whose vocabulary is; CausalLm::make_loss picks).
+  virtual const Tensor& forward(const Tensor& logits, const Tensor& labels, float grad_scale = 1.0f,
+                                const Stream& stream = Stream());
   const Tensor& loss() const { return loss_; }
   const Tensor& grad() const { return dlogits_; }
 
- private:
+ protected:
+  // labels' shape checked against the logits' (InvalidArgument); loss_ and dlogits_ made to fit.
+  void prepare(const Tensor& logits, const Tensor& labels);
   std::int64_t ignore_index_;
   Tensor loss_, dlogits_;
 };

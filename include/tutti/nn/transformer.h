@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "tutti/kernels/embedding.h"
 #include "tutti/nn/module.h"
 
 namespace tutti::nn {
@@ -34,6 +35,9 @@ class TokenEmbedding : public Module {
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // Which rows of the whole table `weight` holds: all of them, or a vocabulary-parallel
+  // subclass's slice (parallel::VocabParallelEmbedding sets it).
+  kernels::EmbeddingRows rows_;
 
  private:
   std::int64_t vocab_, width_;
@@ -131,6 +135,11 @@ class TokenPositionEmbedding : public Module {
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // Which rows of the whole table wte holds, and whether forward adds the positions: all rows and
+  // yes, or a vocabulary-parallel subclass's slice, the positions added on one rank of its group
+  // before the sum over it (parallel::VocabParallelTokenPositionEmbedding sets them).
+  kernels::EmbeddingRows rows_;
+  bool adds_positions_ = true;
 
  private:
   std::int64_t vocab_, context_, width_;

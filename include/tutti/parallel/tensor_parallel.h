@@ -46,9 +46,10 @@
 // train::Run writes a split model's checkpoints as whole tensors when its State names the group
 // (train::State::tensor_parallel); train_gpt takes --tp N.
 //
-// What is not here yet: the vocabulary-parallel embedding and cross-entropy (each rank computes
-// the whole logits), sequence parallelism (each rank holds its group's whole batch in the parts
-// that are not split), and memory snapshots of a split model.
+// The vocabulary splits too (parallel/vocab_parallel.h: the embedding, the output head and the
+// loss), so each rank computes 1/tp of the logits. What is not here yet: sequence parallelism
+// (each rank holds its group's whole batch in the parts that are not split), and memory
+// snapshots of a split model.
 #pragma once
 
 #include <cstdint>

@@ -32,8 +32,9 @@ namespace tutti::train {
 // the optimizer that train_gpt takes from its flags.
 struct PlanOptions {
   int world_size = 1;  // ranks (>= 1)
-  // Ranks per tensor-parallel group (train_gpt --tp): each holds its heads' and MLP features'
-  // slices (models::Gpt(config, group), models::Llama(config, group)); DistributedDataParallel
+  // Ranks per tensor-parallel group (train_gpt --tp): each holds its heads', MLP features' and
+  // vocabulary's slices, so 1/tp of the logits (models::Gpt(config, group), models::Llama(config,
+  // group)); DistributedDataParallel
   // runs over world_size / tensor_parallel ranks. Not with state_dict or checkpoint (the whole
   // tensors gathered over the group are not counted yet: InvalidArgument).
   int tensor_parallel = 1;

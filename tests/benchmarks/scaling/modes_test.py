@@ -281,11 +281,17 @@ class TensorParallel(unittest.TestCase):
         g = GPT2_XL
         for tp in (1, 2, 4, 8):
             r = TP.predict(gpu_cluster(1, 8), g, tp)
-            held = (g.vocab + g.context) * g.width + 48 * 12 * g.width ** 2 / tp
+            held = (g.vocab / tp + g.context) * g.width + 48 * 12 * g.width ** 2 / tp
             self.assertAlmostEqual(r.state_bytes, 16 * held, delta=1)
-            # TP's allreduces: 4 per layer, a ring of tp over the intra link.
-            ring = 0 if tp == 1 else 2 * (tp - 1) * (NVLINK.alpha + g.tokens_per_gpu * g.width * 2 * NVLINK.beta)
-            self.assertAlmostEqual(r.tp_comm_s, 4 * 48 * ring, delta=1e-12)
+            # TP's allreduces: 4 per layer and 2 for the embedding and the head of the activations,
+            # 2 of the loss's row statistics (t and 2t floats), each a ring of tp over the intra link.
+            def ring(nbytes):
+                return 0 if tp == 1 else 2 * (tp - 1) * (NVLINK.alpha + nbytes * NVLINK.beta)
+            rows = g.tokens_per_gpu
+            want = (4 * 48 + 2) * ring(rows * g.width * 2) + ring(rows * 4) + ring(rows * 8)
+            self.assertAlmostEqual(r.tp_comm_s, want, delta=1e-12)
+            # The compute per rank is the same at every tp: the head is split too.
+            self.assertAlmostEqual(r.compute_s, TP.predict(gpu_cluster(1, 8), g, 1).compute_s, delta=1e-12)
 
     def test_tp_pays_over_thin_links_on_nvlink_and_not_over_pcie_in_one_node(self):
         thin = [TP.predict(gpu_cluster(16, 8, 10.0), GPT2_XL, tp) for tp in TP.sizes(8)]

@@ -1,0 +1,116 @@
+#include "tutti/parallel/vocab_parallel.h"
+
+#include "parallel/reduce_over.h"
+#include "tutti/core/error.h"
+#include "tutti/kernels/cross_entropy.h"
+
+namespace tutti::parallel {
+
+namespace {
+
+// This rank's rows of a table of `vocab` rows; InvalidArgument unless the group's size divides it.
+std::int64_t rows_of(const Communicator& group, std::int64_t vocab, const char* layer) {
+  TUTTI_CHECK_ARG(vocab > 0 && vocab % group.size() == 0, layer, ": the vocabulary ", vocab,
+                  " must divide by the tensor-parallel group's ", group.size(), " rank(s)");
+  return vocab / group.size();
+}
+
+// Rows [r·part, (r+1)·part) of the whole [vocab, width] table, drawn as the whole table.
+void split_rows(nn::Parameter& table, const Communicator& group, std::int64_t vocab, std::int64_t width) {
+  table.init_slice = {{vocab, width}, 0, group.rank(), group.size(), {}};
+}
+
+// A buffer of shape/dtype/device, reused when it already fits.
+void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dtype || t.device() != device) {
+    t = Tensor();
+    t = Tensor::empty(shape, dtype, device);
+  }
+}
+
+}  // namespace
+
+// ---- the embeddings -----------------------------------------------------------------------
+
+VocabParallelEmbedding::VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width)
+    : nn::TokenEmbedding(rows_of(group, vocab, "VocabParallelEmbedding"), width), group_(group), vocab_(vocab) {
+  split_rows(weight, group, vocab, width);
+  rows_ = {group.rank() * (vocab / group.size()), vocab};
+}
+
+std::string VocabParallelEmbedding::describe() const {
+  return detail::str("VocabParallelEmbedding(vocab ", vocab_, ", width ", weight.shape()[1], ", tp ", group_.size(),
+                     ")");
+}
+
+Tensor VocabParallelEmbedding::forward_impl(const Tensor& tokens) {
+  Tensor y = nn::TokenEmbedding::forward_impl(tokens);
+  reduce_over(group_, y, stream(), describe() + " output");
+  return y;
+}
+
+VocabParallelTokenPositionEmbedding::VocabParallelTokenPositionEmbedding(Communicator& group, std::int64_t vocab,
+                                                                         std::int64_t context, std::int64_t width)
+    : nn::TokenPositionEmbedding(rows_of(group, vocab, "VocabParallelTokenPositionEmbedding"), context, width),
+      group_(group),
+      vocab_(vocab) {
+  split_rows(wte, group, vocab, width);
+  rows_ = {group.rank() * (vocab / group.size()), vocab};
+  adds_positions_ = group.rank() == 0;  // once, before the sum
+}
+
+std::string VocabParallelTokenPositionEmbedding::describe() const {
+  return detail::str("VocabParallelTokenPositionEmbedding(vocab ", vocab_, ", context ", wpe.shape()[0], ", width ",
+                     wpe.shape()[1], ", tp ", group_.size(), ")");
+}
+
+Tensor VocabParallelTokenPositionEmbedding::forward_impl(const Tensor& tokens) {
+  Tensor y = nn::TokenPositionEmbedding::forward_impl(tokens);
+  reduce_over(group_, y, stream(), describe() + " output");
+  return y;
+}
+
+// Backward of both is their base's: every rank has the whole output gradient (the output was
+// summed), so each adds its tokens' rows to its own table rows, and the position table's whole
+// gradient, the same on every rank.
+
+// ---- the tied head ------------------------------------------------------------------------
+
+ColumnParallelTiedLinear::ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight)
+    : nn::TiedLinear(weight), group_(group) {}
+
+std::string ColumnParallelTiedLinear::describe() const {
+  return detail::str("ColumnParallelTiedLinear(", weight().shape()[1], ", ", weight().shape()[0] * group_.size(),
+                     ", weight ", weight().name.empty() ? "shared" : weight().name, ", tp ", group_.size(), ")");
+}
+
+Tensor ColumnParallelTiedLinear::backward_impl(const Tensor& dy) {
+  Tensor dx = nn::TiedLinear::backward_impl(dy);
+  // Each rank's columns of the logits contributed their part of the input gradient.
+  if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
+  return dx;
+}
+
+// ---- the loss -----------------------------------------------------------------------------
+
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(Communicator& group, std::int64_t ignore_index)
+    : nn::CrossEntropyLoss(ignore_index), group_(group) {}
+
+const Tensor& VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                                 const Stream& stream) {
+  prepare(logits, labels);
+  const std::int64_t C = logits.dim(-1), N = labels.numel();
+  const kernels::ClassColumns columns{group_.rank() * C, group_.size() * C};
+  ensure(stats_, {3, N}, DType::f32, logits.device());
+  const Tensor rows = logits.reshape({N, C}), y = labels.reshape({N});
+  const Tensor row_max = stats_.view(0, {N}), sums = stats_.view(N, {2, N});
+  kernels::cross_entropy_local_max(rows, row_max, stream);
+  reduce_over(group_, row_max, stream, "VocabParallelCrossEntropy row maxima", ReduceOp::max);
+  kernels::cross_entropy_local_sums(rows, y, row_max, sums, columns, ignore_index_, stream);
+  reduce_over(group_, sums, stream, "VocabParallelCrossEntropy sums");
+  kernels::cross_entropy_from_sums(rows, y, row_max, sums, loss_, dlogits_.reshape({N, C}), columns,
+                                   {.ignore_index = ignore_index_, .grad_scale = grad_scale}, stream);
+  return loss_;
+}
+
+}  // namespace tutti::parallel
