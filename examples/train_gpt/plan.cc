@@ -32,9 +32,9 @@ int print_plan(Flags f) {
   o.bucket_cap_mb = f.bucket_mb;
   o.deterministic = f.deterministic;
   o.gpu = f.device != "cpu";
-  o.cpu = !o.gpu;            // host memory is the device's: the host copies below count
-  o.evaluation = true;       // evaluate() in main.cc: a loss of its own, between steps
-  o.state_dict = f.tp == 1;  // the final params_crc32 (with --tp a gather the plan does not count)
+  o.cpu = !o.gpu;       // host memory is the device's: the host copies below count
+  o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
+  o.state_dict = true;  // the final params_crc32 (with --tp gathered whole over the group)
   if (!f.checkpoint_dir.empty() && f.tp == 1)
     o.checkpoint = f.checkpoint_mode == "sync" ? t::PlanOptions::Checkpoint::sync : t::PlanOptions::Checkpoint::async;
   const t::MemoryPlan plan = memory_plan(config, o);
@@ -49,7 +49,7 @@ int print_plan(Flags f) {
       static_cast<long long>(o.micro_batch), o.gpu ? ", GPU kernel scratch counted" : "");
   std::printf("bytes per rank:\n%s", plan.str().c_str());
   if (f.tp > 1) {
-    std::printf("(--tp: the final whole-tensor gather over the group and the checkpoints are not counted yet)\n");
+    std::printf("(--tp: the checkpoints are not counted yet)\n");
   }
   if (f.device_memory.empty()) {
     std::printf("(--device-memory SIZE, e.g. 141GB, gives the largest micro-batch that fits)\n");

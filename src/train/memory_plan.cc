@@ -4,7 +4,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
+#include <vector>
 
 #include "core/format_bytes.h"
 #include "train/plan_layout.h"
@@ -147,13 +149,46 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   // model_state_dict: with ZeRO's f32 shards a gather of the values whole (on the CPU its views
   // are the state dict); otherwise a host copy of each parameter, which on a GPU is not the
   // device's memory.
+  // A rank's parameters (with tensor parallelism its slices; m.parameters is the whole model's).
+  std::int64_t rank_parameters = 0;
+  for (const nn::PlanParam& p : d.params) rank_parameters += numel_of(p.shape);
   const bool gathers = held.gathers_values;
-  const std::int64_t values_whole = gathers ? total * 4 : o.cpu ? m.parameters * 4 : 0;
+  const std::int64_t values_whole = gathers ? total * 4 : o.cpu ? rank_parameters * 4 : 0;
   const std::string values_detail = gathers ? "the f32 values gathered whole"
                                     : o.cpu ? "a copy of the f32 values (host memory is the device's)"
                                             : "nothing on the device (the values are whole on every rank)";
-  if (o.state_dict)
+  if (o.state_dict && o.tensor_parallel == 1) {
     m.rows.push_back({"state dict", values_whole, "between steps: model_state_dict: " + values_detail, true});
+  } else if (o.state_dict) {
+    // Then parallel::whole_state_dict over the group: the split entries in key order, in batches
+    // of at most 64 MiB of this rank's slices (a larger tensor alone), each copied into one flat
+    // tensor and allgathered (tp x) on the device, then cut into whole tensors on the host, which
+    // the returned dict keeps. The peak is at the end of a batch.
+    constexpr std::int64_t kBatchBytes = 64 << 20;  // tensor_parallel.cc's
+    std::map<std::string, std::int64_t> split;      // the state dict's order
+    for (std::size_t i = 0; i < d.params.size(); ++i)
+      if (d.split[i]) split[d.params[i].name] = numel_of(d.params[i].shape);
+    std::vector<std::int64_t> batches{0};
+    for (const auto& [name, n] : split) {
+      if (batches.back() > 0 && (batches.back() + n) * 4 > kBatchBytes) batches.push_back(0);
+      batches.back() += n;
+    }
+    const std::int64_t tp = o.tensor_parallel;
+    std::int64_t gather = 0, before = 0;  // before: the elements of the earlier batches
+    for (const std::int64_t b : batches) {
+      const std::int64_t wholes = o.cpu ? tp * (before + b) * 4 : 0;  // on a GPU they are host memory
+      gather = std::max(gather, wholes + (1 + tp) * b * 4);
+      before += b;
+    }
+    // On a GPU the values (ZeRO's gather) are let go before the gather; on the CPU they are the dict.
+    const std::int64_t bytes = o.cpu ? values_whole + gather : std::max(values_whole, gather);
+    m.rows.push_back({"state dict", bytes,
+                      "between steps: model_state_dict: " + values_detail +
+                          "; then whole_state_dict over the tp group: this rank's slices and the tp x gathered (" +
+                          std::to_string(batches.size()) + " batch(es))" +
+                          (o.cpu ? ", and the whole tensors (host memory is the device's)" : ""),
+                      true});
+  }
   if (o.checkpoint != PlanOptions::Checkpoint::none) {
     // io::CheckpointWriter's format: each tensor at a 64-byte aligned offset; the optimizer's
     // state is whole in the file whatever the stage.
@@ -194,10 +229,10 @@ PlanOptions settled(const PlanOptions& o, std::int64_t context) {
                   context, ") are out of range");
   TUTTI_CHECK_ARG(s.tensor_parallel >= 1 && s.world_size % s.tensor_parallel == 0, "memory_plan: tensor_parallel ",
                   s.tensor_parallel, " must be >= 1 and divide world_size ", s.world_size);
-  TUTTI_CHECK_ARG(s.tensor_parallel == 1 || (!s.state_dict && s.checkpoint == PlanOptions::Checkpoint::none),
+  TUTTI_CHECK_ARG(s.tensor_parallel == 1 || s.checkpoint == PlanOptions::Checkpoint::none,
                   "memory_plan: with tensor_parallel ", s.tensor_parallel,
-                  " the state dict and checkpoint rows are not planned yet (each gathers the whole tensors over the "
-                  "group: parallel::whole_state_dict); leave PlanOptions::state_dict and checkpoint unset");
+                  " the checkpoint row is not planned yet (it gathers the whole model and optimizer state over the "
+                  "group: parallel::whole_state_dict); leave PlanOptions::checkpoint unset");
   return s;
 }
 

@@ -42,7 +42,8 @@ struct DecoderLayout {
   std::string fingerprint;
   std::int64_t parameters = 0;  // the model's parameter_count()
   std::int64_t layers = 0;
-  std::vector<nn::PlanParam> params;                            // registration order
+  std::vector<nn::PlanParam> params;  // registration order
+  std::vector<bool> split;            // per parameter: split over the tensor-parallel group (all false at tp 1)
   std::function<std::string(const std::string&)> gather_group;  // ZeRO-3's groups
   std::string resident;                                         // what the resident group holds, in words
   std::vector<GradEvent> backward_order;                        // one step's placements and reports

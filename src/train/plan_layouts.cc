@@ -116,6 +116,11 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   }
   d.params.push_back({"ln_f.gamma", {C}});
   d.params.push_back({"ln_f.beta", {C}});
+  // Split over the group: wte and each block's first Linear (weight and bias) and second weight.
+  for (const nn::PlanParam& p : d.params) {
+    const bool first = p.name.ends_with(".1.weight") || p.name.ends_with(".1.bias");
+    d.split.push_back(tp > 1 && (p.name == "embed.wte" || first || p.name.ends_with(".3.weight")));
+  }
   d.gather_group = CausalLm::gather_group;
   d.resident = "embeddings, ln_f";
   // Backward: the tied head adds its share of wte first; ln_f; the layers from the last, each
@@ -200,6 +205,9 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   }
   d.params.push_back({"norm.weight", {C}});
   if (!c.tied_head) d.params.push_back({"head.weight", {V / tp, C}});
+  // Split over the group: the embedding, the head and every projection (the norms are whole).
+  for (const nn::PlanParam& p : d.params)
+    d.split.push_back(tp > 1 && p.name.find("norm") == std::string::npos && !p.name.ends_with(".0.weight"));
   d.gather_group = Llama::gather_groups(c);
   d.resident = c.tied_head ? "the embedding (the tied head's weight), the final norm" : "the final norm";
   // Backward: the head (untied: its weight; tied: its share of the embedding's), the final norm,

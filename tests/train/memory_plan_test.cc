@@ -27,6 +27,7 @@
 #include "tutti/ddp/ddp.h"
 #include "tutti/nn/loss.h"
 #include "tutti/optim/adamw.h"
+#include "tutti/parallel/tensor_parallel.h"
 #include "tutti/train/memory_plan.h"
 #include "tutti/train/run.h"
 
@@ -138,7 +139,7 @@ std::filesystem::path shared_folder(const std::string& what) {
 // train_gpt's final checksum does). With `mesh` ({dp, tp}), the model is split over its tp group
 // and DDP runs over its dp group.
 std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bool checkpoints = false,
-                           const DeviceMesh* mesh = nullptr) {
+                           const DeviceMesh* mesh = nullptr, bool final_state = false) {
   const Device device = world().device();
   const Stream stream = device.is_cpu() ? Stream() : Stream::create(device);
   stream.synchronize();
@@ -199,6 +200,11 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
       const StateDict final_state = ddp.state().model_state_dict();  // COLLECTIVE under ZeRO
       EXPECT_EQ(run->finish().status, train::Outcome::Status::completed);
       EXPECT_GE(final_state.size(), model.parameters().size());
+    }
+    if (final_state) {  // as train_gpt's checksum: the whole model, gathered over the tp group
+      StateDict whole = ddp.state().model_state_dict();  // COLLECTIVE under ZeRO
+      if (mesh) whole = parallel::whole_state_dict(whole, model, mesh->group("tp"));
+      EXPECT_GE(whole.size(), model.parameters().size());
     }
     peak = Storage::peak_bytes(device) - before;
     if (run && world().rank() == 0) std::filesystem::remove_all(folder);
@@ -267,14 +273,14 @@ TEST(MemoryPlan, TensorParallelRefusesWhatItCannotPlan) {
   o.tensor_parallel = 2;  // does not divide the world
   EXPECT_THROW(memory_plan(small(), o), InvalidArgument);
   o.world_size = 2;
-  o.state_dict = true;  // the whole-tensor gather over the group is not planned
+  o.checkpoint = PlanOptions::Checkpoint::async;  // the optimizer state's gather over the group is not planned
   try {
     memory_plan(small(), o);
-    ADD_FAILURE() << "a state dict row with tensor parallelism was planned";
+    ADD_FAILURE() << "a checkpoint row with tensor parallelism was planned";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("whole_state_dict"), std::string::npos) << e.what();
   }
-  o.state_dict = false;
+  o.checkpoint = PlanOptions::Checkpoint::none;
   o.tensor_parallel = 8;  // small() has 4 heads
   EXPECT_THROW(memory_plan(small(), o), InvalidArgument);
   o.world_size = 8;
@@ -308,6 +314,29 @@ TEST(MemoryPlan, TensorParallelWithinFivePercentOfTheMeasuredPeak) {
           world().device().str().c_str(), model_name(k), k.zero, k.bf16 ? "bf16" : "f32 ", k.recompute,
           static_cast<long long>(k.batch), static_cast<long long>(plan.total()), static_cast<long long>(measured),
           ratio, static_cast<long long>(unsplit.total()));
+    }
+    EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
+  }
+}
+
+// The final state dict at tp 2 (train_gpt's checksum): model_state_dict, then whole_state_dict
+// over the group, which on the CPU keeps the whole tensors in the device's (host) memory.
+TEST(MemoryPlan, TensorParallelFinalGatherWithinFivePercentOfTheMeasuredPeak) {
+  if (world().world_size() != 2) return;  // tp 2 needs two ranks
+  const DeviceMesh mesh = world().mesh({{"dp", 1}, {"tp", 2}});
+  for (const Case& k : {kTensorParallelCases[0], kTensorParallelCases[2], kTensorParallelCases[3]}) {
+    SCOPED_TRACE(std::string(model_name(k)) + " tp 2 zero " + std::to_string(k.zero) + " with the final gather");
+    const std::int64_t measured = measured_peak(k, nullptr, false, &mesh, true);
+    PlanOptions o = options_of(k);
+    o.state_dict = true;
+    o.cpu = world().device().is_cpu();
+    const MemoryPlan plan = plan_of(k, o);
+    if (o.cpu) EXPECT_GT(plan.total(), plan_of(k, options_of(k)).total()) << "the gather sets the CPU's peak";
+    const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
+    if (world().rank() == 0) {
+      std::printf("memory_plan tp 2 + final gather %s: %-12s zero %d: plan %lld measured %lld ratio %.4f\n",
+                  world().device().str().c_str(), model_name(k), k.zero, static_cast<long long>(plan.total()),
+                  static_cast<long long>(measured), ratio);
     }
     EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
   }
