@@ -7,7 +7,8 @@
 # how to read the summary):
 #   [1] tests/emu's cuda_semantics_test (CUDA's documented semantics, the same assertions the
 #       emulated device passes in CI), then ddp_gpu_test at np 1 (nccl, and mpi staging through
-#       pinned host memory) and np 2 (both ranks on the one GPU: mpi staging only);
+#       pinned host memory) and np 2 (both ranks on the one GPU: mpi staging only), and
+#       train_gpt --tp 2 on 2 ranks sharing the GPU against --tp 1 (tensor parallelism's kernels);
 #   [2] every other test with GPU cases (kernels, tensor, nn, optim, amp, comm) on the GPU, then
 #       compute-sanitizer over the kernel tests' GPU cases: memcheck on all, racecheck and
 #       synccheck on the kernels with shared memory and barriers;
@@ -125,7 +126,7 @@ for f in $kernel_families; do first_tests+=" kernels_${f}_test"; done
 b=$(date +%s)
 t=$(step_timeout 360 "build (part 1)") || exit 1
 # shellcheck disable=SC2086  # the target list is meant to split
-timeout "$t" cmake --build --preset gpu -j "$(nproc)" --target tutti $first_tests > "$OUT/build.log" 2>&1 ||
+timeout "$t" cmake --build --preset gpu -j "$(nproc)" --target tutti $first_tests train_gpt > "$OUT/build.log" 2>&1 ||
   { verdict "build (part 1) FAILED or out of time after ${t}s (see build.log)"; grep -m 20 -E "error" "$OUT/build.log" | tee -a "$summary"; exit 1; }
 say "build, part 1 (libtutti and the GPU tests): $(elapsed "$b")"
 python3 scripts/cuda-archs.py build-gpu/src/libtutti.so | tr '\n' ' ' | sed 's/^/libtutti holds: /' | tee -a "$summary"; echo | tee -a "$summary"
@@ -171,6 +172,30 @@ gtest_step ddp_gpu_np1 90 "[1] ddp_gpu_test np 1 (the job's nccl communicator, a
   mpiexec -n 1 "${per_rank_xml[@]}" "$(bin ddp_gpu_test)"
 gtest_step ddp_gpu_np2 90 "[1] ddp_gpu_test np 2 (2 ranks share the GPU: both communicators are mpi staging)" \
   mpiexec -n 2 --oversubscribe "${per_rank_xml[@]}" "$(bin ddp_gpu_test)"
+
+# Tensor parallelism on the one GPU: train_gpt --tp 2 on 2 ranks that share it (mpi staging; the
+# heads, the MLP features and the vocabulary split over them: the split loss's and embedding's
+# CUDA kernels), against one rank with the whole model: the same batches, so the losses agree up
+# to the order of the sums (1e-4, as on the emulated device in CI).
+tp_check() {
+  local t rc a=$OUT/tp1.json b=$OUT/tp2.json
+  t=$(step_timeout 90 "[1] tensor parallelism") || return 0
+  local flags=(--device cuda --data docs/gpt.md --layers 2 --width 128 --heads 4 --context 64 --batch-size 8
+               --steps 20 --eval-every 0 --sample-tokens 0 --quiet)
+  timeout "$t" mpiexec -n 1 "$(bin train_gpt)" "${flags[@]}" --json "$a" > "$OUT/tp.txt" 2>&1 &&
+    timeout "$t" mpiexec -n 2 --oversubscribe "$(bin train_gpt)" "${flags[@]}" --tp 2 --json "$b" >> "$OUT/tp.txt" 2>&1
+  rc=$?
+  if [ "$rc" != 0 ]; then verdict "[1] train_gpt --tp 2 on one GPU: FAILED (rc=$rc): $(tail -n 2 "$OUT/tp.txt" | tr '\n' ' ')"; return; fi
+  verdict "[1] train_gpt --tp 2 on one GPU against --tp 1: $(python3 - "$a" "$b" <<'PY'
+import json, sys
+one, two = (json.load(open(p)) for p in sys.argv[1:3])
+worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in ("initial_train_loss", "final_train_loss"))
+print("%s: final train loss %.6f against %.6f, worst relative difference %.1e (bound 1e-4)"
+      % ("PASSED" if worst < 1e-4 else "FAILED", two["final_train_loss"], one["final_train_loss"], worst))
+PY
+)"
+}
+tp_check
 
 # ---- [2] the other GPU tests, then compute-sanitizer over the kernel tests' GPU cases
 say "== [2] the GPU twins of the other tests, and compute-sanitizer"
