@@ -155,7 +155,6 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
     TUTTI_CHECK_ARG(f.sync == "ddp" && f.allreduce == "flat",
                     "--tp: data parallelism is plain DDP only (--sync ddp, --allreduce flat), got --sync ", f.sync,
                     " --allreduce ", f.allreduce);
-    TUTTI_CHECK_ARG(!f.deterministic, "--tp with --deterministic: not yet");
   }
   const int dp = world / f.tp;
   f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, dp);

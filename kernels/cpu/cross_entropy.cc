@@ -60,9 +60,8 @@ TUTTI_CPU_SIMD_CLONES double softmax_xent_rows(const float* logits, float* dl, f
   return total;
 }
 
-// Rows [0, N) of e^(row - row_max[r]) for the columns of a slice, each row into dst (a row of
-// dlogits or a scratch row), and its sum. The same steps as softmax_xent_rows: with one rank the
-// pieces give its bits.
+// e^(x - mx) for the C columns of one row into dst (a row of dlogits, or scratch), and their sum:
+// the same steps as softmax_xent_rows, so that with one rank the split pieces give its bits.
 TUTTI_CPU_SIMD_CLONES float exp_row(const float* row, float mx, float* dst, int64_t C) {
   const ExpBounds bounds = exp_bounds();
   TUTTI_IVDEP

@@ -212,8 +212,6 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model) {
 
 optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm) {
   TUTTI_CHECK_ARG(max_norm > 0, "parallel::grad_norm: max_norm must be positive, got ", max_norm);
-  TUTTI_CHECK_ARG(!ddp.sharded() || !ddp.options().deterministic,
-                  "parallel::grad_norm: not in the deterministic mode under ZeRO");
   TUTTI_CHECK(ddp.reducer().phase() == ddp::Reducer::Phase::reduced || ddp.options().deterministic,
               "parallel::grad_norm: call it after a backward that completed a step (the gradients are not reduced "
               "yet)");
@@ -222,7 +220,8 @@ optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group
   // [0]: the split parameters' squares (this rank's slices), [1]: the replicated ones'.
   const Tensor squares = Tensor::zeros({2}, DType::f32, model.device());
   const Tensor split = squares.view(0, {1}), replicated = squares.view(1, {1});
-  if (!ddp.sharded()) {
+  // Whole gradients on every rank: unsharded, or the deterministic mode's exact sums (ZeRO-1 too).
+  if (!ddp.sharded() || ddp.options().deterministic) {
     for (nn::Parameter* p : model.parameters()) {
       if (!p->requires_grad || !p->grad.defined()) continue;
       kernels::sum_squares(p->grad, p->init_slice.full.empty() ? replicated : split, /*accumulate=*/true, stream);

@@ -156,6 +156,13 @@ class TrainGpt(unittest.TestCase):
                                          os.path.join(self.dir, "snap")], "do not hold a tensor-parallel model")):
             p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
             self.assertIn(named, p.stderr)
+        # --deterministic: a tp 2 model is the same bits at 1 and 2 data-parallel groups (ZeRO 0 and 1).
+        det = [train(n, self.dir, "tpdet%d_%d" % (n, len(extra)), *self.data, *heads, "--tp", "2",
+                     "--deterministic", "--max-micro-batch", "2", *extra)
+               for n, extra in ((2, []), (4, []), (4, ["--zero", "1"]))]
+        for r in det[1:]:
+            self.assertEqual(r["params_crc32"], det[0]["params_crc32"])
+            self.assertEqual(r["final_train_loss"], det[0]["final_train_loss"])
 
     def test_zero_stages_and_resume_across_them(self):
         # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,

@@ -132,8 +132,9 @@ StateDict split_state_dict(const StateDict& whole, nn::Module& model);
 // ranks, since each holds a shard of the gradients), after a backward of `ddp` that completed a
 // step: the global L2 norm of the whole model's reduced gradients, as the unsplit model's would
 // be (the split parameters' squares summed over the group, the others' once), and the clipping
-// coefficient for max_norm to pass to Optimizer::step. One host sync. Any ZeRO stage; not the
-// deterministic mode under ZeRO (InvalidArgument).
+// coefficient for max_norm to pass to Optimizer::step. One host sync. Any ZeRO stage, and the
+// deterministic mode (where every rank holds every summed gradient, ZeRO-1 too: the norm is then
+// the same bits at any number of data-parallel ranks).
 optim::GradNorm grad_norm(ddp::DistributedDataParallel& ddp, Communicator& group, double max_norm);
 
 }  // namespace tutti::parallel

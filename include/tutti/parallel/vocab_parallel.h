@@ -94,7 +94,8 @@ class ColumnParallelTiedLinear : public nn::TiedLinear {
 // labels (the same on every rank of the group) and gives every rank the whole mean loss and
 // grad() for its own columns: the unsplit loss's, up to the order of the sums. COLLECTIVE (two
 // allreduces of N and 2·N floats, N the rows). Labels are checked against [0, C) as the unsplit
-// loss checks them.
+// loss checks them. (nn::count_correct, an argmax over the columns it is given, would see this
+// rank's columns only: gather the logits first.)
 class VocabParallelCrossEntropy : public nn::CrossEntropyLoss {
  public:
   explicit VocabParallelCrossEntropy(Communicator& group, std::int64_t ignore_index = -100);
