@@ -35,7 +35,7 @@ int print_plan(Flags f) {
   o.cpu = !o.gpu;       // host memory is the device's: the host copies below count
   o.evaluation = true;  // evaluate() in main.cc: a loss of its own, between steps
   o.state_dict = true;  // the final params_crc32 (with --tp gathered whole over the group)
-  if (!f.checkpoint_dir.empty() && f.tp == 1)
+  if (!f.checkpoint_dir.empty())
     o.checkpoint = f.checkpoint_mode == "sync" ? t::PlanOptions::Checkpoint::sync : t::PlanOptions::Checkpoint::async;
   const t::MemoryPlan plan = memory_plan(config, o);
   const std::string split =
@@ -48,9 +48,6 @@ int print_plan(Flags f) {
       static_cast<long long>(o.seq_len), static_cast<long long>(f.batch_size), dp, f.accum_steps,
       static_cast<long long>(o.micro_batch), o.gpu ? ", GPU kernel scratch counted" : "");
   std::printf("bytes per rank:\n%s", plan.str().c_str());
-  if (f.tp > 1) {
-    std::printf("(--tp: the checkpoints are not counted yet)\n");
-  }
   if (f.device_memory.empty()) {
     std::printf("(--device-memory SIZE, e.g. 141GB, gives the largest micro-batch that fits)\n");
     return 0;

@@ -157,43 +157,72 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   const std::string values_detail = gathers ? "the f32 values gathered whole"
                                     : o.cpu ? "a copy of the f32 values (host memory is the device's)"
                                             : "nothing on the device (the values are whole on every rank)";
-  if (o.state_dict && o.tensor_parallel == 1) {
-    m.rows.push_back({"state dict", values_whole, "between steps: model_state_dict: " + values_detail, true});
-  } else if (o.state_dict) {
-    // Then parallel::whole_state_dict over the group: the split entries in key order, in batches
-    // of at most 64 MiB of this rank's slices (a larger tensor alone), each copied into one flat
-    // tensor and allgathered (tp x) on the device, then cut into whole tensors on the host, which
-    // the returned dict keeps. The peak is at the end of a batch.
+  // With tensor parallelism a state dict is then gathered whole over the group
+  // (parallel::whole_state_dict): the split entries in key order, in batches of at most 64 MiB of
+  // this rank's slices (a larger tensor alone), each copied into one flat tensor and allgathered
+  // (tp x) on the device, then cut into whole tensors on the host, which the returned dict keeps.
+  // gather(k) is the peak of gathering the model's split entries (k = 0) or an optimizer state's
+  // k entries per split parameter, above what was held before: at the end of a batch.
+  const std::int64_t tp = o.tensor_parallel;
+  std::int64_t split_elements = 0;
+  for (std::size_t i = 0; i < d.params.size(); ++i)
+    if (d.split[i]) split_elements += numel_of(d.params[i].shape);
+  const auto gather = [&](int per_parameter) {
     constexpr std::int64_t kBatchBytes = 64 << 20;  // tensor_parallel.cc's
     std::map<std::string, std::int64_t> split;      // the state dict's order
-    for (std::size_t i = 0; i < d.params.size(); ++i)
-      if (d.split[i]) split[d.params[i].name] = numel_of(d.params[i].shape);
+    for (std::size_t i = 0; i < d.params.size(); ++i) {
+      if (!d.split[i]) continue;
+      for (int k = 0; k < std::max(per_parameter, 1); ++k)
+        split[d.params[i].name + (per_parameter > 0 ? "." + std::to_string(k) : "")] = numel_of(d.params[i].shape);
+    }
     std::vector<std::int64_t> batches{0};
     for (const auto& [name, n] : split) {
       if (batches.back() > 0 && (batches.back() + n) * 4 > kBatchBytes) batches.push_back(0);
       batches.back() += n;
     }
-    const std::int64_t tp = o.tensor_parallel;
-    std::int64_t gather = 0, before = 0;  // before: the elements of the earlier batches
+    std::int64_t peak = 0, before = 0;  // before: the elements of the earlier batches
     for (const std::int64_t b : batches) {
       const std::int64_t wholes = o.cpu ? tp * (before + b) * 4 : 0;  // on a GPU they are host memory
-      gather = std::max(gather, wholes + (1 + tp) * b * 4);
+      peak = std::max(peak, wholes + (1 + tp) * b * 4);
       before += b;
     }
+    return peak;
+  };
+  const std::string gather_detail =
+      "; then whole_state_dict over the tp group: this rank's slices and the tp x "
+      "gathered batch" +
+      std::string(o.cpu ? ", and the whole tensors (host memory is the device's)" : "");
+  if (o.state_dict && tp == 1) {
+    m.rows.push_back({"state dict", values_whole, "between steps: model_state_dict: " + values_detail, true});
+  } else if (o.state_dict) {
     // On a GPU the values (ZeRO's gather) are let go before the gather; on the CPU they are the dict.
-    const std::int64_t bytes = o.cpu ? values_whole + gather : std::max(values_whole, gather);
-    m.rows.push_back({"state dict", bytes,
-                      "between steps: model_state_dict: " + values_detail +
-                          "; then whole_state_dict over the tp group: this rank's slices and the tp x gathered (" +
-                          std::to_string(batches.size()) + " batch(es))" +
-                          (o.cpu ? ", and the whole tensors (host memory is the device's)" : ""),
-                      true});
+    const std::int64_t bytes = o.cpu ? values_whole + gather(0) : std::max(values_whole, gather(0));
+    m.rows.push_back({"state dict", bytes, "between steps: model_state_dict: " + values_detail + gather_detail, true});
   }
   if (o.checkpoint != PlanOptions::Checkpoint::none) {
     // io::CheckpointWriter's format: each tensor at a 64-byte aligned offset; the optimizer's
     // state is whole in the file whatever the stage.
     MemoryRow r{"checkpoint", 0, "", true};
-    if (!o.cpu) {
+    if (tp > 1) {
+      // train::Run with State::tensor_parallel (checkpointing.cc): the rank's model and optimizer
+      // state dicts (ZeRO: gathered over the data-parallel ranks), then each gathered whole over
+      // the tp group, the model's wholes kept while the optimizer's are gathered; rank 0 hands
+      // them to the writer. On a GPU only the gathers' batches (and ZeRO's) are device memory.
+      const bool zero = held.sharded;
+      const std::int64_t optimizer_copy = states * (zero ? total : rank_parameters) * 4;
+      if (o.cpu) {
+        r.bytes = values_whole + optimizer_copy +
+                  std::max(gather(0), tp * split_elements * 4 + (states > 0 ? gather(states) : 0));
+      } else {
+        // A GPU backend lets go of a finished collective's tensors when its watchdog next polls
+        // (every 20 ms): the model's batches may still be held while the optimizer's gather, so
+        // both count (an upper bound; the measured peak is between the larger and the sum).
+        const bool gathered = held.gathers_optimizer_state || gathers;
+        r.bytes = std::max(gathered ? total * 4 : 0, gather(0) + (states > 0 ? gather(states) : 0));
+      }
+      r.detail = "between steps, until written: the model's and " + std::to_string(states) +
+                 " optimizer state(s) of this rank" + gather_detail;
+    } else if (!o.cpu) {
       // One rank's ZeRO has nothing to gather but the f32 masters of half precision or ZeRO-3.
       const bool gathered = held.gathers_optimizer_state || gathers;
       r.bytes = gathered ? total * 4 : 0;
@@ -229,10 +258,6 @@ PlanOptions settled(const PlanOptions& o, std::int64_t context) {
                   context, ") are out of range");
   TUTTI_CHECK_ARG(s.tensor_parallel >= 1 && s.world_size % s.tensor_parallel == 0, "memory_plan: tensor_parallel ",
                   s.tensor_parallel, " must be >= 1 and divide world_size ", s.world_size);
-  TUTTI_CHECK_ARG(s.tensor_parallel == 1 || s.checkpoint == PlanOptions::Checkpoint::none,
-                  "memory_plan: with tensor_parallel ", s.tensor_parallel,
-                  " the checkpoint row is not planned yet (it gathers the whole model and optimizer state over the "
-                  "group: parallel::whole_state_dict); leave PlanOptions::checkpoint unset");
   return s;
 }
 

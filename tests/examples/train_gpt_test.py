@@ -249,7 +249,7 @@ class TrainGpt(unittest.TestCase):
 
     def test_plan_with_tensor_parallelism(self):
         # --tp 2 on 4 ranks: each rank holds its slices, DDP runs over the 2 data-parallel ranks
-        # (so the per-rank micro-batch is the batch / 2); checkpoints are not planned yet, and say so.
+        # (so the per-rank micro-batch is the batch / 2); the checkpoint row gathers over the group.
         base = [ARGS.binary, "--plan", "--model", "gpt-tiny", "--batch-size", "8", "--world-size", "4",
                 "--device", "cpu", "--checkpoint-dir", os.path.join(self.dir, "plan_tp")]
 
@@ -264,8 +264,8 @@ class TrainGpt(unittest.TestCase):
         split, split_total, split_params = plan("--tp", "2")
         self.assertIn("tp 2 (data parallelism over 2)", split)
         self.assertIn("micro-batch 4 x", split)
-        self.assertIn("checkpoints are not counted yet", split)
-        self.assertNotIn("  checkpoint ", split)
+        # The checkpoint gathers the model's and the optimizer's state whole over the group.
+        self.assertRegex(split, r"\n  checkpoint .*whole_state_dict over the tp group")
         self.assertLess(split_params, whole_params)
         self.assertGreater(split_params, whole_params // 2, "the embeddings and norms stay whole")
         p = subprocess.run(base + ["--tp", "3"], capture_output=True, text=True, timeout=60)

@@ -138,6 +138,15 @@ std::filesystem::path shared_folder(const std::string& what) {
 // checkpoints after each (async, as train_gpt does), and then model_state_dict() is taken (as
 // train_gpt's final checksum does). With `mesh` ({dp, tp}), the model is split over its tp group
 // and DDP runs over its dp group.
+// Waits until the device's live bytes stop changing (a GPU backend's watchdog lets go of its
+// finished collectives' tensors when it next polls, every 20 ms).
+void settle(const Device& device) {
+  for (std::int64_t last = -1, i = 0; i < 100 && Storage::live_bytes(device) != last; ++i) {
+    last = Storage::live_bytes(device);
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
 std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bool checkpoints = false,
                            const DeviceMesh* mesh = nullptr, bool final_state = false) {
   const Device device = world().device();
@@ -167,7 +176,9 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
     const std::filesystem::path folder = shared_folder("memory_plan_checkpoints");
     std::optional<train::Run> run;
     if (checkpoints) {
-      run.emplace(world(), train::State(ddp, optimizer, scaler),
+      train::State state(ddp, optimizer, scaler);
+      if (mesh) state.tensor_parallel = &mesh->group("tp");  // whole tensors, gathered over the group
+      run.emplace(world(), state,
                   train::RunOptions{.steps = 2,
                                     .checkpoint_dir = folder.string(),
                                     .overwrite = true,
@@ -178,10 +189,7 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
     // A GPU backend's finished collectives let go of their tensors when its watchdog next polls
     // (every 20 ms): the set-up's broadcast holds the flat values, which ZeRO-3 (and ZeRO-1/2 in
     // half precision) then frees. Let it go before the step's peak starts counting.
-    for (std::int64_t last = -1, i = 0; !device.is_cpu() && i < 100 && Storage::live_bytes(device) != last; ++i) {
-      last = Storage::live_bytes(device);
-      std::this_thread::sleep_for(50ms);
-    }
+    if (!device.is_cpu()) settle(device);
     // Setting up copies the parameters once (flatten): the step's peak is what the plan predicts.
     Storage::reset_peak_bytes(device);
     const std::uint32_t r = static_cast<std::uint32_t>(world().rank());
@@ -195,6 +203,9 @@ std::int64_t measured_peak(const Case& k, std::int64_t* flat_total = nullptr, bo
       ddp.zero_grad();
       if (run) EXPECT_TRUE(run->end_step().checkpoint);
       stream.synchronize();
+      // A real step outlasts the GPU backend's watchdog poll (20 ms), which lets go of the
+      // checkpoint's finished collectives: so does this one's, before the next step counts.
+      if (run && mesh && !device.is_cpu()) settle(device);
     }
     if (run) {
       const StateDict final_state = ddp.state().model_state_dict();  // COLLECTIVE under ZeRO
@@ -273,14 +284,6 @@ TEST(MemoryPlan, TensorParallelRefusesWhatItCannotPlan) {
   o.tensor_parallel = 2;  // does not divide the world
   EXPECT_THROW(memory_plan(small(), o), InvalidArgument);
   o.world_size = 2;
-  o.checkpoint = PlanOptions::Checkpoint::async;  // the optimizer state's gather over the group is not planned
-  try {
-    memory_plan(small(), o);
-    ADD_FAILURE() << "a checkpoint row with tensor parallelism was planned";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("whole_state_dict"), std::string::npos) << e.what();
-  }
-  o.checkpoint = PlanOptions::Checkpoint::none;
   o.tensor_parallel = 8;  // small() has 4 heads
   EXPECT_THROW(memory_plan(small(), o), InvalidArgument);
   o.world_size = 8;
@@ -320,25 +323,38 @@ TEST(MemoryPlan, TensorParallelWithinFivePercentOfTheMeasuredPeak) {
 }
 
 // The final state dict at tp 2 (train_gpt's checksum): model_state_dict, then whole_state_dict
-// over the group, which on the CPU keeps the whole tensors in the device's (host) memory.
-TEST(MemoryPlan, TensorParallelFinalGatherWithinFivePercentOfTheMeasuredPeak) {
+// over the group, which on the CPU keeps the whole tensors in the device's (host) memory; and with
+// a train::Run writing a checkpoint after each step (State::tensor_parallel: the model's and the
+// optimizer's state gathered whole over the group, async writer).
+TEST(MemoryPlan, TensorParallelGathersWithinFivePercentOfTheMeasuredPeak) {
   if (world().world_size() != 2) return;  // tp 2 needs two ranks
   const DeviceMesh mesh = world().mesh({{"dp", 1}, {"tp", 2}});
-  for (const Case& k : {kTensorParallelCases[0], kTensorParallelCases[2], kTensorParallelCases[3]}) {
-    SCOPED_TRACE(std::string(model_name(k)) + " tp 2 zero " + std::to_string(k.zero) + " with the final gather");
-    const std::int64_t measured = measured_peak(k, nullptr, false, &mesh, true);
-    PlanOptions o = options_of(k);
-    o.state_dict = true;
-    o.cpu = world().device().is_cpu();
-    const MemoryPlan plan = plan_of(k, o);
-    if (o.cpu) EXPECT_GT(plan.total(), plan_of(k, options_of(k)).total()) << "the gather sets the CPU's peak";
-    const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
-    if (world().rank() == 0) {
-      std::printf("memory_plan tp 2 + final gather %s: %-12s zero %d: plan %lld measured %lld ratio %.4f\n",
-                  world().device().str().c_str(), model_name(k), k.zero, static_cast<long long>(plan.total()),
-                  static_cast<long long>(measured), ratio);
+  for (const bool checkpoints : {false, true}) {
+    for (const Case& k : {kTensorParallelCases[0], kTensorParallelCases[2], kTensorParallelCases[3]}) {
+      SCOPED_TRACE(std::string(model_name(k)) + " tp 2 zero " + std::to_string(k.zero) + " with the final gather" +
+                   (checkpoints ? " and checkpoints" : ""));
+      const std::int64_t measured = measured_peak(k, nullptr, checkpoints, &mesh, true);
+      PlanOptions o = options_of(k);
+      o.state_dict = true;
+      o.cpu = world().device().is_cpu();
+      if (checkpoints) o.checkpoint = PlanOptions::Checkpoint::async;
+      const MemoryPlan plan = plan_of(k, o);
+      if (o.cpu) EXPECT_GT(plan.total(), plan_of(k, options_of(k)).total()) << "the gathers set the CPU's peak";
+      const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
+      if (world().rank() == 0) {
+        std::printf("memory_plan tp 2 + final gather%s %s: %-12s zero %d: plan %lld measured %lld ratio %.4f\n",
+                    checkpoints ? " + checkpoints" : "", world().device().str().c_str(), model_name(k), k.zero,
+                    static_cast<long long>(plan.total()), static_cast<long long>(measured), ratio);
+      }
+      if (checkpoints && !o.cpu) {
+        // Whether the model's gathered batches are let go before the optimizer's gather is the
+        // watchdog's timing: the plan counts both (about 11% of this model's peak).
+        EXPECT_GE(ratio, 0.999) << plan.str();
+        EXPECT_LE(ratio, 1.15) << plan.str();
+      } else {
+        EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
+      }
     }
-    EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
   }
 }
 

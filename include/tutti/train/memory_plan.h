@@ -35,9 +35,9 @@ struct PlanOptions {
   // Ranks per tensor-parallel group (train_gpt --tp): each holds its heads', MLP features' and
   // vocabulary's slices, so 1/tp of the logits (models::Gpt(config, group), models::Llama(config,
   // group)); DistributedDataParallel
-  // runs over world_size / tensor_parallel ranks; with state_dict the row counts the whole
-  // tensors gathered over the group too (parallel::whole_state_dict). Not with checkpoint (its
-  // gather of the optimizer's state is not counted yet: InvalidArgument).
+  // runs over world_size / tensor_parallel ranks; the rows "state dict" and "checkpoint" count
+  // the whole tensors gathered over the group too (parallel::whole_state_dict; a checkpoint's
+  // gathers the optimizer's state as well, train::State::tensor_parallel).
   int tensor_parallel = 1;
   int zero_stage = 0;            // ddp::sharding_of_stage: 0, 1, 2 or 3 (with the model's gather groups)
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
