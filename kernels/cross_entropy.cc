@@ -17,18 +17,23 @@ void require_logits_and_labels(const char* op, const Tensor& logits, const Tenso
   detail::require_shape(op, "labels", labels, {logits.dim(0)});
 }
 
-}  // namespace
-
-void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
-                           const CrossEntropyOptions& options, const Stream& stream) {
-  constexpr const char* op = "softmax_cross_entropy";
-  require_logits_and_labels(op, logits, labels);
+// loss [1] f32, and dlogits (when given) of the logits' shape and dtype.
+void require_loss_outputs(const char* op, const Tensor& logits, const Tensor& loss, const Tensor& dlogits) {
   detail::require_dtype(op, "loss", loss, DType::f32);
   detail::require_shape(op, "loss", loss, {1});
   if (dlogits.defined()) {
     detail::require_dtype(op, "dlogits", dlogits, logits.dtype());
     detail::require_shape(op, "dlogits", dlogits, logits.shape());
   }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
+                           const CrossEntropyOptions& options, const Stream& stream) {
+  constexpr const char* op = "softmax_cross_entropy";
+  require_logits_and_labels(op, logits, labels);
+  require_loss_outputs(op, logits, loss, dlogits);
   const Device device = detail::require_same_device(op, {&logits, &labels, &loss, &dlogits}, stream);
   if (device.is_cuda())
     cuda::softmax_cross_entropy(logits, labels, loss, dlogits, options.ignore_index, options.grad_scale, stream);
@@ -86,12 +91,7 @@ void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const T
                              const CrossEntropyOptions& options, const Stream& stream) {
   constexpr const char* op = "cross_entropy_from_sums";
   require_logits_and_labels(op, logits, labels);
-  detail::require_dtype(op, "loss", loss, DType::f32);
-  detail::require_shape(op, "loss", loss, {1});
-  if (dlogits.defined()) {
-    detail::require_dtype(op, "dlogits", dlogits, logits.dtype());
-    detail::require_shape(op, "dlogits", dlogits, logits.shape());
-  }
+  require_loss_outputs(op, logits, loss, dlogits);
   require_split(op, logits, row_max, &sums, &columns);
   const Device device = detail::require_same_device(op, {&logits, &labels, &row_max, &sums, &loss, &dlogits}, stream);
   if (device.is_cuda())

@@ -181,6 +181,24 @@ void dispatch_labels(const Tensor& labels, F&& f) {
 
 int row_block_size(int64_t C) { return C >= 4096 ? 1024 : C >= 512 ? 256 : 128; }
 
+// The mean loss over the counted rows, as softmax_cross_entropy and cross_entropy_from_sums give
+// it: 0 without rows; else row_losses(count, row_loss) launches the count and the row kernel
+// into stream-ordered scratch (the count, then the row losses, 16-byte aligned), and one block
+// sums the rows into loss in a fixed order.
+template <typename F>
+void mean_of_row_losses(const Tensor& loss, int64_t rows, cudaStream_t s, F&& row_losses) {
+  if (rows == 0) {
+    TUTTI_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), s));
+    return;
+  }
+  StreamScratch scratch(16 + static_cast<std::size_t>(rows) * sizeof(float), s);
+  int* count = scratch.as<int>();
+  float* row_loss = reinterpret_cast<float*>(scratch.as<char>() + 16);
+  row_losses(count, row_loss);
+  finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
+  TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
+}
+
 }  // namespace
 
 void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
@@ -188,29 +206,21 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
   const int64_t rows = logits.dim(0), C = logits.dim(1);
   DeviceGuard guard(logits.device());
   const cudaStream_t s = native(stream);
-  if (rows == 0) {
-    TUTTI_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), s));
-    return;
-  }
-  // Scratch: the count (int) then the row losses, 16-byte aligned.
-  StreamScratch scratch(16 + static_cast<std::size_t>(rows) * sizeof(float), s);
-  int* count = scratch.as<int>();
-  float* row_loss = reinterpret_cast<float*>(scratch.as<char>() + 16);
-  detail::dispatch_floating("softmax_cross_entropy", logits.dtype(), [&](auto tag) {
-    using H = decltype(tag);
-    using T = device_t<H>;
-    dispatch_labels(labels, [&](auto label_tag) {
-      using L = decltype(label_tag);
-      const L* y = static_cast<const L*>(labels.data());
-      count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
-      TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
-      T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
-      softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
-                                                                 count, row_loss, dx);
-      TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
-      finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
-      TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
+  mean_of_row_losses(loss, rows, s, [&](int* count, float* row_loss) {
+    detail::dispatch_floating("softmax_cross_entropy", logits.dtype(), [&](auto tag) {
+      using H = decltype(tag);
+      using T = device_t<H>;
+      dispatch_labels(labels, [&](auto label_tag) {
+        using L = decltype(label_tag);
+        const L* y = static_cast<const L*>(labels.data());
+        count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
+        TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
+        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+        T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
+        softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
+                                                                   count, row_loss, dx);
+        TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
+      });
     });
   });
 }
@@ -252,28 +262,20 @@ void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const T
   const int64_t rows = logits.dim(0), C = logits.dim(1);
   DeviceGuard guard(logits.device());
   const cudaStream_t s = native(stream);
-  if (rows == 0) {
-    TUTTI_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), s));
-    return;
-  }
-  // Scratch as softmax_cross_entropy's: the count, then the row losses.
-  StreamScratch scratch(16 + static_cast<std::size_t>(rows) * sizeof(float), s);
-  int* count = scratch.as<int>();
-  float* row_loss = reinterpret_cast<float*>(scratch.as<char>() + 16);
-  detail::dispatch_floating("cross_entropy_from_sums", logits.dtype(), [&](auto tag) {
-    using H = decltype(tag);
-    dispatch_labels(labels, [&](auto label_tag) {
-      using L = decltype(label_tag);
-      const L* y = static_cast<const L*>(labels.data());
-      count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
-      TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
-      from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
-          ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows, C,
-          columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
-      TUTTI_CUDA_CHECK_LAUNCH("from_sums_kernel");
-      finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
-      TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
+  mean_of_row_losses(loss, rows, s, [&](int* count, float* row_loss) {
+    detail::dispatch_floating("cross_entropy_from_sums", logits.dtype(), [&](auto tag) {
+      using H = decltype(tag);
+      dispatch_labels(labels, [&](auto label_tag) {
+        using L = decltype(label_tag);
+        const L* y = static_cast<const L*>(labels.data());
+        count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
+        TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
+        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+        from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
+            ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows,
+            C, columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
+        TUTTI_CUDA_CHECK_LAUNCH("from_sums_kernel");
+      });
     });
   });
 }
