@@ -152,8 +152,10 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // --tp N: N ranks per model, data parallelism over the world / N groups.
   TUTTI_CHECK_ARG(world % f.tp == 0, "--tp ", f.tp, " must divide the ", world, " rank(s)");
   if (f.tp > 1) {
-    TUTTI_CHECK_ARG(f.sync == "ddp" && f.allreduce == "flat",
-                    "--tp: data parallelism is plain DDP only (--sync ddp, --allreduce flat), got --sync ", f.sync,
+    // PowerSGD compresses each rank's slices over its data-parallel group; its state is saved per
+    // tp rank (train::State::tensor_parallel).
+    TUTTI_CHECK_ARG(f.sync == "ddp" && (f.allreduce == "flat" || example::powersgd_rank(f.allreduce) > 0),
+                    "--tp: data parallelism is DDP (--sync ddp, --allreduce flat or powersgd:R), got --sync ", f.sync,
                     " --allreduce ", f.allreduce);
   }
   const int dp = world / f.tp;

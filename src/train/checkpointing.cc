@@ -18,6 +18,66 @@
 #include "tutti/parallel/tensor_parallel.h"
 
 namespace tutti::train {
+namespace {
+
+// A collective entry of a tensor-parallel run, saved per rank of the group (State::tensor_parallel).
+constexpr const char* kTpSize = "tp.size";
+std::string tp_prefix(int rank) { return "tp" + std::to_string(rank) + "."; }
+
+// COLLECTIVE over `tp`: every rank's `mine` (the same names and shapes on every rank, its own
+// values: PowerSGD's state of its slices) as "tp<r>.<key>" for each rank r, with "tp.size".
+// The gathers run on the model's device (nccl takes no host tensors); the result is on the host.
+StateDict per_tp_rank(const StateDict& mine, Communicator& tp, const Device& device, const Stream& stream,
+                      const std::string& prefix) {
+  const std::string label = "the checkpoint's '" + prefix + "' state over the tensor-parallel group";
+  // The layouts first: a rank whose entry differs fails here, naming it, rather than in a gather.
+  std::int64_t elements = 0;
+  for (const auto& [key, t] : mine) elements += t.numel();
+  const Tensor layout =
+      Tensor::from_ints({static_cast<std::int64_t>(mine.size()), elements}, {2}, DType::i64).to(device, stream);
+  const Tensor layouts = Tensor::empty({2 * tp.size()}, DType::i64, device);
+  tp.allgather(layout, layouts, {.label = label + " (its layout)", .stream = stream}).wait(stream);
+  const Tensor host_layouts = layouts.to(Device::cpu(), stream);
+  stream.synchronize();
+  const std::vector<std::int64_t> all = host_layouts.to_ints();
+  for (int r = 1; r < tp.size(); ++r) {
+    TUTTI_CHECK_ARG(all[2 * r] == all[0] && all[2 * r + 1] == all[1], "checkpoint: the state entry '", prefix,
+                    "' holds ", all[2 * r], " tensor(s) of ", all[2 * r + 1], " element(s) on rank ", r,
+                    " of the tensor-parallel group and ", all[0], " of ", all[1],
+                    " on rank 0: a collective entry needs the same names and shapes on every rank");
+  }
+  StateDict out;
+  out[kTpSize] = int_scalar_tensor(tp.size());
+  for (const auto& [key, t] : mine) {
+    const std::int64_t n = t.numel();
+    const Tensor gathered = Tensor::empty({tp.size() * n}, t.dtype(), device);
+    tp.allgather(t.to(device, stream).reshape({n}), gathered, {.label = label, .stream = stream}).wait(stream);
+    const Tensor host = gathered.to(Device::cpu(), stream);
+    stream.synchronize();
+    for (int r = 0; r < tp.size(); ++r) out[tp_prefix(r) + key] = host.view(r * n, t.shape());
+  }
+  return out;
+}
+
+// This rank's part of a collective entry as per_tp_rank saved it; {} (the entry then starts
+// afresh) with `why` set when the checkpoint was written at another tensor-parallel size.
+StateDict tp_rank_part(const StateDict& saved, const Communicator* tp, std::string& why) {
+  const int here = tp != nullptr ? tp->size() : 1;
+  if (saved.count(kTpSize) == 0) {
+    if (here == 1 || saved.empty()) return saved;
+    why = "saved without tensor parallelism, here a group of " + std::to_string(here);
+    return {};
+  }
+  const std::int64_t size = get_int_scalar(saved, kTpSize);
+  if (size != here) {
+    why = "saved per rank of a tensor-parallel group of " + std::to_string(size) + ", here " + std::to_string(here);
+    return {};
+  }
+  return io::strip_prefix(saved, tp_prefix(tp != nullptr ? tp->rank() : 0));
+}
+
+}  // namespace
+
 io::Metadata metadata_of(const RunOptions& o) {
   io::Metadata m = o.metadata;
   if (!o.precision.empty()) m["precision"] = o.precision;
@@ -149,9 +209,16 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   // Each entry continues exactly, or the note says what it did instead (PowerSGD: restarted,
   // its error zeroed on another world size, its state unused by a run without it).
   for (const State::Entry& e : state.entries) {
-    const std::string said = from_memory && !e.not_in_snapshots.empty()
-                                 ? e.not_in_snapshots
-                                 : e.load(io::strip_prefix(ckpt.state, e.prefix));
+    std::string said;
+    if (from_memory && !e.not_in_snapshots.empty()) {
+      said = e.not_in_snapshots;
+    } else {
+      StateDict saved = io::strip_prefix(ckpt.state, e.prefix);
+      std::string why;  // a tensor-parallel run's collective entry of another group size
+      if (e.collective) saved = tp_rank_part(saved, state.tensor_parallel, why);
+      said = e.load(saved);
+      if (!why.empty()) said += (said.empty() ? "" : "; ") + ("'" + e.prefix + "' was " + why);
+    }
     if (!said.empty()) note += " (" + said + ")";
   }
   note += unread_state_note(ckpt.state, state.entries);
@@ -170,8 +237,15 @@ void Run::Impl::write_checkpoint(bool must) {
   double early_wait_s = 0;
   // Collective entries (State::add_collective, PowerSGD's) on every rank first: rank 0 saves
   // its result.
-  for (const State::Entry& e : state.entries)
-    if (e.collective) io::add_prefixed(collected, e.prefix, e.save());
+  // A tensor-parallel run's: every rank of each group its own, gathered over the group.
+  for (const State::Entry& e : state.entries) {
+    if (!e.collective) continue;
+    StateDict mine = e.save();
+    if (state.tensor_parallel != nullptr && state.tensor_parallel->size() > 1) {
+      mine = per_tp_rank(mine, *state.tensor_parallel, ddp.module().device(), ddp.module().stream(), e.prefix);
+    }
+    io::add_prefixed(collected, e.prefix, mine);
+  }
   if (state.tensor_parallel) {
     // A split model: the whole tensors over the data-parallel ranks (ZeRO's shards: collective
     // over them), then over the tensor-parallel group of rank 0, the one whose ranks have

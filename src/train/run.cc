@@ -204,6 +204,7 @@ void Run::Impl::start() {
   if (options.summary) {
     options.summary->set("resumed_from_step", resumed ? first_step : std::int64_t{0});
     if (resumed) options.summary->set("resumed_from", from_memory ? "memory" : "checkpoint file");
+    if (resumed) options.summary->set("resume_note", note);  // Run::note(): what did not continue exactly
     options.summary->set_step(step, loss);
   }
 }

@@ -37,6 +37,7 @@ WEIGHTS = {
     "test_plan_with_tensor_parallelism": 0.1,
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
     "test_diloco_and_memory_snapshots": 5, "test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp": 7,
+    "test_tensor_parallel_with_powersgd_resumes_exactly": 4,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -122,6 +123,7 @@ class TrainGpt(unittest.TestCase):
         resumed = train(2, self.dir, "resumed", *self.data, "--checkpoint-dir", ckpt, "--resume")
         self.assertEqual(resumed["resumed_from_step"], 4)
         self.assertEqual(resumed["steps"], 6)
+        self.assertEqual(resumed["resume_note"], "")
         self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
         self.assertEqual(resumed["final_train_loss"], straight["final_train_loss"])
         self.assertEqual(resumed["final_val_loss"], straight["final_val_loss"])
@@ -163,6 +165,26 @@ class TrainGpt(unittest.TestCase):
         for r in det[1:]:
             self.assertEqual(r["params_crc32"], det[0]["params_crc32"])
             self.assertEqual(r["final_train_loss"], det[0]["final_train_loss"])
+
+    def test_tensor_parallel_with_powersgd_resumes_exactly(self):
+        # dp 2 x tp 2 with PowerSGD over the data-parallel groups: each tp rank compresses its own
+        # slices, and its state (Q, every dp rank's error) is saved per tp rank, so a run stopped
+        # while compressing resumes bit for bit. At --tp 1 the saved state is not this run's:
+        # PowerSGD starts afresh and the note says why.
+        flags = [*self.data, "--heads", "4", "--tp", "2", "--allreduce", "powersgd:2", "--powersgd-start", "3",
+                 "--steps", "8"]
+        straight = train(4, self.dir, "psgd", *flags)
+        ckpt = os.path.join(self.dir, "ckpt_psgd")
+        train(4, self.dir, "psgd_first", *flags, "--checkpoint-dir", ckpt, "--max-steps", "5")
+        shutil.copytree(ckpt, ckpt + "_tp1")
+        resumed = train(4, self.dir, "psgd_resumed", *flags, "--checkpoint-dir", ckpt, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 5)
+        self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
+        self.assertEqual(resumed["final_train_loss"], straight["final_train_loss"])
+        tp1 = flags[:flags.index("--tp")] + flags[flags.index("--tp") + 2:]
+        other = train(2, self.dir, "psgd_tp1", *tp1, "--checkpoint-dir", ckpt + "_tp1", "--resume")
+        self.assertEqual(other["resumed_from_step"], 5)
+        self.assertIn("was saved per rank of a tensor-parallel group of 2, here 1", other["resume_note"])
 
     def test_zero_stages_and_resume_across_them(self):
         # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,

@@ -183,7 +183,11 @@ class State {
   // model's whole tensors (parallel::whole_state_dict, COLLECTIVE over the tp group of rank 0,
   // the one of data-parallel rank 0, when one is written) and a resume cuts this rank's slices
   // from them (split_state_dict), so a checkpoint resumes at any tensor-parallel size, 1
-  // included. Memory snapshots refuse it (InvalidArgument).
+  // included. A collective entry (add_collective; PowerSGD's, whose state is of this rank's
+  // slices) is saved per rank of the group, "<prefix>tp<r>.<key>" and "<prefix>tp.size" (its
+  // tensors gathered over the group: it must have the same names and shapes on every rank), and
+  // a resume gives each rank its own; at another tensor-parallel size the entry gets no state
+  // (PowerSGD starts afresh) and note() says why. Memory snapshots refuse it (InvalidArgument).
   Communicator* tensor_parallel = nullptr;
 };
 
@@ -251,7 +255,8 @@ struct RunOptions {
   // The stream the loss tensors are computed on (GPU); the step's allreduce is ordered after it.
   Stream stream;
   // Where the run's steps and ending are summarized (nullptr: nowhere). The Run sets its rank,
-  // "resumed_from_step", and the ending in finish().
+  // "resumed_from_step" (and when resumed "resumed_from" and "resume_note", its note()), and the
+  // ending in finish().
   Summary* summary = nullptr;
   // Preemption notices (train/preemption.h; source "": none): every rank polls the source; on
   // a notice on any rank, every rank stops after the current step as after a stop signal, with
