@@ -109,20 +109,33 @@ void Run::Impl::resume_from_checkpoint() {
     const std::string problems = found.problems.empty() ? "" : "; not used: " + found.problems;
     if (found.step >= 0 && found.step >= disk_step) {
       memory = snapshots->fetch(found);
+      // A tensor-parallel run's snapshot holds each tp rank's slices: only that size takes it.
+      const auto tp = memory->metadata.find(kSnapshotTp);
+      const std::string written_tp = tp == memory->metadata.end() ? "1" : tp->second;
+      if (written_tp != snapshot_tp()) {
+        memory.reset();
+        memory_note = " (the memory snapshot of step " + std::to_string(found.step) + " holds slices of a " +
+                      "tensor-parallel group of " + written_tp + ", here " + snapshot_tp() + ": " +
+                      (exists ? "the checkpoint file at step " + std::to_string(disk_step) + " is used"
+                              : "no checkpoint file: starting afresh") +
+                      ")";
+      }
+    }
+    if (memory) {
       int buddies = 0;
       for (const bool b : found.from_buddy) buddies += b ? 1 : 0;
       memory_note = " from memory (" + snapshots->dir() + ", step " + std::to_string(found.step) + ": " +
                     std::to_string(found.parts) + " part(s), " + std::to_string(buddies) + " of them a buddy's copy; " +
                     (exists ? "the checkpoint file is at step " + std::to_string(disk_step) : "no checkpoint file") +
                     problems + ")";
-    } else if (found.newest_seen > disk_step) {
+    } else if (memory_note.empty() && found.newest_seen > disk_step) {  // (not one of another tp size)
       memory_note = " (memory snapshots reach step " + std::to_string(found.newest_seen) +
                     " but some part of every one of them is lost (a node and its buddy, or no buddy): " +
                     (exists ? "the checkpoint file at step " + std::to_string(disk_step) + " is used, " +
                                   std::to_string(found.newest_seen - disk_step) + " step(s) lost"
                             : "no checkpoint file: starting afresh") +
                     problems + ")";
-    } else if (!problems.empty()) {
+    } else if (memory_note.empty() && !problems.empty()) {
       memory_note = " (memory snapshots" + problems + ")";
     }
   }
@@ -182,15 +195,22 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   ddp::DistributedDataParallel& ddp = *state.ddp;
   const StateDict model_state = io::strip_prefix(ckpt.state, "model.");
   // A tensor-parallel model: the checkpoint holds the whole tensors; this rank takes its slices.
+  // From memory, its slices as rows of [tp, slice...] tensors (a snapshot of the same size).
   nn::Module& model = ddp.module();
+  const bool rows = from_memory && state.tensor_parallel != nullptr;
   StateDict expected = model.extra_state();
   for (const nn::Parameter* p : model.parameters()) {
     const bool split = state.tensor_parallel != nullptr && !p->init_slice.full.empty();
-    expected[p->name] = Tensor::empty(split ? p->init_slice.full : p->shape(), DType::f32);
+    Shape shape = !split ? p->shape() : rows ? p->shape() : p->init_slice.full;
+    if (split && rows) shape.insert(shape.begin(), state.tensor_parallel->size());
+    expected[p->name] = Tensor::empty(shape, DType::f32);
   }
   io::check_state_matches(model_state, expected, source);
   const StateDict optim_state = io::strip_prefix(ckpt.state, "optim.");
-  if (state.tensor_parallel) {
+  if (rows) {
+    ddp.state().load_model_state_dict(own_rows(model_state));
+    ddp.state().load_optimizer_state_dict(*state.optimizer, own_rows(optim_state));
+  } else if (state.tensor_parallel) {
     ddp.state().load_model_state_dict(parallel::split_state_dict(model_state, model));
     ddp.state().load_optimizer_state_dict(*state.optimizer, parallel::split_state_dict(optim_state, model));
   } else {

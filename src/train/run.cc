@@ -175,9 +175,6 @@ void Run::Impl::start() {
                   world, " ranks");
   const bool collective = std::any_of(state.entries.begin(), state.entries.end(),
                                       [](const State::Entry& e) { return e.collective && e.not_in_snapshots.empty(); });
-  TUTTI_CHECK_ARG(options.snapshots.every == 0 || state.tensor_parallel == nullptr,
-                  "--snapshot-every: memory snapshots do not hold a tensor-parallel model yet (--tp): use checkpoint "
-                  "files");
   TUTTI_CHECK_ARG(options.snapshots.every == 0 || !collective,
                   "--snapshot-every: memory snapshots cannot hold a collective state entry (State::add_collective, "
                   "e.g. --sync diloco): use checkpoint files");

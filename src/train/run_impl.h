@@ -26,6 +26,9 @@ inline constexpr const char* kStep = "train.step";
 inline constexpr const char* kLastLoss = "train.last_loss";
 // The microseconds of training the state holds (Accounting::useful_seconds), saved with it.
 inline constexpr const char* kUsefulUs = "train.useful_us";
+// A memory snapshot's tensor-parallel size (metadata; absent: 1): its split parameters' tensors
+// are [tp, slice...], each tp rank's slice a row, so it resumes at that size only.
+inline constexpr const char* kSnapshotTp = "train.tensor_parallel";
 // The Run's metadata in its checkpoints and snapshots (RunOptions::metadata and the precision).
 io::Metadata metadata_of(const RunOptions& options);
 // Now, and when this process started, in Unix seconds (the start from Linux's /proc, to 10 ms;
@@ -128,7 +131,7 @@ struct Run::Impl {
   // The loading half of a resume: every part of `state` from a checkpoint (the file's, or one
   // assembled from memory snapshots), `source` naming it in errors.
   void load_state(const io::Checkpoint& ckpt, const std::string& source);
-  // snapshots.cc's seams: the nodes of the ranks, the run id (<checkpoint_dir>/run-id; a new
+  // run_snapshots.cc's seams: the nodes of the ranks, the run id (<checkpoint_dir>/run-id; a new
   // one when the run starts afresh), this run's snapshots, the state as parts, and one write.
   std::vector<int> snapshot_nodes() const;
   std::string node_dir() const;
@@ -136,6 +139,14 @@ struct Run::Impl {
   std::string new_run_id(const std::string& old);
   std::unique_ptr<detail::MemorySnapshots> make_snapshots(const std::string& run_id) const;
   StateDict snapshot_part() const;
+  // Whether every rank writes a part: under ZeRO (its shard), and with tensor parallelism (its
+  // slices, as rows of [tp, slice...] tensors: kSnapshotTp says the tp size in the metadata).
+  bool every_rank_writes() const;
+  // With tensor parallelism: this rank's rows of a snapshot's [tp, slice...] tensors, each the
+  // state of a split parameter ("<name>" or "<name>.<state>"); the other entries as they are.
+  StateDict own_rows(const StateDict& assembled) const;
+  // The tensor-parallel size a snapshot is written at (its metadata's kSnapshotTp): "1" without.
+  std::string snapshot_tp() const;
   // After the resume: the free-space check (COLLECTIVE), the figures for the start-up line.
   void start_snapshots();
   void write_snapshot();

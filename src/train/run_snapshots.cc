@@ -22,9 +22,32 @@ namespace fs = std::filesystem;
 
 detail::MemorySnapshots::Piece whole(const Tensor& t) { return {t.view(0, {t.numel()}), 0, t.shape()}; }
 
+// The split parameter a state entry belongs to (its name, or "<name>.<state>" of its shape), or
+// nullptr (tensor_parallel.cc's rule).
+const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, const std::string& key,
+                                 const Shape& shape) {
+  for (const nn::Parameter* p : params) {
+    if (p->init_slice.full.empty() || p->shape() != shape) continue;
+    if (key == p->name ||
+        (key.size() > p->name.size() && key.compare(0, p->name.size(), p->name) == 0 && key[p->name.size()] == '.'))
+      return p;
+  }
+  return nullptr;
+}
+
+// `parts` (this rank's parts of its state) with every split parameter's tensor put as row r of
+// a [tp, slice...] tensor, r this rank's place in the group: the group's parts then fill it,
+// and tp ranks' parts never collide (a part of a replicated tensor is the same on every tp rank).
 void add_parts(std::map<std::string, detail::MemorySnapshots::Piece>& into, const std::string& prefix,
-               const ddp::StateParts& parts) {
-  for (const auto& [key, p] : parts) into[prefix + key] = {p.part, p.begin, p.shape};
+               const ddp::StateParts& parts, const std::vector<nn::Parameter*>& params, const Communicator* tp) {
+  for (const auto& [key, p] : parts) {
+    detail::MemorySnapshots::Piece piece{p.part, p.begin, p.shape};
+    if (tp != nullptr && split_owner(params, key, p.shape) != nullptr) {
+      piece.begin += tp->rank() * numel_of(p.shape);
+      piece.shape.insert(piece.shape.begin(), tp->size());
+    }
+    into[prefix + key] = piece;
+  }
 }
 
 void add_whole(std::map<std::string, detail::MemorySnapshots::Piece>& into, const std::string& prefix,
@@ -118,8 +141,9 @@ std::unique_ptr<detail::MemorySnapshots> Run::Impl::make_snapshots(const std::st
 StateDict Run::Impl::snapshot_part() const {
   ddp::DistributedDataParallel& ddp = *state.ddp;
   std::map<std::string, detail::MemorySnapshots::Piece> pieces;
-  add_parts(pieces, "model.", ddp.state().model_state_parts());
-  add_parts(pieces, "optim.", ddp.state().optimizer_state_parts(*state.optimizer));
+  const std::vector<nn::Parameter*> params = ddp.module().parameters();
+  add_parts(pieces, "model.", ddp.state().model_state_parts(), params, state.tensor_parallel);
+  add_parts(pieces, "optim.", ddp.state().optimizer_state_parts(*state.optimizer), params, state.tensor_parallel);
   add_whole(pieces, "scaler.", state.scaler->state_dict());
   for (const State::Entry& e : state.entries)
     if (e.not_in_snapshots.empty()) add_whole(pieces, e.prefix, e.save());
@@ -127,13 +151,36 @@ StateDict Run::Impl::snapshot_part() const {
   return detail::MemorySnapshots::encode(pieces);
 }
 
+StateDict Run::Impl::own_rows(const StateDict& assembled) const {
+  const std::vector<nn::Parameter*> params = state.ddp->module().parameters();
+  const Communicator& tp = *state.tensor_parallel;
+  StateDict out;
+  for (const auto& [key, t] : assembled) {
+    const Shape rows = t.shape();
+    const Shape slice = rows.empty() ? rows : Shape(rows.begin() + 1, rows.end());
+    if (!rows.empty() && rows[0] == tp.size() && split_owner(params, key, slice) != nullptr) {
+      out[key] = t.view(tp.rank() * numel_of(slice), slice);
+    } else {
+      out[key] = t;
+    }
+  }
+  return out;
+}
+
+bool Run::Impl::every_rank_writes() const { return state.ddp->sharded() || state.tensor_parallel != nullptr; }
+
+std::string Run::Impl::snapshot_tp() const {
+  return std::to_string(state.tensor_parallel != nullptr ? state.tensor_parallel->size() : 1);
+}
+
 void Run::Impl::start_snapshots() {
-  const bool sharded = state.ddp->sharded();
+  const bool sharded = every_rank_writes();
   std::uint64_t bytes = 0;
   if (snapshots->writes(sharded)) {
     // The file a write makes, its metadata's values stood in for by 20 digits (an i64's most).
     io::Metadata md = metadata_of(options);
     md["snapshot.step"] = md["snapshot.part"] = md["snapshot.parts"] = std::string(20, '0');
+    md[kSnapshotTp] = snapshot_tp();
     md["snapshot.run"] = std::string(20, '0');
     bytes = io::detail::plan_checkpoint(snapshot_part(), md, "memory snapshot").file_size;
   }
@@ -142,7 +189,7 @@ void Run::Impl::start_snapshots() {
 }
 
 void Run::Impl::write_snapshot() {
-  const bool sharded = state.ddp->sharded();
+  const bool sharded = every_rank_writes();
   StateDict part;
   if (snapshots->writes(sharded)) {
     // The parts are views of the live buffers: the step's kernels must be done with them.
@@ -150,7 +197,9 @@ void Run::Impl::write_snapshot() {
     part = snapshot_part();
   }
   try {
-    snapshots->write(part, metadata_of(options), step, sharded);
+    io::Metadata md = metadata_of(options);
+    md[kSnapshotTp] = snapshot_tp();
+    snapshots->write(part, md, step, sharded);
   } catch (const Error& e) {
     TUTTI_THROW(Error, "writing the memory snapshot of step ", step, " to ", snapshots->dir(), " failed: ", e.what());
   }

@@ -20,7 +20,7 @@ import time
 import unittest
 
 import sharding
-from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK
+from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK, kill_job
 
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,6 +38,7 @@ WEIGHTS = {
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
     "test_diloco_and_memory_snapshots": 5, "test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp": 7,
     "test_tensor_parallel_with_powersgd_resumes_exactly": 4,
+    "test_tensor_parallel_resumes_from_a_memory_snapshot": 9,
 }
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--context", "32", "--batch-size", "8", "--steps", "6", "--lr", "1e-2",
@@ -150,12 +151,10 @@ class TrainGpt(unittest.TestCase):
                       "--resume")
             self.assertEqual(r["resumed_from_step"], 3)
             self.assertAlmostEqual(r["final_train_loss"], one["final_train_loss"], delta=2e-5 * one["final_train_loss"])
-        # Refused, naming the flag: a size that does not divide the ranks or the heads, memory snapshots.
+        # Refused, naming the flag: a size that does not divide the ranks or the heads.
         for ranks, flags, named in ((4, ["--tp", "3"], "--tp 3 must divide the 4 rank(s)"),
                                     (4, ["--tp", "4", "--model", "llama-tiny", "--kv-heads", "2"],
-                                     "must divide by the tensor-parallel group's 4"),
-                                    (2, ["--tp", "2", "--snapshot-every", "2", "--checkpoint-dir",
-                                         os.path.join(self.dir, "snap")], "do not hold a tensor-parallel model")):
+                                     "must divide by the tensor-parallel group's 4")):
             p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
             self.assertIn(named, p.stderr)
         # --deterministic: a tp 2 model is the same bits at 1 and 2 data-parallel groups (ZeRO 0 and 1).
@@ -185,6 +184,54 @@ class TrainGpt(unittest.TestCase):
         other = train(2, self.dir, "psgd_tp1", *tp1, "--checkpoint-dir", ckpt + "_tp1", "--resume")
         self.assertEqual(other["resumed_from_step"], 5)
         self.assertIn("was saved per rank of a tensor-parallel group of 2, here 1", other["resume_note"])
+
+    def test_tensor_parallel_resumes_from_a_memory_snapshot(self):
+        # dp 2 x tp 2 with memory snapshots every 2 steps, at ZeRO 0 and 3: every rank writes its
+        # slices (as rows of [tp, slice...] tensors; under ZeRO its shard of them). Killed after
+        # step 5, before any checkpoint file, the run resumes from memory and ends bit for bit as
+        # the uninterrupted one. At --tp 1 the snapshot is not taken (its slices are of a group of
+        # 2) and the note says so.
+        for zero in ("0", "3"):
+            self.memory_snapshot_resumes(zero)
+
+    def memory_snapshot_resumes(self, zero):
+        flags = [*self.data, "--heads", "4", "--tp", "2", "--steps", "12", "--zero", zero]
+        straight = train(4, self.dir, "straight" + zero, *flags)
+        ckpt, snap = os.path.join(self.dir, "ckpt" + zero), os.path.join(self.dir, "shm" + zero)
+        memory = ["--checkpoint-dir", ckpt, "--snapshot-every", "2", "--snapshot-dir", snap]
+        cmd = [ARGS.mpiexec, "-n", "4", "--oversubscribe", ARGS.binary,
+               *[f for f in merged(flags) if f != "--quiet"], *memory, "--progress-interval", "0.01"]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        reached = 0
+        try:
+            for line in p.stdout:
+                m = re.search(r"step (\d+)/12", line)
+                if m and int(m.group(1)) >= 5:
+                    reached = int(m.group(1))
+                    kill_job(p.pid)  # mpirun and the ranks: no checkpoint file, no finish()
+                    break
+        finally:
+            if p.poll() is None:
+                kill_job(p.pid)
+            p.wait()
+            p.stdout.close()
+        self.assertGreaterEqual(reached, 5, "the run never reached step 5 (ZeRO %s)" % zero)
+        self.assertFalse(os.path.exists(os.path.join(ckpt, "checkpoint.tckp")))
+        shutil.copytree(ckpt, ckpt + "1")
+        shutil.copytree(snap, snap + "1")
+        resumed = train(4, self.dir, "resumed" + zero, *flags, *memory, "--resume", "auto")
+        self.assertEqual(resumed["resumed_from"], "memory")
+        self.assertGreaterEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["params_crc32"], straight["params_crc32"])
+        tp1 = flags[:flags.index("--tp")] + flags[flags.index("--tp") + 2:]
+        out = os.path.join(self.dir, "tp1_%s.json" % zero)
+        r = subprocess.run([ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.binary,
+                            *[f for f in merged(tp1) if f != "--quiet"], "--checkpoint-dir", ckpt + "1",
+                            "--snapshot-every", "2", "--snapshot-dir", snap + "1", "--resume", "auto", "--json", out],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("holds slices of a tensor-parallel group of 2, here 1: no checkpoint file: starting afresh",
+                      r.stdout)
 
     def test_zero_stages_and_resume_across_them(self):
         # Weight decay on (the matrices only: parameter groups), ZeRO-1 at 2 ranks for 4 steps,

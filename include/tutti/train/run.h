@@ -187,7 +187,9 @@ class State {
   // slices) is saved per rank of the group, "<prefix>tp<r>.<key>" and "<prefix>tp.size" (its
   // tensors gathered over the group: it must have the same names and shapes on every rank), and
   // a resume gives each rank its own; at another tensor-parallel size the entry gets no state
-  // (PowerSGD starts afresh) and note() says why. Memory snapshots refuse it (InvalidArgument).
+  // (PowerSGD starts afresh) and note() says why. Memory snapshots hold each rank's slices (every
+  // rank writes its part, as under ZeRO) and resume at the same tensor-parallel size only: at
+  // another, the resume takes the checkpoint file and note() says why.
   Communicator* tensor_parallel = nullptr;
 };
 
@@ -196,7 +198,8 @@ class State {
 // the state goes to a file in its node's memory, which outlives the process (not the node):
 // under ZeRO every rank writes its shard and sends it to a buddy rank on another node, so that
 // the survivors of any one lost node hold every part; at stage 0 the lowest rank of each node
-// writes the whole state. A resume (Resume::yes or automatic) takes the newest snapshot whose
+// writes the whole state (with State::tensor_parallel every rank writes its slices, as under
+// ZeRO). A resume (Resume::yes or automatic) takes the newest snapshot whose
 // every part some rank holds when it is at least as new as the checkpoint file, on any number
 // of ranks and any stage; note() says which source it used and what was lost. The construction
 // refuses (InvalidArgument, before any step) when a node's folder has too little free space.
