@@ -13,6 +13,11 @@
 
 namespace tutti::nn {
 
+namespace {
+// A dtype's bytes, as the buffer statements (buffer_bytes) count them.
+std::int64_t dtype_bytes(DType d) { return static_cast<std::int64_t>(size_of(d)); }
+}  // namespace
+
 InitSpec WeightInit::spec(double fan_in, double fan_out) const {
   switch (kind) {
     case Kind::kaiming_uniform: return InitSpec::kaiming_uniform(fan_in);
@@ -64,6 +69,14 @@ Tensor Linear::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::int64_t Linear::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  out.back() = out_;
+  // y (slot 0); dx where the input needs a gradient (1); a frozen weight's scratch gradient (2).
+  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype) +
+         (weight.requires_grad ? 0 : weight.numel() * dtype_bytes(grad_dtype()));
+}
+
 // ---- ReLU, GELU ------------------------------------------------------------------------
 
 Tensor ReLU::forward_impl(const Tensor& x) {
@@ -81,6 +94,11 @@ Tensor ReLU::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::int64_t ReLU::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (slot 0), dx (1)
+}
+
 Tensor GELU::forward_impl(const Tensor& x) {
   x_ = x;
   Tensor y = buffer(0, x.shape(), x.dtype());
@@ -94,6 +112,11 @@ Tensor GELU::backward_impl(const Tensor& dy) {
   Tensor dx = buffer(1, x_.shape(), x_.dtype());
   kernels::gelu_backward(x_, dy.reshape(x_.shape()), dx, stream());
   return dx;
+}
+
+std::int64_t GELU::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (slot 0), dx (1)
 }
 
 Tensor SwiGLU::forward_impl(const Tensor& x) {
@@ -164,6 +187,12 @@ Tensor Dropout::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::int64_t Dropout::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  if (!is_training() || p_ <= 0.0f) return 0;                                         // the identity
+  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (0), dx (1)
+}
+
 // ---- LayerNorm -------------------------------------------------------------------------
 
 LayerNorm::LayerNorm(std::int64_t dim, float eps)
@@ -199,6 +228,15 @@ Tensor LayerNorm::backward_impl(const Tensor& dy) {
   if (beta.requires_grad) grad_ready(beta);
   if (gamma.requires_grad) grad_ready(gamma);
   return input_grad_needed() ? dx : Tensor();
+}
+
+std::int64_t LayerNorm::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  const std::int64_t rows = numel_of(input) / dim_;
+  // y (slot 0), mean and rstd (1, 2: f32 per row), dx (3); frozen gamma and beta a scratch each.
+  return 2 * numel_of(input) * dtype_bytes(dtype) + 2 * rows * 4 +
+         (gamma.requires_grad ? 0 : dim_ * dtype_bytes(grad_dtype())) +
+         (beta.requires_grad ? 0 : dim_ * dtype_bytes(grad_dtype()));
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------
@@ -296,6 +334,12 @@ Tensor MaxPool2d::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::int64_t MaxPool2d::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_bytes: the input is [N, C, H, W], got ", shape_str(input));
+  out = {input[0], input[1], input[2] / 2, input[3] / 2};
+  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype);  // y (0), dx (1)
+}
+
 Tensor Flatten::forward_impl(const Tensor& x) {
   TUTTI_CHECK_ARG(x.ndim() >= 1, "Flatten: input must have a batch dimension, got ", x.str());
   in_shape_ = x.shape();
@@ -306,6 +350,11 @@ Tensor Flatten::forward_impl(const Tensor& x) {
 Tensor Flatten::backward_impl(const Tensor& dy) {
   if (!input_grad_needed()) return Tensor();
   return dy.reshape(in_shape_);
+}
+
+std::int64_t Flatten::buffer_bytes(const Shape& input, DType, Shape& out) const {
+  out = {input.at(0), input.at(0) == 0 ? 0 : numel_of(input) / input.at(0)};
+  return 0;  // views, no buffers
 }
 
 // ---- Residual --------------------------------------------------------------------------

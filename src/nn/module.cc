@@ -89,6 +89,10 @@ Flops Module::flops(const Shape& sample, Shape& out) const {
   return {};
 }
 
+std::int64_t Module::buffer_bytes(const Shape&, DType, Shape&) const {
+  TUTTI_THROW(InvalidArgument, describe(), " does not state its buffers (Module::buffer_bytes): it cannot be planned");
+}
+
 double Module::backward_flops(double forward) const { return input_grad_needed() ? 2.0 * forward : forward; }
 
 double Module::training_flops_per_sample(const Shape& sample) const {

@@ -36,6 +36,18 @@ Flops Sequential::flops(const Shape& sample, Shape& out) const {
   return sum;
 }
 
+std::int64_t Sequential::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  std::int64_t sum = 0;
+  Shape shape = input;
+  for (const Module* layer : layers_) {
+    Shape next;
+    sum += layer->buffer_bytes(shape, dtype, next);
+    shape = std::move(next);
+  }
+  out = shape;
+  return sum;
+}
+
 Tensor Sequential::forward_impl(const Tensor& x) {
   Tensor h = x;
   for (Module* layer : layers_) h = layer->forward(h);

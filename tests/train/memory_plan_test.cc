@@ -358,6 +358,98 @@ TEST(MemoryPlan, TensorParallelGathersWithinFivePercentOfTheMeasuredPeak) {
   }
 }
 
+// Any model of tutti's layers: an MLP (Linear, ReLU, GELU, LayerNorm, Dropout) and a small CNN
+// (Conv2d is not planned: it does not state its buffers), planned by each layer's own statement
+// (Module::buffer_bytes) and DDP's, against the allocator over two steps, every ZeRO stage, f32
+// and bf16.
+std::unique_ptr<nn::Sequential> mlp() {
+  auto m = std::make_unique<nn::Sequential>();
+  m->add<nn::Linear>(48, 96).add<nn::ReLU>().add<nn::Linear>(96, 96).add<nn::GELU>();
+  m->add<nn::LayerNorm>(96).add<nn::Dropout>(0.1f).add<nn::Linear>(96, 10);
+  return m;
+}
+
+std::int64_t measured_mlp_peak(int zero, bool bf16, std::int64_t batch) {
+  const Device device = world().device();
+  const Stream stream = device.is_cpu() ? Stream() : Stream::create(device);
+  const std::int64_t before = Storage::live_bytes(device);
+  std::int64_t peak = 0;
+  {
+    const std::unique_ptr<nn::Sequential> model = mlp();
+    if (bf16) amp::apply(amp::Policy::bf16(), *model);
+    model->to(device, stream).init(1);
+    ddp::DistributedDataParallel ddp(
+        world().communicator(), *model,
+        {.bucket_cap_mb = 0.01, .first_bucket_cap_mb = 0.01, .sharding = ddp::sharding_of_stage(zero)});
+    optim::AdamW optimizer(model->parameters(), {.lr = 1e-3f});
+    ddp.attach(optimizer);
+    nn::CrossEntropyLoss loss;
+    stream.synchronize();
+    if (!device.is_cpu()) settle(device);
+    Storage::reset_peak_bytes(device);
+    std::mt19937 rng(7 + world().rank());
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<float> x(static_cast<std::size_t>(batch * 48));
+      for (float& v : x) v = u(rng);
+      std::vector<std::int64_t> y(static_cast<std::size_t>(batch));
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int64_t>((i * 3 + step) % 10);
+      const Tensor xs = Tensor::from_floats(x, {batch, 48}).to(device, stream);
+      const Tensor ys = Tensor::from_ints(y, {batch}, DType::i64).to(device, stream);
+      loss.forward(ddp.forward(xs), ys, 1.0f, stream);
+      EXPECT_TRUE(ddp.backward(loss.grad()));
+      optimizer.step(ddp.grad_norm(1.0).coefficient);
+      ddp.zero_grad();
+      stream.synchronize();
+    }
+    peak = Storage::peak_bytes(device) - before;
+  }
+  for (int i = 0; i < 10000 && Storage::live_bytes(device) > before; ++i) std::this_thread::sleep_for(1ms);
+  return peak;
+}
+
+TEST(ModulePlan, AnMlpWithinFivePercentOfTheMeasuredPeak) {
+  for (const int zero : {0, 1, 2, 3}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE("MLP zero " + std::to_string(zero) + (bf16 ? " bf16" : " f32"));
+      const std::int64_t batch = 16, measured = measured_mlp_peak(zero, bf16, batch);
+      PlanOptions o;
+      o.world_size = world().world_size();
+      o.zero_stage = zero;
+      if (bf16) {
+        const amp::Policy p = amp::Policy::bf16();
+        o.compute = p.compute;
+        o.grad = p.grad;
+        o.grad_comm = p.comm;
+      }
+      o.micro_batch = batch;
+      o.bucket_cap_mb = o.first_bucket_cap_mb = 0.01;
+      const std::unique_ptr<nn::Sequential> model = mlp();
+      if (bf16) amp::apply(amp::Policy::bf16(), *model);
+      const MemoryPlan plan = memory_plan(*model, {48}, o);
+      const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
+      if (world().rank() == 0) {
+        std::printf("memory_plan MLP np %d %s: zero %d %s: plan %lld measured %lld ratio %.4f\n", world().world_size(),
+                    world().device().str().c_str(), zero, bf16 ? "bf16" : "f32 ", static_cast<long long>(plan.total()),
+                    static_cast<long long>(measured), ratio);
+      }
+      EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
+    }
+  }
+  // A layer that does not state its buffers is named, not guessed at.
+  nn::Sequential cnn;
+  cnn.add<nn::Conv2d>(1, 4, 3, nn::Conv2dOptions{.padding = 1})
+      .add<nn::ReLU>()
+      .add<nn::Flatten>()
+      .add<nn::Linear>(4 * 8 * 8, 10);
+  try {
+    memory_plan(cnn, {1, 8, 8}, PlanOptions{});
+    ADD_FAILURE() << "a Conv2d was planned";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("Conv2d"), std::string::npos) << e.what();
+  }
+}
+
 // With checkpoints and a final state dict: on the CPU the host copies are the device's memory
 // (the async writer's buffers at stage 0, ZeRO's gathered state until it is written), on the
 // emulated GPU only ZeRO's gathers are.

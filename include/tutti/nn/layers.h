@@ -43,6 +43,7 @@ class Linear : public Module {
   Parameter bias;  // a [0]-shaped, unregistered placeholder when options.bias is false
   std::string describe() const override;
   Flops flops(const Shape& sample, Shape& out) const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -60,6 +61,7 @@ class Linear : public Module {
 class ReLU : public Module {
  public:
   std::string describe() const override { return "ReLU"; }
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -73,6 +75,7 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   std::string describe() const override { return "GELU"; }
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -116,6 +119,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(float p);
   std::string describe() const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
   float p() const { return p_; }
 
  protected:
@@ -141,6 +145,7 @@ class LayerNorm : public Module {
   Parameter gamma;  // ones
   Parameter beta;   // zeros
   std::string describe() const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -205,6 +210,7 @@ class MaxPool2d : public Module {
  public:
   std::string describe() const override { return "MaxPool2d(2)"; }
   Flops flops(const Shape& sample, Shape& out) const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -219,6 +225,7 @@ class Flatten : public Module {
  public:
   std::string describe() const override { return "Flatten"; }
   Flops flops(const Shape& sample, Shape& out) const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -131,6 +131,15 @@ class Module {
   // shapes); the default is an elementwise layer: no FLOPs, out = sample. A custom layer with
   // matrix products should override it.
   virtual Flops flops(const Shape& sample, Shape& out) const;
+  // The bytes of the reusable buffers (Module::buffer) this module holds once it has run a
+  // forward and a backward in training on a batch whose input has the shape `input` (batch
+  // dimension first) in `dtype` (the compute dtype): what every later step holds too, since
+  // buffers are reused, never freed. Writes the output's shape to `out`. Each layer states its
+  // own, beside the code that allocates them (its output, its input gradient where backward
+  // makes one, its statistics); containers add their children's. train::memory_plan(model,
+  // sample, options) adds them to DistributedDataParallel's part. The default throws
+  // InvalidArgument naming the layer: one that does not state its buffers cannot be planned.
+  virtual std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const;
   // flops(sample).total(): the training FLOPs of one sample.
   double training_flops_per_sample(const Shape& sample) const;
   // The backward FLOPs of a layer with weights whose forward is `forward` FLOPs of matrix

@@ -46,6 +46,8 @@ class Sequential : public Module {
   std::string describe() const override;
   // The sum of the layers', each fed the previous one's output shape.
   Flops flops(const Shape& sample, Shape& out) const override;
+  // The layers' buffers, the shapes chained.
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -1,5 +1,6 @@
 // How many bytes one rank's device holds to train a models::Gpt or models::Llama, predicted without
-// building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory").
+// building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory"); and for any model of
+// tutti's layers whose layers state their buffers (Module::buffer_bytes), such as an MLP.
 //
 // doc-test: wrap-main
 //   tutti::train::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
@@ -126,6 +127,15 @@ struct MemoryPlan {
 // The Llama's ZeRO-3 groups are Llama::gather_groups(config)'s.
 MemoryPlan memory_plan(const models::GptConfig& config, const PlanOptions& options);
 MemoryPlan memory_plan(const models::LlamaConfig& config, const PlanOptions& options);
+
+// The plan of any model of tutti's layers (a Sequential MLP or CNN: each layer states its
+// buffers, Module::buffer_bytes; InvalidArgument names one that does not) trained with
+// `options` on samples of shape `sample` (an input without the batch dimension: {784},
+// {1, 28, 28}) and a softmax cross-entropy over its output: DDP's part, the batch (f32 inputs,
+// i64 labels), the layers' buffers, the loss's gradient. micro_batch is in samples; seq_len,
+// recompute, tensor_parallel, evaluation, state_dict and checkpoint are the decoders' only
+// (InvalidArgument when set). ZeRO-3's gather groups are ShardParameters' default.
+MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions& options);
 
 // The largest micro_batch (per rank) whose plan fits in `device_bytes`, searched up to `limit`
 // sequences; 0 when not even one fits.

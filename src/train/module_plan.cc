@@ -1,0 +1,98 @@
+// train::memory_plan for any model of tutti's layers (an MLP, a CNN): DistributedDataParallel's
+// part (ddp::predict_memory), the batch, every layer's buffers as the layers state them
+// (Module::buffer_bytes), the loss's gradient and the scalars.
+#include <string>
+#include <vector>
+
+#include "core/format_bytes.h"
+#include "tutti/core/error.h"
+#include "tutti/ddp/memory.h"
+#include "tutti/nn/flat_plan.h"
+#include "tutti/train/memory_plan.h"
+
+namespace tutti::train {
+
+namespace {
+
+std::int64_t dtype_bytes(DType d) { return static_cast<std::int64_t>(size_of(d)); }
+
+// One backward pass's gradient placements and reports as tutti's layers make them: the layers
+// from the last, each placing its own parameters' gradients in registration order, then
+// reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready).
+void backward_events(const nn::Module& module, const std::vector<nn::Parameter*>& all,
+                     std::vector<ddp::GradientEvent>& order) {
+  const auto& children = module.children();
+  for (auto child = children.rbegin(); child != children.rend(); ++child) backward_events(*child->second, all, order);
+  std::vector<std::size_t> own;
+  for (const nn::Parameter* p : const_cast<nn::Module&>(module).parameters()) {
+    bool in_child = false;
+    for (const auto& [name, child] : children) {
+      for (const nn::Parameter* q : child->parameters()) in_child = in_child || q == p;
+    }
+    if (in_child || !p->requires_grad) continue;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (all[i] == p) own.push_back(i);
+  }
+  for (const std::size_t i : own) order.push_back({false, i});
+  for (auto i = own.rbegin(); i != own.rend(); ++i) order.push_back({true, *i});
+}
+
+std::string human(std::int64_t bytes) {
+  return tutti::detail::format_bytes(static_cast<double>(bytes), 2, tutti::detail::ByteUnit::MiB);
+}
+
+}  // namespace
+
+MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions& o) {
+  TUTTI_CHECK_ARG(o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.micro_batch >= 1,
+                  "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage,
+                  " (0-3) and micro_batch ", o.micro_batch, " (>= 1) are out of range");
+  TUTTI_CHECK_ARG(o.tensor_parallel == 1 && o.recompute.mode == models::Recompute::Mode::none && !o.evaluation &&
+                      !o.state_dict && o.checkpoint == PlanOptions::Checkpoint::none,
+                  "memory_plan of a module: tensor parallelism, recomputation, evaluation, state dicts and "
+                  "checkpoints are planned for models::Gpt and models::Llama only");
+  TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
+                  "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
+                  name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
+  const std::vector<nn::Parameter*> params = model.parameters();
+  ddp::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
+  ddp_options.sharding = ddp::sharding_of_stage(o.zero_stage);
+  if (o.deterministic) ddp_options.deterministic = ddp::DeterministicOptions{};
+  ddp::MemoryInputs in;
+  in.params = nn::plan_params(params);
+  in.world_size = o.world_size;
+  in.compute = o.compute;
+  in.grad = o.grad;
+  in.grad_comm = o.grad_comm;
+  in.optimizer_states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
+                        : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
+                                                                              : 0;
+  backward_events(model, params, in.backward_order);
+  const ddp::MemoryPrediction held = ddp::predict_memory(ddp_options, in);
+
+  MemoryPlan m;
+  for (const nn::Parameter* p : params) m.parameters += p->numel();
+  m.flat_total = held.plan.total;
+  m.shard = held.sharded ? held.plan.shard_numel : held.plan.total;
+  m.buckets = static_cast<int>(held.plan.buckets.size());
+  auto row = [&](std::string name, std::int64_t bytes, std::string detail) {
+    m.rows.push_back({std::move(name), bytes, std::move(detail)});
+  };
+  for (const ddp::MemoryLine& line : held.lines) row(line.name, line.bytes, line.detail);
+  Shape input{o.micro_batch};
+  input.insert(input.end(), sample.begin(), sample.end());
+  row("batch", o.batch_on_device ? numel_of(input) * 4 + o.micro_batch * 8 : 0,
+      "inputs " + shape_str(input) + " f32 and labels [" + std::to_string(o.micro_batch) + "] i64");
+  Shape out;
+  const std::int64_t act = model.buffer_bytes(input, o.compute, out);
+  row("activations", act, "every layer's buffers, as the layers state them (Module::buffer_bytes): " + human(act));
+  row("recompute workspace", 0, "no recomputation");
+  row("logits", numel_of(out) * dtype_bytes(o.compute),
+      "the loss's gradient of the output " + shape_str(out) + " " + std::string(name_of(o.compute)));
+  row("workspace", 16, "scalars: the loss, the reducer's flag, the gradient norm");
+  return m;
+}
+
+}  // namespace tutti::train
