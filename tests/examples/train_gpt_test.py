@@ -20,7 +20,7 @@ import time
 import unittest
 
 import sharding
-from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK, kill_job
+from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK, kill_at_step
 
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -201,20 +201,7 @@ class TrainGpt(unittest.TestCase):
         memory = ["--checkpoint-dir", ckpt, "--snapshot-every", "2", "--snapshot-dir", snap]
         cmd = [ARGS.mpiexec, "-n", "4", "--oversubscribe", ARGS.binary,
                *[f for f in merged(flags) if f != "--quiet"], *memory, "--progress-interval", "0.01"]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        reached = 0
-        try:
-            for line in p.stdout:
-                m = re.search(r"step (\d+)/12", line)
-                if m and int(m.group(1)) >= 5:
-                    reached = int(m.group(1))
-                    kill_job(p.pid)  # mpirun and the ranks: no checkpoint file, no finish()
-                    break
-        finally:
-            if p.poll() is None:
-                kill_job(p.pid)
-            p.wait()
-            p.stdout.close()
+        reached = kill_at_step(cmd, 5, 12)
         self.assertGreaterEqual(reached, 5, "the run never reached step 5 (ZeRO %s)" % zero)
         self.assertFalse(os.path.exists(os.path.join(ckpt, "checkpoint.tckp")))
         shutil.copytree(ckpt, ckpt + "1")

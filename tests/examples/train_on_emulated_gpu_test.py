@@ -13,12 +13,11 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import unittest
 
-from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_job, write_smaller_copy
+from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_at_step, write_smaller_copy
 
 ARGS = None
 SUBSET = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--max-steps", "12", "--quiet"]
@@ -91,21 +90,7 @@ class SnapshotsOnEmulatedGpu(unittest.TestCase):
         ckpt = os.path.join(d, "ckpt")
         cmd = [ARGS.mpiexec, "-n", "2", "--oversubscribe", ARGS.emu_binary, *flags, "--device", "cuda",
                "--checkpoint-dir", ckpt, "--snapshot-every", "5", "--progress", "lines", "--progress-interval", "0.01"]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "TUTTI_EMU_DEVICES": "2"}, start_new_session=True)
-        reached = 0
-        try:
-            for line in p.stdout:
-                m = re.search(r"step (\d+)/40", line)
-                if m and int(m.group(1)) >= 12:
-                    reached = int(m.group(1))
-                    kill_job(p.pid)  # mpirun and the ranks: no checkpoint file, no finish()
-                    break
-        finally:
-            if p.poll() is None:
-                kill_job(p.pid)
-            p.wait()
-            p.stdout.close()
+        reached = kill_at_step(cmd, 12, 40, env={**os.environ, "TUTTI_EMU_DEVICES": "2"})
         self.assertGreaterEqual(reached, 12, "the emulated run never reached step 12")
         self.assertFalse(os.path.exists(os.path.join(ckpt, "checkpoint.tckp")))
         # Resumed on the emulated GPUs: bit for bit the uninterrupted run (same device, same ranks).

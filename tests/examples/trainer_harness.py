@@ -4,6 +4,7 @@ train_fashion_mnist_test.py, train_gpt_test.py and train_on_emulated_gpu_test.py
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,28 @@ def kill_job(mpirun_pid, sig=signal.SIGKILL):
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def kill_at_step(cmd, step, total, env=None):
+    """Runs `cmd` (an mpirun of a trainer printing progress lines "step S/total") in a session of
+    its own and kills it, mpirun and every rank, once a line says S >= `step`: no checkpoint file,
+    no finish(). Returns the step it saw (0: the run ended first)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    reached = 0
+    try:
+        for line in p.stdout:
+            m = re.search(r"step (\d+)/%d" % total, line)
+            if m and int(m.group(1)) >= step:
+                reached = int(m.group(1))
+                kill_job(p.pid)
+                break
+    finally:
+        if p.poll() is None:
+            kill_job(p.pid)
+        p.wait()
+        p.stdout.close()
+    return reached
 
 
 def ranks_of(mpirun_pid):
