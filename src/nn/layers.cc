@@ -315,6 +315,18 @@ Tensor Conv2d::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::int64_t Conv2d::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_bytes: the input is [N, C, H, W], got ", shape_str(input));
+  const int p = kernels::conv2d_output_size(static_cast<int>(input[2]), kernel_, params_);
+  const int q = kernels::conv2d_output_size(static_cast<int>(input[3]), kernel_, params_);
+  out = {input[0], out_, p, q};
+  // y (slot 0); dx where the input needs a gradient (1); a frozen weight's scratch gradient (2).
+  // The kernels' own scratch is not Module::buffer's: host vectors on the CPU, stream-ordered
+  // scratch on a GPU (neither in Storage's count).
+  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype) +
+         (weight.requires_grad ? 0 : weight.numel() * dtype_bytes(grad_dtype()));
+}
+
 // ---- MaxPool2d, Flatten ----------------------------------------------------------------
 
 Tensor MaxPool2d::forward_impl(const Tensor& x) {

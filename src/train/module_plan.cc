@@ -83,8 +83,14 @@ MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions
   for (const ddp::MemoryLine& line : held.lines) row(line.name, line.bytes, line.detail);
   Shape input{o.micro_batch};
   input.insert(input.end(), sample.begin(), sample.end());
-  row("batch", o.batch_on_device ? numel_of(input) * 4 + o.micro_batch * 8 : 0,
-      "inputs " + shape_str(input) + " f32 and labels [" + std::to_string(o.micro_batch) + "] i64");
+  // The inputs and labels; and either the input cast to a half compute dtype (Module::forward's
+  // slot -1 of the model), or in f32 the last step's inputs, which the first layer holds (its
+  // saved input) until this step's forward.
+  const std::int64_t inputs = numel_of(input);
+  row("batch", o.batch_on_device ? inputs * 4 + o.micro_batch * 8 + inputs * dtype_bytes(o.compute) : 0,
+      "inputs " + shape_str(input) + " f32 and labels [" + std::to_string(o.micro_batch) + "] i64, + " +
+          (o.compute == DType::f32 ? "the last step's inputs, which the first layer holds until this forward"
+                                   : "the inputs cast to " + std::string(name_of(o.compute))));
   Shape out;
   const std::int64_t act = model.buffer_bytes(input, o.compute, out);
   row("activations", act, "every layer's buffers, as the layers state them (Module::buffer_bytes): " + human(act));

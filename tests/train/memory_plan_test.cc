@@ -5,7 +5,8 @@
 // (Storage::peak_bytes over the steps, less the bytes alive before the model was built) must
 // be within 5% of the plan's total.
 // Run at 1 and 2 ranks (mpirun), on the CPU and on the emulated GPU (one device per rank).
-// Also: the plan's flat plan is DDP's, the rows respond to the options as the code allocates,
+// Also: any model of tutti's layers (an MLP, a CNN) planned by the layers' own statements, at
+// every ZeRO stage; the plan's flat plan is DDP's, the rows respond to the options as the code allocates,
 // the largest micro-batch and the advice for a plan that does not fit, and parse_bytes.
 #include <gtest/gtest.h>
 
@@ -358,24 +359,33 @@ TEST(MemoryPlan, TensorParallelGathersWithinFivePercentOfTheMeasuredPeak) {
   }
 }
 
-// Any model of tutti's layers: an MLP (Linear, ReLU, GELU, LayerNorm, Dropout) and a small CNN
-// (Conv2d is not planned: it does not state its buffers), planned by each layer's own statement
-// (Module::buffer_bytes) and DDP's, against the allocator over two steps, every ZeRO stage, f32
-// and bf16.
-std::unique_ptr<nn::Sequential> mlp() {
+// Any model of tutti's layers: an MLP (Linear, ReLU, GELU, LayerNorm, Dropout) and a CNN (Conv2d,
+// ReLU, MaxPool2d, Flatten, Linear: train_fashion_mnist's shape, smaller), planned by each layer's
+// own statement (Module::buffer_bytes) and DDP's, against the allocator over two steps, every
+// ZeRO stage, f32 and bf16.
+std::unique_ptr<nn::Sequential> small_module(bool cnn) {
   auto m = std::make_unique<nn::Sequential>();
-  m->add<nn::Linear>(48, 96).add<nn::ReLU>().add<nn::Linear>(96, 96).add<nn::GELU>();
-  m->add<nn::LayerNorm>(96).add<nn::Dropout>(0.1f).add<nn::Linear>(96, 10);
+  if (cnn) {
+    const nn::Conv2dOptions same{.padding = 1};
+    m->add<nn::Conv2d>(1, 4, 3, same).add<nn::ReLU>().add<nn::MaxPool2d>();
+    m->add<nn::Conv2d>(4, 8, 3, same).add<nn::ReLU>().add<nn::MaxPool2d>();
+    m->add<nn::Flatten>().add<nn::Linear>(8 * 4 * 4, 32).add<nn::ReLU>().add<nn::Linear>(32, 10);
+  } else {
+    m->add<nn::Linear>(48, 96).add<nn::ReLU>().add<nn::Linear>(96, 96).add<nn::GELU>();
+    m->add<nn::LayerNorm>(96).add<nn::Dropout>(0.1f).add<nn::Linear>(96, 10);
+  }
   return m;
 }
 
-std::int64_t measured_mlp_peak(int zero, bool bf16, std::int64_t batch) {
+Shape sample_of(bool cnn) { return cnn ? Shape{1, 16, 16} : Shape{48}; }
+
+std::int64_t measured_module_peak(bool cnn, int zero, bool bf16, std::int64_t batch) {
   const Device device = world().device();
   const Stream stream = device.is_cpu() ? Stream() : Stream::create(device);
   const std::int64_t before = Storage::live_bytes(device);
   std::int64_t peak = 0;
   {
-    const std::unique_ptr<nn::Sequential> model = mlp();
+    const std::unique_ptr<nn::Sequential> model = small_module(cnn);
     if (bf16) amp::apply(amp::Policy::bf16(), *model);
     model->to(device, stream).init(1);
     ddp::DistributedDataParallel ddp(
@@ -389,13 +399,16 @@ std::int64_t measured_mlp_peak(int zero, bool bf16, std::int64_t batch) {
     Storage::reset_peak_bytes(device);
     std::mt19937 rng(7 + world().rank());
     std::uniform_real_distribution<float> u(-1, 1);
+    Shape input{batch};
+    for (const std::int64_t d : sample_of(cnn)) input.push_back(d);
     for (int step = 0; step < 2; ++step) {
-      std::vector<float> x(static_cast<std::size_t>(batch * 48));
+      std::vector<float> x(static_cast<std::size_t>(numel_of(input)));
       for (float& v : x) v = u(rng);
       std::vector<std::int64_t> y(static_cast<std::size_t>(batch));
       for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int64_t>((i * 3 + step) % 10);
-      const Tensor xs = Tensor::from_floats(x, {batch, 48}).to(device, stream);
-      const Tensor ys = Tensor::from_ints(y, {batch}, DType::i64).to(device, stream);
+      // On the CPU the host tensors are the batch (a copy would count twice).
+      Tensor xs = Tensor::from_floats(x, input), ys = Tensor::from_ints(y, {batch}, DType::i64);
+      if (!device.is_cpu()) xs = xs.to(device, stream), ys = ys.to(device, stream);
       loss.forward(ddp.forward(xs), ys, 1.0f, stream);
       EXPECT_TRUE(ddp.backward(loss.grad()));
       optimizer.step(ddp.grad_norm(1.0).coefficient);
@@ -408,45 +421,53 @@ std::int64_t measured_mlp_peak(int zero, bool bf16, std::int64_t batch) {
   return peak;
 }
 
-TEST(ModulePlan, AnMlpWithinFivePercentOfTheMeasuredPeak) {
-  for (const int zero : {0, 1, 2, 3}) {
-    for (const bool bf16 : {false, true}) {
-      SCOPED_TRACE("MLP zero " + std::to_string(zero) + (bf16 ? " bf16" : " f32"));
-      const std::int64_t batch = 16, measured = measured_mlp_peak(zero, bf16, batch);
-      PlanOptions o;
-      o.world_size = world().world_size();
-      o.zero_stage = zero;
-      if (bf16) {
-        const amp::Policy p = amp::Policy::bf16();
-        o.compute = p.compute;
-        o.grad = p.grad;
-        o.grad_comm = p.comm;
+TEST(ModulePlan, AnMlpAndACnnWithinFivePercentOfTheMeasuredPeak) {
+  for (const bool cnn : {false, true}) {
+    for (const int zero : {0, 1, 2, 3}) {
+      for (const bool bf16 : {false, true}) {
+        const char* name = cnn ? "CNN" : "MLP";
+        SCOPED_TRACE(std::string(name) + " zero " + std::to_string(zero) + (bf16 ? " bf16" : " f32"));
+        const std::int64_t batch = 16, measured = measured_module_peak(cnn, zero, bf16, batch);
+        PlanOptions o;
+        o.world_size = world().world_size();
+        o.zero_stage = zero;
+        if (bf16) {
+          const amp::Policy p = amp::Policy::bf16();
+          o.compute = p.compute;
+          o.grad = p.grad;
+          o.grad_comm = p.comm;
+        }
+        o.micro_batch = batch;
+        o.bucket_cap_mb = o.first_bucket_cap_mb = 0.01;
+        const std::unique_ptr<nn::Sequential> model = small_module(cnn);
+        if (bf16) amp::apply(amp::Policy::bf16(), *model);
+        const MemoryPlan plan = memory_plan(*model, sample_of(cnn), o);
+        const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
+        if (world().rank() == 0) {
+          std::printf("memory_plan %s np %d %s: zero %d %s: plan %lld measured %lld ratio %.4f\n", name,
+                      world().world_size(), world().device().str().c_str(), zero, bf16 ? "bf16" : "f32 ",
+                      static_cast<long long>(plan.total()), static_cast<long long>(measured), ratio);
+        }
+        EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
       }
-      o.micro_batch = batch;
-      o.bucket_cap_mb = o.first_bucket_cap_mb = 0.01;
-      const std::unique_ptr<nn::Sequential> model = mlp();
-      if (bf16) amp::apply(amp::Policy::bf16(), *model);
-      const MemoryPlan plan = memory_plan(*model, {48}, o);
-      const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
-      if (world().rank() == 0) {
-        std::printf("memory_plan MLP np %d %s: zero %d %s: plan %lld measured %lld ratio %.4f\n", world().world_size(),
-                    world().device().str().c_str(), zero, bf16 ? "bf16" : "f32 ", static_cast<long long>(plan.total()),
-                    static_cast<long long>(measured), ratio);
-      }
-      EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
     }
   }
   // A layer that does not state its buffers is named, not guessed at.
-  nn::Sequential cnn;
-  cnn.add<nn::Conv2d>(1, 4, 3, nn::Conv2dOptions{.padding = 1})
-      .add<nn::ReLU>()
-      .add<nn::Flatten>()
-      .add<nn::Linear>(4 * 8 * 8, 10);
+  class Opaque : public nn::Module {
+   public:
+    std::string describe() const override { return "Opaque"; }
+
+   protected:
+    Tensor forward_impl(const Tensor& x) override { return x; }
+    Tensor backward_impl(const Tensor& dy) override { return dy; }
+  };
+  nn::Sequential unknown;
+  unknown.add<nn::Linear>(4, 4).add<Opaque>();
   try {
-    memory_plan(cnn, {1, 8, 8}, PlanOptions{});
-    ADD_FAILURE() << "a Conv2d was planned";
+    memory_plan(unknown, {4}, PlanOptions{});
+    ADD_FAILURE() << "a layer without a statement was planned";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("Conv2d"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Opaque does not state its buffers"), std::string::npos) << e.what();
   }
 }
 

@@ -192,6 +192,7 @@ class Conv2d : public Module {
   Parameter bias;    // [K]; [0] and unregistered without bias
   std::string describe() const override;
   Flops flops(const Shape& sample, Shape& out) const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

@@ -1,6 +1,6 @@
 // How many bytes one rank's device holds to train a models::Gpt or models::Llama, predicted without
 // building it: what train_gpt --plan prints (docs/gpt.md, "Planning memory"); and for any model of
-// tutti's layers whose layers state their buffers (Module::buffer_bytes), such as an MLP.
+// tutti's layers whose layers state their buffers (Module::buffer_bytes), such as an MLP or a CNN.
 //
 // doc-test: wrap-main
 //   tutti::train::PlanOptions o{.world_size = 8, .zero_stage = 1, .compute = tutti::DType::bf16,
@@ -132,9 +132,11 @@ MemoryPlan memory_plan(const models::LlamaConfig& config, const PlanOptions& opt
 // buffers, Module::buffer_bytes; InvalidArgument names one that does not) trained with
 // `options` on samples of shape `sample` (an input without the batch dimension: {784},
 // {1, 28, 28}) and a softmax cross-entropy over its output: DDP's part, the batch (f32 inputs,
-// i64 labels), the layers' buffers, the loss's gradient. micro_batch is in samples; seq_len,
-// recompute, tensor_parallel, evaluation, state_dict and checkpoint are the decoders' only
-// (InvalidArgument when set). ZeRO-3's gather groups are ShardParameters' default.
+// i64 labels, and the inputs cast to a half compute dtype, or in f32 the last step's, which the
+// first layer holds until the next forward), the layers' buffers, the loss's gradient. Not
+// counted: a GPU's stream-ordered kernel scratch (PlanOptions::gpu is not used here). micro_batch is in samples;
+// seq_len, recompute, tensor_parallel, evaluation, state_dict and checkpoint are the decoders' only (InvalidArgument
+// when set). ZeRO-3's gather groups are ShardParameters' default.
 MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions& options);
 
 // The largest micro_batch (per rank) whose plan fits in `device_bytes`, searched up to `limit`
