@@ -182,11 +182,14 @@ void dispatch_labels(const Tensor& labels, F&& f) {
 int row_block_size(int64_t C) { return C >= 4096 ? 1024 : C >= 512 ? 256 : 128; }
 
 // The mean loss over the counted rows, as softmax_cross_entropy and cross_entropy_from_sums give
-// it: 0 without rows; else row_losses(count, row_loss) launches the count and the row kernel
-// into stream-ordered scratch (the count, then the row losses, 16-byte aligned), and one block
-// sums the rows into loss in a fixed order.
+// it: 0 without rows; else, into stream-ordered scratch (the count, then the row losses, 16-byte
+// aligned), one block counts the rows that are not ignore_index, row_losses(y, count, row_loss)
+// launches the row kernel (y: the labels as their type), and one block sums the rows into loss
+// in a fixed order.
 template <typename F>
-void mean_of_row_losses(const Tensor& loss, int64_t rows, cudaStream_t s, F&& row_losses) {
+void mean_of_row_losses(const Tensor& loss, const Tensor& labels, int64_t ignore_index, cudaStream_t s,
+                        F&& row_losses) {
+  const int64_t rows = labels.numel();
   if (rows == 0) {
     TUTTI_CUDA_CHECK(cudaMemsetAsync(loss.data(), 0, sizeof(float), s));
     return;
@@ -194,7 +197,13 @@ void mean_of_row_losses(const Tensor& loss, int64_t rows, cudaStream_t s, F&& ro
   StreamScratch scratch(16 + static_cast<std::size_t>(rows) * sizeof(float), s);
   int* count = scratch.as<int>();
   float* row_loss = reinterpret_cast<float*>(scratch.as<char>() + 16);
-  row_losses(count, row_loss);
+  dispatch_labels(labels, [&](auto label_tag) {
+    using L = decltype(label_tag);
+    const L* y = static_cast<const L*>(labels.data());
+    count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
+    TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
+    row_losses(y, count, row_loss);
+  });
   finish_loss_kernel<<<1, 1024, 0, s>>>(row_loss, rows, count, static_cast<float*>(loss.data()));
   TUTTI_CUDA_CHECK_LAUNCH("finish_loss_kernel");
 }
@@ -206,21 +215,15 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
   const int64_t rows = logits.dim(0), C = logits.dim(1);
   DeviceGuard guard(logits.device());
   const cudaStream_t s = native(stream);
-  mean_of_row_losses(loss, rows, s, [&](int* count, float* row_loss) {
+  mean_of_row_losses(loss, labels, ignore_index, s, [&](const auto* y, int* count, float* row_loss) {
     detail::dispatch_floating("softmax_cross_entropy", logits.dtype(), [&](auto tag) {
       using H = decltype(tag);
       using T = device_t<H>;
-      dispatch_labels(labels, [&](auto label_tag) {
-        using L = decltype(label_tag);
-        const L* y = static_cast<const L*>(labels.data());
-        count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
-        TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
-        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
-        T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
-        softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
-                                                                   count, row_loss, dx);
-        TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
-      });
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
+      softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
+                                                                 count, row_loss, dx);
+      TUTTI_CUDA_CHECK_LAUNCH("softmax_xent_row_kernel");
     });
   });
 }
@@ -262,20 +265,14 @@ void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const T
   const int64_t rows = logits.dim(0), C = logits.dim(1);
   DeviceGuard guard(logits.device());
   const cudaStream_t s = native(stream);
-  mean_of_row_losses(loss, rows, s, [&](int* count, float* row_loss) {
+  mean_of_row_losses(loss, labels, ignore_index, s, [&](const auto* y, int* count, float* row_loss) {
     detail::dispatch_floating("cross_entropy_from_sums", logits.dtype(), [&](auto tag) {
       using H = decltype(tag);
-      dispatch_labels(labels, [&](auto label_tag) {
-        using L = decltype(label_tag);
-        const L* y = static_cast<const L*>(labels.data());
-        count_rows_kernel<<<1, 1024, 0, s>>>(y, rows, ignore_index, count);
-        TUTTI_CUDA_CHECK_LAUNCH("count_rows_kernel");
-        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
-        from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
-            ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows,
-            C, columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
-        TUTTI_CUDA_CHECK_LAUNCH("from_sums_kernel");
-      });
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
+          ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows, C,
+          columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
+      TUTTI_CUDA_CHECK_LAUNCH("from_sums_kernel");
     });
   });
 }

@@ -1,18 +1,9 @@
 #include "tutti/nn/loss.h"
 
+#include "nn/reuse_or_make.h"
 #include "tutti/kernels/cross_entropy.h"
 
 namespace tutti::nn {
-
-namespace {
-// A buffer of shape/dtype/device, reused when it already fits.
-void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
-  if (!t.defined() || t.shape() != shape || t.dtype() != dtype || t.device() != device) {
-    t = Tensor();
-    t = Tensor::empty(shape, dtype, device);
-  }
-}
-}  // namespace
 
 void CrossEntropyLoss::prepare(const Tensor& logits, const Tensor& labels) {
   TUTTI_CHECK_ARG(logits.defined() && logits.ndim() >= 2, "CrossEntropyLoss: logits must be [..., C], got ",
@@ -21,8 +12,8 @@ void CrossEntropyLoss::prepare(const Tensor& logits, const Tensor& labels) {
   const Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
   TUTTI_CHECK_ARG(labels.shape() == rows_shape, "CrossEntropyLoss: labels ", labels.str(), " must have the shape of ",
                   "the logits ", logits.str(), " without their last dimension");
-  ensure(loss_, {1}, DType::f32, logits.device());
-  ensure(dlogits_, logits.shape(), logits.dtype(), logits.device());
+  reuse_or_make(loss_, {1}, DType::f32, logits.device());
+  reuse_or_make(dlogits_, logits.shape(), logits.dtype(), logits.device());
 }
 
 const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, float grad_scale,

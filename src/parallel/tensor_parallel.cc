@@ -9,6 +9,7 @@
 
 #include "nn/slices.h"
 #include "parallel/reduce_over.h"
+#include "parallel/split_owner.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
 #include "tutti/kernels/reduce.h"
@@ -106,22 +107,6 @@ Tensor RowParallelLinear::forward_impl(const Tensor& x) {
 // gradient, the same on all, and its weight columns' own.
 
 // ---- whole tensors of split parameters ------------------------------------------------------
-
-namespace {
-
-// The split parameter a state entry belongs to: its name, or "<name>.<state>"; nullptr if none.
-const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, const std::string& key) {
-  for (const nn::Parameter* p : params) {
-    if (p->init_slice.full.empty()) continue;
-    if (key == p->name ||
-        (key.size() > p->name.size() && key.compare(0, p->name.size(), p->name) == 0 && key[p->name.size()] == '.')) {
-      return p;
-    }
-  }
-  return nullptr;
-}
-
-}  // namespace
 
 StateDict whole_state_dict(const StateDict& mine, nn::Module& model, Communicator& group) {
   const std::vector<nn::Parameter*> params = model.parameters();

@@ -1,5 +1,6 @@
 #include "tutti/parallel/vocab_parallel.h"
 
+#include "nn/reuse_or_make.h"
 #include "parallel/reduce_over.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/cross_entropy.h"
@@ -15,17 +16,12 @@ std::int64_t rows_of(const Communicator& group, std::int64_t vocab, const char* 
   return vocab / group.size();
 }
 
-// Rows [r·part, (r+1)·part) of the whole [vocab, width] table, drawn as the whole table.
-void split_rows(nn::Parameter& table, const Communicator& group, std::int64_t vocab, std::int64_t width) {
+// `table` as rows [r·part, (r+1)·part) of the whole [vocab, width] table, drawn as the whole
+// table; returns those rows, for the embedding kernels.
+kernels::EmbeddingRows split_rows(nn::Parameter& table, const Communicator& group, std::int64_t vocab,
+                                  std::int64_t width) {
   table.init_slice = {{vocab, width}, 0, group.rank(), group.size(), {}};
-}
-
-// A buffer of shape/dtype/device, reused when it already fits.
-void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
-  if (!t.defined() || t.shape() != shape || t.dtype() != dtype || t.device() != device) {
-    t = Tensor();
-    t = Tensor::empty(shape, dtype, device);
-  }
+  return {group.rank() * (vocab / group.size()), vocab};
 }
 
 }  // namespace
@@ -34,8 +30,7 @@ void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
 
 VocabParallelEmbedding::VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width)
     : nn::TokenEmbedding(rows_of(group, vocab, "VocabParallelEmbedding"), width), group_(group), vocab_(vocab) {
-  split_rows(weight, group, vocab, width);
-  rows_ = {group.rank() * (vocab / group.size()), vocab};
+  rows_ = split_rows(weight, group, vocab, width);
 }
 
 std::string VocabParallelEmbedding::describe() const {
@@ -54,8 +49,7 @@ VocabParallelTokenPositionEmbedding::VocabParallelTokenPositionEmbedding(Communi
     : nn::TokenPositionEmbedding(rows_of(group, vocab, "VocabParallelTokenPositionEmbedding"), context, width),
       group_(group),
       vocab_(vocab) {
-  split_rows(wte, group, vocab, width);
-  rows_ = {group.rank() * (vocab / group.size()), vocab};
+  rows_ = split_rows(wte, group, vocab, width);
   adds_positions_ = group.rank() == 0;  // once, before the sum
 }
 
@@ -101,7 +95,7 @@ const Tensor& VocabParallelCrossEntropy::forward(const Tensor& logits, const Ten
   prepare(logits, labels);
   const std::int64_t C = logits.dim(-1), N = labels.numel();
   const kernels::ClassColumns columns{group_.rank() * C, group_.size() * C};
-  ensure(stats_, {3, N}, DType::f32, logits.device());
+  nn::reuse_or_make(stats_, {3, N}, DType::f32, logits.device());
   const Tensor rows = logits.reshape({N, C}), y = labels.reshape({N});
   const Tensor row_max = stats_.view(0, {N}), sums = stats_.view(N, {2, N});
   kernels::cross_entropy_local_max(rows, row_max, stream);

@@ -201,7 +201,7 @@ void Run::Impl::load_state(const io::Checkpoint& ckpt, const std::string& source
   StateDict expected = model.extra_state();
   for (const nn::Parameter* p : model.parameters()) {
     const bool split = state.tensor_parallel != nullptr && !p->init_slice.full.empty();
-    Shape shape = !split ? p->shape() : rows ? p->shape() : p->init_slice.full;
+    Shape shape = split && !rows ? p->init_slice.full : p->shape();
     if (split && rows) shape.insert(shape.begin(), state.tensor_parallel->size());
     expected[p->name] = Tensor::empty(shape, DType::f32);
   }

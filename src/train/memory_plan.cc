@@ -25,48 +25,52 @@ using models::Recompute;
 using detail::Body;
 using detail::BodyBuffer;
 using detail::DecoderLayout;
-
-namespace {
+using detail::human;
 
 // "0.12 MiB", "2.90 GiB": the table's unit.
-std::string human(std::int64_t bytes) {
+std::string detail::human(std::int64_t bytes) {
   return tutti::detail::format_bytes(static_cast<double>(bytes), 2, tutti::detail::ByteUnit::MiB);
 }
 
-}  // namespace
+int detail::optimizer_states(const PlanOptions& o) {
+  return o.optimizer == PlanOptions::Optimizer::adamw ? 2 : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1 : 0;
+}
+
+ddp::MemoryPrediction detail::predict_ddp(std::vector<nn::PlanParam> params, std::vector<GradEvent> backward_order,
+                                          std::function<std::string(const std::string&)> gather_group,
+                                          std::string resident, const PlanOptions& o) {
+  TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
+                  "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
+                  name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
+  ddp::DdpOptions ddp_options;
+  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
+  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
+  ddp_options.sharding = ddp::sharding_of_stage(o.zero_stage, std::move(gather_group));
+  if (o.deterministic) ddp_options.deterministic = ddp::DeterministicOptions{};
+  ddp::MemoryInputs in;
+  in.params = std::move(params);
+  in.world_size = o.world_size / o.tensor_parallel;  // DDP's: the data-parallel ranks
+  in.compute = o.compute;
+  in.grad = o.grad;
+  in.grad_comm = o.grad_comm;
+  in.optimizer_states = optimizer_states(o);
+  in.backward_order = std::move(backward_order);
+  in.resident = std::move(resident);
+  return ddp::predict_memory(ddp_options, in);
+}
 
 MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
   TUTTI_CHECK_ARG(
       o.recompute.mode != Recompute::Mode::every || (o.recompute.every >= 1 && o.recompute.every <= d.layers),
       "memory_plan: ", o.recompute.str(), " but ", d.fingerprint, " has ", d.layers, " layers");
-  TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
-                  "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
-                  name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
   TUTTI_CHECK_ARG(!(o.cpu && o.gpu),
                   "memory_plan: PlanOptions::cpu and ::gpu are both set: the device is one or the other");
   const std::int64_t L = d.layers;
 
-  // DistributedDataParallel's part, stated by each of its parts (ddp/memory.h): the plan, the
-  // parameters and masters, ZeRO-3's gathered groups, the gradients, the optimizer's state and the
-  // communication buffers.
-  ddp::DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
-  ddp_options.sharding = ddp::sharding_of_stage(o.zero_stage, d.gather_group);
-  if (o.deterministic) ddp_options.deterministic = ddp::DeterministicOptions{};
-  const int states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
-                     : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
-                                                                           : 0;
-  ddp::MemoryInputs in;
-  in.params = d.params;
-  in.world_size = o.world_size / o.tensor_parallel;  // DDP's: the data-parallel ranks
-  in.compute = o.compute;
-  in.grad = o.grad;
-  in.grad_comm = o.grad_comm;
-  in.optimizer_states = states;
-  in.backward_order = d.backward_order;
-  in.resident = d.resident;
-  const ddp::MemoryPrediction held = ddp::predict_memory(ddp_options, in);
+  // DistributedDataParallel's part: the plan, the parameters and masters, ZeRO-3's gathered
+  // groups, the gradients, the optimizer's state and the communication buffers.
+  const ddp::MemoryPrediction held = predict_ddp(d.params, d.backward_order, d.gather_group, d.resident, o);
+  const int states = optimizer_states(o);
   const nn::FlatPlan& plan = held.plan;
   const std::int64_t total = plan.total, shard = held.sharded ? plan.shard_numel : plan.total;
 

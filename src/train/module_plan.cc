@@ -2,9 +2,10 @@
 // part (ddp::predict_memory), the batch, every layer's buffers as the layers state them
 // (Module::buffer_bytes), the loss's gradient and the scalars.
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/format_bytes.h"
+#include "train/plan_layout.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/memory.h"
 #include "tutti/nn/flat_plan.h"
@@ -14,31 +15,25 @@ namespace tutti::train {
 
 namespace {
 
-std::int64_t dtype_bytes(DType d) { return static_cast<std::int64_t>(size_of(d)); }
-
 // One backward pass's gradient placements and reports as tutti's layers make them: the layers
 // from the last, each placing its own parameters' gradients in registration order, then
-// reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready).
-void backward_events(const nn::Module& module, const std::vector<nn::Parameter*>& all,
+// reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready). A module's
+// own parameters are those of the root's list (`all`, named by their dotted paths) whose path is
+// the module's `path` and a name: asking a child for its parameters() would rename them.
+void backward_events(const nn::Module& module, const std::string& path, const std::vector<nn::Parameter*>& all,
                      std::vector<ddp::GradientEvent>& order) {
   const auto& children = module.children();
-  for (auto child = children.rbegin(); child != children.rend(); ++child) backward_events(*child->second, all, order);
+  for (auto child = children.rbegin(); child != children.rend(); ++child)
+    backward_events(*child->second, path.empty() ? child->first : path + "." + child->first, all, order);
   std::vector<std::size_t> own;
-  for (const nn::Parameter* p : const_cast<nn::Module&>(module).parameters()) {
-    bool in_child = false;
-    for (const auto& [name, child] : children) {
-      for (const nn::Parameter* q : child->parameters()) in_child = in_child || q == p;
-    }
-    if (in_child || !p->requires_grad) continue;
-    for (std::size_t i = 0; i < all.size(); ++i)
-      if (all[i] == p) own.push_back(i);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string& name = all[i]->name;
+    const std::size_t dot = name.rfind('.');
+    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+    if (owner == path && all[i]->requires_grad) own.push_back(i);
   }
   for (const std::size_t i : own) order.push_back({false, i});
   for (auto i = own.rbegin(); i != own.rend(); ++i) order.push_back({true, *i});
-}
-
-std::string human(std::int64_t bytes) {
-  return tutti::detail::format_bytes(static_cast<double>(bytes), 2, tutti::detail::ByteUnit::MiB);
 }
 
 }  // namespace
@@ -51,26 +46,10 @@ MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions
                       !o.state_dict && o.checkpoint == PlanOptions::Checkpoint::none,
                   "memory_plan of a module: tensor parallelism, recomputation, evaluation, state dicts and "
                   "checkpoints are planned for models::Gpt and models::Llama only");
-  TUTTI_CHECK_ARG(is_floating(o.compute) && (o.grad == DType::f32 || o.grad == o.compute) && is_floating(o.grad_comm),
-                  "memory_plan: compute ", name_of(o.compute), ", gradients ", name_of(o.grad), ", comm ",
-                  name_of(o.grad_comm), ": gradients are f32 or the compute dtype");
   const std::vector<nn::Parameter*> params = model.parameters();
-  ddp::DdpOptions ddp_options;
-  ddp_options.bucket_cap_mb = o.bucket_cap_mb;
-  ddp_options.first_bucket_cap_mb = o.first_bucket_cap_mb;
-  ddp_options.sharding = ddp::sharding_of_stage(o.zero_stage);
-  if (o.deterministic) ddp_options.deterministic = ddp::DeterministicOptions{};
-  ddp::MemoryInputs in;
-  in.params = nn::plan_params(params);
-  in.world_size = o.world_size;
-  in.compute = o.compute;
-  in.grad = o.grad;
-  in.grad_comm = o.grad_comm;
-  in.optimizer_states = o.optimizer == PlanOptions::Optimizer::adamw          ? 2
-                        : o.optimizer == PlanOptions::Optimizer::sgd_momentum ? 1
-                                                                              : 0;
-  backward_events(model, params, in.backward_order);
-  const ddp::MemoryPrediction held = ddp::predict_memory(ddp_options, in);
+  std::vector<ddp::GradientEvent> backward_order;
+  backward_events(model, "", params, backward_order);
+  const ddp::MemoryPrediction held = detail::predict_ddp(nn::plan_params(params), std::move(backward_order), {}, "", o);
 
   MemoryPlan m;
   for (const nn::Parameter* p : params) m.parameters += p->numel();
@@ -87,15 +66,16 @@ MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions
   // slot -1 of the model), or in f32 the last step's inputs, which the first layer holds (its
   // saved input) until this step's forward.
   const std::int64_t inputs = numel_of(input);
-  row("batch", o.batch_on_device ? inputs * 4 + o.micro_batch * 8 + inputs * dtype_bytes(o.compute) : 0,
+  row("batch", o.batch_on_device ? inputs * 4 + o.micro_batch * 8 + inputs * detail::bytes_of(o.compute) : 0,
       "inputs " + shape_str(input) + " f32 and labels [" + std::to_string(o.micro_batch) + "] i64, + " +
           (o.compute == DType::f32 ? "the last step's inputs, which the first layer holds until this forward"
                                    : "the inputs cast to " + std::string(name_of(o.compute))));
   Shape out;
   const std::int64_t act = model.buffer_bytes(input, o.compute, out);
-  row("activations", act, "every layer's buffers, as the layers state them (Module::buffer_bytes): " + human(act));
+  row("activations", act,
+      "every layer's buffers, as the layers state them (Module::buffer_bytes): " + detail::human(act));
   row("recompute workspace", 0, "no recomputation");
-  row("logits", numel_of(out) * dtype_bytes(o.compute),
+  row("logits", numel_of(out) * detail::bytes_of(o.compute),
       "the loss's gradient of the output " + shape_str(out) + " " + std::string(name_of(o.compute)));
   row("workspace", 16, "scalars: the loss, the reducer's flag, the gradient norm");
   return m;

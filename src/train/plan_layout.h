@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tutti/ddp/memory.h"
 #include "tutti/ddp/reducer.h"
 #include "tutti/nn/flat_plan.h"
 #include "tutti/train/memory_plan.h"
@@ -63,6 +64,18 @@ DecoderLayout llama_layout(const models::LlamaConfig& config, const PlanOptions&
 
 // The plan of a layout (memory_plan's work once the model is described).
 MemoryPlan plan_decoder(const DecoderLayout& layout, const PlanOptions& options);
+
+// What every plan shares (memory_plan.cc), the decoders' and any module's (module_plan.cc):
+// DistributedDataParallel's part, stated by each of its parts (ddp/memory.h), for `params` (their
+// backward order and ZeRO-3's groups as given) trained with `options` over its data-parallel
+// ranks, after checking the precision's dtypes (InvalidArgument); the optimizer's f32 values per
+// element; the table's unit ("0.12 MiB"); a dtype's bytes.
+ddp::MemoryPrediction predict_ddp(std::vector<nn::PlanParam> params, std::vector<GradEvent> backward_order,
+                                  std::function<std::string(const std::string&)> gather_group, std::string resident,
+                                  const PlanOptions& options);
+int optimizer_states(const PlanOptions& options);
+std::string human(std::int64_t bytes);
+std::int64_t bytes_of(DType dtype);
 
 // largest_micro_batch and fit_advice over any model: `plan` gives the plan of some options.
 std::int64_t largest_micro_batch(const std::function<MemoryPlan(const PlanOptions&)>& plan, PlanOptions options,

@@ -9,6 +9,8 @@
 
 namespace tutti::train::detail {
 
+std::int64_t bytes_of(DType d) { return static_cast<std::int64_t>(size_of(d)); }
+
 using models::CausalLm;
 using models::GptConfig;
 using models::Llama;
@@ -29,8 +31,6 @@ std::int64_t Body::at(int position, int slot) const {
 }
 
 namespace {
-
-std::int64_t bytes_of(DType d) { return static_cast<std::int64_t>(size_of(d)); }
 
 // The sequence length a plan is for.
 std::int64_t seq_len(const PlanOptions& o, std::int64_t context) { return o.seq_len == 0 ? context : o.seq_len; }

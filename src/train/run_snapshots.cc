@@ -9,6 +9,7 @@
 #include <random>
 
 #include "io/checkpoint_file.h"
+#include "parallel/split_owner.h"
 #include "train/run_impl.h"
 #include "tutti/amp/loss_scaler.h"
 #include "tutti/core/error.h"
@@ -22,17 +23,11 @@ namespace fs = std::filesystem;
 
 detail::MemorySnapshots::Piece whole(const Tensor& t) { return {t.view(0, {t.numel()}), 0, t.shape()}; }
 
-// The split parameter a state entry belongs to (its name, or "<name>.<state>" of its shape), or
-// nullptr (tensor_parallel.cc's rule).
+// The split parameter whose state `key` is, when the entry has that parameter's (slice's) shape.
 const nn::Parameter* split_owner(const std::vector<nn::Parameter*>& params, const std::string& key,
                                  const Shape& shape) {
-  for (const nn::Parameter* p : params) {
-    if (p->init_slice.full.empty() || p->shape() != shape) continue;
-    if (key == p->name ||
-        (key.size() > p->name.size() && key.compare(0, p->name.size(), p->name) == 0 && key[p->name.size()] == '.'))
-      return p;
-  }
-  return nullptr;
+  const nn::Parameter* p = parallel::split_owner(params, key);
+  return p != nullptr && p->shape() == shape ? p : nullptr;
 }
 
 // `parts` (this rank's parts of its state) with every split parameter's tensor put as row r of
