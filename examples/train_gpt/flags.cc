@@ -28,6 +28,9 @@ int parse_flags(int argc, char** argv, Flags& f) {
                  "parallelism over the world / N groups; N must divide the ranks, and the heads")
       ->check(example::positive(f.tp))
       ->capture_default_str();
+  app.add_flag("--sequence-parallel", f.sequence_parallel,
+               "with --tp N: the norms and the residual stream hold 1/N of the batch's rows too (Megatron's "
+               "sequence parallelism: less activation memory, one more allgather per layer in backward)");
   app.add_option("--recompute", f.recompute,
                  "activation checkpointing: none, blocks (every residual block recomputes its forward in "
                  "backward: least memory, about one more forward), every:K (the blocks of layers 0, K, 2K, ...), "

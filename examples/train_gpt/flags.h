@@ -22,6 +22,7 @@ struct Flags : example::RunFlags {
   std::string export_dtype = "f32";  // --export-dtype: f32, bf16 or f16
   std::string recompute = "none";    // models::Recompute::parse's spelling
   int tp = 1;                        // --tp: tensor-parallel ranks per model (models::Gpt(config, group))
+  bool sequence_parallel = false;    // --sequence-parallel: TensorParallelOptions::sequence_parallel
   std::vector<std::string> data, val_data;
   double val_fraction = 0.1;
   std::string tokenizer;

@@ -72,7 +72,7 @@ std::string shaping_flags(const gpt::Flags& f, const gpt::ModelConfig& c) {
     << " --bucket-mb " << f.bucket_mb << " --zero " << f.zero << " --seed " << f.seed << " --eval-every "
     << f.eval_every << " --val-tokens " << f.val_tokens << " --checkpoint-every " << f.checkpoint_every
     << " --max-steps " << f.max_steps << " --resume " << f.resume << " --init-from " << f.init_from << " --export "
-    << f.export_dir << " --tp " << f.tp;
+    << f.export_dir << " --tp " << f.tp << (f.sequence_parallel ? " --sequence-parallel" : "");
   return s.str();
 }
 
@@ -151,6 +151,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   TUTTI_CHECK_ARG(f.seq_len <= context, "--seq-len ", f.seq_len, " is longer than the context ", context);
   // --tp N: N ranks per model, data parallelism over the world / N groups.
   TUTTI_CHECK_ARG(world % f.tp == 0, "--tp ", f.tp, " must divide the ", world, " rank(s)");
+  TUTTI_CHECK_ARG(!f.sequence_parallel || f.tp > 1,
+                  "--sequence-parallel splits the rows over the --tp group: give "
+                  "--tp 2 or more");
   if (f.tp > 1) {
     // PowerSGD compresses each rank's slices over its data-parallel group; its state is saved per
     // tp rank (train::State::tensor_parallel).
@@ -176,9 +179,9 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   std::unique_ptr<tutti::models::CausalLm> owned_model;
   if (f.zero == 3) {
     tutti::nn::DeferredParameters defer;
-    owned_model = gpt::make_model(config, tp_group);
+    owned_model = gpt::make_model(config, tp_group, {.sequence_parallel = f.sequence_parallel});
   } else {
-    owned_model = gpt::make_model(config, tp_group);
+    owned_model = gpt::make_model(config, tp_group, {.sequence_parallel = f.sequence_parallel});
   }
   tutti::models::CausalLm& model = *owned_model;
   model.set_recompute(tutti::models::Recompute::parse(f.recompute));
@@ -307,17 +310,17 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   if (chatty) {
     std::printf(
         "train_gpt: %d rank(s), device %s, backend %s | model %s: %s, %lld parameters | data %s | "
-        "precision %s, grad comm %s, zero %d, tp %d, recompute %s | global batch %lld x %lld tokens (%lld sequences "
+        "precision %s, grad comm %s, zero %d, tp %d%s, recompute %s | global batch %lld x %lld tokens (%lld sequences "
         "per rank "
         "x %d "
         "micro-step(s)) | adamw lr %g -> %g, %lld warm-up steps, cosine, weight decay %g on %lld parameters, clip %g | "
         "%lld steps%s%s\n",
         world, device_name.c_str(), std::string(job.backend()).c_str(), model_name.c_str(), model.fingerprint().c_str(),
         static_cast<long long>(params), data.description.c_str(), f.precision.c_str(),
-        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.tp, f.recompute.c_str(),
-        static_cast<long long>(f.batch_size), static_cast<long long>(f.seq_len),
-        static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr, f.min_lr,
-        static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
+        std::string(tutti::name_of(policy.comm)).c_str(), f.zero, f.tp,
+        f.sequence_parallel ? " (sequence-parallel)" : "", f.recompute.c_str(), static_cast<long long>(f.batch_size),
+        static_cast<long long>(f.seq_len), static_cast<long long>(loader.local_micro_batch_size()), f.accum_steps, f.lr,
+        f.min_lr, static_cast<long long>(f.warmup_steps), f.weight_decay, static_cast<long long>(decayed), f.grad_clip,
         static_cast<long long>(f.steps),
         run.resumed() ? (" | resumed at step " + std::to_string(first_step)).c_str() : "", run.note().c_str());
     if (sync.diloco()) std::printf("train_gpt: sync %s\n", sync.describe().c_str());
@@ -331,6 +334,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   summary.set("precision", f.precision);
   summary.set("zero", f.zero);
   summary.set("tp", f.tp);
+  summary.set("sequence_parallel", f.sequence_parallel);
   summary.set("sync", sync.mode());
   summary.set("recompute", f.recompute);
   summary.set("decayed_parameters", decayed);

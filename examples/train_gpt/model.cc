@@ -52,14 +52,16 @@ ModelConfig model_config(const Flags& f, std::int64_t vocab) {
   return c;
 }
 
-std::unique_ptr<m::CausalLm> make_model(const ModelConfig& config, tutti::Communicator* tensor_parallel) {
+std::unique_ptr<m::CausalLm> make_model(const ModelConfig& config, tutti::Communicator* tensor_parallel,
+                                        const m::TensorParallelOptions& options) {
   return std::visit(
-      [tensor_parallel](const auto& c) -> std::unique_ptr<m::CausalLm> {
+      [tensor_parallel, &options](const auto& c) -> std::unique_ptr<m::CausalLm> {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, m::GptConfig>) {
-          return tensor_parallel ? std::make_unique<m::Gpt>(c, *tensor_parallel) : std::make_unique<m::Gpt>(c);
+          return tensor_parallel ? std::make_unique<m::Gpt>(c, *tensor_parallel, options) : std::make_unique<m::Gpt>(c);
         } else {
-          return tensor_parallel ? std::make_unique<m::Llama>(c, *tensor_parallel) : std::make_unique<m::Llama>(c);
+          return tensor_parallel ? std::make_unique<m::Llama>(c, *tensor_parallel, options)
+                                 : std::make_unique<m::Llama>(c);
         }
       },
       config);

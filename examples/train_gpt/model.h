@@ -28,9 +28,10 @@ std::vector<std::string> model_names();
 // flags refused) and --attention.
 ModelConfig model_config(const Flags& f, std::int64_t vocab);
 
-// tensor_parallel: a GPT split over that group (models::Gpt(config, group)); nullptr: whole.
+// tensor_parallel: a GPT split over that group (models::Gpt(config, group, options)); nullptr: whole.
 std::unique_ptr<tutti::models::CausalLm> make_model(const ModelConfig& config,
-                                                    tutti::Communicator* tensor_parallel = nullptr);
+                                                    tutti::Communicator* tensor_parallel = nullptr,
+                                                    const tutti::models::TensorParallelOptions& options = {});
 std::function<std::string(const std::string&)> gather_groups(const ModelConfig& config);
 std::int64_t context_of(const ModelConfig& config);
 std::string fingerprint_of(const ModelConfig& config);

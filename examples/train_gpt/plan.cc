@@ -16,12 +16,16 @@ int print_plan(Flags f) {
   if (f.seq_len == 0) f.seq_len = std::min<std::int64_t>(context_of(config), 1024);
   const int world = f.world_size;
   TUTTI_CHECK_ARG(world % f.tp == 0, "--plan: --tp ", f.tp, " must divide --world-size ", world);
+  TUTTI_CHECK_ARG(!f.sequence_parallel || f.tp > 1,
+                  "--plan: --sequence-parallel splits the rows over the --tp "
+                  "group: give --tp 2 or more");
   const int dp = world / f.tp;  // the batch is cut over the data-parallel ranks only
   f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, dp);  // checks the batch divides
   const tutti::amp::Policy policy = example::precision_policy(f.precision, f.grad_comm);
   t::PlanOptions o;
   o.world_size = world;
   o.tensor_parallel = f.tp;
+  o.sequence_parallel = f.sequence_parallel;
   o.zero_stage = f.zero;
   o.compute = policy.compute;
   o.grad = policy.grad;
@@ -38,8 +42,10 @@ int print_plan(Flags f) {
   if (!f.checkpoint_dir.empty())
     o.checkpoint = f.checkpoint_mode == "sync" ? t::PlanOptions::Checkpoint::sync : t::PlanOptions::Checkpoint::async;
   const t::MemoryPlan plan = memory_plan(config, o);
-  const std::string split =
-      f.tp > 1 ? ", tp " + std::to_string(f.tp) + " (data parallelism over " + std::to_string(dp) + ")" : "";
+  const std::string split = f.tp > 1
+                                ? ", tp " + std::to_string(f.tp) + (f.sequence_parallel ? " sequence-parallel" : "") +
+                                      " (data parallelism over " + std::to_string(dp) + ")"
+                                : "";
   std::printf(
       "train_gpt --plan: %s (%s, %lld parameters), %d rank(s)%s, zero %d, %s, recompute %s, micro-batch %lld x "
       "%lld tokens per rank (batch %lld = %d rank(s) x %d accumulation step(s) x %lld)%s\n",

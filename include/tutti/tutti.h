@@ -53,6 +53,7 @@
 #include "tutti/optim/lr_schedule.h"
 #include "tutti/optim/optimizer.h"
 #include "tutti/optim/sgd.h"
+#include "tutti/parallel/sequence_parallel.h"
 #include "tutti/parallel/tensor_parallel.h"
 #include "tutti/parallel/vocab_parallel.h"
 #include "tutti/train/memory_plan.h"

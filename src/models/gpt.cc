@@ -9,6 +9,7 @@
 
 #include "tutti/core/error.h"
 #include "tutti/core/stream.h"
+#include "tutti/parallel/sequence_parallel.h"
 #include "tutti/parallel/tensor_parallel.h"
 #include "tutti/parallel/vocab_parallel.h"
 
@@ -73,11 +74,12 @@ std::string GptConfig::fingerprint() const {
   return s.str();
 }
 
-Gpt::Gpt(const GptConfig& config) : Gpt(config, nullptr) {}
+Gpt::Gpt(const GptConfig& config) : Gpt(config, nullptr, {}) {}
 
-Gpt::Gpt(const GptConfig& config, Communicator& tensor_parallel) : Gpt(config, &tensor_parallel) {}
+Gpt::Gpt(const GptConfig& config, Communicator& tensor_parallel, const TensorParallelOptions& options)
+    : Gpt(config, &tensor_parallel, options) {}
 
-Gpt::Gpt(const GptConfig& config, Communicator* tp) : config_(config), ln_f_(config.width), tp_(tp) {
+Gpt::Gpt(const GptConfig& config, Communicator* tp, const TensorParallelOptions& options) : config_(config), tp_(tp) {
   const std::int64_t C = config.width;
   TUTTI_CHECK_ARG(config.layers >= 1 && config.heads >= 1 && C % config.heads == 0 && config.vocab >= 1 &&
                       config.padded_vocab >= config.vocab,
@@ -95,27 +97,32 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp) : config_(config), ln_f_(con
     TUTTI_CHECK_ARG(config.heads % tp_->size() == 0 && config.padded_vocab % tp_->size() == 0, "GPT: ", config.heads,
                     " heads and the padded vocabulary ", config.padded_vocab,
                     " must divide by the tensor-parallel group's ", tp_->size(), " rank(s)");
-    embed_ =
-        std::make_unique<parallel::VocabParallelTokenPositionEmbedding>(*tp_, config.padded_vocab, config.context, C);
-    head_ = std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->wte);
+    // With sequence parallelism the LayerNorms and the residual stream hold 1/tp of the rows.
+    if (options.sequence_parallel) sequence_ = std::make_unique<parallel::SequenceParallel>(*tp_);
+    parallel::SequenceParallel* const sp = sequence_.get();
+    auto norm = [&](nn::Sequential& body) -> nn::Sequential& {
+      return sp ? body.add<parallel::SequenceParallelLayerNorm>(*sp, C) : body.add<LayerNorm>(C);
+    };
+    embed_ = std::make_unique<parallel::VocabParallelTokenPositionEmbedding>(*tp_, config.padded_vocab, config.context,
+                                                                             C, sp);
+    head_ = std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->wte, sp);
+    ln_f_ = sp ? std::unique_ptr<LayerNorm>(std::make_unique<parallel::SequenceParallelLayerNorm>(*sp, C))
+               : std::make_unique<LayerNorm>(C);
     vocab_group_ = tp_;
     for (std::int64_t l = 0; l < config.layers; ++l) {
-      blocks_.emplace<Residual>()
-          .body()
-          .add<LayerNorm>(C)
-          .add<parallel::ColumnParallelLinear>(*tp_, C, 3 * C, weight, std::vector<std::int64_t>{C, C, C})
+      norm(blocks_.emplace<Residual>().body())
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 3 * C, weight, std::vector<std::int64_t>{C, C, C}, sp)
           .add<nn::CausalSelfAttention>(config.heads / tp_->size(), attention)
-          .add<parallel::RowParallelLinear>(*tp_, C, C, proj);
-      blocks_.emplace<Residual>()
-          .body()
-          .add<LayerNorm>(C)
-          .add<parallel::ColumnParallelLinear>(*tp_, C, 4 * C, weight)
+          .add<parallel::RowParallelLinear>(*tp_, C, C, proj, sp);
+      norm(blocks_.emplace<Residual>().body())
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 4 * C, weight, std::vector<std::int64_t>{}, sp)
           .add<GELU>()
-          .add<parallel::RowParallelLinear>(*tp_, 4 * C, C, proj);
+          .add<parallel::RowParallelLinear>(*tp_, 4 * C, C, proj, sp);
     }
   } else {
     embed_ = std::make_unique<nn::TokenPositionEmbedding>(config.padded_vocab, config.context, C);
     head_ = std::make_unique<nn::TiedLinear>(embed_->wte);
+    ln_f_ = std::make_unique<LayerNorm>(C);
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
           .body()
@@ -133,12 +140,13 @@ Gpt::Gpt(const GptConfig& config, Communicator* tp) : config_(config), ln_f_(con
   }
   register_module("embed", *embed_);
   register_module("blocks", blocks_);
-  register_module("ln_f", ln_f_);
+  register_module("ln_f", *ln_f_);
   register_module("head", *head_);
 }
 
 std::string Gpt::describe() const {
-  return "GPT(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") + ")";
+  return "GPT(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") +
+         (sequence_ ? ", sequence-parallel" : "") + ")";
 }
 
 std::int64_t Gpt::flop_parameters() {
@@ -148,12 +156,12 @@ std::int64_t Gpt::flop_parameters() {
 }
 
 Tensor Gpt::forward_impl(const Tensor& tokens) {
-  hidden_ = ln_f_.forward(blocks_.forward(embed_->forward(tokens)));
+  hidden_ = ln_f_->forward(blocks_.forward(embed_->forward(tokens)));
   return head_->forward(hidden_);
 }
 
 Tensor Gpt::backward_impl(const Tensor& dlogits) {
-  embed_->backward(blocks_.backward(ln_f_.backward(head_->backward(dlogits))));
+  embed_->backward(blocks_.backward(ln_f_->backward(head_->backward(dlogits))));
   return Tensor();  // token ids have no gradient
 }
 

@@ -79,15 +79,15 @@ void LlamaConfig::validate() const {
                   " kv_heads for ", heads, " heads); use flash");
 }
 
-Llama::Llama(const LlamaConfig& config) : Llama(config, nullptr) {}
+Llama::Llama(const LlamaConfig& config) : Llama(config, nullptr, {}) {}
 
-Llama::Llama(const LlamaConfig& config, Communicator& tensor_parallel) : Llama(config, &tensor_parallel) {}
+Llama::Llama(const LlamaConfig& config, Communicator& tensor_parallel, const TensorParallelOptions& options)
+    : Llama(config, &tensor_parallel, options) {}
 
-Llama::Llama(const LlamaConfig& config, Communicator* tp)
+Llama::Llama(const LlamaConfig& config, Communicator* tp, const TensorParallelOptions& options)
     : config_((config.validate(), config)),
       tp_(tp),
-      rope_(std::make_shared<nn::RopeTable>(config.head_dim(), config.rope)),
-      norm_(config.width, config.norm_eps) {
+      rope_(std::make_shared<nn::RopeTable>(config.head_dim(), config.rope)) {
   const std::int64_t C = config.width, hs = config.head_dim(), H = config.heads, G = config.kv_heads;
   const LinearOptions weight{.bias = false, .init = WeightInit::normal(0.02)};
   const nn::AttentionOptions attention{.kv_heads = G, .kernel = config.attention};
@@ -98,27 +98,33 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
     TUTTI_CHECK_ARG(H % n == 0 && G % n == 0 && F % n == 0 && config.vocab % n == 0, "Llama: ", H, " heads, ", G,
                     " key/value heads, ffn ", F, " and the vocabulary ", config.vocab,
                     " must divide by the tensor-parallel group's ", n, " rank(s)");
-    embed_ = std::make_unique<parallel::VocabParallelEmbedding>(*tp_, config.vocab, C);
+    // With sequence parallelism the RMSNorms and the residual stream hold 1/tp of the rows.
+    if (options.sequence_parallel) sequence_ = std::make_unique<parallel::SequenceParallel>(*tp_);
+    parallel::SequenceParallel* const sp = sequence_.get();
+    auto rms_norm = [&](nn::Sequential& body) -> nn::Sequential& {
+      return sp ? body.add<parallel::SequenceParallelRMSNorm>(*sp, C, config.norm_eps)
+                : body.add<RMSNorm>(C, config.norm_eps);
+    };
+    embed_ = std::make_unique<parallel::VocabParallelEmbedding>(*tp_, config.vocab, C, sp);
+    norm_ = sp ? std::unique_ptr<RMSNorm>(std::make_unique<parallel::SequenceParallelRMSNorm>(*sp, C, config.norm_eps))
+               : std::make_unique<RMSNorm>(C, config.norm_eps);
     vocab_group_ = tp_;
     const nn::AttentionOptions local{.kv_heads = G / n, .kernel = config.attention};
     for (std::int64_t l = 0; l < config.layers; ++l) {
-      blocks_.emplace<Residual>()
-          .body()
-          .add<RMSNorm>(C, config.norm_eps)
+      rms_norm(blocks_.emplace<Residual>().body())
           .add<parallel::ColumnParallelLinear>(*tp_, C, (H + 2 * G) * hs, weight,
-                                               std::vector<std::int64_t>{H * hs, G * hs, G * hs})
+                                               std::vector<std::int64_t>{H * hs, G * hs, G * hs}, sp)
           .add<nn::RotaryEmbedding>(H / n, G / n, rope_)
           .add<nn::CausalSelfAttention>(H / n, local)
-          .add<parallel::RowParallelLinear>(*tp_, H * hs, C, weight);
-      blocks_.emplace<Residual>()
-          .body()
-          .add<RMSNorm>(C, config.norm_eps)
-          .add<parallel::ColumnParallelLinear>(*tp_, C, 2 * F, weight, std::vector<std::int64_t>{F, F})
+          .add<parallel::RowParallelLinear>(*tp_, H * hs, C, weight, sp);
+      rms_norm(blocks_.emplace<Residual>().body())
+          .add<parallel::ColumnParallelLinear>(*tp_, C, 2 * F, weight, std::vector<std::int64_t>{F, F}, sp)
           .add<nn::SwiGLU>()
-          .add<parallel::RowParallelLinear>(*tp_, F, C, weight);
+          .add<parallel::RowParallelLinear>(*tp_, F, C, weight, sp);
     }
   } else {
     embed_ = std::make_unique<nn::TokenEmbedding>(config.vocab, C);
+    norm_ = std::make_unique<RMSNorm>(C, config.norm_eps);
     for (std::int64_t l = 0; l < config.layers; ++l) {
       blocks_.emplace<Residual>()
           .body()
@@ -137,21 +143,23 @@ Llama::Llama(const LlamaConfig& config, Communicator* tp)
   }
   register_module("embed", *embed_);
   register_module("blocks", blocks_);
-  register_module("norm", norm_);
+  register_module("norm", *norm_);
   // The head: with tp, its rows of the vocabulary (the tied table's, or an untied weight's).
   if (config.tied_head) {
-    tied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->weight)
+    tied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelTiedLinear>(*tp_, embed_->weight, sequence_.get())
                      : std::make_unique<nn::TiedLinear>(embed_->weight);
     register_module("head", *tied_head_);
   } else {
-    untied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelLinear>(*tp_, C, config.vocab, weight)
+    untied_head_ = tp_ ? std::make_unique<parallel::ColumnParallelLinear>(*tp_, C, config.vocab, weight,
+                                                                          std::vector<std::int64_t>{}, sequence_.get())
                        : std::make_unique<Linear>(C, config.vocab, weight);
     register_module("head", *untied_head_);
   }
 }
 
 std::string Llama::describe() const {
-  return "Llama(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") + ")";
+  return "Llama(" + config_.fingerprint() + (tp_ ? ", tp " + std::to_string(tp_->size()) : "") +
+         (sequence_ ? ", sequence-parallel" : "") + ")";
 }
 
 std::int64_t Llama::flop_parameters() {
@@ -175,13 +183,13 @@ std::function<std::string(const std::string&)> Llama::gather_groups(const LlamaC
 Tensor Llama::forward_impl(const Tensor& tokens) {
   TUTTI_CHECK_ARG(tokens.ndim() == 2 && tokens.dim(1) <= config_.context, describe(),
                   ": tokens must be [B, T <= ", config_.context, "], got ", tokens.str());
-  hidden_ = norm_.forward(blocks_.forward(embed_->forward(tokens)));
+  hidden_ = norm_->forward(blocks_.forward(embed_->forward(tokens)));
   return untied_head_ ? untied_head_->forward(hidden_) : tied_head_->forward(hidden_);
 }
 
 Tensor Llama::backward_impl(const Tensor& dlogits) {
   const Tensor dh = untied_head_ ? untied_head_->backward(dlogits) : tied_head_->backward(dlogits);
-  embed_->backward(blocks_.backward(norm_.backward(dh)));
+  embed_->backward(blocks_.backward(norm_->backward(dh)));
   return Tensor();  // token ids have no gradient
 }
 

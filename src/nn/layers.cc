@@ -50,23 +50,32 @@ Tensor Linear::forward_impl(const Tensor& x) {
   TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in_, describe(), ": input ", x.str(), " must end in ", in_);
   x_ = x;
   Tensor y = buffer(0, with_last(x.shape(), out_), x.dtype());
-  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), forward_bias(), as_rows(y, out_), stream());
+  multiply(x, y);
   return y;
 }
 
 Tensor Linear::backward_impl(const Tensor& dy) {
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  TUTTI_CHECK_ARG(dy.numel() == x_.numel() / in_ * out_, describe(), ": dy ", dy.str(), " does not match the output");
   Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
+  multiply_backward(x_, dy, dx);
+  return dx;
+}
+
+void Linear::multiply(const Tensor& x, const Tensor& y) {
+  TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in_, describe(), ": input ", x.str(), " must end in ", in_);
+  kernels::linear_forward(as_rows(x, in_), weight.compute_value(), forward_bias(), as_rows(y, out_), stream());
+}
+
+void Linear::multiply_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  TUTTI_CHECK_ARG(dy.numel() == x.numel() / in_ * out_, describe(), ": dy ", dy.str(), " does not match the output");
   // The kernel always writes dw: a frozen weight gets a scratch buffer.
   Tensor dw = weight.requires_grad ? grad_of(weight) : buffer(2, weight.shape(), grad_dtype());
   Tensor db = has_bias_ && bias.requires_grad ? grad_of(bias) : Tensor();
-  kernels::linear_backward(as_rows(x_, in_), weight.compute_value(), as_rows(dy, out_),
+  kernels::linear_backward(as_rows(x, in_), weight.compute_value(), as_rows(dy, out_),
                            dx.defined() ? as_rows(dx, in_) : Tensor(), dw, db, /*accumulate_params=*/true, stream());
   // Reverse registration order, the order in which gradients become ready model-wide.
   if (db.defined()) grad_ready(bias);
   if (weight.requires_grad) grad_ready(weight);
-  return dx;
 }
 
 std::int64_t Linear::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
@@ -219,12 +228,30 @@ Tensor LayerNorm::forward_impl(const Tensor& x) {
 
 Tensor LayerNorm::backward_impl(const Tensor& dy) {
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  // The kernel always writes dx and both parameter gradients: scratch where not wanted.
+  // The kernel always writes dx and both parameter gradients: scratch where not wanted, and all
+  // of [dgamma | dbeta] where they cover only some rows of the batch (summed, then added).
+  const bool partial = partial_rows();
+  const Tensor partial_grads = partial ? buffer(6, {2, dim_}, grad_dtype()) : Tensor();
   Tensor dx = buffer(3, x_.shape(), x_.dtype());
-  Tensor dgamma = gamma.requires_grad ? grad_of(gamma) : buffer(4, gamma.shape(), grad_dtype());
-  Tensor dbeta = beta.requires_grad ? grad_of(beta) : buffer(5, beta.shape(), grad_dtype());
+  Tensor dgamma = partial               ? partial_grads.view(0, {dim_})
+                  : gamma.requires_grad ? grad_of(gamma)
+                                        : buffer(4, gamma.shape(), grad_dtype());
+  Tensor dbeta = partial              ? partial_grads.view(dim_, {dim_})
+                 : beta.requires_grad ? grad_of(beta)
+                                      : buffer(5, beta.shape(), grad_dtype());
   kernels::layernorm_backward(as_rows(x_, dim_), gamma.compute_value(), mean_, rstd_, as_rows(dy, dim_),
-                              as_rows(dx, dim_), dgamma, dbeta, /*accumulate_params=*/true, stream());
+                              as_rows(dx, dim_), dgamma, dbeta, /*accumulate_params=*/!partial, stream());
+  if (partial) {
+    sum_partial_grads(partial_grads);
+    if (beta.requires_grad) {
+      const Tensor& g = grad_of(beta);
+      kernels::add(g, dbeta, g, stream());
+    }
+    if (gamma.requires_grad) {
+      const Tensor& g = grad_of(gamma);
+      kernels::add(g, dgamma, g, stream());
+    }
+  }
   if (beta.requires_grad) grad_ready(beta);
   if (gamma.requires_grad) grad_ready(gamma);
   return input_grad_needed() ? dx : Tensor();
@@ -261,9 +288,19 @@ Tensor RMSNorm::forward_impl(const Tensor& x) {
 Tensor RMSNorm::backward_impl(const Tensor& dy) {
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
   Tensor dx = buffer(2, x_.shape(), x_.dtype());
-  const Tensor dw = weight.requires_grad ? grad_of(weight) : Tensor();
+  // Where the rows are only some of the batch's, the weight's gradient goes to scratch, is
+  // summed (sum_partial_grads), then added.
+  const bool partial = partial_rows() && weight.requires_grad;
+  const Tensor dw = partial                ? buffer(3, weight.shape(), grad_dtype())
+                    : weight.requires_grad ? grad_of(weight)
+                                           : Tensor();
   kernels::rmsnorm_backward(as_rows(x_, dim_), weight.compute_value(), rstd_, as_rows(dy, dim_), as_rows(dx, dim_), dw,
-                            /*accumulate_params=*/true, stream());
+                            /*accumulate_params=*/!partial, stream());
+  if (partial) {
+    sum_partial_grads(dw);
+    const Tensor& g = grad_of(weight);
+    kernels::add(g, dw, g, stream());
+  }
   if (weight.requires_grad) grad_ready(weight);
   return input_grad_needed() ? dx : Tensor();
 }

@@ -32,13 +32,22 @@ std::string TokenPositionEmbedding::describe() const {
 }
 
 Tensor TokenPositionEmbedding::forward_impl(const Tensor& tokens) {
+  check_tokens(tokens);
+  Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
+  embed_into(tokens, y);
+  return y;
+}
+
+void TokenPositionEmbedding::check_tokens(const Tensor& tokens) const {
   TUTTI_CHECK_ARG(tokens.ndim() == 2 && tokens.dtype() == DType::i32 && tokens.dim(1) <= context_, describe(),
                   ": tokens must be [B, T <= ", context_, "] i32, got ", tokens.str());
+}
+
+void TokenPositionEmbedding::embed_into(const Tensor& tokens, const Tensor& y) {
+  check_tokens(tokens);
   tokens_ = tokens;
-  Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
   kernels::embedding_forward(tokens, wte.compute_value(), adds_positions_ ? wpe.compute_value() : Tensor(), y, rows_,
                              stream());
-  return y;
 }
 
 Tensor TokenPositionEmbedding::backward_impl(const Tensor& dy) {
@@ -70,12 +79,21 @@ std::string TokenEmbedding::describe() const {
 }
 
 Tensor TokenEmbedding::forward_impl(const Tensor& tokens) {
+  check_tokens(tokens);
+  Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
+  embed_into(tokens, y);
+  return y;
+}
+
+void TokenEmbedding::check_tokens(const Tensor& tokens) const {
   TUTTI_CHECK_ARG(tokens.ndim() == 2 && tokens.dtype() == DType::i32, describe(), ": tokens must be [B, T] i32, got ",
                   tokens.str());
+}
+
+void TokenEmbedding::embed_into(const Tensor& tokens, const Tensor& y) {
+  check_tokens(tokens);
   tokens_ = tokens;
-  Tensor y = buffer(0, {tokens.dim(0), tokens.dim(1), width_}, compute_dtype());
   kernels::embedding_forward(tokens, weight.compute_value(), Tensor(), y, rows_, stream());
-  return y;
 }
 
 Tensor TokenEmbedding::backward_impl(const Tensor& dy) {

@@ -9,6 +9,7 @@
 
 #include "nn/slices.h"
 #include "parallel/reduce_over.h"
+#include "parallel/same_group.h"
 #include "parallel/split_owner.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
@@ -49,12 +50,14 @@ std::string blocks_str(const std::vector<std::int64_t>& blocks) {
 // ---- ColumnParallelLinear -----------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                                           nn::LinearOptions options, std::vector<std::int64_t> blocks)
+                                           nn::LinearOptions options, std::vector<std::int64_t> blocks,
+                                           SequenceParallel* sequence)
     : nn::Linear(in_features, column_part(group, out_features, blocks), options),
       group_(group),
       in_(in_features),
       out_(out_features),
-      blocks_(std::move(blocks)) {
+      blocks_(std::move(blocks)),
+      sequence_(same_group(sequence, group, "ColumnParallelLinear")) {
   // Part r of each block of the whole [out, in] weight's rows and of the bias, drawn as the whole
   // layer's (its fan-out, not the part's).
   weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
@@ -64,24 +67,47 @@ ColumnParallelLinear::ColumnParallelLinear(Communicator& group, std::int64_t in_
 
 std::string ColumnParallelLinear::describe() const {
   return detail::str("ColumnParallelLinear(", in_, ", ", out_, blocks_.empty() ? "" : " [" + blocks_str(blocks_) + "]",
-                     ", tp ", group_.size(), ")");
+                     ", tp ", group_.size(), sequence_ ? ", sequence-parallel" : "", ")");
+}
+
+Tensor ColumnParallelLinear::forward_impl(const Tensor& x) {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::Linear::forward_impl(x);
+  // Keep only this rank's rows; multiply the whole batch's, gathered into the shared buffer.
+  x_ = x;
+  const Tensor whole = sequence_->gather(x, 0, stream(), describe() + " input");
+  Tensor y = buffer(0, nn::with_last(whole.shape(), weight.shape()[0]), x.dtype());
+  multiply(whole, y);
+  return y;
 }
 
 Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
-  Tensor dx = nn::Linear::backward_impl(dy);
-  // Each rank's features contributed their part of the input gradient: the sum is the whole.
-  if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
+  if (sequence_ == nullptr || !sequence_->active()) {
+    Tensor dx = nn::Linear::backward_impl(dy);
+    // Each rank's features contributed their part of the input gradient: the sum is the whole.
+    if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
+    return dx;
+  }
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  // The whole input again for the weight's gradient; the whole input gradient (this rank's
+  // features' part of it) in the other shared buffer, summed over the group into this rank's rows.
+  const Tensor whole = sequence_->gather(x_, 0, stream(), describe() + " input, again for backward");
+  const Tensor dx_whole = input_grad_needed() ? sequence_->whole_buffer(1, in_, x_.dtype(), x_.device()) : Tensor();
+  multiply_backward(whole, dy, dx_whole);
+  if (!dx_whole.defined()) return Tensor();
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
+  sequence_->scatter_sum(dx_whole, dx, stream(), describe() + " input gradient");
   return dx;
 }
 
 // ---- RowParallelLinear --------------------------------------------------------------------
 
 RowParallelLinear::RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                                     nn::LinearOptions options)
+                                     nn::LinearOptions options, SequenceParallel* sequence)
     : nn::Linear(part_of(group, in_features, "RowParallelLinear", "in_features"), out_features, options),
       group_(group),
       in_(in_features),
-      out_(out_features) {
+      out_(out_features),
+      sequence_(same_group(sequence, group, "RowParallelLinear")) {
   // Columns [r·part, (r+1)·part) of the whole [out, in] weight, drawn as the whole layer's (its
   // fan-in, not the part's); the bias whole.
   weight.init = options.init.spec(static_cast<double>(in_features), static_cast<double>(out_features));
@@ -89,7 +115,8 @@ RowParallelLinear::RowParallelLinear(Communicator& group, std::int64_t in_featur
 }
 
 std::string RowParallelLinear::describe() const {
-  return detail::str("RowParallelLinear(", in_, ", ", out_, ", tp ", group_.size(), ")");
+  return detail::str("RowParallelLinear(", in_, ", ", out_, ", tp ", group_.size(),
+                     sequence_ ? ", sequence-parallel" : "", ")");
 }
 
 Tensor RowParallelLinear::forward_bias() const {
@@ -98,13 +125,31 @@ Tensor RowParallelLinear::forward_bias() const {
 }
 
 Tensor RowParallelLinear::forward_impl(const Tensor& x) {
-  Tensor y = nn::Linear::forward_impl(x);
-  reduce_over(group_, y, stream(), describe() + " output");
+  if (sequence_ == nullptr || !sequence_->active()) {
+    Tensor y = nn::Linear::forward_impl(x);
+    reduce_over(group_, y, stream(), describe() + " output");
+    return y;
+  }
+  // This rank's part of the sum in the shared buffer; this rank's rows of the sum kept.
+  x_ = x;
+  const Tensor partial = sequence_->whole_buffer(0, out_, x.dtype(), x.device());
+  multiply(x, partial);
+  Tensor y = buffer(0, sequence_->local_shape(out_), x.dtype());
+  sequence_->scatter_sum(partial, y, stream(), describe() + " output");
   return y;
 }
 
-// Backward is nn::Linear's: every rank has the whole dy, so each computes the bias's whole
-// gradient, the same on all, and its weight columns' own.
+// Backward is nn::Linear's once every rank has the whole dy (gathered from the rows under
+// sequence parallelism): each computes the bias's whole gradient, the same on all, and its
+// weight columns' own.
+Tensor RowParallelLinear::backward_impl(const Tensor& dy) {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::Linear::backward_impl(dy);
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  const Tensor whole = sequence_->gather(dy, 0, stream(), describe() + " output gradient");
+  Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
+  multiply_backward(x_, whole, dx);
+  return dx;
+}
 
 // ---- whole tensors of split parameters ------------------------------------------------------
 

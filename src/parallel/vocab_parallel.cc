@@ -2,8 +2,10 @@
 
 #include "nn/reuse_or_make.h"
 #include "parallel/reduce_over.h"
+#include "parallel/same_group.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/cross_entropy.h"
+#include "tutti/kernels/linear.h"
 
 namespace tutti::parallel {
 
@@ -24,64 +26,136 @@ kernels::EmbeddingRows split_rows(nn::Parameter& table, const Communicator& grou
   return {group.rank() * (vocab / group.size()), vocab};
 }
 
+// Whether `sequence` (when given) splits the rows of this forward of `tokens` (its begin).
+bool splits(SequenceParallel* sequence, const Tensor& tokens) {
+  return sequence != nullptr && tokens.ndim() == 2 && sequence->begin(tokens.dim(0), tokens.dim(1));
+}
+
 }  // namespace
 
 // ---- the embeddings -----------------------------------------------------------------------
 
-VocabParallelEmbedding::VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width)
-    : nn::TokenEmbedding(rows_of(group, vocab, "VocabParallelEmbedding"), width), group_(group), vocab_(vocab) {
+VocabParallelEmbedding::VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width,
+                                               SequenceParallel* sequence)
+    : nn::TokenEmbedding(rows_of(group, vocab, "VocabParallelEmbedding"), width),
+      group_(group),
+      vocab_(vocab),
+      sequence_(same_group(sequence, group, "VocabParallelEmbedding")) {
   rows_ = split_rows(weight, group, vocab, width);
 }
 
 std::string VocabParallelEmbedding::describe() const {
   return detail::str("VocabParallelEmbedding(vocab ", vocab_, ", width ", weight.shape()[1], ", tp ", group_.size(),
-                     ")");
+                     sequence_ ? ", sequence-parallel" : "", ")");
 }
 
 Tensor VocabParallelEmbedding::forward_impl(const Tensor& tokens) {
+  if (splits(sequence_, tokens)) {
+    // This rank's part of every row in the shared buffer; its rows of the sum kept.
+    const std::int64_t width = weight.shape()[1];
+    const Tensor partial = sequence_->whole_buffer(0, width, compute_dtype(), device());
+    embed_into(tokens, partial);
+    Tensor y = buffer(0, sequence_->local_shape(width), compute_dtype());
+    sequence_->scatter_sum(partial, y, stream(), describe() + " output");
+    return y;
+  }
   Tensor y = nn::TokenEmbedding::forward_impl(tokens);
   reduce_over(group_, y, stream(), describe() + " output");
   return y;
 }
 
+Tensor VocabParallelEmbedding::backward_impl(const Tensor& dy) {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::TokenEmbedding::backward_impl(dy);
+  return nn::TokenEmbedding::backward_impl(sequence_->gather(dy, 0, stream(), describe() + " output gradient"));
+}
+
 VocabParallelTokenPositionEmbedding::VocabParallelTokenPositionEmbedding(Communicator& group, std::int64_t vocab,
-                                                                         std::int64_t context, std::int64_t width)
+                                                                         std::int64_t context, std::int64_t width,
+                                                                         SequenceParallel* sequence)
     : nn::TokenPositionEmbedding(rows_of(group, vocab, "VocabParallelTokenPositionEmbedding"), context, width),
       group_(group),
-      vocab_(vocab) {
+      vocab_(vocab),
+      sequence_(same_group(sequence, group, "VocabParallelTokenPositionEmbedding")) {
   rows_ = split_rows(wte, group, vocab, width);
   adds_positions_ = group.rank() == 0;  // once, before the sum
 }
 
 std::string VocabParallelTokenPositionEmbedding::describe() const {
   return detail::str("VocabParallelTokenPositionEmbedding(vocab ", vocab_, ", context ", wpe.shape()[0], ", width ",
-                     wpe.shape()[1], ", tp ", group_.size(), ")");
+                     wpe.shape()[1], ", tp ", group_.size(), sequence_ ? ", sequence-parallel" : "", ")");
 }
 
 Tensor VocabParallelTokenPositionEmbedding::forward_impl(const Tensor& tokens) {
+  if (splits(sequence_, tokens)) {
+    check_tokens(tokens);
+    const std::int64_t width = wpe.shape()[1];
+    const Tensor partial = sequence_->whole_buffer(0, width, compute_dtype(), device());
+    embed_into(tokens, partial);
+    Tensor y = buffer(0, sequence_->local_shape(width), compute_dtype());
+    sequence_->scatter_sum(partial, y, stream(), describe() + " output");
+    return y;
+  }
   Tensor y = nn::TokenPositionEmbedding::forward_impl(tokens);
   reduce_over(group_, y, stream(), describe() + " output");
   return y;
 }
 
-// Backward of both is their base's: every rank has the whole output gradient (the output was
-// summed), so each adds its tokens' rows to its own table rows, and the position table's whole
-// gradient, the same on every rank.
+Tensor VocabParallelTokenPositionEmbedding::backward_impl(const Tensor& dy) {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::TokenPositionEmbedding::backward_impl(dy);
+  return nn::TokenPositionEmbedding::backward_impl(sequence_->gather(dy, 0, stream(), describe() + " output gradient"));
+}
+
+// Backward of both is their base's, on the whole output gradient (the output was summed, or its
+// rows are gathered again): each rank adds its tokens' rows to its own table rows, and the
+// position table's whole gradient, the same on every rank.
 
 // ---- the tied head ------------------------------------------------------------------------
 
-ColumnParallelTiedLinear::ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight)
-    : nn::TiedLinear(weight), group_(group) {}
+ColumnParallelTiedLinear::ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight,
+                                                   SequenceParallel* sequence)
+    : nn::TiedLinear(weight), group_(group), sequence_(same_group(sequence, group, "ColumnParallelTiedLinear")) {}
 
 std::string ColumnParallelTiedLinear::describe() const {
   return detail::str("ColumnParallelTiedLinear(", weight().shape()[1], ", ", weight().shape()[0] * group_.size(),
-                     ", weight ", weight().name.empty() ? "shared" : weight().name, ", tp ", group_.size(), ")");
+                     ", weight ", weight().name.empty() ? "shared" : weight().name, ", tp ", group_.size(),
+                     sequence_ ? ", sequence-parallel" : "", ")");
+}
+
+Tensor ColumnParallelTiedLinear::forward_impl(const Tensor& x) {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::TiedLinear::forward_impl(x);
+  // The rows kept; the whole batch's multiplied, gathered into the shared buffer.
+  const std::int64_t out = weight().shape()[0];
+  rows_ = x;
+  const Tensor whole = sequence_->gather(x, 0, stream(), describe() + " input");
+  Tensor y = buffer(0, {whole.dim(0), whole.dim(1), out}, x.dtype());
+  kernels::linear_forward(whole.reshape({whole.numel() / whole.dim(-1), whole.dim(-1)}), weight().compute_value(),
+                          Tensor(), y.reshape({y.numel() / out, out}), stream());
+  return y;
 }
 
 Tensor ColumnParallelTiedLinear::backward_impl(const Tensor& dy) {
-  Tensor dx = nn::TiedLinear::backward_impl(dy);
-  // Each rank's columns of the logits contributed their part of the input gradient.
-  if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
+  if (sequence_ == nullptr || !sequence_->active()) {
+    Tensor dx = nn::TiedLinear::backward_impl(dy);
+    // Each rank's columns of the logits contributed their part of the input gradient.
+    if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
+    return dx;
+  }
+  TUTTI_CHECK_ARG(rows_.defined(), describe(), ": backward before forward");
+  nn::Parameter& w = weight();
+  const std::int64_t in = w.shape()[1], out = w.shape()[0];
+  const Tensor whole = sequence_->gather(rows_, 0, stream(), describe() + " input, again for backward");
+  const Tensor dx_whole =
+      input_grad_needed() ? sequence_->whole_buffer(1, in, rows_.dtype(), rows_.device()) : Tensor();
+  // The kernel always writes dw: a frozen table gets a scratch buffer. No grad_ready: the
+  // table's owner reports it once its own share is added (as nn::TiedLinear).
+  const Tensor dw = w.requires_grad ? grad_of(w) : buffer(2, w.shape(), grad_dtype());
+  kernels::linear_backward(whole.reshape({whole.numel() / in, in}), w.compute_value(),
+                           dy.reshape({dy.numel() / out, out}),
+                           dx_whole.defined() ? dx_whole.reshape({dx_whole.numel() / in, in}) : Tensor(), dw, Tensor(),
+                           /*accumulate_params=*/true, stream());
+  if (!dx_whole.defined()) return Tensor();
+  Tensor dx = buffer(1, rows_.shape(), rows_.dtype());
+  sequence_->scatter_sum(dx_whole, dx, stream(), describe() + " input gradient");
   return dx;
 }
 

@@ -143,6 +143,7 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
     ws_detail += ", + the first step's superseded buffers (" + human(superseded) + ") until layer 0 recomputes";
   }
   row("recompute workspace", ws, ws_detail);
+  if (d.sequence_bytes > 0) row("sequence-parallel workspace", d.sequence_bytes, d.sequence_detail);
   row("logits", d.logits_bytes, d.logits_detail);
   row("workspace", 16, "scalars: the loss, the reducer's flag, the gradient norm");
   if (o.gpu) row("GPU kernel scratch", d.gpu_scratch, d.gpu_scratch_detail);

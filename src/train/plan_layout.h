@@ -52,6 +52,8 @@ struct DecoderLayout {
   std::int64_t residual_bytes = 0;                              // each residual block's own buffers (y, dx)
   std::int64_t outside_bytes = 0;  // the layers' buffers outside the blocks (embedding, final norm)
   std::string outside_detail;
+  std::int64_t sequence_bytes = 0;  // sequence parallelism's shared whole-batch buffers (0 without)
+  std::string sequence_detail;
   std::int64_t logits_bytes = 0;  // the head's logits, the loss's gradient of them, the head's input gradient
   std::string logits_detail;
   std::int64_t eval_bytes = 0;   // evaluation between steps (logits gradient of its own loss, targets)

@@ -75,15 +75,27 @@ constexpr std::int64_t kCublasLtWorkspace = 32 << 20;  // kernels/cuda/linear.cu
 // tp ranks the loss's row statistics [3, N] f32 (parallel::VocabParallelCrossEntropy); an
 // evaluation's loss between steps; the GPU scratch.
 void head_and_scratch(DecoderLayout& d, std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t V, std::int64_t tp,
-                      DType compute, const AttentionCost& a) {
+                      DType compute, const AttentionCost& a, std::int64_t rows) {
   const std::int64_t N = B * T, cd = bytes_of(compute), stats = tp > 1 ? 3 * N * 4 : 0;
-  d.logits_bytes = 2 * N * V * cd + N * C * cd + stats;
+  d.logits_bytes = 2 * N * V * cd + rows * C * cd + stats;
   d.logits_detail = "[" + std::to_string(B) + ", " + std::to_string(T) + ", " + std::to_string(V) + "] " +
                     std::string(name_of(compute)) + " and the loss's gradient of them, + the head's input gradient";
   if (tp > 1) d.logits_detail += " (the vocabulary's 1/" + std::to_string(tp) + ")";
   d.eval_bytes = N * V * cd + N * 4 + 16 + stats;
   d.gpu_scratch = a.gpu_scratch + kCublasLtWorkspace;
   d.gpu_scratch_detail = a.detail + " + cuBLASLt's workspace (not in Storage's count)";
+}
+
+// The rows a rank's norms and residual stream hold: N, or N/tp with sequence parallelism where
+// they divide (parallel::SequenceParallel::begin); then the two whole [N, C] buffers its split
+// layers share.
+std::int64_t stream_rows(DecoderLayout& d, std::int64_t N, std::int64_t C, const PlanOptions& o) {
+  const std::int64_t tp = o.tensor_parallel;
+  if (!o.sequence_parallel || tp == 1 || N % tp != 0) return N;
+  d.sequence_bytes = 2 * N * C * bytes_of(o.compute);
+  d.sequence_detail = "2 x [" + std::to_string(N) + ", " + std::to_string(C) +
+                      "]: the gathered rows and the partial sums, shared by the split layers";
+  return N / tp;
 }
 
 }  // namespace
@@ -142,33 +154,38 @@ DecoderLayout gpt_layout(const GptConfig& c, const PlanOptions& o) {
   // statistics.
   // A rank's slices: Ct = C/tp of the heads' width, 4Ct of the MLP's; the inputs and outputs of the
   // blocks (and the dx of the column-parallel Linear) stay whole.
-  const std::int64_t Ct = C / tp, H = c.heads / tp;
+  // With sequence parallelism the LayerNorms, the column-parallel Linear's dx, the row-parallel
+  // one's y and the residual stream hold R = N/tp rows; each LayerNorm's partial parameter
+  // gradients take a [2, C] scratch.
+  const std::int64_t Ct = C / tp, H = c.heads / tp, R = stream_rows(d, N, C, o);
+  const std::int64_t partial = R < N ? 2 * C * bytes_of(o.grad) : 0;
   const AttentionCost a = attention_cost(c.attention, B, T, H, H, C / c.heads, o.compute);
   const auto layernorm = [&](Body& body) {
-    body.buffers.push_back({0, 0, N * C * cd, true, true});
-    body.buffers.push_back({0, 1, N * 4, true, true});
-    body.buffers.push_back({0, 2, N * 4, true, true});
-    body.buffers.push_back({0, 3, N * C * cd, false, false});
+    body.buffers.push_back({0, 0, R * C * cd, true, true});
+    body.buffers.push_back({0, 1, R * 4, true, true});
+    body.buffers.push_back({0, 2, R * 4, true, true});
+    body.buffers.push_back({0, 3, R * C * cd, false, false});
+    if (partial) body.buffers.push_back({0, 6, partial, false, false});
   };
   layernorm(d.attention);
   d.attention.buffers.push_back({1, 0, 3 * N * Ct * cd, true, true});
-  d.attention.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.attention.buffers.push_back({1, 1, R * C * cd, false, false});
   d.attention.buffers.push_back({2, 0, N * Ct * cd, true, true});
   d.attention.buffers.push_back({2, 1, a.saved, true, true});
   d.attention.buffers.push_back({2, 2, 3 * N * Ct * cd, false, false});
-  d.attention.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.attention.buffers.push_back({3, 0, R * C * cd, true, false});
   d.attention.buffers.push_back({3, 1, N * Ct * cd, false, false});
   layernorm(d.mlp);
   d.mlp.buffers.push_back({1, 0, 4 * N * Ct * cd, true, true});
-  d.mlp.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.mlp.buffers.push_back({1, 1, R * C * cd, false, false});
   d.mlp.buffers.push_back({2, 0, 4 * N * Ct * cd, true, true});
   d.mlp.buffers.push_back({2, 1, 4 * N * Ct * cd, false, false});
-  d.mlp.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.mlp.buffers.push_back({3, 0, R * C * cd, true, false});
   d.mlp.buffers.push_back({3, 1, 4 * N * Ct * cd, false, false});
-  d.residual_bytes = 2 * N * C * cd;
-  d.outside_bytes = N * C * cd + 2 * N * C * cd + 2 * N * 4;
+  d.residual_bytes = 2 * R * C * cd;
+  d.outside_bytes = R * C * cd + 2 * R * C * cd + 2 * R * 4 + partial;
   d.outside_detail = "the embedding's output and ln_f";
-  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a);
+  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a, R);
   return d;
 }
 
@@ -226,32 +243,35 @@ DecoderLayout llama_layout(const LlamaConfig& c, const PlanOptions& o) {
   layer_events(d.backward_order, 0, 1);
   // The bodies. RMSNorm: y, rstd (forward), dx; Linear: y, then dx; the rotary embedding rotates
   // in place (no buffer); attention: y, its saved tensor, then dqkv; SwiGLU: y, then dx.
+  // With sequence parallelism (as Gpt's) R = N/tp rows, and a [C] scratch per RMSNorm.
+  const std::int64_t R = stream_rows(d, N, C, o), partial = R < N ? C * bytes_of(o.grad) : 0;
   const AttentionCost a = attention_cost(c.attention, B, T, H, G, hs, o.compute);
   const auto rmsnorm = [&](Body& body) {
-    body.buffers.push_back({0, 0, N * C * cd, true, true});
-    body.buffers.push_back({0, 1, N * 4, true, true});
-    body.buffers.push_back({0, 2, N * C * cd, false, false});
+    body.buffers.push_back({0, 0, R * C * cd, true, true});
+    body.buffers.push_back({0, 1, R * 4, true, true});
+    body.buffers.push_back({0, 2, R * C * cd, false, false});
+    if (partial) body.buffers.push_back({0, 3, partial, false, false});
   };
   rmsnorm(d.attention);
   d.attention.buffers.push_back({1, 0, N * Wq * cd, true, true});
-  d.attention.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.attention.buffers.push_back({1, 1, R * C * cd, false, false});
   d.attention.buffers.push_back({3, 0, N * Hc * cd, true, true});
   d.attention.buffers.push_back({3, 1, a.saved, true, true});
   d.attention.buffers.push_back({3, 2, N * Wq * cd, false, false});
-  d.attention.buffers.push_back({4, 0, N * C * cd, true, false});
+  d.attention.buffers.push_back({4, 0, R * C * cd, true, false});
   d.attention.buffers.push_back({4, 1, N * Hc * cd, false, false});
   rmsnorm(d.mlp);
   d.mlp.buffers.push_back({1, 0, N * 2 * F * cd, true, true});
-  d.mlp.buffers.push_back({1, 1, N * C * cd, false, false});
+  d.mlp.buffers.push_back({1, 1, R * C * cd, false, false});
   d.mlp.buffers.push_back({2, 0, N * F * cd, true, true});
   d.mlp.buffers.push_back({2, 1, N * 2 * F * cd, false, false});
-  d.mlp.buffers.push_back({3, 0, N * C * cd, true, false});
+  d.mlp.buffers.push_back({3, 0, R * C * cd, true, false});
   d.mlp.buffers.push_back({3, 1, N * F * cd, false, false});
-  d.residual_bytes = 2 * N * C * cd;
+  d.residual_bytes = 2 * R * C * cd;
   // The embedding's output, the final norm's buffers and the rotary table the layers share.
-  d.outside_bytes = N * C * cd + 2 * N * C * cd + N * 4 + T * hs * 4;
+  d.outside_bytes = R * C * cd + 2 * R * C * cd + R * 4 + partial + T * hs * 4;
   d.outside_detail = "the embedding's output, the final norm and the rotary table";
-  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a);
+  head_and_scratch(d, B, T, C, V / tp, tp, o.compute, a, R);
   return d;
 }
 

@@ -130,14 +130,15 @@ class TrainGpt(unittest.TestCase):
         self.assertEqual(resumed["final_val_loss"], straight["final_val_loss"])
 
     def test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp(self):
-        # --tp 2 on 2 ranks, and dp 2 x tp 2 on 4 (ZeRO-1): the training of one rank (the same
-        # batches; only the sums' order differs). A tp 2 checkpoint holds whole tensors: it
-        # resumes at tp 1 and at dp 2 x tp 2 and continues the training.
+        # --tp 2 on 2 ranks, and dp 2 x tp 2 on 4 (ZeRO-1, with sequence parallelism): the training
+        # of one rank (the same batches; only the sums' order differs). A tp 2 checkpoint holds
+        # whole tensors: it resumes at tp 1 and at dp 2 x tp 2 and continues the training.
         heads = ["--heads", "4"]
         one = train(1, self.dir, "tp1", *self.data, *heads)
-        for ranks, extra in ((2, []), (4, ["--zero", "1"])):
+        for ranks, extra in ((2, []), (4, ["--zero", "1", "--sequence-parallel"])):
             r = train(ranks, self.dir, "np%d" % ranks, *self.data, *heads, "--tp", "2", *extra)
             self.assertEqual(r["tp"], 2)
+            self.assertEqual(r["sequence_parallel"], "--sequence-parallel" in extra)
             self.assertEqual(r["parameters"], one["parameters"], "the whole model's count")
             self.assertEqual(r["flops_per_token"], one["flops_per_token"], "the whole model's FLOPs")
             for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
@@ -153,6 +154,7 @@ class TrainGpt(unittest.TestCase):
             self.assertAlmostEqual(r["final_train_loss"], one["final_train_loss"], delta=2e-5 * one["final_train_loss"])
         # Refused, naming the flag: a size that does not divide the ranks or the heads.
         for ranks, flags, named in ((4, ["--tp", "3"], "--tp 3 must divide the 4 rank(s)"),
+                                    (2, ["--sequence-parallel"], "--sequence-parallel splits the rows over the --tp"),
                                     (4, ["--tp", "4", "--model", "llama-tiny", "--kv-heads", "2"],
                                      "must divide by the tensor-parallel group's 4")):
             p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
@@ -324,6 +326,13 @@ class TrainGpt(unittest.TestCase):
         self.assertRegex(split, r"\n  checkpoint .*whole_state_dict over the tp group")
         self.assertLess(split_params, whole_params)
         self.assertGreater(split_params, whole_params // 2, "the embeddings and norms stay whole")
+        # --sequence-parallel: the norms' and the residual stream's rows halved, two shared
+        # whole-batch buffers added; the state as without it.
+        rows, rows_total, rows_params = plan("--tp", "2", "--sequence-parallel")
+        self.assertIn("tp 2 sequence-parallel (data parallelism over 2)", rows)
+        self.assertRegex(rows, r"\n  sequence-parallel workspace ")
+        self.assertLess(rows_total, split_total)
+        self.assertEqual(rows_params, split_params)
         p = subprocess.run(base + ["--tp", "3"], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--tp 3 must divide --world-size 4", p.stderr + p.stdout)
@@ -468,9 +477,10 @@ class TrainGptOnEmulatedGpu(unittest.TestCase):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         data = ["--data", corpus(ARGS.workdir), "--steps", "3", "--eval-every", "0", "--sample-tokens", "4"]
-        # gpt-tp: the model split over the 2 ranks (--tp 2): its allreduces on the devices' streams.
+        # gpt-tp: the model split over the 2 ranks (--tp 2): its allreduces on the devices' streams;
+        # llama-tp with sequence parallelism: its reduce-scatters and allgathers there.
         for name, model in (("gpt", []), ("llama", LLAMA), ("gpt-tp", ["--heads", "4", "--tp", "2"]),
-                            ("llama-tp", [*LLAMA, "--tp", "2"])):
+                            ("llama-tp", [*LLAMA, "--tp", "2", "--sequence-parallel"])):
             cpu = train(2, d, name + "-cpu", *data, *model, "--device", "cpu")
             gpu = train(2, d, name + "-gpu", *data, *model, "--device", "cuda", binary=ARGS.emu_binary,
                         env={"TUTTI_EMU_DEVICES": "2"})

@@ -71,12 +71,13 @@ models::LlamaConfig llama_config(bool tied) {
 
 enum class Kind { gpt, llama, llama_tied };
 
-// The model of `kind`, split over `tp` when given.
-std::unique_ptr<models::CausalLm> make(Kind kind, Communicator* tp) {
+// The model of `kind`, split over `tp` when given (with sequence parallelism when `sequence`).
+std::unique_ptr<models::CausalLm> make(Kind kind, Communicator* tp, bool sequence = false) {
+  const models::TensorParallelOptions options{.sequence_parallel = sequence};
   if (kind == Kind::gpt)
-    return tp ? std::make_unique<models::Gpt>(config(), *tp) : std::make_unique<models::Gpt>(config());
+    return tp ? std::make_unique<models::Gpt>(config(), *tp, options) : std::make_unique<models::Gpt>(config());
   const models::LlamaConfig c = llama_config(kind == Kind::llama_tied);
-  return tp ? std::make_unique<models::Llama>(c, *tp) : std::make_unique<models::Llama>(c);
+  return tp ? std::make_unique<models::Llama>(c, *tp, options) : std::make_unique<models::Llama>(c);
 }
 
 std::function<std::string(const std::string&)> gather_group(Kind kind) {
@@ -93,14 +94,14 @@ struct Trained {
 // Steps [first_step, first_step + steps) of SGD with momentum on a dp x tp mesh of thread ranks (tp 1: the
 // unsplit Gpt), from `from`'s whole state (cut for this tp) when given.
 Trained train(int dp, int tp, int zero, const Trained* from = nullptr, int first_step = 0, int steps = kSteps,
-              Kind kind = Kind::gpt) {
+              Kind kind = Kind::gpt, bool sequence = false) {
   kernels::set_cpu_threads(1);
   Trained out;
   ThreadGroup group(dp * tp, CommOptions{.timeout = std::chrono::seconds(30)});
   group.run([&](int r) {
     const DeviceMesh mesh = group.mesh(r, {{"dp", dp}, {"tp", tp}});
     Communicator& tp_group = mesh.group("tp");
-    const std::unique_ptr<models::CausalLm> model = make(kind, tp == 1 ? nullptr : &tp_group);
+    const std::unique_ptr<models::CausalLm> model = make(kind, tp == 1 ? nullptr : &tp_group, sequence);
     model->init(kSeed);
     if (from) model->load_state_dict(split_state_dict(from->whole, *model));
     ddp::DistributedDataParallel ddp(
@@ -317,6 +318,100 @@ TEST(GptTensorParallel, EachRankHoldsItsRowsOfTheVocabularyAndItsColumnsOfTheLog
         most = std::max(most, std::fabs(double(g[static_cast<std::size_t>(row * half + v)]) -
                                         8.0 * wg[static_cast<std::size_t>(row * c.padded_vocab + r * half + v)]));
     EXPECT_LT(most, 1e-6) << "rank " << r << "'s gradient columns";
+  });
+}
+
+// ---- sequence parallelism (TensorParallelOptions::sequence_parallel) --------------------------
+
+TEST(SequenceParallel, GptAndLlamaTrainLikeTheUnsplitModelWithTheirRowsSplit) {
+  for (const Kind kind : {Kind::gpt, Kind::llama, Kind::llama_tied}) {
+    const char* name = kind == Kind::gpt ? "gpt" : kind == Kind::llama ? "llama" : "llama (tied)";
+    SCOPED_TRACE(name);
+    const Trained one = train(1, 1, 0, nullptr, 0, kSteps, kind);
+    EXPECT_LT(one.losses.back(), one.losses.front() - 0.3) << "the reference learned";
+    for (int tp : {2, 4}) {
+      const Trained split = train(1, tp, 0, nullptr, 0, kSteps, kind, /*sequence=*/true);
+      std::printf("%s tp %d, sequence-parallel: parameters %.2e, losses %.2e from tp 1\n", name, tp,
+                  relative_difference(split.whole, one.whole), max_step_difference(split.losses, one.losses));
+      EXPECT_LT(relative_difference(split.whole, one.whole), 1e-5) << "tp " << tp;
+      EXPECT_LT(max_step_difference(split.losses, one.losses), 1e-5) << "tp " << tp;
+      EXPECT_EQ(split.clipped, one.clipped) << "tp " << tp;
+    }
+    const Trained dp_one = train(2, 1, 0, nullptr, 0, kSteps, kind);
+    for (int zero : {0, 3}) {
+      const Trained mesh = train(2, 2, zero, nullptr, 0, kSteps, kind, /*sequence=*/true);
+      std::printf("%s dp 2 x tp 2, ZeRO %d, sequence-parallel: parameters %.2e from tp 1\n", name, zero,
+                  relative_difference(mesh.whole, one.whole));
+      EXPECT_LT(relative_difference(mesh.whole, one.whole), 1e-5) << "ZeRO " << zero;
+      EXPECT_LT(max_step_difference(mesh.losses, dp_one.losses), 1e-5) << "ZeRO " << zero;
+    }
+  }
+}
+
+TEST(SequenceParallel, EachRankHoldsItsRowsAndRowsThatDoNotDivideRunWhole) {
+  // At tp 2: a [2, 8] batch's 16 rows split 8 and 8 (the final norm's output [8, C]) with the
+  // logits of tensor parallelism without the split; a [1, 3] batch (3 rows) runs unsplit, its
+  // logits and gradients the same bits as without sequence parallelism.
+  const models::GptConfig c = config();
+  ThreadGroup group(2);
+  group.run([&](int r) {
+    Communicator& tp = group.communicator(r);
+    models::Gpt plain(c, tp), split(c, tp, {.sequence_parallel = true});
+    plain.init(kSeed);
+    split.init(kSeed);
+    ASSERT_NE(split.sequence_parallel(), nullptr);
+    EXPECT_EQ(plain.sequence_parallel(), nullptr);
+    EXPECT_NE(split.describe().find("sequence-parallel"), std::string::npos);
+    for (const std::int64_t rows : {std::int64_t{2}, std::int64_t{1}}) {
+      const std::int64_t T = rows == 2 ? kT : 3;
+      SCOPED_TRACE("batch [" + std::to_string(rows) + ", " + std::to_string(T) + "]");
+      const auto ids = [&](int shift) {
+        std::vector<std::int64_t> v;
+        for (std::int64_t i = 0; i < rows * T; ++i) v.push_back((7 * i + 3 + shift * i * i) % 32);
+        return Tensor::from_ints(v, {rows, T}, DType::i32);
+      };
+      const Tensor x = ids(0), y = ids(1);
+      const std::vector<float> a = plain.forward(x).to_floats(), b = split.forward(x).to_floats();
+      const bool splits = rows * T % 2 == 0;
+      EXPECT_EQ(split.sequence_parallel()->active(), splits);
+      EXPECT_EQ(split.last_hidden().shape(), splits ? (Shape{rows * T / 2, c.width}) : (Shape{rows, T, c.width}));
+      ASSERT_EQ(a.size(), b.size());
+      double most = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) most = std::max(most, std::fabs(double(a[i]) - b[i]));
+      if (splits) {
+        EXPECT_LT(most, 1e-6) << "rank " << r;
+      } else {
+        EXPECT_EQ(most, 0.0) << "rank " << r << ": the same path, the same bits";
+      }
+      const std::unique_ptr<nn::CrossEntropyLoss> plain_loss = plain.make_loss(), split_loss = split.make_loss();
+      plain_loss->forward(plain.forward(x), y);
+      split_loss->forward(split.forward(x), y);
+      plain.zero_grad();
+      split.zero_grad();
+      plain.backward(plain_loss->grad());
+      split.backward(split_loss->grad());
+      most = 0;
+      const std::vector<nn::Parameter*> pp = plain.parameters(), sp = split.parameters();
+      ASSERT_EQ(pp.size(), sp.size());
+      for (std::size_t i = 0; i < pp.size(); ++i) {
+        const std::vector<float> ga = pp[i]->grad.to_floats(), gb = sp[i]->grad.to_floats();
+        for (std::size_t j = 0; j < ga.size(); ++j) most = std::max(most, std::fabs(double(ga[j]) - gb[j]));
+      }
+      if (splits) {
+        EXPECT_LT(most, 1e-6) << "rank " << r << "'s gradients (the norms' summed over the group)";
+      } else {
+        EXPECT_EQ(most, 0.0) << "rank " << r << "'s gradients";
+      }
+    }
+  });
+  // A group of one has nothing to split over: the rows stay whole.
+  ThreadGroup one(1);
+  one.run([&](int r) {
+    models::Gpt model(c, one.communicator(r), {.sequence_parallel = true});
+    model.init(kSeed);
+    model.forward(tokens(0, 0, 0, 2, 0));
+    EXPECT_FALSE(model.sequence_parallel()->active());
+    EXPECT_EQ(model.last_hidden().shape(), (Shape{2, kT, c.width}));
   });
 }
 

@@ -76,7 +76,8 @@ struct Case {
   std::int64_t batch;
   double bucket_mb = 25.0;  // small: several buckets, so that ZeRO-2's pool holds more than one
   enum class Model { gpt, llama, llama_tied, gpt_materialized } model = Model::gpt;
-  int tp = 1;  // ranks of the tensor-parallel group (the whole world); DDP over the rest
+  int tp = 1;             // ranks of the tensor-parallel group (the whole world); DDP over the rest
+  bool sequence = false;  // with tp: TensorParallelOptions::sequence_parallel
 };
 
 const char* model_name(const Case& k) {
@@ -93,11 +94,13 @@ const char* model_name(const Case& k) {
 std::unique_ptr<CausalLm> make_model(const Case& k, Communicator* tp = nullptr) {
   if (k.model == Case::Model::llama || k.model == Case::Model::llama_tied) {
     const LlamaConfig c = small_llama(k.model == Case::Model::llama_tied);
-    return tp ? std::make_unique<Llama>(c, *tp) : std::make_unique<Llama>(c);
+    return tp ? std::make_unique<Llama>(c, *tp, TensorParallelOptions{.sequence_parallel = k.sequence})
+              : std::make_unique<Llama>(c);
   }
   GptConfig c = small();
   if (k.model == Case::Model::gpt_materialized) c.attention = nn::AttentionKernel::materialized;
-  return tp ? std::make_unique<Gpt>(c, *tp) : std::make_unique<Gpt>(c);
+  return tp ? std::make_unique<Gpt>(c, *tp, TensorParallelOptions{.sequence_parallel = k.sequence})
+            : std::make_unique<Gpt>(c);
 }
 
 MemoryPlan plan_of(const Case& k, const PlanOptions& o) {
@@ -112,6 +115,7 @@ PlanOptions options_of(const Case& k) {
   PlanOptions o;
   o.world_size = world().world_size();
   o.tensor_parallel = k.tp;
+  o.sequence_parallel = k.sequence;
   o.zero_stage = k.zero;
   if (k.bf16) {
     const amp::Policy p = amp::Policy::bf16();
@@ -318,6 +322,41 @@ TEST(MemoryPlan, TensorParallelWithinFivePercentOfTheMeasuredPeak) {
           world().device().str().c_str(), model_name(k), k.zero, k.bf16 ? "bf16" : "f32 ", k.recompute,
           static_cast<long long>(k.batch), static_cast<long long>(plan.total()), static_cast<long long>(measured),
           ratio, static_cast<long long>(unsplit.total()));
+    }
+    EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
+  }
+}
+
+// Sequence parallelism at tp 2: the norms' and the residual stream's rows halved, the split layers'
+// two shared whole-batch buffers added.
+constexpr Case kSequenceParallelCases[] = {
+    {0, false, "none", 4, 25.0, M::gpt, 2, true},
+    {1, true, "blocks", 2, 25.0, M::gpt, 2, true},
+    {3, false, "none", 3, 25.0, M::llama, 2, true},
+    {2, true, "mlp", 2, 0.1, M::llama_tied, 2, true},
+};
+
+TEST(MemoryPlan, SequenceParallelWithinFivePercentOfTheMeasuredPeak) {
+  if (world().world_size() != 2) return;  // tp 2 needs two ranks
+  const DeviceMesh mesh = world().mesh({{"dp", 1}, {"tp", 2}});
+  for (const Case& k : kSequenceParallelCases) {
+    SCOPED_TRACE(std::string(model_name(k)) + " tp 2 sequence-parallel zero " + std::to_string(k.zero) +
+                 (k.bf16 ? " bf16 " : " f32 ") + k.recompute + " B " + std::to_string(k.batch));
+    const std::int64_t measured = measured_peak(k, nullptr, false, &mesh);
+    const MemoryPlan plan = plan_of(k, options_of(k));
+    Case plain = k;
+    plain.sequence = false;
+    const MemoryPlan without = plan_of(plain, options_of(plain));
+    EXPECT_GT(plan.bytes("sequence-parallel workspace"), 0);
+    EXPECT_LT(plan.bytes("activations"), without.bytes("activations")) << "the rows are split";
+    const double ratio = static_cast<double>(plan.total()) / static_cast<double>(measured);
+    if (world().rank() == 0) {
+      std::printf(
+          "memory_plan tp 2 sequence-parallel %s: %-12s zero %d %s %-6s B %lld: plan %lld measured %lld "
+          "ratio %.4f (without: plan %lld)\n",
+          world().device().str().c_str(), model_name(k), k.zero, k.bf16 ? "bf16" : "f32 ", k.recompute,
+          static_cast<long long>(k.batch), static_cast<long long>(plan.total()), static_cast<long long>(measured),
+          ratio, static_cast<long long>(without.total()));
     }
     EXPECT_NEAR(ratio, 1.0, 0.05) << plan.str();
   }

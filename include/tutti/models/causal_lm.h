@@ -15,6 +15,7 @@
 #include "tutti/nn/loss.h"
 #include "tutti/nn/module.h"
 #include "tutti/nn/sequential.h"
+#include "tutti/parallel/sequence_parallel.h"
 
 namespace tutti::models {
 
@@ -43,6 +44,14 @@ struct Recompute {
   bool checkpoints(std::int64_t layer, bool mlp) const;
 };
 
+// How a model built over a tensor-parallel group (Gpt(config, group, options), Llama's) splits.
+struct TensorParallelOptions {
+  // Sequence parallelism (parallel/sequence_parallel.h): the norms and the residual stream hold
+  // 1/tp of the batch's rows [B·T / tp, width] rather than all of them; the final norm's output
+  // (last_hidden()) too. Trains as without it, up to the order of the sums.
+  bool sequence_parallel = false;
+};
+
 class CausalLm : public nn::Module {
  public:
   // Tokens the data can hold, and the logits' width (>= vocab: rows the embedding may pad).
@@ -63,12 +72,15 @@ class CausalLm : public nn::Module {
   // A sample is a sequence of T tokens: [T] -> [T, padded vocab]; the children's FLOPs summed in
   // order.
   nn::Flops flops(const Shape& sample, Shape& out) const override;
-  // The final norm's output of the last forward, [B, T, width]: what the head multiplies.
+  // The final norm's output of the last forward, [B, T, width]: what the head multiplies (with
+  // sequence parallelism, while it splits the rows, this rank's [B·T / tp, width]).
   const Tensor& last_hidden() const { return hidden_; }
   // The tensor-parallel group the logits' classes are split over (a model built over one: each
   // rank's logits are [B, T, padded_vocab / tp], its columns in rank order), or nullptr where
   // every rank has the whole logits.
   Communicator* vocab_group() const { return vocab_group_; }
+  // The model's sequence-parallel split (TensorParallelOptions::sequence_parallel), or nullptr.
+  parallel::SequenceParallel* sequence_parallel() const { return sequence_.get(); }
   // The loss these logits take: nn::CrossEntropyLoss, or over vocab_group()
   // parallel::VocabParallelCrossEntropy (COLLECTIVE over it). The group must outlive the loss.
   std::unique_ptr<nn::CrossEntropyLoss> make_loss(std::int64_t ignore_index = -100) const;
@@ -88,6 +100,8 @@ class CausalLm : public nn::Module {
 
  protected:
   CausalLm() = default;
+  // Made by a model with sequence parallelism, before (so destroyed after) the layers using it.
+  std::unique_ptr<parallel::SequenceParallel> sequence_;
   nn::Sequential blocks_;  // the layers' residual blocks, registered by the model as "blocks"
   Tensor hidden_;
   Communicator* vocab_group_ = nullptr;  // set by a model whose head splits the vocabulary

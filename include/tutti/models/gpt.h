@@ -84,8 +84,9 @@ class Gpt : public CausalLm {
   // heads and padded_vocab must divide by its size (InvalidArgument). Module::init gives each
   // rank its slices of the values the unsplit Gpt gets for the seed;
   // parallel::whole_state_dict / split_state_dict convert its state to and from the unsplit
-  // model's. The sequence is not split. Keeps a reference to the group: it must outlive the model.
-  Gpt(const GptConfig& config, Communicator& tensor_parallel);
+  // model's. options.sequence_parallel splits the LayerNorms' and the residual stream's rows too
+  // (parallel/sequence_parallel.h). Keeps a reference to the group: it must outlive the model.
+  Gpt(const GptConfig& config, Communicator& tensor_parallel, const TensorParallelOptions& options = {});
   const GptConfig& config() const { return config_; }
   std::string describe() const override;
   std::int64_t vocab() const override { return config_.vocab; }
@@ -110,12 +111,12 @@ class Gpt : public CausalLm {
   Tensor backward_impl(const Tensor& dlogits) override;
 
  private:
-  Gpt(const GptConfig& config, Communicator* tp);
+  Gpt(const GptConfig& config, Communicator* tp, const TensorParallelOptions& options);
 
   GptConfig config_;
   // Whole, or with tensor parallelism their vocabulary-parallel kinds (parallel/vocab_parallel.h).
   std::unique_ptr<nn::TokenPositionEmbedding> embed_;
-  nn::LayerNorm ln_f_;
+  std::unique_ptr<nn::LayerNorm> ln_f_;  // or parallel::SequenceParallelLayerNorm
   std::unique_ptr<nn::TiedLinear> head_;
   Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
 };

@@ -81,10 +81,11 @@ class Llama : public CausalLm {
   // blocks {F, F}, the down projection row-parallel) split across the group, and the vocabulary
   // (parallel/vocab_parallel.h: the embedding's rows and the head's, tied or not, so the logits'
   // columns, [B, T, vocab / tp] per rank; train it with make_loss()); the norms whole on every
-  // rank. COLLECTIVE forward and backward over the group; heads, kv_heads, ffn and vocab must
-  // divide by its size (InvalidArgument). Module::init gives each rank its slices of the unsplit
-  // Llama's values for the seed. Keeps a reference to the group.
-  Llama(const LlamaConfig& config, Communicator& tensor_parallel);
+  // rank, or with options.sequence_parallel 1/tp of the rows (parallel/sequence_parallel.h).
+  // COLLECTIVE forward and backward over the group; heads, kv_heads, ffn and vocab must divide by
+  // its size (InvalidArgument). Module::init gives each rank its slices of the unsplit Llama's
+  // values for the seed. Keeps a reference to the group.
+  Llama(const LlamaConfig& config, Communicator& tensor_parallel, const TensorParallelOptions& options = {});
   const LlamaConfig& config() const { return config_; }
   std::string describe() const override;
   std::int64_t vocab() const override { return config_.vocab; }
@@ -113,13 +114,13 @@ class Llama : public CausalLm {
   Tensor backward_impl(const Tensor& dlogits) override;
 
  private:
-  Llama(const LlamaConfig& config, Communicator* tp);
+  Llama(const LlamaConfig& config, Communicator* tp, const TensorParallelOptions& options);
 
   LlamaConfig config_;
   Communicator* tp_ = nullptr;  // the tensor-parallel group, or none
   std::shared_ptr<nn::RopeTable> rope_;
   std::unique_ptr<nn::TokenEmbedding> embed_;  // whole, or parallel::VocabParallelEmbedding
-  nn::RMSNorm norm_;
+  std::unique_ptr<nn::RMSNorm> norm_;          // or parallel::SequenceParallelRMSNorm
   std::unique_ptr<nn::Linear> untied_head_;
   std::unique_ptr<nn::TiedLinear> tied_head_;
 };

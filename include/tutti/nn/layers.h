@@ -51,11 +51,16 @@ class Linear : public Module {
   // The bias forward adds: the bias, or none without one. parallel::RowParallelLinear adds it on
   // one rank of its group only, before the output is summed over the group.
   virtual Tensor forward_bias() const { return has_bias_ ? bias.compute_value() : Tensor(); }
+  // Forward's multiply, y = x · weight^T + forward_bias(), and backward's, on given tensors: the
+  // weight's and the bias's gradients added and reported ready, dx = dy · weight where dx is
+  // defined. parallel::ColumnParallelLinear and RowParallelLinear gather or scatter around them.
+  void multiply(const Tensor& x, const Tensor& y);
+  void multiply_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+  Tensor x_;  // forward input, for backward
 
  private:
   std::int64_t in_, out_;
   bool has_bias_;
-  Tensor x_;  // forward input, for backward
 };
 
 class ReLU : public Module {
@@ -150,6 +155,12 @@ class LayerNorm : public Module {
  protected:
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // Whether this backward's input holds only some rows of the batch, so that its parameters'
+  // gradients are partial (a sequence-parallel subclass, parallel::SequenceParallelLayerNorm):
+  // then backward writes [dgamma | dbeta] ([2, dim]) to scratch, passes it to sum_partial_grads
+  // (which sums it over the ranks holding the other rows, in place), and adds the result.
+  virtual bool partial_rows() const { return false; }
+  virtual void sum_partial_grads(const Tensor& /*grads*/) {}
 
  private:
   std::int64_t dim_;
@@ -170,6 +181,9 @@ class RMSNorm : public Module {
  protected:
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // As LayerNorm's (parallel::SequenceParallelRMSNorm): the weight's gradient [dim] only.
+  virtual bool partial_rows() const { return false; }
+  virtual void sum_partial_grads(const Tensor& /*grads*/) {}
 
  private:
   std::int64_t dim_;

@@ -38,6 +38,11 @@ class TokenEmbedding : public Module {
   // Which rows of the whole table `weight` holds: all of them, or a vocabulary-parallel
   // subclass's slice (parallel::VocabParallelEmbedding sets it).
   kernels::EmbeddingRows rows_;
+  // InvalidArgument unless tokens are [B, T] i32.
+  void check_tokens(const Tensor& tokens) const;
+  // Forward's lookup into y ([B, T, width], the compute dtype), the tokens kept for backward: a
+  // sequence-parallel subclass looks up into a shared buffer before it splits the rows.
+  void embed_into(const Tensor& tokens, const Tensor& y);
 
  private:
   std::int64_t vocab_, width_;
@@ -140,6 +145,9 @@ class TokenPositionEmbedding : public Module {
   // before the sum over it (parallel::VocabParallelTokenPositionEmbedding sets them).
   kernels::EmbeddingRows rows_;
   bool adds_positions_ = true;
+  // As TokenEmbedding's: T must not exceed the context.
+  void check_tokens(const Tensor& tokens) const;
+  void embed_into(const Tensor& tokens, const Tensor& y);
 
  private:
   std::int64_t vocab_, context_, width_;

@@ -47,9 +47,8 @@
 // (train::State::tensor_parallel); train_gpt takes --tp N.
 //
 // The vocabulary splits too (parallel/vocab_parallel.h: the embedding, the output head and the
-// loss), so each rank computes 1/tp of the logits. What is not here yet: sequence parallelism
-// (each rank holds its group's whole batch in the parts that are not split), and memory
-// snapshots of a split model.
+// loss), so each rank computes 1/tp of the logits; and the rows of the parts that are not split
+// (the norms and the residual stream) with sequence parallelism (parallel/sequence_parallel.h).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +59,7 @@
 #include "tutti/nn/layers.h"
 #include "tutti/nn/module.h"
 #include "tutti/optim/clip.h"
+#include "tutti/parallel/sequence_parallel.h"
 
 namespace tutti::ddp {
 class DistributedDataParallel;  // ddp/ddp.h (grad_norm reads its reduced gradients)
@@ -77,19 +77,26 @@ namespace tutti::parallel {
 // {H·hs, G·hs, G·hs}: rank r holds its heads' q, then their k, then their v, which is what
 // nn::CausalSelfAttention over H/tp heads (G/tp key/value heads) reads; SwiGLU's [gate | up],
 // {F, F}. Empty: one block, the whole output. Each block must divide by the group's size.
+// sequence: the model's sequence-parallel split (parallel/sequence_parallel.h) over the same
+// group, or none. While it splits the rows, the input is this rank's rows [N/tp, in], gathered
+// into the whole [B, T, in] before the multiply (and again in backward: only the rows are kept),
+// and the input gradient is reduce-scattered back to the rows instead of summed.
 class ColumnParallelLinear : public nn::Linear {
  public:
   ColumnParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                       nn::LinearOptions options = {}, std::vector<std::int64_t> blocks = {});
+                       nn::LinearOptions options = {}, std::vector<std::int64_t> blocks = {},
+                       SequenceParallel* sequence = nullptr);
   std::string describe() const override;
 
  protected:
+  Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Communicator& group_;
   std::int64_t in_, out_;
   std::vector<std::int64_t> blocks_;
+  SequenceParallel* sequence_;
 };
 
 // y[..., out] = sum over the group of x[..., in/tp] · weight[out, in/tp]^T, + bias[out]: nn::Linear
@@ -99,19 +106,24 @@ class ColumnParallelLinear : public nn::Linear {
 // whose forward adds the bias on the group's first rank only, then sums the output over the
 // group (COLLECTIVE). Backward: no communication. in must divide by the group's size
 // (InvalidArgument).
+// sequence: as ColumnParallelLinear's. While it splits the rows, the output is reduce-scattered
+// (this rank's rows [N/tp, out] of the sum) instead of summed whole, and backward gathers the
+// output gradient's rows into the whole before its multiply.
 class RowParallelLinear : public nn::Linear {
  public:
   RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
-                    nn::LinearOptions options = {});
+                    nn::LinearOptions options = {}, SequenceParallel* sequence = nullptr);
   std::string describe() const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
   Tensor forward_bias() const override;
 
  private:
   Communicator& group_;
   std::int64_t in_, out_;
+  SequenceParallel* sequence_;
 };
 
 // COLLECTIVE over `group` (the split layers' group): `mine` (model.state_dict(), an

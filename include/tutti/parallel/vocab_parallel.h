@@ -22,6 +22,11 @@
 // loss reduces two small [N] and [2, N] f32 tensors (the row maxima, then the sums of exp and the
 // labels' logits; kernels/cross_entropy.h's split pieces). Nothing of [N, V] size crosses ranks.
 //
+// With sequence parallelism (the `sequence` of each, parallel/sequence_parallel.h): the
+// embeddings start the split (SequenceParallel::begin) and reduce-scatter their output to this
+// rank's rows [N/tp, C] instead of summing it whole; the head gathers its input rows and
+// reduce-scatters its input gradient back to them.
+//
 // Checkpoints: the split tables are split parameters like ColumnParallelLinear's weight
 // (Parameter::init_slice, rows): parallel::whole_state_dict and split_state_dict gather and cut
 // them, so a checkpoint holds the whole tables and resumes at any tensor-parallel size.
@@ -33,6 +38,7 @@
 #include "tutti/comm/communicator.h"
 #include "tutti/nn/loss.h"
 #include "tutti/nn/transformer.h"
+#include "tutti/parallel/sequence_parallel.h"
 
 namespace tutti::parallel {
 
@@ -44,15 +50,18 @@ namespace tutti::parallel {
 // the group's size (InvalidArgument).
 class VocabParallelEmbedding : public nn::TokenEmbedding {
  public:
-  VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width);
+  VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width,
+                         SequenceParallel* sequence = nullptr);
   std::string describe() const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Communicator& group_;
   std::int64_t vocab_;
+  SequenceParallel* sequence_;
 };
 
 // tokens [B, T] -> wte[tokens] + wpe[0..T) as [B, T, width]: nn::TokenPositionEmbedding (GPT-2's)
@@ -60,16 +69,18 @@ class VocabParallelEmbedding : public nn::TokenEmbedding {
 // group's first rank before the sum; every rank computes its whole, equal gradient).
 class VocabParallelTokenPositionEmbedding : public nn::TokenPositionEmbedding {
  public:
-  VocabParallelTokenPositionEmbedding(Communicator& group, std::int64_t vocab, std::int64_t context,
-                                      std::int64_t width);
+  VocabParallelTokenPositionEmbedding(Communicator& group, std::int64_t vocab, std::int64_t context, std::int64_t width,
+                                      SequenceParallel* sequence = nullptr);
   std::string describe() const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Communicator& group_;
   std::int64_t vocab_;
+  SequenceParallel* sequence_;
 };
 
 // x [..., in] -> [..., out/tp]: nn::TiedLinear over a weight whose rows are split across the
@@ -78,14 +89,17 @@ class VocabParallelTokenPositionEmbedding : public nn::TokenPositionEmbedding {
 // the rows this rank holds.
 class ColumnParallelTiedLinear : public nn::TiedLinear {
  public:
-  ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight);
+  ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight, SequenceParallel* sequence = nullptr);
   std::string describe() const override;
 
  protected:
+  Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Communicator& group_;
+  SequenceParallel* sequence_;
+  Tensor rows_;  // the input's rows, for backward, while `sequence` splits them
 };
 
 // nn::CrossEntropyLoss over logits whose classes are split across the group in rank order (rank r
