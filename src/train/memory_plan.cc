@@ -143,7 +143,7 @@ MemoryPlan detail::plan_decoder(const DecoderLayout& d, const PlanOptions& o) {
     ws_detail += ", + the first step's superseded buffers (" + human(superseded) + ") until layer 0 recomputes";
   }
   row("recompute workspace", ws, ws_detail);
-  if (d.sequence_bytes > 0) row("sequence-parallel workspace", d.sequence_bytes, d.sequence_detail);
+  if (d.sequence_bytes > 0) row("sequence workspace", d.sequence_bytes, d.sequence_detail);
   row("logits", d.logits_bytes, d.logits_detail);
   row("workspace", 16, "scalars: the loss, the reducer's flag, the gradient norm");
   if (o.gpu) row("GPU kernel scratch", d.gpu_scratch, d.gpu_scratch_detail);
@@ -263,6 +263,9 @@ PlanOptions settled(const PlanOptions& o, std::int64_t context) {
                   context, ") are out of range");
   TUTTI_CHECK_ARG(s.tensor_parallel >= 1 && s.world_size % s.tensor_parallel == 0, "memory_plan: tensor_parallel ",
                   s.tensor_parallel, " must be >= 1 and divide world_size ", s.world_size);
+  TUTTI_CHECK_ARG(!s.sequence_parallel || s.tensor_parallel > 1,
+                  "memory_plan: sequence_parallel splits the rows over the tensor-parallel group: tensor_parallel "
+                  "must be 2 or more");
   return s;
 }
 

@@ -42,8 +42,8 @@ MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions
   TUTTI_CHECK_ARG(o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.micro_batch >= 1,
                   "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage,
                   " (0-3) and micro_batch ", o.micro_batch, " (>= 1) are out of range");
-  TUTTI_CHECK_ARG(o.tensor_parallel == 1 && o.recompute.mode == models::Recompute::Mode::none && !o.evaluation &&
-                      !o.state_dict && o.checkpoint == PlanOptions::Checkpoint::none,
+  TUTTI_CHECK_ARG(o.tensor_parallel == 1 && !o.sequence_parallel && o.recompute.mode == models::Recompute::Mode::none &&
+                      !o.evaluation && !o.state_dict && o.checkpoint == PlanOptions::Checkpoint::none,
                   "memory_plan of a module: tensor parallelism, recomputation, evaluation, state dicts and "
                   "checkpoints are planned for models::Gpt and models::Llama only");
   const std::vector<nn::Parameter*> params = model.parameters();

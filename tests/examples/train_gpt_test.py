@@ -330,7 +330,7 @@ class TrainGpt(unittest.TestCase):
         # whole-batch buffers added; the state as without it.
         rows, rows_total, rows_params = plan("--tp", "2", "--sequence-parallel")
         self.assertIn("tp 2 sequence-parallel (data parallelism over 2)", rows)
-        self.assertRegex(rows, r"\n  sequence-parallel workspace ")
+        self.assertRegex(rows, r"\n  sequence workspace ")
         self.assertLess(rows_total, split_total)
         self.assertEqual(rows_params, split_params)
         p = subprocess.run(base + ["--tp", "3"], capture_output=True, text=True, timeout=60)

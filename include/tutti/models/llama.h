@@ -81,7 +81,7 @@ class Llama : public CausalLm {
   // blocks {F, F}, the down projection row-parallel) split across the group, and the vocabulary
   // (parallel/vocab_parallel.h: the embedding's rows and the head's, tied or not, so the logits'
   // columns, [B, T, vocab / tp] per rank; train it with make_loss()); the norms whole on every
-  // rank, or with options.sequence_parallel 1/tp of the rows (parallel/sequence_parallel.h).
+  // rank, or with options.sequence_parallel holding 1/tp of the rows (parallel/sequence_parallel.h).
   // COLLECTIVE forward and backward over the group; heads, kv_heads, ffn and vocab must divide by
   // its size (InvalidArgument). Module::init gives each rank its slices of the unsplit Llama's
   // values for the seed. Keeps a reference to the group.

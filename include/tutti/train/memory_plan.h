@@ -40,9 +40,9 @@ struct PlanOptions {
   // the whole tensors gathered over the group too (parallel::whole_state_dict; a checkpoint's
   // gathers the optimizer's state as well, train::State::tensor_parallel).
   int tensor_parallel = 1;
-  // With tensor_parallel > 1: TensorParallelOptions::sequence_parallel (the norms' and the
-  // residual stream's rows 1/tp where the micro-batch's rows divide, and the split layers' two
-  // shared whole-batch buffers).
+  // TensorParallelOptions::sequence_parallel (the norms' and the residual stream's rows 1/tp
+  // where the micro-batch's rows divide, and the split layers' two shared whole-batch buffers);
+  // InvalidArgument at tensor_parallel 1.
   bool sequence_parallel = false;
   int zero_stage = 0;            // ddp::sharding_of_stage: 0, 1, 2 or 3 (with the model's gather groups)
   DType compute = DType::f32;    // amp::Policy::compute: activations and compute copies
