@@ -67,26 +67,12 @@ std::int64_t SequenceParallel::workspace_bytes() const {
 
 // ---- the norms ----------------------------------------------------------------------------
 
-SequenceParallelLayerNorm::SequenceParallelLayerNorm(SequenceParallel& sequence, std::int64_t dim, float eps)
-    : nn::LayerNorm(dim, eps), sequence_(sequence) {}
-
-std::string SequenceParallelLayerNorm::describe() const {
-  return nn::LayerNorm::describe() + " (sequence-parallel, tp " + std::to_string(sequence_.group().size()) + ")";
+template <typename Norm>
+void SequenceParallelNorm<Norm>::sum_partial_grads(const Tensor& grads) {
+  reduce_over(sequence_.group(), grads, this->stream(), describe() + " parameter gradients");
 }
 
-void SequenceParallelLayerNorm::sum_partial_grads(const Tensor& grads) {
-  reduce_over(sequence_.group(), grads, stream(), describe() + " parameter gradients");
-}
-
-SequenceParallelRMSNorm::SequenceParallelRMSNorm(SequenceParallel& sequence, std::int64_t dim, float eps)
-    : nn::RMSNorm(dim, eps), sequence_(sequence) {}
-
-std::string SequenceParallelRMSNorm::describe() const {
-  return nn::RMSNorm::describe() + " (sequence-parallel, tp " + std::to_string(sequence_.group().size()) + ")";
-}
-
-void SequenceParallelRMSNorm::sum_partial_grads(const Tensor& grads) {
-  reduce_over(sequence_.group(), grads, stream(), describe() + " parameter gradients");
-}
+template class SequenceParallelNorm<nn::LayerNorm>;
+template class SequenceParallelNorm<nn::RMSNorm>;
 
 }  // namespace tutti::parallel

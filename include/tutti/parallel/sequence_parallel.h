@@ -71,13 +71,17 @@ class SequenceParallel {
   Tensor buffers_[2];
 };
 
-// nn::LayerNorm in the sequence-parallel region: while `sequence` splits the rows, gamma's and
-// beta's gradients are summed over its group in backward (COLLECTIVE), so that every rank adds
-// the whole batch's, as the unsplit layer would.
-class SequenceParallelLayerNorm : public nn::LayerNorm {
+// A norm (nn::LayerNorm, nn::RMSNorm) in the sequence-parallel region: while `sequence` splits
+// the rows, its parameters' gradients are summed over the group in backward (COLLECTIVE: one
+// small allreduce), so that every rank adds the whole batch's, as the unsplit layer would.
+template <typename Norm>
+class SequenceParallelNorm : public Norm {
  public:
-  SequenceParallelLayerNorm(SequenceParallel& sequence, std::int64_t dim, float eps = 1e-5f);
-  std::string describe() const override;
+  SequenceParallelNorm(SequenceParallel& sequence, std::int64_t dim, float eps = 1e-5f)
+      : Norm(dim, eps), sequence_(sequence) {}
+  std::string describe() const override {
+    return Norm::describe() + " (sequence-parallel, tp " + std::to_string(sequence_.group().size()) + ")";
+  }
 
  protected:
   bool partial_rows() const override { return sequence_.active(); }
@@ -87,18 +91,10 @@ class SequenceParallelLayerNorm : public nn::LayerNorm {
   SequenceParallel& sequence_;
 };
 
-// nn::RMSNorm so (Llama's).
-class SequenceParallelRMSNorm : public nn::RMSNorm {
- public:
-  SequenceParallelRMSNorm(SequenceParallel& sequence, std::int64_t dim, float eps = 1e-5f);
-  std::string describe() const override;
-
- protected:
-  bool partial_rows() const override { return sequence_.active(); }
-  void sum_partial_grads(const Tensor& grads) override;
-
- private:
-  SequenceParallel& sequence_;
-};
+// Instantiated in src/parallel/sequence_parallel.cc for these two.
+extern template class SequenceParallelNorm<nn::LayerNorm>;
+extern template class SequenceParallelNorm<nn::RMSNorm>;
+using SequenceParallelLayerNorm = SequenceParallelNorm<nn::LayerNorm>;  // GPT's
+using SequenceParallelRMSNorm = SequenceParallelNorm<nn::RMSNorm>;      // Llama's
 
 }  // namespace tutti::parallel
