@@ -8,7 +8,8 @@
 #   [1] tests/emu's cuda_semantics_test (CUDA's documented semantics, the same assertions the
 #       emulated device passes in CI), then ddp_gpu_test at np 1 (nccl, and mpi staging through
 #       pinned host memory) and np 2 (both ranks on the one GPU: mpi staging only), and
-#       train_gpt --tp 2 on 2 ranks sharing the GPU against --tp 1 (tensor parallelism's kernels);
+#       train_gpt --tp 2 (and --sequence-parallel) on 2 ranks sharing the GPU against --tp 1 (tensor
+#       parallelism's kernels);
 #   [2] every other test with GPU cases (kernels, tensor, nn, optim, amp, comm) on the GPU, then
 #       compute-sanitizer over the kernel tests' GPU cases: memcheck on all, racecheck and
 #       synccheck on the kernels with shared memory and barriers;
@@ -176,22 +177,27 @@ gtest_step ddp_gpu_np2 90 "[1] ddp_gpu_test np 2 (2 ranks share the GPU: both co
 # Tensor parallelism on the one GPU: train_gpt --tp 2 on 2 ranks that share it (mpi staging; the
 # heads, the MLP features and the vocabulary split over them: the split loss's and embedding's
 # CUDA kernels), against one rank with the whole model: the same batches, so the losses agree up
-# to the order of the sums (1e-4, as on the emulated device in CI).
+# to the order of the sums (1e-4, as on the emulated device in CI). And with --sequence-parallel:
+# the norms' rows split, reduce-scatters and allgathers in place of the allreduces.
 tp_check() {
-  local t rc a=$OUT/tp1.json b=$OUT/tp2.json
+  local t rc a=$OUT/tp1.json b=$OUT/tp2.json c=$OUT/tp2sp.json
   t=$(step_timeout 90 "[1] tensor parallelism") || return 0
   local flags=(--device cuda --data docs/gpt.md --layers 2 --width 128 --heads 4 --context 64 --batch-size 8
                --steps 20 --eval-every 0 --sample-tokens 0 --quiet)
   timeout "$t" mpiexec -n 1 "$(bin train_gpt)" "${flags[@]}" --json "$a" > "$OUT/tp.txt" 2>&1 &&
-    timeout "$t" mpiexec -n 2 --oversubscribe "$(bin train_gpt)" "${flags[@]}" --tp 2 --json "$b" >> "$OUT/tp.txt" 2>&1
+    timeout "$t" mpiexec -n 2 --oversubscribe "$(bin train_gpt)" "${flags[@]}" --tp 2 --json "$b" >> "$OUT/tp.txt" 2>&1 &&
+    timeout "$t" mpiexec -n 2 --oversubscribe "$(bin train_gpt)" "${flags[@]}" --tp 2 --sequence-parallel \
+      --json "$c" >> "$OUT/tp.txt" 2>&1
   rc=$?
   if [ "$rc" != 0 ]; then verdict "[1] train_gpt --tp 2 on one GPU: FAILED (rc=$rc): $(tail -n 2 "$OUT/tp.txt" | tr '\n' ' ')"; return; fi
-  verdict "[1] train_gpt --tp 2 on one GPU against --tp 1: $(python3 - "$a" "$b" <<'PY'
+  verdict "[1] train_gpt --tp 2 (and --sequence-parallel) on one GPU against --tp 1: $(python3 - "$a" "$b" "$c" <<'PY'
 import json, sys
-one, two = (json.load(open(p)) for p in sys.argv[1:3])
-worst = max(abs(two[k] - one[k]) / abs(one[k]) for k in ("initial_train_loss", "final_train_loss"))
-print("%s: final train loss %.6f against %.6f, worst relative difference %.1e (bound 1e-4)"
-      % ("PASSED" if worst < 1e-4 else "FAILED", two["final_train_loss"], one["final_train_loss"], worst))
+one, two, rows = (json.load(open(p)) for p in sys.argv[1:4])
+worst = max(abs(r[k] - one[k]) / abs(one[k]) for r in (two, rows) for k in ("initial_train_loss", "final_train_loss"))
+print("%s: final train loss %.6f and %.6f (sequence-parallel) against %.6f, worst relative difference %.1e "
+      "(bound 1e-4); peak %d and %d bytes"
+      % ("PASSED" if worst < 1e-4 else "FAILED", two["final_train_loss"], rows["final_train_loss"],
+         one["final_train_loss"], worst, two["peak_device_bytes"], rows["peak_device_bytes"]))
 PY
 )"
 }
