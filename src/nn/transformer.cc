@@ -256,20 +256,29 @@ Tensor TiedLinear::forward_impl(const Tensor& x) {
   TUTTI_CHECK_ARG(x.ndim() >= 1 && x.dim(-1) == in, describe(), ": input ", x.str(), " must end in ", in);
   x_ = x;
   Tensor y = buffer(0, with_last(x.shape(), out), x.dtype());
-  kernels::linear_forward(as_rows(x, in), weight_.compute_value(), Tensor(), as_rows(y, out), stream());
+  multiply(x, y);
   return y;
 }
 
 Tensor TiedLinear::backward_impl(const Tensor& dy) {
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  const std::int64_t in = weight_.shape()[1], out = weight_.shape()[0];
   Tensor dx = input_grad_needed() ? buffer(1, x_.shape(), x_.dtype()) : Tensor();
+  multiply_backward(x_, dy, dx);
+  return dx;
+}
+
+void TiedLinear::multiply(const Tensor& x, const Tensor& y) {
+  const std::int64_t in = weight_.shape()[1], out = weight_.shape()[0];
+  kernels::linear_forward(as_rows(x, in), weight_.compute_value(), Tensor(), as_rows(y, out), stream());
+}
+
+void TiedLinear::multiply_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const std::int64_t in = weight_.shape()[1], out = weight_.shape()[0];
   Tensor dw = weight_.requires_grad ? grad_of(weight_) : buffer(2, weight_.shape(), grad_dtype());
-  kernels::linear_backward(as_rows(x_, in), weight_.compute_value(), as_rows(dy, out),
+  kernels::linear_backward(as_rows(x, in), weight_.compute_value(), as_rows(dy, out),
                            dx.defined() ? as_rows(dx, in) : Tensor(), dw, Tensor(), /*accumulate_params=*/true,
                            stream());
   // No grad_ready: the weight's owner reports it once its own share is added.
-  return dx;
 }
 
 // ---- FLOPs (Module::flops) -------------------------------------------------------------------

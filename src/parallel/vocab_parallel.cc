@@ -5,7 +5,6 @@
 #include "parallel/same_group.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/cross_entropy.h"
-#include "tutti/kernels/linear.h"
 
 namespace tutti::parallel {
 
@@ -124,12 +123,10 @@ std::string ColumnParallelTiedLinear::describe() const {
 Tensor ColumnParallelTiedLinear::forward_impl(const Tensor& x) {
   if (sequence_ == nullptr || !sequence_->active()) return nn::TiedLinear::forward_impl(x);
   // The rows kept; the whole batch's multiplied, gathered into the shared buffer.
-  const std::int64_t out = weight().shape()[0];
-  rows_ = x;
+  x_ = x;
   const Tensor whole = sequence_->gather(x, 0, stream(), describe() + " input");
-  Tensor y = buffer(0, {whole.dim(0), whole.dim(1), out}, x.dtype());
-  kernels::linear_forward(whole.reshape({whole.numel() / whole.dim(-1), whole.dim(-1)}), weight().compute_value(),
-                          Tensor(), y.reshape({y.numel() / out, out}), stream());
+  Tensor y = buffer(0, {whole.dim(0), whole.dim(1), weight().shape()[0]}, x.dtype());
+  multiply(whole, y);
   return y;
 }
 
@@ -140,21 +137,15 @@ Tensor ColumnParallelTiedLinear::backward_impl(const Tensor& dy) {
     if (dx.defined()) reduce_over(group_, dx, stream(), describe() + " input gradient");
     return dx;
   }
-  TUTTI_CHECK_ARG(rows_.defined(), describe(), ": backward before forward");
-  nn::Parameter& w = weight();
-  const std::int64_t in = w.shape()[1], out = w.shape()[0];
-  const Tensor whole = sequence_->gather(rows_, 0, stream(), describe() + " input, again for backward");
+  TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
+  // The whole input again for the table's gradient; the whole input gradient (this rank's
+  // columns' part of it) in the other shared buffer, summed over the group into this rank's rows.
+  const Tensor whole = sequence_->gather(x_, 0, stream(), describe() + " input, again for backward");
   const Tensor dx_whole =
-      input_grad_needed() ? sequence_->whole_buffer(1, in, rows_.dtype(), rows_.device()) : Tensor();
-  // The kernel always writes dw: a frozen table gets a scratch buffer. No grad_ready: the
-  // table's owner reports it once its own share is added (as nn::TiedLinear).
-  const Tensor dw = w.requires_grad ? grad_of(w) : buffer(2, w.shape(), grad_dtype());
-  kernels::linear_backward(whole.reshape({whole.numel() / in, in}), w.compute_value(),
-                           dy.reshape({dy.numel() / out, out}),
-                           dx_whole.defined() ? dx_whole.reshape({dx_whole.numel() / in, in}) : Tensor(), dw, Tensor(),
-                           /*accumulate_params=*/true, stream());
+      input_grad_needed() ? sequence_->whole_buffer(1, weight().shape()[1], x_.dtype(), x_.device()) : Tensor();
+  multiply_backward(whole, dy, dx_whole);
   if (!dx_whole.defined()) return Tensor();
-  Tensor dx = buffer(1, rows_.shape(), rows_.dtype());
+  Tensor dx = buffer(1, x_.shape(), x_.dtype());
   sequence_->scatter_sum(dx_whole, dx, stream(), describe() + " input gradient");
   return dx;
 }

@@ -200,10 +200,15 @@ class TiedLinear : public Module {
  protected:
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  // Forward's multiply, y = x · weight^T, and backward's (the weight's gradient added, not
+  // reported ready; dx = dy · weight where dx is defined), on given tensors: as nn::Linear's, for
+  // parallel::ColumnParallelTiedLinear to gather and scatter around.
+  void multiply(const Tensor& x, const Tensor& y);
+  void multiply_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+  Tensor x_;  // forward input, for backward
 
  private:
   Parameter& weight_;
-  Tensor x_;
 };
 
 }  // namespace tutti::nn

@@ -99,7 +99,6 @@ class ColumnParallelTiedLinear : public nn::TiedLinear {
  private:
   Communicator& group_;
   SequenceParallel* sequence_;
-  Tensor rows_;  // the input's rows, for backward, while `sequence` splits them
 };
 
 // nn::CrossEntropyLoss over logits whose classes are split across the group in rank order (rank r
