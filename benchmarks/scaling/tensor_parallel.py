@@ -14,6 +14,12 @@ step, for L layers of width C, vocabulary V, context T, a bytes per activation a
            layers' input gradients; the embedding's output and the head's input gradient), a
            ring over the intra link: 2(tp-1) (alpha + t C a beta) each; and the loss's two of
            3 tp t f32 (the rows' maxima, then their sums). On the critical path (not overlapped).
+  sp comm  with sequence parallelism (train_gpt --sequence-parallel) each allreduce becomes a
+           reduce-scatter and an allgather (the same ring cost), and backward gathers the
+           column-parallel layers' and the head's inputs again: 2 L + 1 allgathers of tp t C more,
+           (tp-1)(alpha + t C a beta) each; and the norms' parameter gradients, 2 L + 1 allreduces of
+           2 C f32. Its gain is activation memory (not modelled here: train_gpt --plan
+           --sequence-parallel counts it).
   dp comm  DDP's bucketed allreduce of this rank's gradients (model.ddp_step, overlapped with
            backward): the layers' share 12 L C^2 / tp and the embeddings (V / tp + T) C, among the
            N x L/tp ranks with the same tp coordinate (L/tp per node).
@@ -24,7 +30,7 @@ TP pays in speed where the data-parallel allreduce is exposed (thin links betwee
 intra link is fast (NVLink): it divides the gradient bytes by tp and moves activations over the
 fast link instead. Over PCIe its allreduces cost more than they save. It pays in memory wherever
 the state does not fit one GPU. Not modelled: activation memory (also divided by tp for the
-layers), sequence parallelism, overlap of TP's allreduces with compute.
+layers, and the rest with sequence parallelism), overlap of TP's allreduces with compute.
 """
 from dataclasses import dataclass
 
@@ -66,8 +72,15 @@ def ring_allreduce(link: M.Link, ranks: int, nbytes: float) -> float:
     return 0.0 if ranks == 1 else 2 * (ranks - 1) * (link.alpha + nbytes / ranks * link.beta)
 
 
-def predict(c: M.Cluster, g: Gpt, tp: int, algorithm="nccl", bucket_mb=25.0) -> TpPrediction:
-    """One step of dp x tp on cluster c (tp divides its ranks per node)."""
+def ring_allgather(link: M.Link, ranks: int, nbytes: float) -> float:
+    """nbytes gathered in all: each rank's nbytes / ranks sent on around the ring."""
+    return 0.0 if ranks == 1 else (ranks - 1) * (link.alpha + nbytes / ranks * link.beta)
+
+
+def predict(c: M.Cluster, g: Gpt, tp: int, algorithm="nccl", bucket_mb=25.0,
+            sequence_parallel=False) -> TpPrediction:
+    """One step of dp x tp on cluster c (tp divides its ranks per node), with sequence parallelism
+    when asked."""
     if tp < 1 or c.per_node % tp:
         raise ValueError("tp %d must divide the %d ranks per node (TP stays inside a node)" % (tp, c.per_node))
     per_token_layers = 6 * g.layers * layer_params(g) + 12 * g.layers * g.width * g.context
@@ -77,6 +90,9 @@ def predict(c: M.Cluster, g: Gpt, tp: int, algorithm="nccl", bucket_mb=25.0) -> 
     loss_bytes = 3 * tp * g.tokens_per_gpu * 4  # the rows' maxima, then their sums of exp and labels' logits
     tp_comm = (4 * g.layers + 2) * ring_allreduce(c.intra, tp, activation_bytes) + (
         ring_allreduce(c.intra, tp, loss_bytes / 3) + ring_allreduce(c.intra, tp, 2 * loss_bytes / 3))
+    if sequence_parallel:
+        norms = 2 * g.layers + 1  # two LayerNorms a layer and the final one: gamma and beta, 2 C f32
+        tp_comm += norms * (ring_allgather(c.intra, tp, activation_bytes) + ring_allreduce(c.intra, tp, 8 * g.width))
     embeddings = (g.vocab / tp + g.context) * g.width
     per_layer = layer_params(g) / tp
     dp_model = M.Model("gpt tp%d" % tp, [int(embeddings)] + [int(per_layer)] * g.layers, g.grad_bytes,

@@ -290,6 +290,14 @@ class TensorParallel(unittest.TestCase):
             rows = g.tokens_per_gpu
             want = (4 * 48 + 2) * ring(rows * g.width * 2) + ring(rows * 4) + ring(rows * 8)
             self.assertAlmostEqual(r.tp_comm_s, want, delta=1e-12)
+            # Sequence parallelism: 2 L + 1 allgathers more (the column-parallel layers' and the
+            # head's inputs, again in backward) and as many allreduces of the norms' 2 C floats.
+            def allgather(nbytes):
+                return 0 if tp == 1 else (tp - 1) * (NVLINK.alpha + nbytes / tp * NVLINK.beta)
+            sp = TP.predict(gpu_cluster(1, 8), g, tp, sequence_parallel=True)
+            extra = (2 * 48 + 1) * (allgather(tp * rows * g.width * 2) + ring(8 * g.width / tp))
+            self.assertAlmostEqual(sp.tp_comm_s, want + extra, delta=1e-12)
+            self.assertEqual(sp.state_bytes, r.state_bytes)
             # The compute per rank is the same at every tp: the head is split too.
             self.assertAlmostEqual(r.compute_s, TP.predict(gpu_cluster(1, 8), g, 1).compute_s, delta=1e-12)
 
