@@ -48,7 +48,8 @@ class SequenceParallel {
   // the group's size.
   bool begin(std::int64_t batch, std::int64_t sequence);
   bool active() const { return active_; }
-  // [N/tp, width]: the shape of this rank's rows while active().
+  // [N/tp, width]: the shape of this rank's rows while active(). It, gather and scatter_sum throw
+  // (tutti::Error) when the rows are not split.
   Shape local_shape(std::int64_t width) const;
 
   // COLLECTIVE over the group, ordered on `stream`: every rank's rows [N/tp, width] put together
