@@ -155,6 +155,8 @@ class TrainGpt(unittest.TestCase):
         # Refused, naming the flag: a size that does not divide the ranks or the heads.
         for ranks, flags, named in ((4, ["--tp", "3"], "--tp 3 must divide the 4 rank(s)"),
                                     (2, ["--sequence-parallel"], "--sequence-parallel splits the rows over the --tp"),
+                                    (2, ["--tp", "2", "--sequence-parallel", "--batch-size", "1", "--seq-len", "31"],
+                                     "--sequence-parallel: a micro-batch's 31 rows"),
                                     (4, ["--tp", "4", "--model", "llama-tiny", "--kv-heads", "2"],
                                      "must divide by the tensor-parallel group's 4")):
             p = train(ranks, self.dir, "refused", *self.data, *heads, *flags, env=ENDS_AT_ONCE, expect=1)
