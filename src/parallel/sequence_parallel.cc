@@ -38,14 +38,22 @@ Tensor SequenceParallel::whole_buffer(int slot, std::int64_t width, DType dtype,
 }
 
 Tensor SequenceParallel::gather(const Tensor& rows, int slot, const Stream& stream, const std::string& label) {
+  const Gathering g = start_gather(rows, slot, stream, label);
+  g.work.wait(stream);
+  return g.whole;
+}
+
+SequenceParallel::Gathering SequenceParallel::start_gather(const Tensor& rows, int slot, const Stream& stream,
+                                                           const std::string& label) {
   require_active("gather");
   const std::int64_t width = rows.dim(-1);
   TUTTI_CHECK_ARG(rows.shape() == local_shape(width), label, ": this rank's rows ", rows.str(), " are not [",
                   batch_ * sequence_ / group_.size(), ", ", width, "]");
-  const Tensor whole = whole_buffer(slot, width, rows.dtype(), rows.device());
-  group_.allgather(rows.reshape({rows.numel()}), whole.reshape({whole.numel()}), {.label = label, .stream = stream})
-      .wait(stream);
-  return whole;
+  Gathering g;
+  g.whole = whole_buffer(slot, width, rows.dtype(), rows.device());
+  g.work = group_.allgather(rows.reshape({rows.numel()}), g.whole.reshape({g.whole.numel()}),
+                            {.label = label, .stream = stream});
+  return g;
 }
 
 void SequenceParallel::scatter_sum(const Tensor& whole, const Tensor& rows, const Stream& stream,

@@ -13,6 +13,7 @@
 #include "parallel/split_owner.h"
 #include "tutti/core/error.h"
 #include "tutti/ddp/ddp.h"
+#include "tutti/kernels/linear.h"
 #include "tutti/kernels/reduce.h"
 
 namespace tutti::parallel {
@@ -88,11 +89,20 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
     return dx;
   }
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  // The whole input again for the weight's gradient; the whole input gradient (this rank's
-  // features' part of it) in the other shared buffer, summed over the group into this rank's rows.
-  const Tensor whole = sequence_->gather(x_, 0, stream(), describe() + " input, again for backward");
-  const Tensor dx_whole = input_grad_needed() ? sequence_->whole_buffer(1, in_, x_.dtype(), x_.device()) : Tensor();
-  multiply_backward(whole, dy, dx_whole);
+  // The whole input again for the weight's gradient, gathered while the input gradient's multiply
+  // (which does not need it) runs: the whole input gradient (this rank's features' part of it),
+  // in the other shared buffer, then summed over the group into this rank's rows.
+  const SequenceParallel::Gathering input =
+      sequence_->start_gather(x_, 0, stream(), describe() + " input, again for backward");
+  Tensor dx_whole;
+  if (input_grad_needed()) {
+    dx_whole = sequence_->whole_buffer(1, in_, x_.dtype(), x_.device());
+    const std::int64_t out = weight.shape()[0];
+    kernels::matmul(nn::as_rows(dy, out), false, weight.compute_value(), false, nn::as_rows(dx_whole, in_), 1.0f, 0.0f,
+                    stream());
+  }
+  input.work.wait(stream());
+  multiply_backward(input.whole, dy, Tensor());
   if (!dx_whole.defined()) return Tensor();
   Tensor dx = buffer(1, x_.shape(), x_.dtype());
   sequence_->scatter_sum(dx_whole, dx, stream(), describe() + " input gradient");

@@ -5,6 +5,7 @@
 #include "parallel/same_group.h"
 #include "tutti/core/error.h"
 #include "tutti/kernels/cross_entropy.h"
+#include "tutti/kernels/linear.h"
 
 namespace tutti::parallel {
 
@@ -138,12 +139,20 @@ Tensor ColumnParallelTiedLinear::backward_impl(const Tensor& dy) {
     return dx;
   }
   TUTTI_CHECK_ARG(x_.defined(), describe(), ": backward before forward");
-  // The whole input again for the table's gradient; the whole input gradient (this rank's
-  // columns' part of it) in the other shared buffer, summed over the group into this rank's rows.
-  const Tensor whole = sequence_->gather(x_, 0, stream(), describe() + " input, again for backward");
-  const Tensor dx_whole =
-      input_grad_needed() ? sequence_->whole_buffer(1, weight().shape()[1], x_.dtype(), x_.device()) : Tensor();
-  multiply_backward(whole, dy, dx_whole);
+  // As ColumnParallelLinear's: the whole input gathered again for the table's gradient while the
+  // input gradient's multiply runs; that (this rank's columns' part of it), in the other shared
+  // buffer, then summed over the group into this rank's rows.
+  const SequenceParallel::Gathering input =
+      sequence_->start_gather(x_, 0, stream(), describe() + " input, again for backward");
+  const std::int64_t in = weight().shape()[1], out = weight().shape()[0];
+  Tensor dx_whole;
+  if (input_grad_needed()) {
+    dx_whole = sequence_->whole_buffer(1, in, x_.dtype(), x_.device());
+    kernels::matmul(dy.reshape({dy.numel() / out, out}), false, weight().compute_value(), false,
+                    dx_whole.reshape({dx_whole.numel() / in, in}), 1.0f, 0.0f, stream());
+  }
+  input.work.wait(stream());
+  multiply_backward(input.whole, dy, Tensor());
   if (!dx_whole.defined()) return Tensor();
   Tensor dx = buffer(1, x_.shape(), x_.dtype());
   sequence_->scatter_sum(dx_whole, dx, stream(), describe() + " input gradient");

@@ -11,7 +11,9 @@
 // back into [B, T, C] before its multiply. Backward mirrors it (allgather of the output gradient
 // where forward reduce-scattered, reduce-scatter of the input gradient where it gathered).
 // Forward moves the bytes of the allreduce it replaces (an allreduce is a reduce-scatter and an
-// allgather); backward one allgather more per column-parallel layer, of its input again. The
+// allgather); backward one allgather more per column-parallel layer, of its input again, started
+// before the layer's input-gradient multiply so that the two overlap where the backend's
+// collectives run beside the compute (nccl's stream, mpi's thread). The
 // norms' parameters see only their rows' share of the gradient: theirs is summed over the group
 // in backward (SequenceParallelLayerNorm, one small allreduce of 2·C values).
 //
@@ -55,6 +57,14 @@ class SequenceParallel {
   // COLLECTIVE over the group, ordered on `stream`: every rank's rows [N/tp, width] put together
   // as the whole [B, T, width] in shared buffer `slot` (0 or 1), valid until that slot's next use.
   Tensor gather(const Tensor& rows, int slot, const Stream& stream, const std::string& label);
+  // gather, started: `whole` may be read once `work` is waited for (Work::wait(stream)), and
+  // other work may run in between (a layer's input-gradient multiply, which needs only its own
+  // rows' gradient, while its whole input is gathered again for the weight's).
+  struct Gathering {
+    Tensor whole;
+    Work work;
+  };
+  Gathering start_gather(const Tensor& rows, int slot, const Stream& stream, const std::string& label);
   // COLLECTIVE: `rows` ([N/tp, width]) = this rank's rows of the sum over the group of `whole`.
   void scatter_sum(const Tensor& whole, const Tensor& rows, const Stream& stream, const std::string& label);
   // Shared buffer `slot` (0 or 1) as [B, T, width] of `dtype` on `device`: grown when too small
