@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "common/args.h"
+#include "common/gpt.h"
 #include "common/stats.h"
 
 namespace {
@@ -38,8 +39,7 @@ using namespace tutti;
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
-  std::string model = "gpt-tiny";
-  std::int64_t layers = 0;  // 0: the preset's
+  bench::GptShape shape;  // --model, --layers
   std::int64_t seq_len = 128;
   std::int64_t batch = 4;
   int steps = 5;
@@ -59,13 +59,6 @@ struct Subject {
   std::vector<double> step_s;
 };
 
-Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
-  return Tensor::from_ints(v, {B, T}, DType::i32);
-}
-
 void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream, bool optimize) {
   s.loss.forward(s.model->forward(x), y, 1.0f, stream);
   s.model->backward(s.loss.grad());
@@ -81,10 +74,7 @@ void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream, bo
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Activation checkpointing of a GPT: activation bytes and step time per recompute policy"};
-  app.add_option("--model", f.model, "a GptConfig preset")
-      ->check(CLI::IsMember(models::GptConfig::preset_names()))
-      ->capture_default_str();
-  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
+  bench::add_gpt_shape_options(app, f.shape, /*all=*/false);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence (T)")->capture_default_str();
   app.add_option("--batch", f.batch, "sequences per step (B)")->capture_default_str();
   app.add_option("--steps", f.steps, "timed steps per policy")->check(CLI::PositiveNumber)->capture_default_str();
@@ -97,16 +87,15 @@ int main(int argc, char** argv) {
   app.add_option("--json", f.json, "also write the results here");
   CLI11_PARSE(app, argc, argv);
   try {
-    models::GptConfig config = models::GptConfig::preset(f.model);
-    if (f.layers > 0) config.layers = f.layers;
+    const models::GptConfig config = bench::gpt_config(f.shape);
     TUTTI_CHECK_ARG(f.seq_len >= 1 && f.seq_len <= config.context && f.batch >= 1, "--seq-len ", f.seq_len,
                     " must be in [1, ", config.context, "] and --batch ", f.batch, " positive");
     const Device device = Device::parse(f.device);
     device.require_available();
     const Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
     const DType dtype = f.precision == "bf16" ? DType::bf16 : DType::f32;
-    const Tensor x = random_tokens(f.batch, f.seq_len, config.vocab, 1).to(device, stream);
-    const Tensor y = random_tokens(f.batch, f.seq_len, config.vocab, 2).to(device, stream);
+    const Tensor x = bench::random_tokens(f.batch, f.seq_len, config.vocab, 1).to(device, stream);
+    const Tensor y = bench::random_tokens(f.batch, f.seq_len, config.vocab, 2).to(device, stream);
     std::vector<Subject> subjects;
     for (const std::string& p : bench::split_commas(f.policies)) {
       Subject s;
@@ -136,8 +125,8 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("gpt_recompute_bench: %s (%s), %s %s, B %lld x T %lld, %d timed steps per policy (medians)\n",
-                f.model.c_str(), config.fingerprint().c_str(), device_description(device).c_str(), f.precision.c_str(),
-                static_cast<long long>(f.batch), static_cast<long long>(f.seq_len), f.steps);
+                f.shape.model.c_str(), config.fingerprint().c_str(), device_description(device).c_str(),
+                f.precision.c_str(), static_cast<long long>(f.batch), static_cast<long long>(f.seq_len), f.steps);
     std::printf("%-9s %16s %14s %14s %12s %12s %12s\n", "policy", "activation MiB", "workspace MiB", "x activation",
                 "step s", "x step", "x paired");
     nlohmann::json out = nlohmann::json::array();
@@ -162,7 +151,7 @@ int main(int argc, char** argv) {
                      {"step_s", s.step_s}});
     }
     if (!f.json.empty()) {
-      std::ofstream(f.json) << nlohmann::json{{"model", f.model},
+      std::ofstream(f.json) << nlohmann::json{{"model", f.shape.model},
                                               {"config", config.fingerprint()},
                                               {"device", device_description(device)},
                                               {"precision", f.precision},

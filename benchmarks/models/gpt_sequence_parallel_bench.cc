@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpt.h"
 #include "common/stats.h"
 
 namespace {
@@ -40,8 +41,7 @@ using namespace tutti;
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
-  std::string model = "gpt-tiny";
-  std::int64_t layers = 0, width = 0, heads = 0;  // 0: the preset's
+  bench::GptShape shape;  // --model, --layers, --width, --heads
   std::int64_t seq_len = 128;
   std::int64_t batch = 8;  // sequences of the tensor-parallel group
   int steps = 10;
@@ -60,13 +60,6 @@ struct Subject {
   double last_loss = 0;
 };
 
-Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
-  return Tensor::from_ints(v, {B, T}, DType::i32);
-}
-
 void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream) {
   s.loss->forward(s.model->forward(x), y, 1.0f, stream);
   s.model->backward(s.loss->grad());
@@ -80,12 +73,7 @@ void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"sequence parallelism against tensor parallelism alone on a GPT: memory and step time, side by side"};
-  app.add_option("--model", f.model, "a GptConfig preset")
-      ->check(CLI::IsMember(models::GptConfig::preset_names()))
-      ->capture_default_str();
-  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
-  app.add_option("--width", f.width, "override the preset's width (C)")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
+  bench::add_gpt_shape_options(app, f.shape);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence (T)")->capture_default_str();
   app.add_option("--batch", f.batch, "sequences per step of the tensor-parallel group (B)")->capture_default_str();
   app.add_option("--steps", f.steps, "timed steps per model")->check(CLI::PositiveNumber)->capture_default_str();
@@ -99,10 +87,7 @@ int main(int argc, char** argv) {
     JobOptions jo;
     jo.device = f.device;
     Job job(argc, argv, jo);
-    models::GptConfig config = models::GptConfig::preset(f.model);
-    if (f.layers > 0) config.layers = f.layers;
-    if (f.width > 0) config.width = f.width;
-    if (f.heads > 0) config.heads = f.heads;
+    const models::GptConfig config = bench::gpt_config(f.shape);
     const int tp = job.world_size();
     TUTTI_CHECK_ARG(tp >= 2,
                     "gpt_sequence_parallel_bench: run it on 2 or more ranks (mpirun -np 2): the world is "
@@ -114,8 +99,8 @@ int main(int argc, char** argv) {
     const Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
     const amp::Policy policy = f.precision == "bf16" ? amp::Policy::bf16() : amp::Policy::fp32();
     // One batch for the group: every rank the same tokens.
-    const Tensor x = random_tokens(f.batch, f.seq_len, config.vocab, 1).to(device, stream);
-    const Tensor y = random_tokens(f.batch, f.seq_len, config.vocab, 2).to(device, stream);
+    const Tensor x = bench::random_tokens(f.batch, f.seq_len, config.vocab, 1).to(device, stream);
+    const Tensor y = bench::random_tokens(f.batch, f.seq_len, config.vocab, 2).to(device, stream);
     Communicator& group = job.communicator();
     std::vector<Subject> subjects;
     for (const bool sequence_parallel : {false, true}) {
@@ -147,7 +132,7 @@ int main(int argc, char** argv) {
     std::printf(
         "gpt_sequence_parallel_bench: %s (%s), tp %d, %s %s, B %lld x T %lld per group, %d timed steps each "
         "(medians)\n",
-        f.model.c_str(), config.fingerprint().c_str(), tp, device.str().c_str(), f.precision.c_str(),
+        f.shape.model.c_str(), config.fingerprint().c_str(), tp, device.str().c_str(), f.precision.c_str(),
         static_cast<long long>(f.batch), static_cast<long long>(f.seq_len), f.steps);
     std::printf("%-20s %16s %9s %9s %9s %9s %12s\n", "model", "1st step bytes", "x bytes", "step s", "x step",
                 "x paired", "last loss");
@@ -171,7 +156,7 @@ int main(int argc, char** argv) {
                      {"step_s", s.step_s}});
     }
     if (!f.json.empty()) {
-      std::ofstream(f.json) << nlohmann::json{{"model", f.model},
+      std::ofstream(f.json) << nlohmann::json{{"model", f.shape.model},
                                               {"config", config.fingerprint()},
                                               {"tp", tp},
                                               {"precision", f.precision},

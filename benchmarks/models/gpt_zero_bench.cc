@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/args.h"
+#include "common/gpt.h"
 #include "common/stats.h"
 
 namespace {
@@ -39,8 +40,7 @@ using namespace tutti;
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
-  std::string model = "gpt-tiny";
-  std::int64_t layers = 0, width = 0, heads = 0;  // 0: the preset's
+  bench::GptShape shape;  // --model, --layers, --width, --heads
   std::int64_t seq_len = 128;
   std::int64_t batch = 8;  // sequences per rank
   int steps = 10;
@@ -60,13 +60,6 @@ struct Subject {
   std::vector<double> wait_ms;  // StepStats::exposed_gather_ms: gathers prefetch did not hide
 };
 
-Tensor random_tokens(std::int64_t B, std::int64_t T, std::int64_t V, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int64_t> v(static_cast<std::size_t>(B * T));
-  for (auto& x : v) x = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(V));
-  return Tensor::from_ints(v, {B, T}, DType::i32);
-}
-
 void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream) {
   s.loss.forward(s.ddp->forward(x), y, 1.0f, stream);
   s.ddp->backward(s.loss.grad());
@@ -80,12 +73,7 @@ void step(Subject& s, const Tensor& x, const Tensor& y, const Stream& stream) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"ZeRO-3 against ZeRO-2 on a GPT: bytes per parameter and step time, side by side"};
-  app.add_option("--model", f.model, "a GptConfig preset")
-      ->check(CLI::IsMember(models::GptConfig::preset_names()))
-      ->capture_default_str();
-  app.add_option("--layers", f.layers, "override the preset's layers")->check(CLI::PositiveNumber);
-  app.add_option("--width", f.width, "override the preset's width (C)")->check(CLI::PositiveNumber);
-  app.add_option("--heads", f.heads, "override the preset's heads")->check(CLI::PositiveNumber);
+  bench::add_gpt_shape_options(app, f.shape);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence (T)")->capture_default_str();
   app.add_option("--batch", f.batch, "sequences per rank per step (B)")->capture_default_str();
   app.add_option("--steps", f.steps, "timed steps per stage")->check(CLI::PositiveNumber)->capture_default_str();
@@ -100,18 +88,15 @@ int main(int argc, char** argv) {
     JobOptions jo;
     jo.device = f.device;
     Job job(argc, argv, jo);
-    models::GptConfig config = models::GptConfig::preset(f.model);
-    if (f.layers > 0) config.layers = f.layers;
-    if (f.width > 0) config.width = f.width;
-    if (f.heads > 0) config.heads = f.heads;
+    const models::GptConfig config = bench::gpt_config(f.shape);
     TUTTI_CHECK_ARG(f.seq_len >= 1 && f.seq_len <= config.context && f.batch >= 1, "--seq-len ", f.seq_len,
                     " must be in [1, ", config.context, "] and --batch ", f.batch, " positive");
     const Device device = job.device();
     const Stream stream = device.is_cuda() ? Stream::create(device) : Stream();
     const amp::Policy policy = f.precision == "bf16" ? amp::Policy::bf16() : amp::Policy::fp32();
     const auto r = static_cast<std::uint32_t>(job.rank());
-    const Tensor x = random_tokens(f.batch, f.seq_len, config.vocab, 1 + 2 * r).to(device, stream);
-    const Tensor y = random_tokens(f.batch, f.seq_len, config.vocab, 2 + 2 * r).to(device, stream);
+    const Tensor x = bench::random_tokens(f.batch, f.seq_len, config.vocab, 1 + 2 * r).to(device, stream);
+    const Tensor y = bench::random_tokens(f.batch, f.seq_len, config.vocab, 2 + 2 * r).to(device, stream);
     std::vector<Subject> subjects;
     for (const std::string& text : bench::split_commas(f.stages)) {
       Subject s;
@@ -142,7 +127,7 @@ int main(int argc, char** argv) {
     std::printf(
         "gpt_zero_bench: %s (%s, %lld parameters), %d rank(s), %s %s, B %lld x T %lld per rank, %d timed "
         "steps per stage (medians)\n",
-        f.model.c_str(), config.fingerprint().c_str(), static_cast<long long>(config.parameter_count()),
+        f.shape.model.c_str(), config.fingerprint().c_str(), static_cast<long long>(config.parameter_count()),
         job.world_size(), device.str().c_str(), f.precision.c_str(), static_cast<long long>(f.batch),
         static_cast<long long>(f.seq_len), f.steps);
     std::printf("%-6s %10s %10s %10s %10s %10s %10s %10s %9s %9s %9s %9s\n", "stage", "params B/p", "master",
@@ -175,7 +160,7 @@ int main(int argc, char** argv) {
                      {"step_s", s.step_s}});
     }
     if (!f.json.empty()) {
-      std::ofstream(f.json) << nlohmann::json{{"model", f.model},
+      std::ofstream(f.json) << nlohmann::json{{"model", f.shape.model},
                                               {"config", config.fingerprint()},
                                               {"world_size", job.world_size()},
                                               {"precision", f.precision},

@@ -166,8 +166,8 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // --sequence-parallel splits each micro-batch's rows (its sequences' tokens) over the tp group;
   // rows that do not divide would run unsplit, without a word.
   const std::int64_t micro_rows = f.batch_size / (static_cast<std::int64_t>(f.accum_steps) * dp) * f.seq_len;
-  TUTTI_CHECK_ARG(!f.sequence_parallel || micro_rows % f.tp == 0, "--sequence-parallel: a micro-batch's ",
-                  micro_rows, " rows (sequences per rank x --seq-len) must divide by --tp ", f.tp);
+  TUTTI_CHECK_ARG(!f.sequence_parallel || micro_rows % f.tp == 0, "--sequence-parallel: a micro-batch's ", micro_rows,
+                  " rows (sequences per rank x --seq-len) must divide by --tp ", f.tp);
   job.check_same("the flags that shape the run", shaping_flags(f, config));
   job.check_same("the training data (crc32/tokens)", corpus_fingerprint(data.train));
   job.check_same("the validation data (crc32/tokens)", corpus_fingerprint(data.val));
