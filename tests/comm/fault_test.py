@@ -64,11 +64,14 @@ def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40, token=N
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # Which processes stayed (mpirun, ranks: pid, state, command line), for the report.
+        alive = processes_with(token)
         os.killpg(p.pid, signal.SIGKILL)
         for line in processes_with(token):
             os.kill(int(line.split()[0]), signal.SIGKILL)
         out, err = p.communicate()
-        raise AssertionError("the job still ran after %d s:\n%s\n%s" % (timeout, out, err))
+        raise AssertionError("the job still ran after %d s; its processes then:\n%s\n%s\n%s" %
+                             (timeout, "\n".join(alive) or "(none with its token: only mpirun's session)", out, err))
     # mpiexec is gone; every rank must be too.
     while processes_with(token) and time.time() - started < timeout:
         time.sleep(0.02)
