@@ -180,6 +180,8 @@ void dispatch_labels(const Tensor& labels, F&& f) {
 }
 
 int row_block_size(int64_t C) { return C >= 4096 ? 1024 : C >= 512 ? 256 : 128; }
+// One block per row, the row kernels' grid-stride loops taking the rows past 2^30.
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30)); }
 
 // The mean loss over the counted rows, as softmax_cross_entropy and cross_entropy_from_sums give
 // it: 0 without rows; else, into stream-ordered scratch (the count, then the row losses, 16-byte
@@ -219,7 +221,7 @@ void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, const Ten
     detail::dispatch_floating("softmax_cross_entropy", logits.dtype(), [&](auto tag) {
       using H = decltype(tag);
       using T = device_t<H>;
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      const unsigned grid = row_grid(rows);
       T* dx = dlogits.defined() ? ptr<H>(dlogits) : nullptr;
       softmax_xent_row_kernel<<<grid, row_block_size(C), 0, s>>>(ptr<H>(logits), y, rows, C, ignore_index, grad_scale,
                                                                  count, row_loss, dx);
@@ -234,7 +236,7 @@ void cross_entropy_local_max(const Tensor& logits, const Tensor& row_max, const 
   DeviceGuard guard(logits.device());
   detail::dispatch_floating("cross_entropy_local_max", logits.dtype(), [&](auto tag) {
     using H = decltype(tag);
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+    const unsigned grid = row_grid(rows);
     local_max_kernel<<<grid, row_block_size(C), 0, native(stream)>>>(ptr<H>(logits), rows, C,
                                                                      static_cast<float*>(row_max.data()));
     TUTTI_CUDA_CHECK_LAUNCH("local_max_kernel");
@@ -250,7 +252,7 @@ void cross_entropy_local_sums(const Tensor& logits, const Tensor& labels, const 
     using H = decltype(tag);
     dispatch_labels(labels, [&](auto label_tag) {
       using L = decltype(label_tag);
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      const unsigned grid = row_grid(rows);
       local_sums_kernel<<<grid, row_block_size(C), 0, native(stream)>>>(
           ptr<H>(logits), static_cast<const L*>(labels.data()), static_cast<const float*>(row_max.data()), rows, C,
           columns.first, columns.total, ignore_index, static_cast<float*>(sums.data()));
@@ -268,7 +270,7 @@ void cross_entropy_from_sums(const Tensor& logits, const Tensor& labels, const T
   mean_of_row_losses(loss, labels, ignore_index, s, [&](const auto* y, int* count, float* row_loss) {
     detail::dispatch_floating("cross_entropy_from_sums", logits.dtype(), [&](auto tag) {
       using H = decltype(tag);
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, 1 << 30));
+      const unsigned grid = row_grid(rows);
       from_sums_kernel<<<grid, row_block_size(C), 0, s>>>(
           ptr<H>(logits), y, static_cast<const float*>(row_max.data()), static_cast<const float*>(sums.data()), rows, C,
           columns.first, ignore_index, grad_scale, count, row_loss, dlogits.defined() ? ptr<H>(dlogits) : nullptr);
