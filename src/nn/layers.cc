@@ -14,8 +14,13 @@
 namespace tutti::nn {
 
 namespace {
-// A dtype's bytes, as the buffer statements (buffer_bytes) count them.
+using Kind = BufferStatement::Kind;
+// A dtype's bytes, as the buffer statements count them.
 std::int64_t dtype_bytes(DType d) { return static_cast<std::int64_t>(size_of(d)); }
+// `numel` elements of `dtype` in `slot`.
+BufferStatement statement(int slot, std::int64_t numel, DType dtype, Kind kind) {
+  return {slot, numel * dtype_bytes(dtype), kind};
+}
 }  // namespace
 
 InitSpec WeightInit::spec(double fan_in, double fan_out) const {
@@ -78,12 +83,14 @@ void Linear::multiply_backward(const Tensor& x, const Tensor& dy, const Tensor& 
   if (weight.requires_grad) grad_ready(weight);
 }
 
-std::int64_t Linear::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+std::vector<BufferStatement> Linear::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
   out = input;
   out.back() = out_;
   // y (slot 0); dx where the input needs a gradient (1); a frozen weight's scratch gradient (2).
-  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype) +
-         (weight.requires_grad ? 0 : weight.numel() * dtype_bytes(grad_dtype()));
+  std::vector<BufferStatement> b{statement(0, numel_of(out), dtype, Kind::output)};
+  if (input_grad_needed()) b.push_back(statement(1, numel_of(input), dtype, Kind::backward));
+  if (!weight.requires_grad) b.push_back(statement(2, weight.numel(), grad_dtype(), Kind::backward));
+  return b;
 }
 
 // ---- ReLU, GELU ------------------------------------------------------------------------
@@ -103,9 +110,18 @@ Tensor ReLU::backward_impl(const Tensor& dy) {
   return dx;
 }
 
-std::int64_t ReLU::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+namespace {
+// An elementwise layer's: y (slot 0) of `out`, and dx (1) of `input` where the input needs a gradient.
+std::vector<BufferStatement> output_and_input_grad(const Module& m, const Shape& input, const Shape& out, DType dtype) {
+  std::vector<BufferStatement> b{statement(0, numel_of(out), dtype, Kind::output)};
+  if (m.input_grad_needed()) b.push_back(statement(1, numel_of(input), dtype, Kind::backward));
+  return b;
+}
+}  // namespace
+
+std::vector<BufferStatement> ReLU::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
   out = input;
-  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (slot 0), dx (1)
+  return output_and_input_grad(*this, input, out, dtype);
 }
 
 Tensor GELU::forward_impl(const Tensor& x) {
@@ -123,9 +139,9 @@ Tensor GELU::backward_impl(const Tensor& dy) {
   return dx;
 }
 
-std::int64_t GELU::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+std::vector<BufferStatement> GELU::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
   out = input;
-  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (slot 0), dx (1)
+  return output_and_input_grad(*this, input, out, dtype);
 }
 
 Tensor SwiGLU::forward_impl(const Tensor& x) {
@@ -142,6 +158,12 @@ Tensor SwiGLU::backward_impl(const Tensor& dy) {
   Tensor dx = buffer(1, x_.shape(), x_.dtype());
   kernels::swiglu_backward(x_, dy.reshape(with_last(x_.shape(), x_.dim(-1) / 2)), dx, stream());
   return dx;
+}
+
+std::vector<BufferStatement> SwiGLU::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  TUTTI_CHECK_ARG(!input.empty() && input.back() % 2 == 0, "SwiGLU::buffer_statements: the input is [..., 2F]");
+  out = with_last(input, input.back() / 2);
+  return output_and_input_grad(*this, input, out, dtype);
 }
 
 Flops SwiGLU::flops(const Shape& sample, Shape& out) const {
@@ -196,10 +218,10 @@ Tensor Dropout::backward_impl(const Tensor& dy) {
   return dx;
 }
 
-std::int64_t Dropout::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+std::vector<BufferStatement> Dropout::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
   out = input;
-  if (!is_training() || p_ <= 0.0f) return 0;                                         // the identity
-  return (1 + (input_grad_needed() ? 1 : 0)) * numel_of(input) * dtype_bytes(dtype);  // y (0), dx (1)
+  if (!is_training() || p_ <= 0.0f) return {};  // the identity
+  return output_and_input_grad(*this, input, out, dtype);
 }
 
 // ---- LayerNorm -------------------------------------------------------------------------
@@ -257,13 +279,21 @@ Tensor LayerNorm::backward_impl(const Tensor& dy) {
   return input_grad_needed() ? dx : Tensor();
 }
 
-std::int64_t LayerNorm::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+std::vector<BufferStatement> LayerNorm::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
   out = input;
   const std::int64_t rows = numel_of(input) / dim_;
-  // y (slot 0), mean and rstd (1, 2: f32 per row), dx (3); frozen gamma and beta a scratch each.
-  return 2 * numel_of(input) * dtype_bytes(dtype) + 2 * rows * 4 +
-         (gamma.requires_grad ? 0 : dim_ * dtype_bytes(grad_dtype())) +
-         (beta.requires_grad ? 0 : dim_ * dtype_bytes(grad_dtype()));
+  // y (slot 0), mean and rstd (1, 2: f32 per row), dx (3); where the rows are some of the batch's,
+  // [dgamma | dbeta] (6); else frozen gamma and beta a scratch each (4, 5).
+  std::vector<BufferStatement> b{
+      statement(0, numel_of(input), dtype, Kind::output), statement(1, rows, DType::f32, Kind::saved),
+      statement(2, rows, DType::f32, Kind::saved), statement(3, numel_of(input), dtype, Kind::backward)};
+  if (partial_rows()) {
+    b.push_back(statement(6, 2 * dim_, grad_dtype(), Kind::backward));
+  } else {
+    if (!gamma.requires_grad) b.push_back(statement(4, dim_, grad_dtype(), Kind::backward));
+    if (!beta.requires_grad) b.push_back(statement(5, dim_, grad_dtype(), Kind::backward));
+  }
+  return b;
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------
@@ -303,6 +333,17 @@ Tensor RMSNorm::backward_impl(const Tensor& dy) {
   }
   if (weight.requires_grad) grad_ready(weight);
   return input_grad_needed() ? dx : Tensor();
+}
+
+std::vector<BufferStatement> RMSNorm::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  // y (slot 0), rstd (1: f32 per row), dx (2); where the rows are some of the batch's, the
+  // weight's partial gradient (3).
+  std::vector<BufferStatement> b{statement(0, numel_of(input), dtype, Kind::output),
+                                 statement(1, numel_of(input) / dim_, DType::f32, Kind::saved),
+                                 statement(2, numel_of(input), dtype, Kind::backward)};
+  if (partial_rows() && weight.requires_grad) b.push_back(statement(3, dim_, grad_dtype(), Kind::backward));
+  return b;
 }
 
 // ---- Conv2d ----------------------------------------------------------------------------
@@ -352,16 +393,18 @@ Tensor Conv2d::backward_impl(const Tensor& dy) {
   return dx;
 }
 
-std::int64_t Conv2d::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
-  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_bytes: the input is [N, C, H, W], got ", shape_str(input));
+std::vector<BufferStatement> Conv2d::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_statements: the input is [N, C, H, W], got ",
+                  shape_str(input));
   const int p = kernels::conv2d_output_size(static_cast<int>(input[2]), kernel_, params_);
   const int q = kernels::conv2d_output_size(static_cast<int>(input[3]), kernel_, params_);
   out = {input[0], out_, p, q};
   // y (slot 0); dx where the input needs a gradient (1); a frozen weight's scratch gradient (2).
   // The kernels' own scratch is not Module::buffer's: host vectors on the CPU, stream-ordered
   // scratch on a GPU (neither in Storage's count).
-  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype) +
-         (weight.requires_grad ? 0 : weight.numel() * dtype_bytes(grad_dtype()));
+  std::vector<BufferStatement> b = output_and_input_grad(*this, input, out, dtype);
+  if (!weight.requires_grad) b.push_back(statement(2, weight.numel(), grad_dtype(), Kind::backward));
+  return b;
 }
 
 // ---- MaxPool2d, Flatten ----------------------------------------------------------------
@@ -383,10 +426,11 @@ Tensor MaxPool2d::backward_impl(const Tensor& dy) {
   return dx;
 }
 
-std::int64_t MaxPool2d::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
-  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_bytes: the input is [N, C, H, W], got ", shape_str(input));
+std::vector<BufferStatement> MaxPool2d::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  TUTTI_CHECK_ARG(input.size() == 4, describe(), "::buffer_statements: the input is [N, C, H, W], got ",
+                  shape_str(input));
   out = {input[0], input[1], input[2] / 2, input[3] / 2};
-  return (numel_of(out) + (input_grad_needed() ? numel_of(input) : 0)) * dtype_bytes(dtype);  // y (0), dx (1)
+  return output_and_input_grad(*this, input, out, dtype);
 }
 
 Tensor Flatten::forward_impl(const Tensor& x) {
@@ -401,9 +445,9 @@ Tensor Flatten::backward_impl(const Tensor& dy) {
   return dy.reshape(in_shape_);
 }
 
-std::int64_t Flatten::buffer_bytes(const Shape& input, DType, Shape& out) const {
+std::vector<BufferStatement> Flatten::buffer_statements(const Shape& input, DType, Shape& out) const {
   out = {input.at(0), input.at(0) == 0 ? 0 : numel_of(input) / input.at(0)};
-  return 0;  // views, no buffers
+  return {};  // views, no buffers
 }
 
 // ---- Residual --------------------------------------------------------------------------
@@ -457,6 +501,15 @@ Tensor Residual::backward_impl(const Tensor& dy) {
   Tensor dx = buffer(1, dy.shape(), dy.dtype());
   kernels::add(dy, db, dx, stream());
   return dx;
+}
+
+std::vector<BufferStatement> Residual::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  out = input;
+  return output_and_input_grad(*this, input, out, dtype);  // y (slot 0), dx (1)
+}
+
+std::int64_t Residual::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  return Module::buffer_bytes(input, dtype, out) + body_->buffer_bytes(input, dtype, out);
 }
 
 // ---- FLOPs (Module::flops) -------------------------------------------------------------------

@@ -30,6 +30,10 @@ const Tensor& CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labe
   return loss_;
 }
 
+std::int64_t CrossEntropyLoss::buffer_bytes(const Shape& logits, DType dtype) const {
+  return numel_of(logits) * static_cast<std::int64_t>(size_of(dtype));
+}
+
 double item(const Tensor& scalar, const Stream& stream) {
   TUTTI_CHECK_ARG(scalar.defined() && scalar.numel() == 1, "item: needs a one-element tensor, got ", scalar.str());
   stream.synchronize();

@@ -89,8 +89,15 @@ Flops Module::flops(const Shape& sample, Shape& out) const {
   return {};
 }
 
-std::int64_t Module::buffer_bytes(const Shape&, DType, Shape&) const {
-  TUTTI_THROW(InvalidArgument, describe(), " does not state its buffers (Module::buffer_bytes): it cannot be planned");
+std::int64_t Module::buffer_bytes(const Shape& input, DType dtype, Shape& out) const {
+  std::int64_t sum = 0;
+  for (const BufferStatement& b : buffer_statements(input, dtype, out)) sum += b.bytes;
+  return sum;
+}
+
+std::vector<BufferStatement> Module::buffer_statements(const Shape&, DType, Shape&) const {
+  TUTTI_THROW(InvalidArgument, describe(),
+              " does not state its buffers (Module::buffer_statements): it cannot be planned");
 }
 
 double Module::backward_flops(double forward) const { return input_grad_needed() ? 2.0 * forward : forward; }

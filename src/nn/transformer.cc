@@ -1,5 +1,6 @@
 #include "tutti/nn/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -279,6 +280,76 @@ void TiedLinear::multiply_backward(const Tensor& x, const Tensor& dy, const Tens
                            dx.defined() ? as_rows(dx, in) : Tensor(), dw, Tensor(), /*accumulate_params=*/true,
                            stream());
   // No grad_ready: the weight's owner reports it once its own share is added.
+}
+
+// ---- buffers (Module::buffer_statements) ------------------------------------------------------
+
+namespace {
+using Kind = BufferStatement::Kind;
+BufferStatement statement(int slot, std::int64_t numel, DType dtype, Kind kind) {
+  return {slot, numel * static_cast<std::int64_t>(size_of(dtype)), kind};
+}
+// An embedding's output [B, T, width] for tokens [B, T].
+std::vector<BufferStatement> embedding_output(const Module& m, const Shape& tokens, std::int64_t width, DType dtype,
+                                              Shape& out) {
+  TUTTI_CHECK_ARG(tokens.size() == 2, m.describe(), "::buffer_statements: tokens are [B, T], got ", shape_str(tokens));
+  out = {tokens[0], tokens[1], width};
+  return {statement(0, numel_of(out), dtype, Kind::output)};
+}
+}  // namespace
+
+std::vector<BufferStatement> TokenPositionEmbedding::buffer_statements(const Shape& input, DType dtype,
+                                                                       Shape& out) const {
+  return embedding_output(*this, input, width_, dtype, out);
+}
+
+std::vector<BufferStatement> TokenEmbedding::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  return embedding_output(*this, input, width_, dtype, out);
+}
+
+std::vector<BufferStatement> RotaryEmbedding::buffer_statements(const Shape& input, DType, Shape& out) const {
+  out = input;
+  return {};
+}
+
+std::vector<BufferStatement> CausalSelfAttention::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  const std::int64_t parts = heads_ + 2 * kv_heads_;
+  TUTTI_CHECK_ARG(input.size() == 3 && input[2] % parts == 0, describe(), "::buffer_statements: the input is [B, T, (",
+                  heads_, " + 2 x ", kv_heads_, ") x head_size], got ", shape_str(input));
+  const std::int64_t B = input[0], T = input[1];
+  out = {B, T, input[2] / parts * heads_};
+  std::vector<BufferStatement> b{statement(0, numel_of(out), dtype, Kind::saved)};
+  if (options_.kernel == AttentionKernel::materialized)
+    b.push_back(statement(1, B * heads_ * T * T, dtype, Kind::saved));  // the probabilities
+  else
+    b.push_back(statement(1, B * heads_ * T, DType::f32, Kind::saved));  // the log-sum-exp
+  if (input_grad_needed()) b.push_back(statement(2, numel_of(input), dtype, Kind::backward));
+  return b;
+}
+
+std::int64_t CausalSelfAttention::gpu_scratch_bytes(const Shape& input, DType dtype) const {
+  const std::int64_t parts = heads_ + 2 * kv_heads_;
+  TUTTI_CHECK_ARG(input.size() == 3 && input[2] % parts == 0, describe(), "::gpu_scratch_bytes: the input is [B, T, (",
+                  heads_, " + 2 x ", kv_heads_, ") x head_size], got ", shape_str(input));
+  const std::int64_t B = input[0], T = input[1], hs = input[2] / parts;
+  if (options_.kernel == AttentionKernel::materialized) {
+    // kernels/cuda/attention.cu: backward's q, k, v, dy, dq, dk, dv head-major and dP.
+    return (7 * B * T * heads_ * hs + B * heads_ * T * T) * static_cast<std::int64_t>(size_of(dtype));
+  }
+  const kernels::FlashAttentionParams p{heads_, kv_heads_, options_.query_tile, options_.key_tile};
+  return std::max(kernels::flash_attention_gpu_scratch_bytes(B, T, hs, p, dtype, false),
+                  kernels::flash_attention_gpu_scratch_bytes(B, T, hs, p, dtype, true));
+}
+
+std::vector<BufferStatement> TiedLinear::buffer_statements(const Shape& input, DType dtype, Shape& out) const {
+  const std::int64_t in = weight_.shape()[1], outs = weight_.shape()[0];
+  TUTTI_CHECK_ARG(!input.empty() && input.back() == in, describe(), "::buffer_statements: the input ", shape_str(input),
+                  " must end in ", in);
+  out = with_last(input, outs);
+  std::vector<BufferStatement> b{statement(0, numel_of(out), dtype, Kind::output)};
+  if (input_grad_needed()) b.push_back(statement(1, numel_of(input), dtype, Kind::backward));
+  if (!weight_.requires_grad) b.push_back(statement(2, weight_.numel(), grad_dtype(), Kind::backward));
+  return b;
 }
 
 // ---- FLOPs (Module::flops) -------------------------------------------------------------------

@@ -73,6 +73,10 @@ std::int64_t SequenceParallel::workspace_bytes() const {
   return bytes;
 }
 
+std::int64_t SequenceParallel::planned_workspace_bytes(std::int64_t width, DType dtype) const {
+  return active_ ? 2 * batch_ * sequence_ * width * static_cast<std::int64_t>(size_of(dtype)) : 0;
+}
+
 // ---- the norms ----------------------------------------------------------------------------
 
 template <typename Norm>

@@ -109,6 +109,17 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::vector<nn::BufferStatement> ColumnParallelLinear::buffer_statements(const Shape& input, DType dtype,
+                                                                         Shape& out) const {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::Linear::buffer_statements(input, dtype, out);
+  // y of the gathered whole batch (slot 0), dx of this rank's rows (1); the gathered input and the
+  // whole input gradient are SequenceParallel's shared buffers.
+  std::vector<nn::BufferStatement> b = nn::Linear::buffer_statements(sequence_->whole_shape(in_), dtype, out);
+  for (nn::BufferStatement& s : b)
+    if (s.slot == 1) s.bytes = numel_of(input) * static_cast<std::int64_t>(size_of(dtype));
+  return b;
+}
+
 // ---- RowParallelLinear --------------------------------------------------------------------
 
 RowParallelLinear::RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
@@ -147,6 +158,17 @@ Tensor RowParallelLinear::forward_impl(const Tensor& x) {
   Tensor y = buffer(0, sequence_->local_shape(out_), x.dtype());
   sequence_->scatter_sum(partial, y, stream(), describe() + " output");
   return y;
+}
+
+std::vector<nn::BufferStatement> RowParallelLinear::buffer_statements(const Shape& input, DType dtype,
+                                                                      Shape& out) const {
+  std::vector<nn::BufferStatement> b = nn::Linear::buffer_statements(input, dtype, out);
+  if (sequence_ == nullptr || !sequence_->active()) return b;
+  // y: this rank's rows of the sum (slot 0); the partial sum is SequenceParallel's shared buffer.
+  out = sequence_->local_shape(out_);
+  for (nn::BufferStatement& s : b)
+    if (s.slot == 0) s.bytes = numel_of(out) * static_cast<std::int64_t>(size_of(dtype));
+  return b;
 }
 
 // Backward is nn::Linear's once every rank has the whole dy (gathered from the rows under

@@ -105,6 +105,31 @@ Tensor VocabParallelTokenPositionEmbedding::backward_impl(const Tensor& dy) {
   return nn::TokenPositionEmbedding::backward_impl(sequence_->gather(dy, 0, stream(), describe() + " output gradient"));
 }
 
+namespace {
+// An embedding's y while `sequence` splits the rows: this rank's rows [N/tp, width] (the lookup's
+// partial sums are SequenceParallel's shared buffer).
+void keep_rows(const SequenceParallel* sequence, std::vector<nn::BufferStatement>& b, DType dtype, Shape& out) {
+  if (sequence == nullptr || !sequence->active()) return;
+  out = sequence->local_shape(out.back());
+  for (nn::BufferStatement& s : b)
+    if (s.slot == 0) s.bytes = numel_of(out) * static_cast<std::int64_t>(size_of(dtype));
+}
+}  // namespace
+
+std::vector<nn::BufferStatement> VocabParallelEmbedding::buffer_statements(const Shape& input, DType dtype,
+                                                                           Shape& out) const {
+  std::vector<nn::BufferStatement> b = nn::TokenEmbedding::buffer_statements(input, dtype, out);
+  keep_rows(sequence_, b, dtype, out);
+  return b;
+}
+
+std::vector<nn::BufferStatement> VocabParallelTokenPositionEmbedding::buffer_statements(const Shape& input, DType dtype,
+                                                                                        Shape& out) const {
+  std::vector<nn::BufferStatement> b = nn::TokenPositionEmbedding::buffer_statements(input, dtype, out);
+  keep_rows(sequence_, b, dtype, out);
+  return b;
+}
+
 // Backward of both is their base's, on the whole output gradient (the output was summed, or its
 // rows are gathered again): each rank adds its tokens' rows to its own table rows, and the
 // position table's whole gradient, the same on every rank.
@@ -159,10 +184,26 @@ Tensor ColumnParallelTiedLinear::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+std::vector<nn::BufferStatement> ColumnParallelTiedLinear::buffer_statements(const Shape& input, DType dtype,
+                                                                             Shape& out) const {
+  if (sequence_ == nullptr || !sequence_->active()) return nn::TiedLinear::buffer_statements(input, dtype, out);
+  // As ColumnParallelLinear's: y of the whole batch (slot 0), dx of this rank's rows (1).
+  std::vector<nn::BufferStatement> b =
+      nn::TiedLinear::buffer_statements(sequence_->whole_shape(weight().shape()[1]), dtype, out);
+  for (nn::BufferStatement& s : b)
+    if (s.slot == 1) s.bytes = numel_of(input) * static_cast<std::int64_t>(size_of(dtype));
+  return b;
+}
+
 // ---- the loss -----------------------------------------------------------------------------
 
 VocabParallelCrossEntropy::VocabParallelCrossEntropy(Communicator& group, std::int64_t ignore_index)
     : nn::CrossEntropyLoss(ignore_index), group_(group) {}
+
+std::int64_t VocabParallelCrossEntropy::buffer_bytes(const Shape& logits, DType dtype) const {
+  TUTTI_CHECK_ARG(!logits.empty(), "VocabParallelCrossEntropy::buffer_bytes: logits are [..., C]");
+  return nn::CrossEntropyLoss::buffer_bytes(logits, dtype) + 3 * (numel_of(logits) / logits.back()) * 4;
+}
 
 const Tensor& VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels, float grad_scale,
                                                  const Stream& stream) {

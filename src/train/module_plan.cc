@@ -9,6 +9,7 @@
 #include "tutti/core/error.h"
 #include "tutti/ddp/memory.h"
 #include "tutti/nn/flat_plan.h"
+#include "tutti/nn/transformer.h"
 #include "tutti/train/memory_plan.h"
 
 namespace tutti::train {
@@ -17,14 +18,19 @@ namespace {
 
 // One backward pass's gradient placements and reports as tutti's layers make them: the layers
 // from the last, each placing its own parameters' gradients in registration order, then
-// reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready). A module's
-// own parameters are those of the root's list (`all`, named by their dotted paths) whose path is
-// the module's `path` and a name: asking a child for its parameters() would rename them.
-void backward_events(const nn::Module& module, const std::string& path, const std::vector<nn::Parameter*>& all,
-                     std::vector<ddp::GradientEvent>& order) {
+// reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready); a tied layer
+// (nn::TiedLinear) places its share of its owner's weight's gradient, which the owner reports. A
+// module's own parameters are those of the root's list (`all`, named by their dotted paths) whose
+// path is the module's `path` and a name: asking a child for its parameters() would rename them.
+void add_backward_events(const nn::Module& module, const std::string& path, const std::vector<nn::Parameter*>& all,
+                         std::vector<ddp::GradientEvent>& order) {
   const auto& children = module.children();
   for (auto child = children.rbegin(); child != children.rend(); ++child)
-    backward_events(*child->second, path.empty() ? child->first : path + "." + child->first, all, order);
+    add_backward_events(*child->second, path.empty() ? child->first : path + "." + child->first, all, order);
+  if (const auto* tied = dynamic_cast<const nn::TiedLinear*>(&module)) {
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (all[i] == &tied->weight() && all[i]->requires_grad) order.push_back({false, i});
+  }
   std::vector<std::size_t> own;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::string& name = all[i]->name;
@@ -38,6 +44,13 @@ void backward_events(const nn::Module& module, const std::string& path, const st
 
 }  // namespace
 
+std::vector<ddp::GradientEvent> detail::backward_events(const nn::Module& model,
+                                                        const std::vector<nn::Parameter*>& params) {
+  std::vector<ddp::GradientEvent> order;
+  add_backward_events(model, "", params, order);
+  return order;
+}
+
 MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions& o) {
   TUTTI_CHECK_ARG(o.world_size >= 1 && o.zero_stage >= 0 && o.zero_stage <= 3 && o.micro_batch >= 1,
                   "memory_plan: world_size ", o.world_size, " (>= 1), zero_stage ", o.zero_stage,
@@ -47,9 +60,8 @@ MemoryPlan memory_plan(nn::Module& model, const Shape& sample, const PlanOptions
                   "memory_plan of a module: tensor parallelism, recomputation, evaluation, state dicts and "
                   "checkpoints are planned for models::Gpt and models::Llama only");
   const std::vector<nn::Parameter*> params = model.parameters();
-  std::vector<ddp::GradientEvent> backward_order;
-  backward_events(model, "", params, backward_order);
-  const ddp::MemoryPrediction held = detail::predict_ddp(nn::plan_params(params), std::move(backward_order), {}, "", o);
+  const ddp::MemoryPrediction held =
+      detail::predict_ddp(nn::plan_params(params), detail::backward_events(model, params), {}, "", o);
 
   MemoryPlan m;
   for (const nn::Parameter* p : params) m.parameters += p->numel();

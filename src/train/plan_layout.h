@@ -1,9 +1,10 @@
-// What train::memory_plan needs to know of a decoder-only model to predict its bytes, stated by
-// the model's shape (gpt_layout, llama_layout in plan_layouts.cc) and read by one planner
-// (memory_plan.cc): the parameters as the model registers them (what its flat plan cuts), the order
-// in which backward places and reports their gradients (ZeRO-2's bucket pool), and the reusable
-// buffers (Module::buffer) of one attention body and one MLP body, by (position in the body,
-// slot), as the layers allocate them. Internal to src/train.
+// What train::memory_plan needs to know of a decoder-only model to predict its bytes, asked of the
+// model itself (gpt_layout, llama_layout in decoder_layout.cc: a model built for the plan, its
+// parameters deferred) and read by one planner (memory_plan.cc): the parameters as the model
+// registers them (what its flat plan cuts), the order in which backward places and reports their
+// gradients (ZeRO-2's bucket pool), and the reusable buffers (Module::buffer) of one attention body
+// and one MLP body, by (position in the body, slot), as the layers state them
+// (Module::buffer_statements). Internal to src/train.
 #pragma once
 
 #include <cstdint>
@@ -61,8 +62,13 @@ struct DecoderLayout {
   std::string gpu_scratch_detail;
 };
 
+// Asked of a model built for the plan (decoder_layout.cc).
 DecoderLayout gpt_layout(const models::GptConfig& config, const PlanOptions& options);
 DecoderLayout llama_layout(const models::LlamaConfig& config, const PlanOptions& options);
+
+// One backward pass's gradient placements and reports for `model` whose parameters() are
+// `params`, as tutti's layers make them (module_plan.cc).
+std::vector<GradEvent> backward_events(const nn::Module& model, const std::vector<nn::Parameter*>& params);
 
 // The plan of a layout (memory_plan's work once the model is described).
 MemoryPlan plan_decoder(const DecoderLayout& layout, const PlanOptions& options);

@@ -81,6 +81,9 @@ class CausalLm : public nn::Module {
   Communicator* vocab_group() const { return vocab_group_; }
   // The model's sequence-parallel split (TensorParallelOptions::sequence_parallel), or nullptr.
   parallel::SequenceParallel* sequence_parallel() const { return sequence_.get(); }
+  // Bytes of what the layers share outside their own buffers (Module::buffer_statements) once the
+  // model has trained on sequences of T tokens: Llama's rotary table; 0 for GPT.
+  virtual std::int64_t shared_buffer_bytes(std::int64_t /*T*/) const { return 0; }
   // The loss these logits take: nn::CrossEntropyLoss, or over vocab_group()
   // parallel::VocabParallelCrossEntropy (COLLECTIVE over it). The group must outlive the loss.
   std::unique_ptr<nn::CrossEntropyLoss> make_loss(std::int64_t ignore_index = -100) const;

@@ -95,6 +95,8 @@ class Llama : public CausalLm {
   // Every parameter: Llama has no position table. With a tied head its weight (the embedding)
   // counts once, though it multiplies twice: the head's product is counted by its layer's FLOPs.
   std::int64_t flop_parameters() override;
+  // The rotary table of T positions.
+  std::int64_t shared_buffer_bytes(std::int64_t T) const override { return rope_->bytes_for(T); }
   nn::Parameter& embed_weight() { return embed_->weight; }
   // The untied head's weight; null when the head is tied to the embedding.
   nn::Parameter* head_weight() { return untied_head_ ? &untied_head_->weight : nullptr; }

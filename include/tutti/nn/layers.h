@@ -43,7 +43,7 @@ class Linear : public Module {
   Parameter bias;  // a [0]-shaped, unregistered placeholder when options.bias is false
   std::string describe() const override;
   Flops flops(const Shape& sample, Shape& out) const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -66,7 +66,7 @@ class Linear : public Module {
 class ReLU : public Module {
  public:
   std::string describe() const override { return "ReLU"; }
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -80,7 +80,7 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   std::string describe() const override { return "GELU"; }
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -98,6 +98,7 @@ class SwiGLU : public Module {
   std::string describe() const override { return "SwiGLU"; }
   // [.., 2F] -> [.., F]; no FLOPs counted (elementwise).
   Flops flops(const Shape& sample, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -124,7 +125,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(float p);
   std::string describe() const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
   float p() const { return p_; }
 
  protected:
@@ -150,7 +151,7 @@ class LayerNorm : public Module {
   Parameter gamma;  // ones
   Parameter beta;   // zeros
   std::string describe() const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -177,6 +178,7 @@ class RMSNorm : public Module {
   Parameter weight;  // ones
   std::string describe() const override;
   float eps() const { return eps_; }
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -206,7 +208,7 @@ class Conv2d : public Module {
   Parameter bias;    // [K]; [0] and unregistered without bias
   std::string describe() const override;
   Flops flops(const Shape& sample, Shape& out) const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -225,7 +227,7 @@ class MaxPool2d : public Module {
  public:
   std::string describe() const override { return "MaxPool2d(2)"; }
   Flops flops(const Shape& sample, Shape& out) const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -240,7 +242,7 @@ class Flatten : public Module {
  public:
   std::string describe() const override { return "Flatten"; }
   Flops flops(const Shape& sample, Shape& out) const override;
-  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -269,8 +271,13 @@ class Residual : public Module {
   // A residual around one given module (it becomes body()[0]).
   explicit Residual(std::unique_ptr<Module> inner);
   Sequential& body() { return *body_; }
+  const Sequential& body() const { return *body_; }
   std::string describe() const override { return "Residual"; }
   Flops flops(const Shape& sample, Shape& out) const override;
+  // Its own buffers (y, and dx where its input needs a gradient), which it keeps when its body
+  // recomputes; buffer_bytes adds the body's.
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
+  std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const override;
   // Checkpoints this residual's body in `workspace` (shared with the other checkpointed
   // residuals of the model, whose bodies should have the same structure); null turns it off.
   // Takes effect at the next forward; do not call it between a forward and its backward.

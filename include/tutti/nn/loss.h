@@ -30,6 +30,10 @@ class CrossEntropyLoss {
                                 const Stream& stream = Stream());
   const Tensor& loss() const { return loss_; }
   const Tensor& grad() const { return dlogits_; }
+  // The bytes forward keeps for logits of this shape and dtype: grad() (and, in
+  // VocabParallelCrossEntropy, its row statistics), what train::memory_plan counts. The [1] f32
+  // loss is not: it is one of a step's scalars.
+  virtual std::int64_t buffer_bytes(const Shape& logits, DType dtype) const;
 
  protected:
   // labels' shape checked against the logits' (InvalidArgument); loss_ and dlogits_ made to fit.

@@ -64,6 +64,19 @@ class RecomputeWorkspace {
   std::vector<std::vector<Tensor>> buffers_;  // [position in the body][slot + 2]
 };
 
+// One reusable buffer (Module::buffer) that a layer holds once it has run a forward and a backward
+// in training, as the layer states it (Module::buffer_statements).
+struct BufferStatement {
+  enum class Kind : std::uint8_t {
+    output,    // forward's result: held until backward by a next layer that keeps its input
+    saved,     // made by forward and kept by this layer for its backward (a statistic, its output)
+    backward,  // made by backward (an input gradient, a scratch)
+  };
+  int slot = 0;  // Module::buffer's slot
+  std::int64_t bytes = 0;
+  Kind kind = Kind::output;
+};
+
 // Model FLOPs of one sample through a module in training (see Module::flops).
 struct Flops {
   double forward = 0;
@@ -139,7 +152,14 @@ class Module {
   // makes one, its statistics); containers add their children's. train::memory_plan(model,
   // sample, options) adds them to DistributedDataParallel's part. The default throws
   // InvalidArgument naming the layer: one that does not state its buffers cannot be planned.
+  // The default adds this module's buffer_statements.
   virtual std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const;
+  // This module's own buffers, one statement per Module::buffer slot it fills in a training step
+  // on such an input (not its children's), with the output's shape in `out`: what buffer_bytes
+  // adds, and what train::memory_plan reads by slot to size a recomputed body's shared workspace
+  // (RecomputeWorkspace). A layer states them beside the code that allocates them. The default
+  // throws InvalidArgument naming the layer.
+  virtual std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const;
   // flops(sample).total(): the training FLOPs of one sample.
   double training_flops_per_sample(const Shape& sample) const;
   // The backward FLOPs of a layer with weights whose forward is `forward` FLOPs of matrix

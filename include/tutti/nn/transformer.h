@@ -31,6 +31,8 @@ class TokenEmbedding : public Module {
   std::string describe() const override;
   // A gather: no FLOPs (an output head counts its multiply). [T] -> [T, width].
   Flops flops(const Shape& sample, Shape& out) const override;
+  // y [B, T, width] (slot 0) for tokens [B, T].
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
@@ -83,6 +85,8 @@ class RopeTable {
   const RopeOptions& options() const { return options_; }
   // Bytes the table holds now (0 before the first get).
   std::int64_t bytes() const { return table_.defined() ? static_cast<std::int64_t>(table_.nbytes()) : 0; }
+  // Bytes a table of T positions holds (what get(T) makes, where no longer one was asked for).
+  std::int64_t bytes_for(std::int64_t T) const { return T * head_size_ * 4; }
 
  private:
   std::int64_t head_size_;
@@ -101,6 +105,8 @@ class RotaryEmbedding : public Module {
   RotaryEmbedding(std::int64_t heads, std::int64_t kv_heads, std::shared_ptr<RopeTable> table);
   std::string describe() const override;
   const RopeTable& table() const { return *table_; }
+  // None: it rotates its input in place (the table is the model's, shared by its layers).
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& qkv) override;
@@ -136,6 +142,8 @@ class TokenPositionEmbedding : public Module {
   std::string describe() const override;
   // A gather: no FLOPs (the tied head counts the table's multiply). [T] -> [T, width].
   Flops flops(const Shape& sample, Shape& out) const override;
+  // y [B, T, width] (slot 0) for tokens [B, T].
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
@@ -170,6 +178,12 @@ class CausalSelfAttention : public Module {
   // PaLM counts; the flash kernel's recomputation in backward is not counted, as FlashAttention's
   // MFU does not count it).
   Flops flops(const Shape& sample, Shape& out) const override;
+  // For qkv [B, T, (H + 2G)·hs]: its output [B, T, H·hs] (slot 0) and the saved tensor (1), both
+  // kept for backward, and dqkv (2) where the input needs a gradient.
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
+  // The largest stream-ordered scratch its GPU kernels take, forward or backward, for such an
+  // input (not Module::buffer's, and not in Storage's count on a GPU).
+  std::int64_t gpu_scratch_bytes(const Shape& input, DType dtype) const;
 
  protected:
   Tensor forward_impl(const Tensor& qkv) override;
@@ -195,6 +209,8 @@ class TiedLinear : public Module {
   std::string describe() const override;
   // 2·in·out per row forward, as Linear.
   Flops flops(const Shape& sample, Shape& out) const override;
+  // As Linear's: y (slot 0), dx (1) where the input needs a gradient, a frozen weight's scratch (2).
+  std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
   Parameter& weight() const { return weight_; }
 
  protected:

@@ -53,6 +53,8 @@ class SequenceParallel {
   // [N/tp, width]: the shape of this rank's rows while active(). It, gather and scatter_sum throw
   // (tutti::Error) when the rows are not split.
   Shape local_shape(std::int64_t width) const;
+  // [B, T, width] of the last begin: the whole batch's shape.
+  Shape whole_shape(std::int64_t width) const { return {batch_, sequence_, width}; }
 
   // COLLECTIVE over the group, ordered on `stream`: every rank's rows [N/tp, width] put together
   // as the whole [B, T, width] in shared buffer `slot` (0 or 1), valid until that slot's next use.
@@ -72,6 +74,10 @@ class SequenceParallel {
   Tensor whole_buffer(int slot, std::int64_t width, DType dtype, Device device);
   // Bytes both shared buffers hold now.
   std::int64_t workspace_bytes() const;
+  // Bytes both hold once layers gathering at most `width` features of `dtype` have run a step on
+  // the last begin's batch (what a decoder holds: its split layers gather the residual stream's
+  // width); 0 where the rows are not split.
+  std::int64_t planned_workspace_bytes(std::int64_t width, DType dtype) const;
 
  private:
   void require_active(const char* what) const;

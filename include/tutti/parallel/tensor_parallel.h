@@ -87,6 +87,9 @@ class ColumnParallelLinear : public nn::Linear {
                        nn::LinearOptions options = {}, std::vector<std::int64_t> blocks = {},
                        SequenceParallel* sequence = nullptr);
   std::string describe() const override;
+  // nn::Linear's; while `sequence` splits the rows (SequenceParallel::begin), the input is this
+  // rank's rows and y the whole batch's [B, T, out/tp], dx the rows'.
+  std::vector<nn::BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -114,6 +117,8 @@ class RowParallelLinear : public nn::Linear {
   RowParallelLinear(Communicator& group, std::int64_t in_features, std::int64_t out_features,
                     nn::LinearOptions options = {}, SequenceParallel* sequence = nullptr);
   std::string describe() const override;
+  // nn::Linear's; while `sequence` splits the rows, y is this rank's rows [N/tp, out].
+  std::vector<nn::BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;

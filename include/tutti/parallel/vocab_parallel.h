@@ -53,6 +53,8 @@ class VocabParallelEmbedding : public nn::TokenEmbedding {
   VocabParallelEmbedding(Communicator& group, std::int64_t vocab, std::int64_t width,
                          SequenceParallel* sequence = nullptr);
   std::string describe() const override;
+  // nn::TokenEmbedding's; while `sequence` splits the rows, y is this rank's rows [N/tp, width].
+  std::vector<nn::BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
@@ -72,6 +74,8 @@ class VocabParallelTokenPositionEmbedding : public nn::TokenPositionEmbedding {
   VocabParallelTokenPositionEmbedding(Communicator& group, std::int64_t vocab, std::int64_t context, std::int64_t width,
                                       SequenceParallel* sequence = nullptr);
   std::string describe() const override;
+  // As VocabParallelEmbedding's.
+  std::vector<nn::BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& tokens) override;
@@ -91,6 +95,8 @@ class ColumnParallelTiedLinear : public nn::TiedLinear {
  public:
   ColumnParallelTiedLinear(Communicator& group, nn::Parameter& weight, SequenceParallel* sequence = nullptr);
   std::string describe() const override;
+  // As ColumnParallelLinear's: while `sequence` splits the rows, y [B, T, out/tp] from the rows.
+  std::vector<nn::BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const override;
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -114,6 +120,8 @@ class VocabParallelCrossEntropy : public nn::CrossEntropyLoss {
   explicit VocabParallelCrossEntropy(Communicator& group, std::int64_t ignore_index = -100);
   const Tensor& forward(const Tensor& logits, const Tensor& labels, float grad_scale = 1.0f,
                         const Stream& stream = Stream()) override;
+  // grad() and the row statistics [3, N] f32.
+  std::int64_t buffer_bytes(const Shape& logits, DType dtype) const override;
 
  private:
   Communicator& group_;
