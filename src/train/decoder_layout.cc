@@ -70,8 +70,8 @@ Body body_of(const nn::Residual& block, Shape shape, DType compute, std::int64_t
     Shape out;
     for (const BufferStatement& s : layer.buffer_statements(shape, compute, out)) {
       const bool forward = s.kind != BufferStatement::Kind::backward;
-      const bool held = s.kind == BufferStatement::Kind::saved ||
-                        (s.kind == BufferStatement::Kind::output && i + 1 < layers.size());
+      const bool held =
+          s.kind == BufferStatement::Kind::saved || (s.kind == BufferStatement::Kind::output && i + 1 < layers.size());
       body.buffers.push_back({static_cast<int>(i), s.slot, s.bytes, forward, held});
     }
     if (const auto* attention = dynamic_cast<const nn::CausalSelfAttention*>(&layer)) {

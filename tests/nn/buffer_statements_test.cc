@@ -80,10 +80,13 @@ TEST(BufferStatements, EveryLayerStatesWhatItHolds) {
       {"TokenPositionEmbedding", [] { return std::make_unique<TokenPositionEmbedding>(12, 8, 16); }, tokens},
       {"RotaryEmbedding", [table] { return std::make_unique<RotaryEmbedding>(2, 1, table); },
        random_tensor({2, 6, 32}, DType::f32, 1)},
-      {"CausalSelfAttention flash", [] { return std::make_unique<CausalSelfAttention>(4, AttentionOptions{.kv_heads = 2}); },
+      {"CausalSelfAttention flash",
+       [] { return std::make_unique<CausalSelfAttention>(4, AttentionOptions{.kv_heads = 2}); },
        random_tensor({2, 6, 32}, DType::f32, 1)},
       {"CausalSelfAttention materialized",
-       [] { return std::make_unique<CausalSelfAttention>(2, AttentionOptions{.kernel = AttentionKernel::materialized}); },
+       [] {
+         return std::make_unique<CausalSelfAttention>(2, AttentionOptions{.kernel = AttentionKernel::materialized});
+       },
        random_tensor({2, 6, 24}, DType::f32, 1)},
       {"TiedLinear", [tied] { return std::make_unique<TiedLinear>(*tied); }, random_tensor({2, 6, 16}, DType::f32, 1),
        true},
