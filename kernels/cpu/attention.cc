@@ -1,26 +1,23 @@
 #include "kernels/cpu/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 
 namespace tutti::kernels::cpu {
 namespace {
 
 using std::int64_t;
 
-// Row-major C[M, N] = alpha · op(A) · op(B) on fp32 memory with explicit leading dimensions
-// (the heads are column blocks of the packed qkv rows: ld 3C, no copy). beta = 0: OpenBLAS
-// does not read C then (the tests poison every output with nan to hold it to that).
+// Row-major C[M, N] = alpha · op(A) · op(B), C not read (gemm.h), with explicit leading dimensions
+// (the heads are column blocks of the packed qkv rows: ld 3C, no copy); the tests poison every
+// output with nan to hold it to that.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
           int64_t ldb, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), 0.0f, C, static_cast<blasint>(ldc));
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc);
 }
 
 // Rows [first, first + rows) of a T x T score matrix (s points at row `first`): row i keeps

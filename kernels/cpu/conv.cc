@@ -1,7 +1,5 @@
 #include "kernels/cpu/conv.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +10,7 @@
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/conv_onednn.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/validate.h"
 
 namespace tutti::kernels::cpu {
@@ -165,7 +164,7 @@ void conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias,
       cols = col.data();
     }
     // y_n[K, PQ] = W[K, CRS] · col[CRS, PQ]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, PQ, CRS, 1.0f, wf, CRS, cols, PQ, 0.0f, yn, PQ);
+    sgemm(false, false, M, PQ, CRS, 1.0f, wf, CRS, cols, PQ, 0.0f, yn, PQ);
     if (bf != nullptr) {
       for (int64_t k = 0; k < g.k; ++k) {
         float* row = yn + k * g.pq();
@@ -220,7 +219,7 @@ void conv2d_backward_im2col(const Tensor& x, const Tensor& w, const Tensor& dy, 
       cols = col.data();
     }
     // dW[K, CRS] += dy_n[K, PQ] · col[CRS, PQ]^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, PQ, 1.0f, dyn, PQ, cols, PQ, 1.0f, dws.data(), CRS);
+    sgemm(false, true, K, CRS, PQ, 1.0f, dyn, PQ, cols, PQ, 1.0f, dws.data(), CRS);
     if (db.defined()) {
       for (int64_t k = 0; k < g.k; ++k) dbs[static_cast<std::size_t>(k)] += sum_f32(dyn + k * g.pq(), g.pq());
     }
@@ -228,7 +227,7 @@ void conv2d_backward_im2col(const Tensor& x, const Tensor& w, const Tensor& dy, 
       float* dxn = dxf + n * g.c * g.h * g.w;
       // dcol[CRS, PQ] = W[K, CRS]^T · dy_n[K, PQ]; for a 1x1 conv it is dx_n itself.
       float* target = trivial ? dxn : dcol.data();
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, PQ, K, 1.0f, wf, CRS, dyn, PQ, 0.0f, target, PQ);
+      sgemm(true, false, CRS, PQ, K, 1.0f, wf, CRS, dyn, PQ, 0.0f, target, PQ);
       if (!trivial) col2im(dcol.data(), g, dxn);
     }
   }

@@ -1,27 +1,17 @@
 #include "kernels/cpu/flash_attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 
 namespace tutti::kernels::cpu {
 namespace {
 
 using std::int64_t;
-
-// Row-major C[M, N] = alpha · op(A) · op(B) + beta · C on fp32 memory with explicit leading
-// dimensions: the heads are column blocks of the packed qkv rows (ld = its width), read in place.
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-          int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
-}
 
 // How many of a tile's `cols` keys, the first of which is key `first_col`, query t may see
 // (keys s <= t): 0 when the whole tile is after it.
@@ -106,9 +96,9 @@ void flash_attention_forward(const Tensor& qkv, const FlashShape& s, const Tenso
         std::fill(l.begin(), l.end(), 0.0f);
         for (int64_t c0 = 0; c0 < r1; c0 += bk) {  // keys after the tile's last query are never seen
           const int64_t cols = std::min(bk, r1 - c0);
-          gemm(false, true, rows, cols, hs, scale, q + r0 * W, W, k + c0 * W, W, 0.0f, tile.data(), bk);  // S
+          sgemm(false, true, rows, cols, hs, scale, q + r0 * W, W, k + c0 * W, W, 0.0f, tile.data(), bk);  // S
           online_softmax_tile(tile.data(), bk, rows, cols, r0, c0, m.data(), l.data(), acc.data(), hs);
-          gemm(false, false, rows, hs, cols, 1.0f, tile.data(), bk, v + c0 * W, W, 1.0f, acc.data(), hs);  // += P v
+          sgemm(false, false, rows, hs, cols, 1.0f, tile.data(), bk, v + c0 * W, W, 1.0f, acc.data(), hs);  // += P v
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / l[static_cast<std::size_t>(i)];
@@ -169,13 +159,13 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
             const int64_t seen = std::min(cols, r1 - c0);
             const float* qr = q + first * W;
             const float* dyr = dy + first * HC;
-            gemm(false, true, rows, seen, hs, scale, qr, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
+            sgemm(false, true, rows, seen, hs, scale, qr, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
             tile_probabilities(p.data(), bk, rows, seen, first, c0, row_lse);
-            gemm(true, false, seen, hs, rows, 1.0f, p.data(), bk, dyr, HC, 1.0f, dv_tile.data(), hs);  // dv += P^T dy
-            gemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);      // dP = dy v^T
-            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);                // dS
-            gemm(false, false, rows, hs, seen, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + first * W, W);  // dS k
-            gemm(true, false, seen, hs, rows, 1.0f, dp.data(), bk, qr, W, 1.0f, dk_tile.data(), hs);  // dk += dS^T q
+            sgemm(true, false, seen, hs, rows, 1.0f, p.data(), bk, dyr, HC, 1.0f, dv_tile.data(), hs);  // dv += P^T dy
+            sgemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);      // dP = dy v^T
+            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);                 // dS
+            sgemm(false, false, rows, hs, seen, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + first * W, W);  // dS k
+            sgemm(true, false, seen, hs, rows, 1.0f, dp.data(), bk, qr, W, 1.0f, dk_tile.data(), hs);  // dk += dS^T q
           }
         }
         for (int64_t j = 0; j < cols; ++j)

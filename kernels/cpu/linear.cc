@@ -1,35 +1,21 @@
 #include "kernels/cpu/linear.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 
 namespace tutti::kernels::cpu {
 namespace {
 
 using std::int64_t;
 
-// Row-major C[M, N] = alpha · op(A) · op(B) + beta · C on fp32 memory. op(A) is [M, K]:
-// A is stored [M, K], or [K, M] when transposed; likewise B is [K, N] or [N, K].
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B, float beta,
-           float* C) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    // Nothing to multiply: C = beta · C (BLAS implementations differ on K = 0).
-    for (int64_t i = 0; i < M * N; ++i) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
-    return;
-  }
-  if (beta == 0.0f) std::fill(C, C + M * N, 0.0f);  // beta = 0 must not read C (it may hold nan)
-  const int64_t lda = ta ? M : K;
-  const int64_t ldb = tb ? K : N;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(std::max<int64_t>(1, lda)), B, static_cast<blasint>(std::max<int64_t>(1, ldb)), beta,
-              C, static_cast<blasint>(std::max<int64_t>(1, N)));
+// Row-major C[M, N] = alpha · op(A) · op(B) + beta · C, each stored densely (gemm.h).
+void dense_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
+                 float beta, float* C) {
+  sgemm(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 
 // Adds column sums of dy[rows, O] to out (fp32).
@@ -47,7 +33,7 @@ void matmul(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b
   const int64_t M = c.dim(0), N = c.dim(1);
   const int64_t K = transpose_a ? a.dim(0) : a.dim(1);
   const F32Buffer A(a, true), B(b, true), C(c, beta != 0.0f);
-  sgemm(transpose_a, transpose_b, M, N, K, alpha, A.data(), B.data(), beta, C.data());
+  dense_sgemm(transpose_a, transpose_b, M, N, K, alpha, A.data(), B.data(), beta, C.data());
   C.store();
 }
 
@@ -55,7 +41,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   const int64_t O = w.dim(0), I = w.dim(1);
   const int64_t rows = leading_rows(x);
   const F32Buffer X(x, true), W(w, true), Y(y, false);
-  sgemm(false, true, rows, O, I, 1.0f, X.data(), W.data(), 0.0f, Y.data());
+  dense_sgemm(false, true, rows, O, I, 1.0f, X.data(), W.data(), 0.0f, Y.data());
   if (bias.defined()) {
     const F32Buffer B(bias, true);
     for (int64_t r = 0; r < rows; ++r)
@@ -71,13 +57,13 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
   const F32Buffer DY(dy, true), W(w, true);
   if (dx.defined()) {
     const F32Buffer DX(dx, false);
-    sgemm(false, false, rows, I, O, 1.0f, DY.data(), W.data(), 0.0f, DX.data());  // dx = dy · w
+    dense_sgemm(false, false, rows, I, O, 1.0f, DY.data(), W.data(), 0.0f, DX.data());  // dx = dy · w
     DX.store();
   }
   {
     const F32Buffer X(x, true), DW(dw, accumulate_params);
-    sgemm(true, false, O, I, rows, 1.0f, DY.data(), X.data(), accumulate_params ? 1.0f : 0.0f,
-          DW.data());  // dw = dy^T · x
+    dense_sgemm(true, false, O, I, rows, 1.0f, DY.data(), X.data(), accumulate_params ? 1.0f : 0.0f,
+                DW.data());  // dw = dy^T · x
     DW.store();
   }
   if (db.defined()) {
