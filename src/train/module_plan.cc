@@ -1,6 +1,7 @@
 // train::memory_plan for any model of tutti's layers (an MLP, a CNN): DistributedDataParallel's
 // part (ddp::predict_memory), the batch, every layer's buffers as the layers state them
 // (Module::buffer_bytes), the loss's gradient and the scalars.
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,30 +17,40 @@ namespace tutti::train {
 
 namespace {
 
+// The root's parameters (`all`, named by their dotted paths) by their owner's path, in
+// registration order, and by address.
+struct ParameterIndex {
+  std::map<std::string, std::vector<std::size_t>> by_owner;
+  std::map<const nn::Parameter*, std::size_t> by_address;
+  explicit ParameterIndex(const std::vector<nn::Parameter*>& all) {
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const std::string& name = all[i]->name;
+      const std::size_t dot = name.rfind('.');
+      by_address[all[i]] = i;
+      if (all[i]->requires_grad) by_owner[dot == std::string::npos ? "" : name.substr(0, dot)].push_back(i);
+    }
+  }
+};
+
 // One backward pass's gradient placements and reports as tutti's layers make them: the layers
 // from the last, each placing its own parameters' gradients in registration order, then
 // reporting them ready in reverse (Linear: weight, bias placed; bias, weight ready); a tied layer
 // (nn::TiedLinear) places its share of its owner's weight's gradient, which the owner reports. A
-// module's own parameters are those of the root's list (`all`, named by their dotted paths) whose
-// path is the module's `path` and a name: asking a child for its parameters() would rename them.
+// module's own parameters are those of the root's list whose path is the module's `path` and a
+// name: asking a child for its parameters() would rename them.
 void add_backward_events(const nn::Module& module, const std::string& path, const std::vector<nn::Parameter*>& all,
-                         std::vector<ddp::GradientEvent>& order) {
+                         const ParameterIndex& index, std::vector<ddp::GradientEvent>& order) {
   const auto& children = module.children();
   for (auto child = children.rbegin(); child != children.rend(); ++child)
-    add_backward_events(*child->second, path.empty() ? child->first : path + "." + child->first, all, order);
+    add_backward_events(*child->second, path.empty() ? child->first : path + "." + child->first, all, index, order);
   if (const auto* tied = dynamic_cast<const nn::TiedLinear*>(&module)) {
-    for (std::size_t i = 0; i < all.size(); ++i)
-      if (all[i] == &tied->weight() && all[i]->requires_grad) order.push_back({false, i});
+    const auto i = index.by_address.find(&tied->weight());
+    if (i != index.by_address.end() && all[i->second]->requires_grad) order.push_back({false, i->second});
   }
-  std::vector<std::size_t> own;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const std::string& name = all[i]->name;
-    const std::size_t dot = name.rfind('.');
-    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-    if (owner == path && all[i]->requires_grad) own.push_back(i);
-  }
-  for (const std::size_t i : own) order.push_back({false, i});
-  for (auto i = own.rbegin(); i != own.rend(); ++i) order.push_back({true, *i});
+  const auto own = index.by_owner.find(path);
+  if (own == index.by_owner.end()) return;
+  for (const std::size_t i : own->second) order.push_back({false, i});
+  for (auto i = own->second.rbegin(); i != own->second.rend(); ++i) order.push_back({true, *i});
 }
 
 }  // namespace
@@ -47,7 +58,7 @@ void add_backward_events(const nn::Module& module, const std::string& path, cons
 std::vector<ddp::GradientEvent> detail::backward_events(const nn::Module& model,
                                                         const std::vector<nn::Parameter*>& params) {
   std::vector<ddp::GradientEvent> order;
-  add_backward_events(model, "", params, order);
+  add_backward_events(model, "", params, ParameterIndex(params), order);
   return order;
 }
 
