@@ -45,7 +45,7 @@ GptConfig small() {
   c.layers = 2;
   c.heads = 4;
   c.width = 64;
-  c.context = 64;
+  c.context = 32;
   return c;  // vocabulary 256
 }
 
@@ -57,7 +57,7 @@ LlamaConfig small_llama(bool tied = false) {
   c.kv_heads = 2;
   c.width = 64;
   c.ffn = 160;
-  c.context = 64;
+  c.context = 32;
   c.tied_head = tied;
   return c;  // vocabulary 256
 }
