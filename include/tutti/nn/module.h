@@ -147,18 +147,17 @@ class Module {
   // The bytes of the reusable buffers (Module::buffer) this module holds once it has run a
   // forward and a backward in training on a batch whose input has the shape `input` (batch
   // dimension first) in `dtype` (the compute dtype): what every later step holds too, since
-  // buffers are reused, never freed. Writes the output's shape to `out`. Each layer states its
-  // own, beside the code that allocates them (its output, its input gradient where backward
-  // makes one, its statistics); containers add their children's. train::memory_plan(model,
-  // sample, options) adds them to DistributedDataParallel's part. The default throws
-  // InvalidArgument naming the layer: one that does not state its buffers cannot be planned.
-  // The default adds this module's buffer_statements.
+  // buffers are reused, never freed. Writes the output's shape to `out`. The default adds this
+  // module's buffer_statements (so it throws where they do: a layer that does not state its
+  // buffers cannot be planned); containers (Sequential, Residual) add their children's.
+  // train::memory_plan(model, sample, options) adds them to DistributedDataParallel's part.
   virtual std::int64_t buffer_bytes(const Shape& input, DType dtype, Shape& out) const;
   // This module's own buffers, one statement per Module::buffer slot it fills in a training step
   // on such an input (not its children's), with the output's shape in `out`: what buffer_bytes
   // adds, and what train::memory_plan reads by slot to size a recomputed body's shared workspace
-  // (RecomputeWorkspace). A layer states them beside the code that allocates them. The default
-  // throws InvalidArgument naming the layer.
+  // (RecomputeWorkspace). Each layer states them beside the code that allocates them (its output,
+  // its input gradient where backward makes one, its statistics). The default throws
+  // InvalidArgument naming the layer.
   virtual std::vector<BufferStatement> buffer_statements(const Shape& input, DType dtype, Shape& out) const;
   // flops(sample).total(): the training FLOPs of one sample.
   double training_flops_per_sample(const Shape& sample) const;

@@ -85,7 +85,7 @@ class RopeTable {
   const RopeOptions& options() const { return options_; }
   // Bytes the table holds now (0 before the first get).
   std::int64_t bytes() const { return table_.defined() ? static_cast<std::int64_t>(table_.nbytes()) : 0; }
-  // Bytes a table of T positions holds (what get(T) makes, where no longer one was asked for).
+  // Bytes the table holds once get(T) was its longest request: T positions' (cos, sin) in f32.
   std::int64_t bytes_for(std::int64_t T) const { return T * head_size_ * 4; }
 
  private:
