@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace example {
 
@@ -29,13 +30,30 @@ int parse_sync(const std::string& text) {
 
 }  // namespace
 
-Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(parse_sync(f.sync)) {
+Sync::Sync(tutti::Job& job, const RunFlags& f, int tensor_parallel)
+    : job_(job), f_(f), sync_every_(parse_sync(f.sync)) {
   job.check_same("--sync", f.sync);
   job.check_same("--ranks-per-node", std::to_string(f.ranks_per_node));
+  const int world = job.world_size(), tp = tensor_parallel;
+  TUTTI_CHECK_ARG(tp >= 1 && world % tp == 0, "--tp ", tp, " must divide the ", world, " rank(s)");
+  // The meshes below are row-major with tp last: the ranks of one tp group are consecutive, and
+  // each group is one data-parallel replica.
+  data_rank_ = job.rank() / tp;
+  data_size_ = world / tp;
   mode_ = diloco() ? "diloco:" + std::to_string(sync_every_) : "ddp";
   if (!diloco()) {
     TUTTI_CHECK_ARG(f.streaming == 1, "--streaming applies to --sync diloco:H");
     TUTTI_CHECK_ARG(f.overlap == 0, "--overlap applies to --sync diloco:H");
+    if (tp > 1) {
+      // PowerSGD compresses each rank's slices over its data-parallel group; its state is saved
+      // per tp rank (train::State::tensor_parallel).
+      job.check_same("--allreduce", f.allreduce + " --powersgd-start " + std::to_string(f.powersgd_start));
+      TUTTI_CHECK_ARG(f.allreduce == "flat" || powersgd_rank(f.allreduce) > 0,
+                      "--tp: data parallelism over the tp groups is --allreduce flat or powersgd:R, got --allreduce ",
+                      f.allreduce);
+      mesh_.emplace(job.mesh({{"dp", data_size_}, {"tp", tp}}));
+      return;
+    }
     example::ddp_communicator(job, f, hierarchical_);
     return;
   }
@@ -54,10 +72,36 @@ Sync::Sync(tutti::Job& job, const RunFlags& f) : job_(job), f_(f), sync_every_(p
   // The outer optimizer's values and the node layout (two nodes at least, of equal sizes) are
   // checked by DiLoCo's constructor in start(), whose errors name the flags.
   groups_ = job.node_groups({}, f.ranks_per_node);
+  if (tp > 1) use_tensor_parallel_mesh(tp);
+}
+
+void Sync::use_tensor_parallel_mesh(int tp) {
+  // Each node's ranks as dp x tp: its tp groups inside it. That needs nodes of one size that tp
+  // divides, their ranks consecutive (mpirun's placement by slot; --ranks-per-node's blocks).
+  const int nodes = groups_.node_count(), per_node = groups_.node_sizes.front();
+  bool equal = true;
+  for (const int size : groups_.node_sizes) equal = equal && size == per_node;
+  TUTTI_CHECK_ARG(equal && per_node % tp == 0, "--tp ", tp,
+                  " with --sync diloco: every node's ranks must divide by --tp",
+                  " (its tp groups stay inside it); the nodes hold ", groups_.sizes_str(), " rank(s)");
+  const int rank = job_.rank();
+  const bool consecutive = groups_.node == rank / per_node && groups_.intra->rank() == rank % per_node;
+  job_.check_same("--tp with --sync diloco: each node's ranks consecutive",
+                  consecutive ? std::string("yes")
+                              : "rank " + std::to_string(rank) + " on node " + std::to_string(groups_.node) +
+                                    " as local rank " + std::to_string(groups_.intra->rank()));
+  mesh_.emplace(job_.mesh({{"node", nodes}, {"dp", per_node / tp}, {"tp", tp}}));
+  // DDP inside the node over the ranks of this tp coordinate; DiLoCo across the nodes over the
+  // ranks of this (dp, tp) coordinate.
+  groups_ = tutti::NodeGroups{.intra = mesh_->group_ptr("dp"),
+                              .inter = mesh_->group_ptr("node"),
+                              .node = mesh_->coordinate("node"),
+                              .node_sizes = std::vector<int>(static_cast<std::size_t>(nodes), per_node / tp)};
 }
 
 tutti::Communicator& Sync::ddp_communicator() {
   if (diloco()) return *groups_.intra;
+  if (mesh_) return mesh_->group("dp");
   return hierarchical_ ? *hierarchical_ : job_.communicator();
 }
 
@@ -99,9 +143,11 @@ std::string Sync::describe() const {
   std::string streaming = f_.streaming > 1 ? ", streaming " + std::to_string(f_.streaming) + " fragments" : "";
   if (f_.overlap > 0) streaming += ", overlap " + std::to_string(f_.overlap) + " steps";
   if (f_.outer_exchange != "auto") streaming += ", " + f_.outer_exchange;
-  std::snprintf(text, sizeof text, "%s (outer %s lr %g momentum %g, %s%s%s; %d nodes x %d)", mode_.c_str(), "Nesterov",
-                f_.outer_lr, f_.outer_momentum, f_.outer_dtype.c_str(), f_.error_feedback ? ", error feedback" : "",
-                streaming.c_str(), groups_.node_count(), groups_.node_sizes.front());
+  const std::string tp = mesh_ ? " x tp " + std::to_string(mesh_->size("tp")) : "";
+  std::snprintf(text, sizeof text, "%s (outer %s lr %g momentum %g, %s%s%s; %d nodes x %d%s)", mode_.c_str(),
+                "Nesterov", f_.outer_lr, f_.outer_momentum, f_.outer_dtype.c_str(),
+                f_.error_feedback ? ", error feedback" : "", streaming.c_str(), groups_.node_count(),
+                groups_.node_sizes.front(), tp.c_str());
   return text;
 }
 

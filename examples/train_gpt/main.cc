@@ -154,13 +154,6 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   TUTTI_CHECK_ARG(!f.sequence_parallel || f.tp > 1,
                   "--sequence-parallel splits the rows over the --tp group: give "
                   "--tp 2 or more");
-  if (f.tp > 1) {
-    // PowerSGD compresses each rank's slices over its data-parallel group; its state is saved per
-    // tp rank (train::State::tensor_parallel).
-    TUTTI_CHECK_ARG(f.sync == "ddp" && (f.allreduce == "flat" || example::powersgd_rank(f.allreduce) > 0),
-                    "--tp: data parallelism is DDP (--sync ddp, --allreduce flat or powersgd:R), got --sync ", f.sync,
-                    " --allreduce ", f.allreduce);
-  }
   const int dp = world / f.tp;
   f.accum_steps = example::accumulation_steps(f, f.batch_size, f.accum_steps, dp);
   // --sequence-parallel splits each micro-batch's rows (its sequences' tokens) over the tp group;
@@ -177,10 +170,11 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   // At ZeRO-3 the model is built without storage (nn::DeferredParameters): DDP fills each rank's
   // shards one transformer layer at a time, from the seed or the --init-from folder, so that no
   // rank ever holds the whole model. The other stages keep it whole anyway.
-  // --tp: the mesh of dp x tp ranks (COLLECTIVE); the model is split over its tp group.
-  std::optional<tutti::DeviceMesh> mesh;
-  if (f.tp > 1) mesh.emplace(job.mesh({{"dp", dp}, {"tp", f.tp}}));
-  tutti::Communicator* tp_group = mesh ? &mesh->group("tp") : nullptr;
+  // --sync, --allreduce, --tp: the groups DDP (and DiLoCo) run over and, with --tp, the mesh of
+  // dp x tp ranks (node x dp x tp with --sync diloco) whose tp group the model is split over
+  // (COLLECTIVE).
+  example::Sync sync(job, f, f.tp);
+  tutti::Communicator* tp_group = sync.tensor_parallel_group();
   std::unique_ptr<tutti::models::CausalLm> owned_model;
   if (f.zero == 3) {
     tutti::nn::DeferredParameters defer;
@@ -216,8 +210,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   ddp_options.sharding = tutti::ddp::sharding_of_stage(f.zero, gpt::gather_groups(config));
   if (f.deterministic) ddp_options.deterministic = tutti::ddp::DeterministicOptions{};
   const auto hook = example::comm_hook(f, ddp_options);  // --allreduce powersgd:R
-  example::Sync sync(job, f);                            // --sync, --allreduce: what DDP runs over (COLLECTIVE)
-  tutti::ddp::DistributedDataParallel ddp(mesh ? mesh->group("dp") : sync.ddp_communicator(), model, ddp_options);
+  tutti::ddp::DistributedDataParallel ddp(sync.ddp_communicator(), model, ddp_options);
   if (hook) ddp.register_comm_hook(hook);
   // What building, loading and sharding the model took at its worst (the optimizer's state is
   // not made yet).
@@ -255,7 +248,7 @@ int run(gpt::Flags f, tutti::train::Summary& summary, int& argc, char**& argv) {
   lo.sequence_length = f.seq_len;
   lo.global_micro_batch_size = f.batch_size / f.accum_steps;
   // A data-parallel group's slice of each batch (--tp: its ranks read the same).
-  const int dp_rank = mesh ? mesh->coordinate("dp") : job.rank();
+  const int dp_rank = sync.data_parallel_rank();
   lo.rank = dp_rank;
   lo.world_size = dp;
   lo.seed = f.seed;

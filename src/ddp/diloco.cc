@@ -320,8 +320,9 @@ StateDict DiLoCo::state_dict() {
 
 void DiLoCo::load_state_dict(const StateDict& state) {
   TUTTI_CHECK_ARG(state.count(kInnerStep) == 1 && state.count(kNodes) == 1,
-                  "the checkpoint holds no DiLoCo state: it was written with --sync ddp; resume it with --sync ddp "
-                  "(or start afresh)");
+                  "the checkpoint holds no DiLoCo state for this rank: it was written with --sync ddp (resume it "
+                  "with --sync ddp), or with --sync diloco at another --tp (DiLoCo's state is each tensor-parallel "
+                  "rank's own: resume it at the same --tp); or start afresh");
   const Stream& stream = inner_.module().stream();
   global_ = flat_of(state, "global.");
   momentum_ = flat_of(state, "momentum.");

@@ -37,6 +37,7 @@ WEIGHTS = {
     "test_plan_with_tensor_parallelism": 0.1,
     "test_ranks_and_zero_stages_train_alike": 8, "test_resume_across_stages_recompute_and_deterministic": 8,
     "test_diloco_and_memory_snapshots": 5, "test_tensor_parallel_trains_like_one_rank_and_resumes_at_any_tp": 7,
+    "test_diloco_over_tensor_parallel_nodes": 5,
     "test_tensor_parallel_with_powersgd_resumes_exactly": 4,
     "test_tensor_parallel_resumes_from_a_memory_snapshot": 9,
 }
@@ -168,6 +169,37 @@ class TrainGpt(unittest.TestCase):
         for r in det[1:]:
             self.assertEqual(r["params_crc32"], det[0]["params_crc32"])
             self.assertEqual(r["final_train_loss"], det[0]["final_train_loss"])
+
+    def test_diloco_over_tensor_parallel_nodes(self):
+        # 2 nodes of a tp 2 group each (--ranks-per-node 2): DiLoCo syncs each tp rank's slices
+        # across the nodes, and trains as 2 nodes of one unsplit rank do (f32 on the link, so the
+        # outer step sees the same numbers; only the sums' order inside a step differs).
+        heads = ["--heads", "4"]
+        dl = ["--sync", "diloco:2", "--outer-dtype", "f32", "--steps", "8"]
+        one = train(2, self.dir, "dl_tp1", *self.data, *heads, *dl, "--ranks-per-node", "1")
+        split = train(4, self.dir, "dl_tp2", *self.data, *heads, *dl, "--ranks-per-node", "2", "--tp", "2")
+        self.assertEqual(split["tp"], 2)
+        self.assertEqual(split["sync"], "diloco:2")
+        for key in ("initial_train_loss", "final_train_loss", "final_val_loss"):
+            self.assertAlmostEqual(split[key], one[key], delta=2e-5 * abs(one[key]), msg=key)
+        # A checkpoint resumes at the same --tp bit for bit (stopped at a period's end: --max-steps
+        # makes its last step sync, as every run's last step does); DiLoCo's state is each tp
+        # rank's own, so another --tp is refused, naming it.
+        ckpt = os.path.join(self.dir, "ckpt")
+        tp2 = [*self.data, *heads, *dl, "--ranks-per-node", "2", "--tp", "2", "--checkpoint-dir", ckpt]
+        train(4, self.dir, "dl_first", *tp2, "--max-steps", "4")
+        shutil.copytree(ckpt, ckpt + "1")
+        resumed = train(4, self.dir, "dl_resumed", *tp2, "--resume")
+        self.assertEqual(resumed["resumed_from_step"], 4)
+        self.assertEqual(resumed["params_crc32"], split["params_crc32"])
+        self.assertEqual(resumed["final_train_loss"], split["final_train_loss"])
+        p = train(2, self.dir, "dl_refused", *self.data, *heads, *dl, "--ranks-per-node", "1", "--checkpoint-dir",
+                  ckpt + "1", "--resume", env=ENDS_AT_ONCE, expect=1)
+        self.assertIn("resume it at the same --tp", p.stderr)
+        # Nodes whose ranks --tp does not divide are refused, naming the flags.
+        p = train(4, self.dir, "dl_bad", *self.data, *heads, *dl, "--ranks-per-node", "1", "--tp", "2",
+                  env=ENDS_AT_ONCE, expect=1)
+        self.assertIn("every node's ranks must divide by --tp", p.stderr)
 
     def test_tensor_parallel_with_powersgd_resumes_exactly(self):
         # dp 2 x tp 2 with PowerSGD over the data-parallel groups: each tp rank compresses its own
