@@ -152,7 +152,8 @@ DecoderLayout layout_of(models::CausalLm& model, std::int64_t parameters, const 
   return d;
 }
 
-// `make(group)` built under DeferredParameters, over a stand-in group of tensor_parallel ranks.
+// The model for the plan: built under DeferredParameters (nothing allocated), split over a
+// stand-in group of tensor_parallel ranks where there are several.
 template <typename Model, typename Config>
 std::unique_ptr<Model> build(const Config& config, const PlanOptions& o, std::unique_ptr<PlanningGroup>& group) {
   nn::DeferredParameters defer;
