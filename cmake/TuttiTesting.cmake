@@ -28,10 +28,12 @@ set(TUTTI_REF_PYTHON ${PROJECT_SOURCE_DIR}/.venv-ref/bin/python CACHE FILEPATH
 
 # Open MPI refuses to run as root unless told; CI runs as root. Oversubscription lets
 # 4 ranks share 2 cores, and yielding when idle keeps busy-polling ranks from starving others.
+# The ob1 messaging layer (shared memory, TCP) in place of UCX: UCX's start-up took 0.2 s of each
+# mpirun's 0.34 s (hello_ranks at np 2), and the suite starts hundreds of them.
 set(TUTTI_MPI_TEST_ENV
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  OMPI_MCA_btl_vader_single_copy_mechanism=none)
+  OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1)
 
 # ctest's slots (PROCESSORS) of a test of k processes: k, at most 2. ctest -j4 on 2 cores gives 4
 # slots and starts a test only once all of its slots are free; as single-slot tests take each slot

@@ -4,6 +4,9 @@
 
 #include <string>
 
+#include <cublasLt.h>
+
+#include "core/cublas_loader.h"
 #include "core/cuda_check.h"
 #if TUTTI_WITH_NCCL
 #include "core/nccl_check.h"
@@ -37,6 +40,45 @@ TEST(CudaChecks, CublasStatusHasName) {
     FAIL();
   } catch (const BackendError& e) {
     EXPECT_TRUE(contains(e.what(), "CUBLAS_STATUS_INVALID_VALUE")) << e.what();
+  }
+}
+
+// cuBLAS is loaded at its first call (core/cublas_loader.cc). cuBLASLt's descriptors need no GPU:
+// creating and destroying them goes through the forwarders to the real library.
+TEST(CublasLoader, ForwardsToTheRealLibrary) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 4, 3, 4), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(layout, nullptr);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(layout), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulDescDestroy(desc), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t preference = nullptr;
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&preference), CUBLAS_STATUS_SUCCESS);
+  const std::size_t workspace = 1 << 20;
+  EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                 sizeof workspace),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulPreferenceDestroy(preference), CUBLAS_STATUS_SUCCESS);
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+}
+
+TEST(CublasLoader, AMissingLibraryOrFunctionIsAClearError) {
+  try {
+    detail::cublas_symbol("libtutti_no_such_library.so.1", "cublasCreate_v2");
+    FAIL();
+  } catch (const BackendError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot load libtutti_no_such_library.so.1 (tutti loads cuBLAS at its first GPU"))
+        << e.what();
+  }
+  try {
+    detail::cublas_symbol(detail::cublas_library().c_str(), "cublasNoSuchFunction");
+    FAIL();
+  } catch (const BackendError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot find cublasNoSuchFunction in " + detail::cublas_library())) << e.what();
   }
 }
 
