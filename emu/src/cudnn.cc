@@ -59,6 +59,9 @@ struct Conv {
   std::size_t y_at(int in, int ik, int ip, int iq) const {
     return ((static_cast<std::size_t>(in) * k + ik) * p + ip) * q + iq;
   }
+  std::size_t x_count() const { return static_cast<std::size_t>(n) * c * h * w; }
+  std::size_t w_count() const { return static_cast<std::size_t>(k) * c * r * s; }
+  std::size_t y_count() const { return static_cast<std::size_t>(n) * k * p * q; }
   // Calls f(x index, w index, y index) for every product term of the convolution.
   template <typename F>
   void for_each_term(F f) const {
@@ -259,9 +262,9 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, c
   if (!make_conv(x_desc, w_desc, conv, y_desc, g)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
-    std::vector<float> acc(static_cast<std::size_t>(g.n) * g.k * g.p * g.q, 0.0f);
-    g.for_each_term(
-        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[yi] += load(x, g.type, xi) * load(w, g.type, wi); });
+    const std::vector<float> xf = loads(x, g.type, g.x_count()), wf = loads(w, g.type, g.w_count());
+    std::vector<float> acc(g.y_count(), 0.0f);
+    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[yi] += xf[xi] * wf[wi]; });
     blend(y, g.type, acc, a, b);
   });
 }
@@ -274,9 +277,9 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   if (!make_conv(dx_desc, w_desc, conv, dy_desc, g)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
-    std::vector<float> acc(static_cast<std::size_t>(g.n) * g.c * g.h * g.w, 0.0f);
-    g.for_each_term(
-        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[xi] += load(dy, g.type, yi) * load(w, g.type, wi); });
+    const std::vector<float> dyf = loads(dy, g.type, g.y_count()), wf = loads(w, g.type, g.w_count());
+    std::vector<float> acc(g.x_count(), 0.0f);
+    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[xi] += dyf[yi] * wf[wi]; });
     blend(dx, g.type, acc, a, b);
   });
 }
@@ -289,9 +292,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
   if (!make_conv(x_desc, dw_desc, conv, dy_desc, g)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   return queue(handle, [=] {
-    std::vector<float> acc(static_cast<std::size_t>(g.k) * g.c * g.r * g.s, 0.0f);
-    g.for_each_term(
-        [&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[wi] += load(x, g.type, xi) * load(dy, g.type, yi); });
+    const std::vector<float> xf = loads(x, g.type, g.x_count()), dyf = loads(dy, g.type, g.y_count());
+    std::vector<float> acc(g.w_count(), 0.0f);
+    g.for_each_term([&](std::size_t xi, std::size_t wi, std::size_t yi) { acc[wi] += xf[xi] * dyf[yi]; });
     blend(dw, g.type, acc, a, b);
   });
 }
