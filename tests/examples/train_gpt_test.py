@@ -231,20 +231,21 @@ class TrainGpt(unittest.TestCase):
             self.memory_snapshot_resumes(zero)
 
     def memory_snapshot_resumes(self, zero):
-        flags = [*self.data, "--heads", "4", "--tp", "2", "--steps", "12", "--zero", zero]
+        flags = [*self.data, "--heads", "4", "--tp", "2", "--steps", "48", "--zero", zero]
         straight = train(4, self.dir, "straight" + zero, *flags)
         ckpt, snap = os.path.join(self.dir, "ckpt" + zero), os.path.join(self.dir, "shm" + zero)
         memory = ["--checkpoint-dir", ckpt, "--snapshot-every", "2", "--snapshot-dir", snap]
         cmd = [ARGS.mpiexec, "-n", "4", "--oversubscribe", ARGS.binary,
                *[f for f in merged(flags) if f != "--quiet"], *memory, "--progress-interval", "0.01"]
         # The kill lands once mpirun has relayed the step-5 line. On a loaded machine the relay can
-        # lag until the run (12 steps of a tiny model) has ended and written its checkpoint file,
-        # and then there is nothing to resume: kill a fresh run again, up to 3 tries (this is
-        # the one timing-dependent step here; what the test checks is the resume).
+        # lag until the run has ended and written its checkpoint file, and then there is nothing
+        # to resume: 48 steps (0.05 s more than 12 here), as 12 ended first in all 3 tries under
+        # ctest -j6 beside another test run; and a fresh run is killed again, up to 3 tries (this
+        # is the one timing-dependent step here; what the test checks is the resume).
         for _ in range(3):
             shutil.rmtree(ckpt, ignore_errors=True)
             shutil.rmtree(snap, ignore_errors=True)
-            reached = kill_at_step(cmd, 5, 12)
+            reached = kill_at_step(cmd, 5, 48)
             if not os.path.exists(os.path.join(ckpt, "checkpoint.tckp")):
                 break
         self.assertGreaterEqual(reached, 5, "the run never reached step 5 (ZeRO %s)" % zero)
