@@ -66,6 +66,50 @@ TEST(CublasLoader, ForwardsToTheRealLibrary) {
   EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
 }
 
+// Every forwarder finds its function (a misspelt name would throw): calls that need a handle get
+// none and must say so, GPU or not; creating a handle succeeds only where there is a GPU.
+TEST(CublasLoader, EveryForwarderFindsItsFunction) {
+  cublasHandle_t handle = nullptr;
+  const cublasStatus_t created = cublasCreate(&handle);
+  if (created == CUBLAS_STATUS_SUCCESS) {
+    EXPECT_EQ(cublasDestroy(handle), CUBLAS_STATUS_SUCCESS);
+  } else {
+    EXPECT_STRNE(cublasGetStatusName(created), "") << "no GPU: cublasCreate fails with a status";
+  }
+  cublasLtHandle_t lt = nullptr;
+  const cublasStatus_t lt_created = cublasLtCreate(&lt);
+  if (lt_created == CUBLAS_STATUS_SUCCESS) EXPECT_NE(lt, nullptr);
+  const float one = 1.0f;
+  EXPECT_NE(cublasSetStream(nullptr, nullptr), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasDestroy(nullptr), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasGemmEx(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, nullptr, CUDA_R_32F, 1, nullptr, CUDA_R_32F,
+                         1, &one, nullptr, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasGemmStridedBatchedEx(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, nullptr, CUDA_R_32F, 1, 1,
+                                       nullptr, CUDA_R_32F, 1, 1, &one, nullptr, CUDA_R_32F, 1, 1, 1,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasLtMatmul(nullptr, nullptr, &one, nullptr, nullptr, nullptr, nullptr, &one, nullptr, nullptr, nullptr,
+                           nullptr, nullptr, nullptr, 0, nullptr),
+            CUBLAS_STATUS_SUCCESS);
+  // The heuristic reads its descriptors before it looks at the handle: real ones, no handle.
+  cublasLtMatrixLayout_t layout = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_32F, 2, 2, 2), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&preference), CUBLAS_STATUS_SUCCESS);
+  int found = 0;
+  cublasLtMatmulHeuristicResult_t result{};
+  EXPECT_NE(
+      cublasLtMatmulAlgoGetHeuristic(nullptr, desc, layout, layout, layout, layout, preference, 1, &result, &found),
+      CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtMatrixLayoutDestroy(layout);
+  EXPECT_STRNE(cublasGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED), "");
+}
+
 TEST(CublasLoader, AMissingLibraryOrFunctionIsAClearError) {
   try {
     detail::cublas_symbol("libtutti_no_such_library.so.1", "cublasCreate_v2");
