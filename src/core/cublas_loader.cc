@@ -2,8 +2,8 @@
 //
 // Why: libcublasLt (540 MB) costs every process that links it about 80 ms of CPU at start-up
 // (relocations and page faults), GPU or not. A CPU rank never calls cuBLAS, and the test suite
-// starts over a thousand processes. So libtutti does not link cuBLAS: it defines, with hidden
-// visibility (the kernels' references bind to them; nothing is exported), the cuBLAS and
+// starts ~800 processes of tutti's programs. So libtutti does not link cuBLAS: it defines, with
+// hidden visibility (the kernels' references bind to them; nothing is exported), the cuBLAS and
 // cuBLASLt functions that tutti calls, each a forwarder that finds the real one with dlsym in the
 // library that it dlopens on first use.
 //
