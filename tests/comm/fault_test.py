@@ -46,9 +46,29 @@ def new_token():
     return "fault-token-" + uuid.uuid4().hex[:12]
 
 
-def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40, token=None):
+def mpirun_crashed_in_its_finalize(job):
+    """Open MPI 4.1.4's mpirun now and then dies of SIGSEGV in its own PMIx server's finalize
+    after a rank called MPI_Abort (backtrace: PMIx_server_finalize <- orte_finalize <- mpiexec's
+    main): the job had ended as it should, but its exit code is lost. Seen in
+    one_sided_summary.np3 in 1 of ~20 full test runs (2026-12-06 and -07)."""
+    return job.rc == -signal.SIGSEGV and "PMIx_server_finalize" in job.err
+
+
+def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40, token=None, tries=3):
     """Runs the job; `token` (a word no other process has in its command line) finds its
-    processes: appended as a last argument, unless the caller put it into `args` itself."""
+    processes: appended as a last argument, unless the caller put it into `args` itself. A job
+    whose mpirun crashed in its own finalize (mpirun_crashed_in_its_finalize) runs again, up to
+    `tries` times in all."""
+    for attempt in range(1, tries + 1):
+        job = run_once(args, np, env_extra, env_drop, program, timeout, token)
+        if not mpirun_crashed_in_its_finalize(job) or attempt == tries:
+            return job
+        print("mpirun crashed in its finalize (an Open MPI fault, not the job's): attempt %d of %d, again" %
+              (attempt, tries))
+    return job
+
+
+def run_once(args, np, env_extra, env_drop, program, timeout, token):
     append = token is None
     token = token or new_token()
     env = dict(os.environ)
