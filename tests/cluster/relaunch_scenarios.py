@@ -324,14 +324,19 @@ def launcher_grows_ahead(until="job"):
     and the next attempt's start-up (in train::Run: with its data). With 1000 steps, alone, the
     two took ~2.5 s of the job's ~8; under the whole test suite on 2 cores the noticing once took 9 s and the job
     completed first (the launcher says "attempt 2 ... did not reach its start gate (the job it was to
-    replace ended)", or "waited at its start gate (...)" when it was there too late to stop the job):
-    then the scenario is tried once more with a job twice as long."""
+    replace ended)", or "waited at its start gate (...)" when it was there too late to stop the job),
+    and in a CI rehearsal (2026-12-07) the launcher had not noticed node2 at all by the end of the
+    job's 18 s (no attempt 2 started): then the scenario is tried once more with a job twice as
+    long."""
     for epochs in (5, 10):
         steps = STEPS // 2 * epochs
         err, p, a, stop = grow_ahead_once(until, epochs, steps)
         if epochs == 5 and "(the job it was to replace ended)" in err:
             print("the job ended before the attempt ahead was at its gate (a loaded machine): once more, "
                   "twice as long")
+            continue
+        if epochs == 5 and p.returncode == 0 and "starting attempt 2 ahead" not in err:
+            print("the job ended before the launcher noticed node2 (a loaded machine): once more, twice as long")
             continue
         break
     expect(p.returncode == 0, "the launcher completed the run (exit %d)" % p.returncode)
