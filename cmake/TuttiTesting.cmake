@@ -28,8 +28,9 @@ set(TUTTI_REF_PYTHON ${PROJECT_SOURCE_DIR}/.venv-ref/bin/python CACHE FILEPATH
 
 # Open MPI refuses to run as root unless told; CI runs as root. Oversubscription lets
 # 4 ranks share 2 cores, and yielding when idle keeps busy-polling ranks from starving others.
-# The ob1 messaging layer (shared memory, TCP) in place of UCX: UCX's start-up took 0.2 s of each
-# mpirun's 0.34 s (hello_ranks at np 2), and the suite starts hundreds of them.
+# The ob1 messaging layer (shared memory, TCP), named: Open MPI picks it anyway here (Debian's
+# openmpi-mca-params.conf excludes UCX), but only after opening the cm layer, whose psm/psm2
+# transports' probe took 0.2 s of each mpirun's 0.33 s (2 ranks), and the suite starts hundreds.
 set(TUTTI_MPI_TEST_ENV
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1

@@ -65,7 +65,6 @@ def run(args, np, env_extra=None, env_drop=(), program=None, timeout=40, token=N
             return job
         print("mpirun crashed in its finalize (an Open MPI fault, not the job's): attempt %d of %d, again" %
               (attempt, tries))
-    return job
 
 
 def run_once(args, np, env_extra, env_drop, program, timeout, token):
