@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -165,6 +166,52 @@ std::string apply_mpi_allreduce(std::string wanted, bool will_init_mpi) {
   return wanted;
 }
 
+// Every rank waits in MPI_Finalize for all the others; a rank that never comes ends the job
+// after the deadline instead of hanging it. After a stop signal the launcher may be taking
+// the job down (mpirun and Slurm answer SIGTERM so) and then never completes MPI_Finalize:
+// the program has stopped cleanly, so leave after a few seconds.
+void finalize_now(detail::Watchdog& watchdog, detail::ProgressBoard* board, double timeout_s,
+                  const char* when = "") noexcept {
+  if (board) board->set_phase(detail::Phase::finalizing);
+  {
+    auto region =
+        stop_signal_received.load() == 0
+            ? watchdog.region(std::string("MPI_Finalize") + when + " (every rank waits there for all the others)",
+                              timeout_s, detail::Phase::finalizing)
+            : watchdog.quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
+                                    "MPI_Finalize did not return within 3 s of a clean stop (the "
+                                    "launcher that sent the signal is ending the job); leaving without it.",
+                                    0);
+    detail::MpiWorld::finalize();
+  }
+  if (board) board->set_phase(detail::Phase::finished);
+}
+
+// finalize_now when the process exits (after main's catch blocks and their output), with the
+// Job's watchdog kept alive until then for the deadline. One Job at a time: at most one waits.
+void finalize_at_exit(std::shared_ptr<detail::Watchdog> watchdog, std::shared_ptr<detail::ProgressBoard> board,
+                      double timeout_s) noexcept {
+  struct Pending {
+    std::shared_ptr<detail::Watchdog> watchdog;
+    std::shared_ptr<detail::ProgressBoard> board;
+    double timeout_s = 0;
+  };
+  static Pending* pending = nullptr;  // leaked on purpose: the handler runs during exit
+  static std::once_flag registered;
+  if (pending == nullptr) pending = new Pending;
+  *pending = Pending{std::move(watchdog), std::move(board), timeout_s};
+  std::call_once(registered, [] {
+    std::atexit([] {
+      if (!pending->watchdog || detail::MpiWorld::finalized()) return;
+      // Whatever a killed process would lose: the job may end as soon as every rank is past this.
+      std::fflush(nullptr);
+      finalize_now(*pending->watchdog, pending->board.get(), pending->timeout_s, " at the process's exit");
+      pending->watchdog.reset();
+      pending->board.reset();
+    });
+  });
+}
+
 }  // namespace
 
 struct Job::Impl {
@@ -237,22 +284,14 @@ struct Job::Impl {
     if (mpi_up && !finalized && clean) {
       watchdog->detach();
       if (mpi) mpi->release(/*free=*/true);
-      if (initialized_mpi) {
-        if (board) board->set_phase(detail::Phase::finalizing);
-        // Every rank waits here for all the others; a rank that never comes ends the job
-        // after the deadline instead of hanging it. After a stop signal the launcher may be
-        // taking the job down (mpirun and Slurm answer SIGTERM so) and then never completes
-        // MPI_Finalize: the program has stopped cleanly, so leave after a few seconds.
-        auto region =
-            stop_signal_received.load() == 0
-                ? watchdog->region("MPI_Finalize (every rank waits there for all the others)", timeout_s,
-                                   detail::Phase::finalizing)
-                : watchdog->quiet_region("MPI_Finalize after a stop signal", kFinalizeAfterStop_s,
-                                         "MPI_Finalize did not return within 3 s of a clean stop (the "
-                                         "launcher that sent the signal is ending the job); leaving without it.",
-                                         0);
-        detail::MpiWorld::finalize();
-        if (board) board->set_phase(detail::Phase::finished);
+      if (initialized_mpi && unwinding) {
+        // An error every rank raised: the program's catch blocks are still to run (each prints
+        // its error, rank 0 writes its summary). Finalizing now would let the first rank to
+        // exit end the others (mpirun ends a job at its first non-zero exit status) before
+        // theirs ran: MPI_Finalize waits for every rank's process to exit instead.
+        finalize_at_exit(std::shared_ptr<detail::Watchdog>(std::move(watchdog)), board, timeout_s);
+      } else if (initialized_mpi) {
+        finalize_now(*watchdog, board.get(), timeout_s);
       }
     } else if (mpi_up && !finalized && unwinding && initialized_mpi) {
       // A rank stuck in MPI (or the other ranks, still waiting) would make MPI_Finalize hang.

@@ -150,6 +150,29 @@ def throw_at(rank, np, point="collective=5"):
     expect(job.all.count("fault injected") == np, "the cause once per rank (caught once, told to the others)", job)
 
 
+def throw_alike():
+    # Every rank raises the same error (a diverged loss, a refused argument) and leaves its Job:
+    # they end in order, and rank 0's catch block, a second slower than rank 1's, still prints
+    # (mpirun ends a job at its first non-zero exit, so no rank's process may end before every
+    # rank's catch has run). Where the ranks reached the error too far apart to see each other
+    # leave (a loaded machine), the end is the one-rank failure's: run it again.
+    fault = "0:throw@collective=5;1:throw@collective=5"
+    for attempt in range(1, 4):
+        # mpirun's SIGKILL right after its SIGTERM (the Job catches SIGTERM): a lost race shows.
+        job = run(["idiom"], 2, {"TUTTI_FAULT": fault, "FAULT_TEST_SLOW_CATCH_RANK": "0",
+                                 "OMPI_MCA_odls_base_sigkill_timeout": "0"})
+        if "failed:" not in job.err or attempt == 3:
+            break
+        print("the ranks did not leave together (a rank was told the other failed): attempt %d of 3, again" % attempt)
+    t = job.stamp(r"TUTTI_FAULT='0:throw@collective=5': throwing")
+    expect("failed:" not in job.err, "an orderly end: no rank told that another failed", job)
+    expect(job.rc == 1, "exit code 1 (the programs' own), got %d" % job.rc, job)
+    caught = sorted(r for r, _ in re.findall(r"CAUGHT rank (\d+).*?: (.*)", job.err))
+    expect(caught == ["0", "1"], "every rank's catch block printed, rank 0's too: %s" % caught, job)
+    expect("TIMEOUT" not in job.all, "no timeout", job)
+    expect_fast(job, t)
+
+
 def throw_rank0():
     throw_at(0, 2)
 
@@ -340,6 +363,7 @@ def hello_ranks():
 
 SCENARIOS = {
     "throw_rank0.np2": throw_rank0,
+    "throw_alike.np2": throw_alike,
     "stall_init.np3": stall_init,
     "one_sided_summary.np3": lambda: one_sided("summary"),
     "one_sided_collective.np3": lambda: one_sided("collective"),

@@ -33,7 +33,9 @@
 //   other ranks, which print that this rank failed (with its last tutti error) and end;
 //   ~Job itself does not wait for them and does not finalize MPI, so the catch block runs and
 //   prints; when the process exits, MPI_Abort(its exit status) ends whatever is left. If every
-//   rank leaves alike (an error all ranks raise), they finish in an orderly way instead.
+//   rank leaves alike (an error all ranks raise), they finish in an orderly way instead, with
+//   MPI_Finalize at each process's exit: every rank's catch block has run (and printed) before
+//   any rank can end the job (mpirun ends it at the first non-zero exit status).
 // - An exception that escapes main (std::terminate): the message is printed with the rank,
 //   the other ranks are told, and the job ends (exit code 134).
 // - abort(reason): the program ends the job itself.
@@ -119,9 +121,11 @@ class Job {
   // During exception unwinding (std::uncaught_exceptions() above its value at construction) it
   // never blocks on other ranks: it tells them this rank is leaving and waits at most about a
   // second for their answers. If every rank is leaving too, the teardown above follows (each
-  // communicator given 2 s); else the communicators are abandoned (NCCL comms aborted), MPI is
-  // not finalized, and MPI_Abort(exit status) ends the job when the process exits (where the
-  // Job initialized MPI; a program that did must end its job itself).
+  // communicator given 2 s), except that MPI_Finalize (with its deadline) runs when the
+  // process exits, after the program's catch blocks; else the communicators are abandoned
+  // (NCCL comms aborted), MPI is not finalized, and MPI_Abort(exit status) ends the job when
+  // the process exits (where the Job initialized MPI; a program that did must end its job
+  // itself).
   ~Job();
   Job(Job&&) noexcept;
   Job& operator=(Job&&) noexcept;
