@@ -43,9 +43,9 @@ int parse_flags(int argc, char** argv, Flags& f) {
                  "directory with Fashion-MNIST's *-ubyte.gz files (default: $TUTTI_FASHION_MNIST_DIR if set, "
                  "else Debian's)")
       ->capture_default_str();
-  app.add_option("--train-subset", f.train_subset, "use only the first N training samples (0: all)")
+  app.add_option("--train-subset", f.train_subset, "use (and read) only the first N training samples (0: all)")
       ->check(example::non_negative(f.train_subset));
-  app.add_option("--test-subset", f.test_subset, "use only the first N test samples (0: all)")
+  app.add_option("--test-subset", f.test_subset, "use (and read) only the first N test samples (0: all)")
       ->check(example::non_negative(f.test_subset));
   app.add_option("--progress", f.progress, "bar (redrawn in place), lines, or auto (a bar on a terminal)")
       ->check(CLI::IsMember({"auto", "bar", "lines"}))

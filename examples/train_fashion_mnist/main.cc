@@ -130,9 +130,9 @@ int run(fmnist::Flags f, tutti::train::Summary& summary, int& argc, char**& argv
   tutti::data::FashionMnistOptions data_options;
   data_options.flatten = example::spec_of(f.model).flat_input;
   data_options.standardize = true;
-  tutti::data::FashionMnist data = tutti::data::load_fashion_mnist(f.data, data_options);
-  if (f.train_subset > 0) data.train = data.train.slice(0, std::min(f.train_subset, data.train.size()));
-  if (f.test_subset > 0) data.test = data.test.slice(0, std::min(f.test_subset, data.test.size()));
+  data_options.train_samples = f.train_subset;  // the subsets only are read (0: all)
+  data_options.test_samples = f.test_subset;
+  const tutti::data::FashionMnist data = tutti::data::load_fashion_mnist(f.data, data_options);
   // Ranks that disagree would issue different collectives: say so now, on every rank.
   job.check_same("the flags that shape the run", fmnist::shaping_flags(f));
   job.check_same("the number of training samples", data.train.size());

@@ -89,7 +89,9 @@ std::string hex(std::uint32_t v, int digits) {
   return s;
 }
 
-IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
+// max_items >= 0: only the first max_items entries of the first dimension (all when the file
+// has fewer) are read and checked; the rest of the file is not inflated.
+IdxArray read_idx_impl(const std::string& path, const std::string& hint, std::int64_t max_items = -1) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(status)) {
@@ -140,6 +142,10 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
 
   const std::size_t header_bytes = 4 + raw_dims.size();
   const std::size_t data_bytes = static_cast<std::size_t>(count) * element_size(out.type);
+  // What is read: all of it, or the first max_items entries.
+  const bool limited = max_items >= 0 && max_items < out.dims[0];
+  const std::int64_t read_count = limited ? count / out.dims[0] * max_items : count;
+  const std::size_t read_bytes = static_cast<std::size_t>(read_count) * element_size(out.type);
 
   // The claim against what the file can hold, before anything is allocated: a damaged or
   // hostile header must not cost gigabytes of zero-filled memory (or a bare bad_alloc) before
@@ -151,9 +157,15 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
   const bool compressed = gzdirect(file.get()) == 0;
   bool size_confirmed = false;
   if (!size_error && !compressed) {
-    TUTTI_CHECK_ARG(header_bytes + data_bytes <= file_bytes, "IDX file '", path, "' is truncated: its header ",
-                    dims_str(out.dims), " needs ", header_bytes + data_bytes, " bytes (uncompressed), it has ",
-                    file_bytes, hint);
+    if (limited) {
+      TUTTI_CHECK_ARG(header_bytes + read_bytes <= file_bytes, "IDX file '", path, "' is truncated: its first ",
+                      max_items, " entries need ", header_bytes + read_bytes, " bytes (uncompressed), it has ",
+                      file_bytes, hint);
+    } else {
+      TUTTI_CHECK_ARG(header_bytes + data_bytes <= file_bytes, "IDX file '", path, "' is truncated: its header ",
+                      dims_str(out.dims), " needs ", header_bytes + data_bytes, " bytes (uncompressed), it has ",
+                      file_bytes, hint);
+    }
     size_confirmed = true;
   } else if (!size_error) {
     TUTTI_CHECK_ARG((header_bytes + data_bytes) / kMaxDeflateRatio <= file_bytes, "IDX file '", path,
@@ -163,22 +175,29 @@ IdxArray read_idx_impl(const std::string& path, const std::string& hint) {
     const std::optional<std::uint32_t> isize = gzip_isize(path);
     size_confirmed = isize && *isize == static_cast<std::uint32_t>(header_bytes + data_bytes);
   }
+  const std::vector<std::int64_t> file_dims = out.dims;  // for the messages
+  if (limited) out.dims[0] = max_items;
   // Confirmed sizes are allocated at once; others grow with the data actually read (at most
   // twice what the file holds).
   constexpr std::size_t kFirstChunk = std::size_t{16} << 20;
   std::size_t got = 0;
   try {
-    out.bytes.resize(size_confirmed ? data_bytes : std::min(data_bytes, kFirstChunk));
-    while (got < data_bytes) {
-      if (got == out.bytes.size()) out.bytes.resize(std::min(data_bytes, 2 * out.bytes.size()));
+    out.bytes.resize(size_confirmed ? read_bytes : std::min(read_bytes, kFirstChunk));
+    while (got < read_bytes) {
+      if (got == out.bytes.size()) out.bytes.resize(std::min(read_bytes, 2 * out.bytes.size()));
       const std::size_t want = out.bytes.size() - got;
       const std::size_t n = gz_read_fully(file.get(), out.bytes.data() + got, want, path, hint);
       got += n;
       if (n < want) break;  // the end of the data
     }
   } catch (const std::bad_alloc&) {
-    TUTTI_THROW(BackendError, "out of host memory reading IDX file '", path, "': its header ", dims_str(out.dims),
+    TUTTI_THROW(BackendError, "out of host memory reading IDX file '", path, "': its header ", dims_str(file_dims),
                 " claims ", data_bytes, " bytes of data (", got, " read so far)", hint);
+  }
+  if (limited) {
+    TUTTI_CHECK_ARG(got == read_bytes, "IDX file '", path, "' is truncated: its first ", max_items, " entries need ",
+                    header_bytes + read_bytes, " bytes (uncompressed), it has ", header_bytes + got, hint);
+    return out;  // the rest is neither read nor checked
   }
   TUTTI_CHECK_ARG(got == data_bytes, "IDX file '", path, "' is truncated: its header ", dims_str(out.dims), " needs ",
                   header_bytes + data_bytes, " bytes (uncompressed), it has ", header_bytes + got, hint);
@@ -232,12 +251,14 @@ std::string find_file(const std::string& dir, const std::string& name) {
   return gz.string();
 }
 
-Dataset load_split(const std::string& dir, const std::string& prefix, const FashionMnistOptions& options) {
+Dataset load_split(const std::string& dir, const std::string& prefix, const FashionMnistOptions& options,
+                   std::int64_t samples) {
   const std::string image_path = find_file(dir, prefix + "-images-idx3-ubyte");
   const std::string label_path = find_file(dir, prefix + "-labels-idx1-ubyte");
+  const std::int64_t max_items = samples > 0 ? samples : -1;
   Dataset d;
-  d.images = images_from(read_idx_impl(image_path, kFashionMnistHint), image_path, kFashionMnistHint);
-  d.labels = labels_from(read_idx_impl(label_path, kFashionMnistHint), label_path, kFashionMnistHint);
+  d.images = images_from(read_idx_impl(image_path, kFashionMnistHint, max_items), image_path, kFashionMnistHint);
+  d.labels = labels_from(read_idx_impl(label_path, kFashionMnistHint, max_items), label_path, kFashionMnistHint);
   TUTTI_CHECK_ARG(d.images.ndim() == 3 && d.images.dim(1) == 28 && d.images.dim(2) == 28, "'", image_path,
                   "' holds images of shape ", shape_str(d.images.shape()), ", not [N, 28, 28]", kFashionMnistHint);
   TUTTI_CHECK_ARG(d.images.dim(0) == d.labels.dim(0), "'", image_path, "' has ", d.images.dim(0), " images but '",
@@ -274,8 +295,11 @@ FashionMnist load_fashion_mnist(const std::string& dir, const FashionMnistOption
   TUTTI_CHECK_ARG(std::filesystem::is_directory(dir), "Fashion-MNIST directory '", dir, "' does not exist",
                   kFashionMnistHint);
   FashionMnist out;
-  out.train = load_split(dir, "train", options);
-  out.test = load_split(dir, "t10k", options);
+  TUTTI_CHECK_ARG(options.train_samples >= 0 && options.test_samples >= 0,
+                  "FashionMnistOptions: train_samples and test_samples must be >= 0 (0: all), got ",
+                  options.train_samples, " and ", options.test_samples);
+  out.train = load_split(dir, "train", options, options.train_samples);
+  out.test = load_split(dir, "t10k", options, options.test_samples);
   return out;
 }
 

@@ -444,6 +444,50 @@ TEST(FashionMnist, LoadsASmallCopyFlatOrAsImages) {
   }
 }
 
+TEST(FashionMnist, ReadsOnlyTheSamplesAsked) {
+  TempDir dir;
+  write_split(dir, "train", 13, /*gz=*/true, 1);
+  write_split(dir, "t10k", 5, /*gz=*/false, 2);
+  const FashionMnist all = load_fashion_mnist(dir.str(), {.standardize = true});
+  const FashionMnist some = load_fashion_mnist(dir.str(), {.standardize = true, .train_samples = 4, .test_samples = 3});
+  ASSERT_EQ(some.train.images.shape(), (Shape{4, 784}));
+  ASSERT_EQ(some.test.images.shape(), (Shape{3, 784}));
+  auto first = [](const std::vector<float>& v, std::size_t n) { return std::vector<float>(v.begin(), v.begin() + n); };
+  EXPECT_EQ(some.train.images.to_floats(), first(all.train.images.to_floats(), 4 * 784));
+  EXPECT_EQ(some.test.images.to_floats(), first(all.test.images.to_floats(), 3 * 784));
+  const auto labels = all.train.labels.to_ints();
+  EXPECT_EQ(some.train.labels.to_ints(), std::vector<std::int64_t>(labels.begin(), labels.begin() + 4));
+  // More than the file holds: all of it.
+  EXPECT_EQ(load_fashion_mnist(dir.str(), {.train_samples = 100}).train.images.shape(), (Shape{13, 784}));
+  EXPECT_NE(invalid_argument_message([&] {
+              load_fashion_mnist(dir.str(), {.train_samples = -1});
+            }).find("train_samples and test_samples must be >= 0"),
+            std::string::npos);
+}
+
+TEST(FashionMnist, ASubsetIsCheckedAndTheRestIsNotRead) {
+  // An image file that claims 13 images and holds 6, and labels whose last (the 13th) is 10.
+  const Bytes images = idx_bytes(0x08, {13, 28, 28}, random_bytes(std::size_t{6} * 784, 3));
+  for (bool gz : {true, false}) {
+    TempDir dir;
+    write_split(dir, "t10k", 5, /*gz=*/false, 2);
+    write_split(dir, "train", 13, /*gz=*/false, 4, /*bad_label=*/10);
+    std::filesystem::remove(dir.file("train-images-idx3-ubyte"));
+    if (gz) {
+      write_gz(dir.file("train-images-idx3-ubyte.gz"), images);
+    } else {
+      write_raw(dir.file("train-images-idx3-ubyte"), images);
+    }
+    EXPECT_EQ(load_fashion_mnist(dir.str(), {.train_samples = 6}).train.images.shape(), (Shape{6, 784})) << gz;
+    const std::string seventh = invalid_argument_message([&] { load_fashion_mnist(dir.str(), {.train_samples = 7}); });
+    EXPECT_NE(seventh.find("is truncated: its first 7 entries need 5504 bytes (uncompressed), it has 4720"),
+              std::string::npos)
+        << gz << ": " << seventh;
+    EXPECT_NE(invalid_argument_message([&] { load_fashion_mnist(dir.str()); }).find("truncated"), std::string::npos)
+        << gz;
+  }
+}
+
 std::string hint_fragment() { return "apt-get install dataset-fashion-mnist"; }
 
 TEST(FashionMnist, MissingDirectoryOrFileSaysHowToGetTheData) {

@@ -68,6 +68,11 @@ struct FashionMnistOptions {
   // (b / 255 - kMean) / kStd with the training set's mean and standard deviation, so the
   // inputs have mean 0 and variance 1 over the training set.
   bool standardize = false;
+  // Only the first N samples of the training / test set (0: all; a file with fewer gives all
+  // it has). The rest of each file is neither decompressed nor checked: a short run on a
+  // subset starts in a fraction of the full load's time.
+  std::int64_t train_samples = 0;
+  std::int64_t test_samples = 0;
 };
 // Fashion-MNIST's training-set pixel statistics (of b / 255).
 inline constexpr float kFashionMnistMean = 0.2860406f;
@@ -84,7 +89,9 @@ struct FashionMnist {
 // samples is not checked, so a subset in Fashion-MNIST's format loads too). A missing or bad
 // file throws InvalidArgument that names it and says how to get the data (install the
 // `dataset-fashion-mnist` package, e.g. with scripts/setup.sh, or point --data at a copy).
-// Reads ~30 MB of gzip; takes about a second. `dir` defaults to fashion_mnist_dir().
+// Reads ~30 MB of gzip and takes about a second (per process) for the whole set; with
+// train_samples / test_samples, only those samples' part of each file (checks included).
+// `dir` defaults to fashion_mnist_dir().
 FashionMnist load_fashion_mnist(const std::string& dir = fashion_mnist_dir(), const FashionMnistOptions& options = {});
 
 }  // namespace tutti::data
