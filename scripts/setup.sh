@@ -31,6 +31,7 @@ if [ "${1:-}" != "--main-job" ]; then
     clang-format shellcheck             # scripts/lint.sh
     python3-torch python3-venv python3-packaging  # the Python reference environment (below)
     clang-14 libclang-rt-14-dev         # the fuzz targets: libFuzzer, ASan, UBSan (scripts/fuzz.sh)
+    gdb                                 # tests: a crashed trainer's backtraces from its core
   )
 fi
 

@@ -23,7 +23,7 @@ import time
 import unittest
 
 import sharding
-from trainer_harness import (ENDS_AT_ONCE, FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_job, ranks_of, read_bytes, summary,
+from trainer_harness import (ENDS_AT_ONCE, FASHION_MNIST_DIR_ENV, GIVEN_PEAK, CrashCores, kill_job, ranks_of, read_bytes, summary,
                              wait_for_file, write_bytes, write_smaller_copy)
 
 ARGS = None
@@ -630,4 +630,7 @@ if __name__ == "__main__":
     shard = sharding.shard(tests, ARGS.shard, WEIGHTS)
     if shard.countTestCases() == 0:
         sys.exit(f"shard {ARGS.shard} of {ARGS.suites} has no tests")
-    sys.exit(0 if unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful() else 1)
+    cores = CrashCores()
+    ok = unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful()
+    cores.finish(failed=not ok)
+    sys.exit(0 if ok else 1)

@@ -20,7 +20,7 @@ import time
 import unittest
 
 import sharding
-from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK, kill_at_step
+from trainer_harness import ENDS_AT_ONCE, GIVEN_PEAK, CrashCores, kill_at_step
 
 ARGS = None
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -600,4 +600,7 @@ if __name__ == "__main__":
     shard = sharding.shard(tests, ARGS.shard, WEIGHTS)
     if shard.countTestCases() == 0:
         sys.exit(f"shard {ARGS.shard} of {ARGS.tests} has no tests")
-    sys.exit(0 if unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful() else 1)
+    cores = CrashCores()
+    ok = unittest.TextTestRunner(verbosity=2).run(shard).wasSuccessful()
+    cores.finish(failed=not ok)
+    sys.exit(0 if ok else 1)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import unittest
 
-from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, kill_at_step, write_smaller_copy
+from trainer_harness import FASHION_MNIST_DIR_ENV, GIVEN_PEAK, CrashCores, kill_at_step, write_smaller_copy
 
 ARGS = None
 SUBSET = ["--train-subset", "2048", "--test-subset", "512", "--batch-size", "64", "--max-steps", "12", "--quiet"]
@@ -130,7 +130,10 @@ def main():
     write_smaller_copy(small, 2048, 512)
     os.environ[FASHION_MNIST_DIR_ENV] = small
     os.environ.update(GIVEN_PEAK)  # the CPU runs measure no GEMM ceiling (as train_fashion_mnist_test.py)
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+    cores = CrashCores()
+    ok = unittest.main(argv=[sys.argv[0], *rest], verbosity=2, exit=False).result.wasSuccessful()
+    cores.finish(failed=not ok)
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
