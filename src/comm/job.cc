@@ -289,6 +289,7 @@ struct Job::Impl {
         // its error, rank 0 writes its summary). Finalizing now would let the first rank to
         // exit end the others (mpirun ends a job at its first non-zero exit status) before
         // theirs ran: MPI_Finalize waits for every rank's process to exit instead.
+        if (board) board->set_phase(detail::Phase::left);
         finalize_at_exit(std::shared_ptr<detail::Watchdog>(std::move(watchdog)), board, timeout_s);
       } else if (initialized_mpi) {
         finalize_now(*watchdog, board.get(), timeout_s);

@@ -115,7 +115,10 @@ const char* name_of(Phase phase) {
     case Phase::bootstrap: return "setting up its communicators";
     case Phase::running: return "running";
     case Phase::leaving: return "leaving the job (failed)";
-    case Phase::finalizing: return "in MPI_Finalize (its Job ended normally)";
+    case Phase::left:
+      return "past its Job (an error every rank raised), not yet at MPI_Finalize (its program's catch block runs "
+             "first)";
+    case Phase::finalizing: return "in MPI_Finalize";
     case Phase::finished: return "finished";
   }
   return "?";

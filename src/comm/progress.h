@@ -38,7 +38,8 @@ enum class Phase : std::uint32_t {
   bootstrap,   // MPI is up; making the communicators
   running,     // the Job is made
   leaving,     // an exception is unwinding through its Job, or it is ending the job
-  finalizing,  // in MPI_Finalize (the Job is being destroyed normally)
+  left,        // its Job ended by an error every rank raised; MPI_Finalize waits for the exit
+  finalizing,  // in MPI_Finalize
   finished,    // past MPI_Finalize
 };
 const char* name_of(Phase phase);

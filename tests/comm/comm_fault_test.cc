@@ -18,7 +18,8 @@
 //                              the guard bytes must be intact ("GUARD rank R: intact").
 //
 // Every rank prints "PID rank R <pid>" first, and "DONE rank R" if it gets to the end. With
-// FAULT_TEST_SLOW_CATCH_RANK=R, rank R's catch block sleeps a second before it prints. The Job's
+// FAULT_TEST_SLOW_CATCH_RANK=R, rank R's catch block sleeps a second (FAULT_TEST_SLOW_CATCH_S)
+// before it prints. The Job's
 // device is FAULT_TEST_DEVICE (default cpu; "cuda" on the emulated device runs the nccl backend).
 #include <time.h>
 #include <unistd.h>
@@ -84,9 +85,10 @@ int with_job(int argc, char** argv, Body body) {
     body(job);
   } catch (const std::exception& e) {
     // FAULT_TEST_SLOW_CATCH_RANK=R: rank R's catch block takes a second (a summary written, a
-    // slow disk), and what it prints must still come out.
+    // slow disk), or FAULT_TEST_SLOW_CATCH_S seconds, and what it prints must still come out.
     if (const char* slow = std::getenv("FAULT_TEST_SLOW_CATCH_RANK"); slow != nullptr && std::atoi(slow) == rank) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
+      const char* s = std::getenv("FAULT_TEST_SLOW_CATCH_S");
+      std::this_thread::sleep_for(std::chrono::duration<double>(s != nullptr ? std::atof(s) : 1.0));
     }
     std::fprintf(stderr, "CAUGHT rank %d at %.3f: %s\n", rank, now(), e.what());
     return 1;

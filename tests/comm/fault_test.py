@@ -173,6 +173,27 @@ def throw_alike():
     expect_fast(job, t)
 
 
+def throw_alike_catch_hangs():
+    # As throw_alike, but rank 0's catch block outlasts the deadline: rank 1, waiting in
+    # MPI_Finalize at its exit, ends the job with a report that says where rank 0 is.
+    fault = "0:throw@collective=5;1:throw@collective=5"
+    for attempt in range(1, 4):
+        # A deadline of 6 s, not DEADLINE: the start-up (MPI_Init) has it too, and took 2.1 s once
+        # on a loaded machine.
+        job = run(["idiom"], 2, {"TUTTI_FAULT": fault, "TUTTI_TIMEOUT_S": "6",
+                                 "FAULT_TEST_SLOW_CATCH_RANK": "0", "FAULT_TEST_SLOW_CATCH_S": "30"})
+        if "failed:" not in job.err or attempt == 3:
+            break
+        print("the ranks did not leave together (a rank was told the other failed): attempt %d of 3, again" % attempt)
+    t = job.stamp(r"TUTTI_FAULT='1:throw@collective=5': throwing")
+    expect(job.rc == 14, "exit code 14 (a deadline), got %d" % job.rc, job)
+    expect_in(r"CAUGHT rank 1", job.err)
+    expect_in(r"tutti \[rank 1\]: TIMEOUT: MPI_Finalize at the process's exit \(every rank waits there for all the "
+              r"others\) did not complete within its deadline of 6.0 s .*Not there: rank 0\.", job.err)
+    expect_in(r"rank 0: past its Job \(an error every rank raised\), not yet at MPI_Finalize", job.err)
+    expect_fast(job, t, 6 + 2 * BOUND)  # the deadline, its report, and the ending on a loaded machine
+
+
 def throw_rank0():
     throw_at(0, 2)
 
@@ -364,6 +385,7 @@ def hello_ranks():
 SCENARIOS = {
     "throw_rank0.np2": throw_rank0,
     "throw_alike.np2": throw_alike,
+    "throw_alike_catch_hangs.np2": throw_alike_catch_hangs,
     "stall_init.np3": stall_init,
     "one_sided_summary.np3": lambda: one_sided("summary"),
     "one_sided_collective.np3": lambda: one_sided("collective"),
