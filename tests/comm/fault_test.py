@@ -150,20 +150,24 @@ def throw_at(rank, np, point="collective=5"):
     expect(job.all.count("fault injected") == np, "the cause once per rank (caught once, told to the others)", job)
 
 
+def run_alike(env):
+    """Both ranks of an np-2 idiom job throw at collective 5. Where they reached it too far apart
+    to see each other leave (a loaded machine), the end is the one-rank failure's: run it again,
+    up to 3 tries."""
+    for attempt in range(1, 4):
+        job = run(["idiom"], 2, {"TUTTI_FAULT": "0:throw@collective=5;1:throw@collective=5", **env})
+        if "failed:" not in job.err or attempt == 3:
+            return job
+        print("the ranks did not leave together (a rank was told the other failed): attempt %d of 3, again" % attempt)
+
+
 def throw_alike():
     # Every rank raises the same error (a diverged loss, a refused argument) and leaves its Job:
     # they end in order, and rank 0's catch block, a second slower than rank 1's, still prints
     # (mpirun ends a job at its first non-zero exit, so no rank's process may end before every
-    # rank's catch has run). Where the ranks reached the error too far apart to see each other
-    # leave (a loaded machine), the end is the one-rank failure's: run it again.
-    fault = "0:throw@collective=5;1:throw@collective=5"
-    for attempt in range(1, 4):
-        # mpirun's SIGKILL right after its SIGTERM (the Job catches SIGTERM): a lost race shows.
-        job = run(["idiom"], 2, {"TUTTI_FAULT": fault, "FAULT_TEST_SLOW_CATCH_RANK": "0",
-                                 "OMPI_MCA_odls_base_sigkill_timeout": "0"})
-        if "failed:" not in job.err or attempt == 3:
-            break
-        print("the ranks did not leave together (a rank was told the other failed): attempt %d of 3, again" % attempt)
+    # rank's catch has run).
+    # mpirun's SIGKILL right after its SIGTERM (the Job catches SIGTERM): a lost race shows.
+    job = run_alike({"FAULT_TEST_SLOW_CATCH_RANK": "0", "OMPI_MCA_odls_base_sigkill_timeout": "0"})
     t = job.stamp(r"TUTTI_FAULT='0:throw@collective=5': throwing")
     expect("failed:" not in job.err, "an orderly end: no rank told that another failed", job)
     expect(job.rc == 1, "exit code 1 (the programs' own), got %d" % job.rc, job)
@@ -176,15 +180,9 @@ def throw_alike():
 def throw_alike_catch_hangs():
     # As throw_alike, but rank 0's catch block outlasts the deadline: rank 1, waiting in
     # MPI_Finalize at its exit, ends the job with a report that says where rank 0 is.
-    fault = "0:throw@collective=5;1:throw@collective=5"
-    for attempt in range(1, 4):
-        # A deadline of 6 s, not DEADLINE: the start-up (MPI_Init) has it too, and took 2.1 s once
-        # on a loaded machine.
-        job = run(["idiom"], 2, {"TUTTI_FAULT": fault, "TUTTI_TIMEOUT_S": "6",
-                                 "FAULT_TEST_SLOW_CATCH_RANK": "0", "FAULT_TEST_SLOW_CATCH_S": "30"})
-        if "failed:" not in job.err or attempt == 3:
-            break
-        print("the ranks did not leave together (a rank was told the other failed): attempt %d of 3, again" % attempt)
+    # A deadline of 6 s, not DEADLINE: the start-up (MPI_Init) has it too, and took 2.1 s once
+    # on a loaded machine.
+    job = run_alike({"TUTTI_TIMEOUT_S": "6", "FAULT_TEST_SLOW_CATCH_RANK": "0", "FAULT_TEST_SLOW_CATCH_S": "30"})
     t = job.stamp(r"TUTTI_FAULT='1:throw@collective=5': throwing")
     expect(job.rc == 14, "exit code 14 (a deadline), got %d" % job.rc, job)
     expect_in(r"CAUGHT rank 1", job.err)
