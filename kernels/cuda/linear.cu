@@ -10,9 +10,10 @@
 //
 // Handles: one cuBLAS and one cuBLASLt handle per (thread, device), created on first use,
 // bound to the call's stream for each call. cuBLASLt gets a workspace per (thread, device,
-// stream), so two streams never share one. Handles and workspaces live until the process
-// ends: destroying them from thread-exit or static destructors can run after the CUDA
-// context is gone.
+// stream), so two streams never share one, of the size the chosen algorithm asks for (up to
+// 32 MiB; many need none), grown when a later call's algorithm asks for more. Handles and
+// workspaces live until the process ends: destroying them from thread-exit or static
+// destructors can run after the CUDA context is gone.
 #include "kernels/cuda/linear.h"
 
 #include <cublasLt.h>
@@ -63,15 +64,25 @@ cublasLtHandle_t cublaslt_handle(int device) {
   return h;
 }
 
-void* lt_workspace(int device, cudaStream_t stream) {
-  thread_local std::map<std::pair<int, cudaStream_t>, void*> workspaces;
-  const auto key = std::make_pair(device, stream);
-  auto it = workspaces.find(key);
-  if (it != workspaces.end()) return it->second;
-  void* p = nullptr;
-  TUTTI_CUDA_CHECK(cudaMalloc(&p, kLtWorkspaceBytes));
-  workspaces.emplace(key, p);
-  return p;
+struct LtWorkspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// At least `bytes` of workspace for cuBLASLt calls on (device, stream); nullptr for none.
+// Why not always kLtWorkspaceBytes: each stream that ever ran a GEMM kept 32 MiB, and a
+// program (or test) that makes streams as it goes paid that per stream.
+void* lt_workspace(int device, cudaStream_t stream, std::size_t bytes) {
+  thread_local std::map<std::pair<int, cudaStream_t>, LtWorkspace> workspaces;
+  if (bytes == 0) return nullptr;
+  LtWorkspace& w = workspaces[std::make_pair(device, stream)];
+  if (w.bytes >= bytes) return w.data;
+  // cudaFree waits for the device, so no GEMM in flight still uses the old one.
+  if (w.data != nullptr) TUTTI_CUDA_CHECK(cudaFree(w.data));
+  w = LtWorkspace{};
+  TUTTI_CUDA_CHECK(cudaMalloc(&w.data, bytes));
+  w.bytes = bytes;
+  return w.data;
 }
 
 int to_int(int64_t v, const char* what) {
@@ -169,8 +180,9 @@ bool linear_forward_lt(const Tensor& x, const Tensor& w, const Tensor& bias, con
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const float alpha = 1.0f, beta = 0.0f;
   const cudaStream_t s = native(stream);
+  const std::size_t need = heuristic.workspaceSize;
   const cublasStatus_t st = cublasLtMatmul(lt, d.op, &alpha, w.data(), d.a, x.data(), d.b, &beta, y.data(), d.c,
-                                           y.data(), d.c, &heuristic.algo, lt_workspace(device, s), ws_bytes, s);
+                                           y.data(), d.c, &heuristic.algo, lt_workspace(device, s, need), need, s);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   TUTTI_CUBLAS_CHECK(st);
   return true;
