@@ -8,8 +8,6 @@
 // lane to reach a warp function computes every lane's result and releases them; the last live
 // thread to reach a barrier (or the exit of the last one not there) releases the barrier. A
 // round in which no thread could run while some are alive is a deadlock, and a fault.
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <boost/context/fiber.hpp>
@@ -21,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fiber_stacks.h"
 #include "racecheck.h"
 #include "runtime.h"
 
@@ -45,48 +44,8 @@ constexpr std::size_t kStaticSharedLimit = 48 * 1024;  // without cudaFuncSetAtt
 constexpr std::size_t kSharedArena = 228 * 1024;       // sm_90's most, static + dynamic
 constexpr std::size_t kRedzone = 32;                   // between shared variables (ASan)
 
-// ---- fiber stacks: mmap'ed with a guard page, kept per host thread for reuse ----
+// ---- fiber stacks (fiber_stacks.h) ----
 
-std::size_t stack_bytes() {
-  const std::size_t configured = settings().fiber_stack_bytes;
-  if (configured > 0) return configured;
-  return TUTTI_EMU_ASAN ? 512 * 1024 : 64 * 1024;  // ASan's frames and reports need room
-}
-
-class StackPool {
- public:
-  ~StackPool() {
-    for (auto& s : free_) munmap(static_cast<char*>(s.sp) - s.size - page(), s.size + page());
-  }
-  bctx::stack_context take() {
-    bctx::stack_context s;
-    if (!free_.empty()) {
-      s = free_.back();
-      free_.pop_back();
-    } else {
-      const std::size_t size = stack_bytes();
-      void* base =
-          mmap(nullptr, size + page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (base == MAP_FAILED) throw std::bad_alloc();
-      mprotect(base, page(), PROT_NONE);  // a thread that overflows its stack faults at once
-      s.size = size;
-      s.sp = static_cast<char*>(base) + page() + size;
-    }
-#if TUTTI_EMU_ASAN
-    // Frames of an earlier fiber on this stack may have left poisoned redzones behind.
-    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(s.sp) - s.size, s.size);
-#endif
-    return s;
-  }
-  void give(bctx::stack_context s) { free_.push_back(s); }
-
- private:
-  static std::size_t page() {
-    static const std::size_t p = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-    return p;
-  }
-  std::vector<bctx::stack_context> free_;
-};
 // The host thread's pool, reached through an initial-exec pointer (set at each launch): a
 // thread_local with a destructor is reached through __tls_get_addr, twice per CUDA thread.
 thread_local StackPool stack_pool;
