@@ -83,7 +83,9 @@ Body body_of(const nn::Residual& block, Shape shape, DType compute, std::int64_t
   return body;
 }
 
-constexpr std::int64_t kCublasLtWorkspace = 32 << 20;  // kernels/cuda/linear.cu's, per stream
+// kernels/cuda/linear.cu's bound per stream: its workspace is what cuBLASLt's chosen algorithm
+// asks for, at most this.
+constexpr std::int64_t kCublasLtWorkspace = 32 << 20;
 
 // The layout of `model` (a decoder: embed, blocks of alternating attention and MLP residuals,
 // the final norm, the head) trained with `o`.

@@ -58,7 +58,8 @@ struct PlanOptions {
   bool batch_on_device = true;       // count the micro-batch's tokens and targets ([B, T] i32 each)
   // On a GPU: also count the CUDA kernels' own transient memory, which Storage does not track
   // (attention's stream-ordered scratch: kernels::flash_attention_gpu_scratch_bytes, or with the
-  // materialized kernel (7·B·T·C + B·heads·T²) compute elements; and cuBLASLt's 32 MiB workspace),
+  // materialized kernel (7·B·T·C + B·heads·T²) compute elements; and cuBLASLt's workspace, counted at
+  // its 32 MiB bound: what the algorithm cuBLASLt picks asks for, often none),
   // as the row "GPU kernel scratch".
   bool gpu = false;
   // Between steps (not during one): a separate loss evaluates micro-batches of micro_batch
