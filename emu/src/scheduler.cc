@@ -1,5 +1,5 @@
 // Kernel execution of the emulated CUDA device: the blocks of a grid one after another on the
-// stream's host thread, the threads of a block as fibers (Boost.Context) switched only at
+// stream's host thread, the threads of a block as fibers (fiber_switch.h) switched only at
 // synchronization points, with CUDA's warp and barrier semantics checked as they happen.
 // The model and the faults are described in emu/include/tutti_emu/kernel.h.
 //
@@ -10,7 +10,6 @@
 // round in which no thread could run while some are alive is a deadlock, and a fault.
 
 #include <algorithm>
-#include <boost/context/fiber.hpp>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "fiber_stacks.h"
+#include "fiber_switch.h"
 #include "racecheck.h"
 #include "runtime.h"
 
@@ -37,8 +37,6 @@ TUTTI_EMU_TLS thread_local const ThreadContext* tls_context = nullptr;
 
 namespace {
 
-namespace bctx = boost::context;
-
 constexpr int kWarp = 32;
 constexpr std::size_t kStaticSharedLimit = 48 * 1024;  // without cudaFuncSetAttribute opt-in
 constexpr std::size_t kSharedArena = 228 * 1024;       // sm_90's most, static + dynamic
@@ -50,13 +48,6 @@ constexpr std::size_t kRedzone = 32;                   // between shared variabl
 // thread_local with a destructor is reached through __tls_get_addr, twice per CUDA thread.
 thread_local StackPool stack_pool;
 TUTTI_EMU_TLS thread_local StackPool* tls_stack_pool = nullptr;
-TUTTI_EMU_TLS thread_local bctx::stack_context last_stack;  // the one allocate() gave last
-
-// Boost.Context's StackAllocator concept over the pool.
-struct PooledStack {
-  bctx::stack_context allocate() { return last_stack = tls_stack_pool->take(); }
-  void deallocate(bctx::stack_context& s) noexcept { tls_stack_pool->give(s); }
-};
 
 // ---- ASan's fiber annotations (no-ops without ASan) ----
 struct FakeStack {
@@ -88,9 +79,9 @@ struct Thread {
   ThreadContext context{};
   int linear = 0, warp = 0, lane = 0;
   State state = State::runnable;
-  bctx::fiber fiber;      // the suspended thread
-  bctx::fiber scheduler;  // while running: the way back
-  bctx::stack_context stack{};
+  fcontext_t suspended = nullptr;  // where it resumes; null once it ended (or before its block)
+  fcontext_t scheduler = nullptr;  // while running: the way back
+  boost::context::stack_context stack{};
   FakeStack fake;
   std::source_location where;  // where it waits
   // A barrier: the reduction asked for, the predicate brought, the result received.
@@ -185,7 +176,7 @@ std::string waiting_in(const Thread& t) {
 void suspend(Thread& t) {
   Block& b = *tls_block;
   start_switch(&t.fake, b.scheduler_bottom, b.scheduler_size);
-  t.scheduler = std::move(t.scheduler).resume();
+  t.scheduler = jump_to(t.scheduler, nullptr).fctx;
   finish_switch(&t.fake, nullptr, nullptr);
   if (b.cancelled) throw Cancelled{};
 }
@@ -198,8 +189,11 @@ void suspend(Thread& t) {
   for (;;) suspend(t);              // throws Cancelled when the kernel is abandoned
 }
 
-bctx::fiber thread_main(Thread& t, bctx::fiber&& scheduler) {
-  t.scheduler = std::move(scheduler);
+// A CUDA thread's fiber, from its first resume to its end: it never returns, and its last jump
+// goes back to the scheduler, which then takes its stack back (resume).
+[[noreturn]] void thread_main(transfer_t from) {
+  Thread& t = *static_cast<Thread*>(from.data);
+  t.scheduler = from.fctx;
   Block& b = *tls_block;
   finish_switch(nullptr, &b.scheduler_bottom, &b.scheduler_size);
   try {
@@ -207,10 +201,13 @@ bctx::fiber thread_main(Thread& t, bctx::fiber&& scheduler) {
   } catch (const Cancelled&) {
   } catch (const std::exception& e) {
     if (b.fault.empty()) b.fault = who(t) + ": exception in kernel code: " + e.what();
+  } catch (...) {
+    if (b.fault.empty()) b.fault = who(t) + ": exception in kernel code (not a std::exception)";
   }
   set_state(b, t, State::done);
   start_switch(nullptr, b.scheduler_bottom, b.scheduler_size);  // this fiber ends
-  return std::move(t.scheduler);
+  jump_to(t.scheduler, nullptr);
+  __builtin_unreachable();
 }
 
 void resume(Block& b, Thread& t) {
@@ -219,9 +216,13 @@ void resume(Block& b, Thread& t) {
   const auto stack_hi = reinterpret_cast<std::uintptr_t>(t.stack.sp);
   if (b.race) racecheck::enter(t.linear, stack_hi - t.stack.size, stack_hi);
   start_switch(&b.scheduler_fake, static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
-  t.fiber = std::move(t.fiber).resume();
+  t.suspended = jump_to(t.suspended, &t).fctx;
   finish_switch(&b.scheduler_fake, nullptr, nullptr);
   if (b.race) racecheck::leave();
+  if (t.state == State::done) {  // it ended: nothing is left on its stack
+    t.suspended = nullptr;
+    tls_stack_pool->give(t.stack);
+  }
   tls_thread = nullptr;
   tls_context = nullptr;
 }
@@ -400,9 +401,8 @@ void run_block(const KernelLaunch& k, uint3 block_idx) {
     t.warp = i / kWarp;
     t.lane = i % kWarp;
     t.state = State::runnable;  // the warps' masks start as every lane runnable
-    t.fiber = bctx::fiber(std::allocator_arg, PooledStack(),
-                          [&t](bctx::fiber&& scheduler) { return thread_main(t, std::move(scheduler)); });
-    t.stack = last_stack;
+    t.stack = tls_stack_pool->take();
+    t.suspended = make_context(t.stack.sp, t.stack.size, &thread_main);
   }
 
   std::string report;
@@ -438,7 +438,7 @@ void run_block(const KernelLaunch& k, uint3 block_idx) {
     // Unwind every suspended thread (Cancelled is thrown where it waits), then report.
     b.cancelled = true;
     for (auto& t : b.threads) {
-      if (t.fiber) resume(b, t);
+      if (t.suspended != nullptr) resume(b, t);
     }
     b.threads.clear();
     tls_block = nullptr;
