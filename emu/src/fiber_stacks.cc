@@ -7,14 +7,8 @@
 #include <mutex>
 #include <new>
 
+#include "asan.h"
 #include "runtime.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define TUTTI_EMU_ASAN 1
-#else
-#define TUTTI_EMU_ASAN 0
-#endif
 
 namespace tutti::emu {
 namespace {

@@ -18,18 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "asan.h"
 #include "fiber_stacks.h"
 #include "fiber_switch.h"
 #include "racecheck.h"
 #include "runtime.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#define TUTTI_EMU_ASAN 1
-#else
-#define TUTTI_EMU_ASAN 0
-#endif
 
 namespace tutti::emu {
 
