@@ -36,13 +36,11 @@ set(TUTTI_MPI_TEST_ENV
   OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1)
 
-# ctest's slots (PROCESSORS) of a test of k processes: k, at most 2. ctest -j6 (the preset) on 2
-# cores gives 6 slots and starts a test only once all of its slots are free; as single-slot tests
-# take each slot that frees up, tests of 3 and 4 slots waited until every other test had run and
-# then ran one at a time (120 of 284 s of the suite, with mostly one core busy). Ranks beyond the
-# 2 cores share them in any case (mpi_yield_when_idle). 6 slots, not 4: three tests of 2 slots
-# side by side keep both cores busy (2% idle over a run, against 1.3-2.0 cores busy at -j4 while
-# the mpirun tests ran): 256-264 s -> 241 s (docs/development.md).
+# ctest's slots (PROCESSORS) of a test of k processes: k, at most 2. ctest -j4 on 2 cores gives 4
+# slots and starts a test only once all of its slots are free; as single-slot tests take each slot
+# that frees up, tests of 3 and 4 slots waited until every other test had run and then ran one at
+# a time (120 of 284 s of the suite, with mostly one core busy). Ranks beyond the 2 cores share
+# them in any case (mpi_yield_when_idle).
 set(TUTTI_TEST_MAX_SLOTS 2)
 function(tutti_test_slots out k)
   if(k GREATER TUTTI_TEST_MAX_SLOTS)
