@@ -674,6 +674,8 @@ std::optional<std::string> Watchdog::collective_missed(std::string_view backend,
   }
   if (ending_.load() || (abort_job && peer_failed_.load())) return std::nullopt;
   const std::vector<RankSnapshot> all = gather_progress();
+  // The gathering (up to kStatusWait) answers notices: a lower rank may have reported meanwhile.
+  if (ending_.load() || (abort_job && peer_failed_.load())) return std::nullopt;
   if (abort_job && waited_s < timeout_s + kDeferReport && board_comm >= 0 && board_comm < kBoardComms) {
     // A lower rank waiting in the same collective (or already ending the job) reports it.
     for (int r = 0; r < rank_.load() && r < static_cast<int>(all.size()); ++r) {

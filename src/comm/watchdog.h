@@ -86,8 +86,11 @@ class Watchdog {
   static constexpr double kLeaveGrace = 0.2;    // s a told rank waits to see whether it is leaving too
   static constexpr double kPeerKillWait = 3.0;  // s a told rank waits to be ended before it ends the job
   static constexpr double kPeerGoneWait = 1.0;  // the same, once the ending rank's process is gone
-  static constexpr double kDeferReport = 1.0;   // s a rank lets a lower waiting rank report a timeout
   static constexpr double kStatusWait = 1.0;    // s a report waits for other hosts' progress
+  // s a rank lets a lower waiting rank report a timeout: longer than kStatusWait, since the lower
+  // rank's report first waits that long for a stopped rank's answer (with equal waits, the two
+  // ranks of a loaded run both reported, 0.1 s apart).
+  static constexpr double kDeferReport = kStatusWait + 1.0;
   // s after which a wait that a rank of this host can no longer join (it ended its Job, and
   // has been in MPI_Finalize this long) is reported, long before the deadline: a call made by
   // some ranks only (Job::summary, a collective under `if (rank == 0)`).
