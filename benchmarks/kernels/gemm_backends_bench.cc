@@ -5,13 +5,14 @@
 //   forward   y[rows, O] = x[rows, I] . w[O, I]^T + bias (then GELU for the MLP's first layer)
 //   backward  dx[rows, I] = dy . w,  dw[O, I] = dy^T . x
 // The "tutti" column is what tutti runs today: its CPU kernels::linear_forward (OpenBLAS sgemm and
-// a bias pass) and kernels::gelu_forward; the backward GEMMs are the same sgemm calls as tutti's
-// linear_backward. oneDNN runs one matmul primitive per pass, the bias and GELU fused as post-ops. The ceiling is a
-// large square sgemm (the same one that MFU is measured against). Medians of --repeats rounds, the two libraries
-// interleaved within each round so that a noisy neighbour hits both.
+// a bias pass) and kernels::gelu_forward; the backward GEMMs through kernels::matmul, as
+// linear_backward runs them. oneDNN runs one matmul primitive per pass, the bias and GELU fused
+// as post-ops. The ceiling is obs::measure_cpu_gemm_flops, the one MFU is measured against
+// (--ceiling-n 384 as there). Medians of --repeats rounds, the two libraries interleaved within
+// each round so that a noisy neighbour hits both.
 //
 //   build/benchmarks/kernels/gemm_backends_bench --rows 4096 --width 128 --vocab 256
-#include <cblas.h>
+#include <cblas.h>  // openblas_set_num_threads
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +30,7 @@
 #include "tutti/core/tensor.h"
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/linear.h"
+#include "tutti/obs/mfu.h"
 
 namespace {
 
@@ -54,24 +56,16 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
   return v;
 }
 
-// Row-major C[M, N] = op(A) . op(B), beta 0.
-void sgemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const float* A, const float* B, float* C) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(M),
-              static_cast<int>(N), static_cast<int>(K), 1.0f, A, static_cast<int>(ta ? M : K), B,
-              static_cast<int>(tb ? K : N), 0.0f, C, static_cast<int>(N));
-}
-
 // One oneDNN matmul C[M, N] = A[M, K] . B[K, N] with A, B given as plain row-major matrices that
 // may be stored transposed (ta: A is [K, M]; tb: B is [N, K]), optionally with bias and GELU.
 struct OneDnnMatmul {
-  dnnl::engine& eng;
   dnnl::stream& stream;
   dnnl::matmul prim;
   memory a, b, c, bias;
 
   OneDnnMatmul(dnnl::engine& e, dnnl::stream& s, std::int64_t M, std::int64_t N, std::int64_t K, bool ta, bool tb,
                float* A, float* B, float* C, float* Bias, bool gelu)
-      : eng(e), stream(s) {
+      : stream(s) {
     const memory::desc a_md({M, K}, memory::data_type::f32, ta ? memory::format_tag::ba : memory::format_tag::ab);
     const memory::desc b_md({K, N}, memory::data_type::f32, tb ? memory::format_tag::ba : memory::format_tag::ab);
     const memory::desc c_md({M, N}, memory::data_type::f32, memory::format_tag::ab);
@@ -84,12 +78,12 @@ struct OneDnnMatmul {
     }
     const auto desc =
         Bias != nullptr ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
-    const dnnl::matmul::primitive_desc pd(desc, attr, eng);
+    const dnnl::matmul::primitive_desc pd(desc, attr, e);
     prim = dnnl::matmul(pd);
-    a = memory(a_md, eng, A);
-    b = memory(b_md, eng, B);
-    c = memory(c_md, eng, C);
-    if (Bias != nullptr) bias = memory(bias_md, eng, Bias);
+    a = memory(a_md, e, A);
+    b = memory(b_md, e, B);
+    c = memory(c_md, e, C);
+    if (Bias != nullptr) bias = memory(bias_md, e, Bias);
   }
   void operator()() {
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
@@ -109,12 +103,14 @@ struct Layer {
 
 int main(int argc, char** argv) {
   CLI::App app{"The GPT's CPU GEMMs: tutti's (OpenBLAS + separate passes) against oneDNN matmul with fused post-ops"};
-  std::int64_t rows = 4096, width = 128, vocab = 256, ceiling_n = 1024;
+  std::int64_t rows = 4096, width = 128, vocab = 256;
+  int ceiling_n = 384;
   int repeats = 7;
   app.add_option("--rows", rows, "tokens per rank and step (batch x context)")->check(CLI::PositiveNumber);
   app.add_option("--width", width, "the model's width C")->check(CLI::PositiveNumber);
   app.add_option("--vocab", vocab, "the (padded) vocabulary, the head's outputs")->check(CLI::PositiveNumber);
-  app.add_option("--ceiling-n", ceiling_n, "the square sgemm that measures the ceiling")->check(CLI::PositiveNumber);
+  app.add_option("--ceiling-n", ceiling_n, "the square GEMM that measures the ceiling (obs::measure_cpu_gemm_flops)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--repeats", repeats, "rounds; medians are reported")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   omp_set_num_threads(1);
@@ -132,14 +128,12 @@ int main(int argc, char** argv) {
   std::vector<double> ceil_blas, ceil_dnnl;
   const double ceil_flops = 2.0 * ceiling_n * ceiling_n * ceiling_n;
   for (int r = 0; r < repeats; ++r) {
-    ceil_blas.push_back(
-        ceil_flops /
-        seconds_of([&] { sgemm(false, false, ceiling_n, ceiling_n, ceiling_n, ca.data(), cb.data(), cc.data()); }, 2));
-    ceil_dnnl.push_back(ceil_flops / seconds_of(ceiling_dnnl, 2));
+    ceil_blas.push_back(tutti::obs::measure_cpu_gemm_flops(ceiling_n, 0.05));
+    ceil_dnnl.push_back(ceil_flops / seconds_of(ceiling_dnnl, 8));
   }
   const double peak = median(ceil_blas);
-  std::printf("ceiling (sgemm %lld^3): OpenBLAS %.1f GFLOP/s, oneDNN %.1f GFLOP/s (%.2fx)\n",
-              static_cast<long long>(ceiling_n), peak / 1e9, median(ceil_dnnl) / 1e9, median(ceil_dnnl) / peak);
+  std::printf("ceiling (%d^3): tutti %.1f GFLOP/s, oneDNN %.1f GFLOP/s (%.2fx)\n", ceiling_n, peak / 1e9,
+              median(ceil_dnnl) / 1e9, median(ceil_dnnl) / peak);
 
   const std::int64_t C = width;
   const std::vector<Layer> layers{{"attn.qkv", C, 3 * C, false},
@@ -147,8 +141,8 @@ int main(int argc, char** argv) {
                                   {"mlp.fc +gelu", C, 4 * C, true},
                                   {"mlp.proj", 4 * C, C, false},
                                   {"lm_head", C, vocab, false}};
-  std::printf("\n%-14s %-9s %8s %8s %7s   (%% of the OpenBLAS ceiling; rows %lld)\n", "layer", "pass", "tutti",
-              "oneDNN", "ratio", static_cast<long long>(rows));
+  std::printf("\n%-14s %-9s %8s %8s %7s   (%% of tutti's ceiling; rows %lld)\n", "layer", "pass", "tutti", "oneDNN",
+              "ratio", static_cast<long long>(rows));
   double total_blas = 0, total_dnnl = 0, total_flops = 0;
   for (const Layer& l : layers) {
     const std::size_t R = static_cast<std::size_t>(rows), I = static_cast<std::size_t>(l.in),
@@ -160,7 +154,10 @@ int main(int argc, char** argv) {
                         tw = tutti::Tensor::wrap(w.data(), {l.out, l.in}, tutti::DType::f32),
                         tb = tutti::Tensor::wrap(bias.data(), {l.out}, tutti::DType::f32),
                         ty = tutti::Tensor::wrap(y.data(), {rows, l.out}, tutti::DType::f32),
-                        th = tutti::Tensor::wrap(h.data(), {rows, l.out}, tutti::DType::f32);
+                        th = tutti::Tensor::wrap(h.data(), {rows, l.out}, tutti::DType::f32),
+                        tdy = tutti::Tensor::wrap(dy.data(), {rows, l.out}, tutti::DType::f32),
+                        tdx = tutti::Tensor::wrap(dx.data(), {rows, l.in}, tutti::DType::f32),
+                        tdw = tutti::Tensor::wrap(dw.data(), {l.out, l.in}, tutti::DType::f32);
     OneDnnMatmul fwd(eng, stream, rows, l.out, l.in, false, true, x.data(), w.data(), l.gelu ? h.data() : y.data(),
                      bias.data(), l.gelu);
     OneDnnMatmul bwd_x(eng, stream, rows, l.in, l.out, false, false, dy.data(), w.data(), dx.data(), nullptr, false);
@@ -176,8 +173,8 @@ int main(int argc, char** argv) {
            if (l.gelu) tutti::kernels::gelu_forward(ty, th);
          },
          fwd},
-        {"dx", [&] { sgemm(false, false, rows, l.in, l.out, dy.data(), w.data(), dx.data()); }, bwd_x},
-        {"dw", [&] { sgemm(true, false, l.out, l.in, rows, dy.data(), x.data(), dw.data()); }, bwd_w},
+        {"dx", [&] { tutti::kernels::matmul(tdy, false, tw, false, tdx); }, bwd_x},
+        {"dw", [&] { tutti::kernels::matmul(tdy, true, tx, false, tdw); }, bwd_w},
     };
     const double flops = 2.0 * rows * l.in * l.out;
     std::vector<float*> outputs{l.gelu ? h.data() : y.data(), dx.data(), dw.data()};
@@ -191,7 +188,7 @@ int main(int argc, char** argv) {
       for (std::size_t j = 0; j < sizes[i]; ++j)
         worst = std::max(worst, std::abs(double(outputs[i][j]) - want[j]) / (1.0 + std::abs(double(want[j]))));
       if (worst > 1e-3) {
-        std::fprintf(stderr, "%s %s: oneDNN differs from OpenBLAS by %.3g (relative)\n", l.name.c_str(), passes[i].name,
+        std::fprintf(stderr, "%s %s: oneDNN differs from tutti by %.3g (relative)\n", l.name.c_str(), passes[i].name,
                      worst);
         return 1;
       }
