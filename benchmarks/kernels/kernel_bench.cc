@@ -405,6 +405,13 @@ void bench_compute_ops(Ctx& c, DType dt, bool gpu) {
       flash_attention_forward(qkv, {heads}, out, lse, s);
       flash_attention_backward(qkv, out, lse, dout, {heads}, dqkv, s);
     });
+    for (const auto& [q, k] : c.flash_tiles) {
+      const FlashAttentionParams p{heads, 0, q, k};
+      compute_op(c, "flash_attention_fwd_bwd_q" + std::to_string(q) + "_k" + std::to_string(k), dt, flops, [&] {
+        flash_attention_forward(qkv, p, out, lse, s);
+        flash_attention_backward(qkv, out, lse, dout, p, dqkv, s);
+      });
+    }
   });
   // Long sequences, the two kernels side by side (issue 34: the tiled one at least as fast at
   // T >= 1024 on the CPU): one sequence of GPT-2 124M's heads (12 of 64) on the CPU, 4 on the GPU.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/tile_gemm.h"
 
 namespace tutti::kernels::cpu {
 namespace {
@@ -80,13 +80,14 @@ void flash_attention_forward(const Tensor& qkv, const FlashShape& s, const Tenso
   float* L = static_cast<float*>(lse.data());
   std::vector<float> tile(static_cast<std::size_t>(bq * bk)), acc(static_cast<std::size_t>(bq * hs));
   std::vector<float> m(static_cast<std::size_t>(bq)), l(static_cast<std::size_t>(bq));
+  std::vector<float> kt(static_cast<std::size_t>(hs * T));  // k^T of the key/value head: [hs, T]
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / s.group();
       const float* base = X.data() + b * T * W;
       const float* q = base + h * hs;
-      const float* k = base + (H + g) * hs;
       const float* v = base + (H + G + g) * hs;
+      if (h % s.group() == 0) transpose_into(base + (H + g) * hs, T, hs, W, kt.data(), T);  // once per group
       float* o = O.data() + b * T * HC + h * hs;
       float* row_lse = L + (b * H + h) * T;
       for (int64_t r0 = 0; r0 < T; r0 += bq) {
@@ -96,9 +97,9 @@ void flash_attention_forward(const Tensor& qkv, const FlashShape& s, const Tenso
         std::fill(l.begin(), l.end(), 0.0f);
         for (int64_t c0 = 0; c0 < r1; c0 += bk) {  // keys after the tile's last query are never seen
           const int64_t cols = std::min(bk, r1 - c0);
-          sgemm(false, true, rows, cols, hs, scale, q + r0 * W, W, k + c0 * W, W, 0.0f, tile.data(), bk);  // S
+          tile_gemm(rows, cols, hs, scale, q + r0 * W, W, 1, kt.data() + c0, T, false, tile.data(), bk);  // S
           online_softmax_tile(tile.data(), bk, rows, cols, r0, c0, m.data(), l.data(), acc.data(), hs);
-          sgemm(false, false, rows, hs, cols, 1.0f, tile.data(), bk, v + c0 * W, W, 1.0f, acc.data(), hs);  // += P v
+          tile_gemm(rows, hs, cols, 1.0f, tile.data(), bk, 1, v + c0 * W, W, true, acc.data(), hs);  // += P v
         }
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.0f / l[static_cast<std::size_t>(i)];
@@ -135,11 +136,13 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
       }
   std::vector<float> p(static_cast<std::size_t>(bq * bk)), dp(static_cast<std::size_t>(bq * bk));
   std::vector<float> dk_tile(static_cast<std::size_t>(bk * hs)), dv_tile(static_cast<std::size_t>(bk * hs));
+  std::vector<float> kt(static_cast<std::size_t>(hs * T)), vt(static_cast<std::size_t>(hs * T));  // [hs, T]
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t g = 0; g < G; ++g) {
       const float* base = X.data() + b * T * W;
       const float* k = base + (H + g) * hs;
-      const float* v = base + (H + G + g) * hs;
+      transpose_into(k, T, hs, W, kt.data(), T);
+      transpose_into(base + (H + G + g) * hs, T, hs, W, vt.data(), T);
       float* dk = DX.data() + b * T * W + (H + g) * hs;
       float* dv = DX.data() + b * T * W + (H + G + g) * hs;
       for (int64_t c0 = 0; c0 < T; c0 += bk) {
@@ -159,13 +162,13 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
             const int64_t seen = std::min(cols, r1 - c0);
             const float* qr = q + first * W;
             const float* dyr = dy + first * HC;
-            sgemm(false, true, rows, seen, hs, scale, qr, W, k + c0 * W, W, 0.0f, p.data(), bk);  // S
+            tile_gemm(rows, seen, hs, scale, qr, W, 1, kt.data() + c0, T, false, p.data(), bk);  // S
             tile_probabilities(p.data(), bk, rows, seen, first, c0, row_lse);
-            sgemm(true, false, seen, hs, rows, 1.0f, p.data(), bk, dyr, HC, 1.0f, dv_tile.data(), hs);  // dv += P^T dy
-            sgemm(false, true, rows, seen, hs, 1.0f, dyr, HC, v + c0 * W, W, 0.0f, dp.data(), bk);      // dP = dy v^T
+            tile_gemm(seen, hs, rows, 1.0f, p.data(), 1, bk, dyr, HC, true, dv_tile.data(), hs);        // dv += P^T dy
+            tile_gemm(rows, seen, hs, 1.0f, dyr, HC, 1, vt.data() + c0, T, false, dp.data(), bk);       // dP = dy v^T
             tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);                 // dS
-            sgemm(false, false, rows, hs, seen, 1.0f, dp.data(), bk, k + c0 * W, W, 1.0f, dq + first * W, W);  // dS k
-            sgemm(true, false, seen, hs, rows, 1.0f, dp.data(), bk, qr, W, 1.0f, dk_tile.data(), hs);  // dk += dS^T q
+            tile_gemm(rows, hs, seen, 1.0f, dp.data(), bk, 1, k + c0 * W, W, true, dq + first * W, W);  // dS k
+            tile_gemm(seen, hs, rows, 1.0f, dp.data(), 1, bk, qr, W, true, dk_tile.data(), hs);         // dk += dS^T q
           }
         }
         for (int64_t j = 0; j < cols; ++j)

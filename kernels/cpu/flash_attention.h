@@ -1,6 +1,7 @@
 // CPU tiled causal self-attention with an online softmax (tutti/kernels/flash_attention.h):
-// OpenBLAS GEMMs on tiles read straight from the packed qkv (no per-head copies, the key/value
-// heads shared by their query heads in place). Internal header; inputs are validated by
+// register-tiled GEMMs (cpu/tile_gemm.h) on tiles read straight from the packed qkv, the
+// key/value heads shared by their query heads in place; only k^T (and in backward v^T) of one
+// key/value head at a time is packed, once for all its query tiles. Internal header; inputs are validated by
 // kernels/flash_attention.cc.
 #pragma once
 

@@ -41,11 +41,16 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   const int64_t O = w.dim(0), I = w.dim(1);
   const int64_t rows = leading_rows(x);
   const F32Buffer X(x, true), W(w, true), Y(y, false);
-  dense_sgemm(false, true, rows, O, I, 1.0f, X.data(), W.data(), 0.0f, Y.data());
   if (bias.defined()) {
+    // y starts as the bias in every row and the GEMM adds x · w^T to it (beta 1: OpenBLAS reads
+    // y as it accumulates), instead of zeroing y, running the GEMM and adding the bias in a pass
+    // of its own. 2,048 rows, caches cold: 10-19% faster with 128 inputs (gpt-tiny's layers but
+    // the MLP's second), 3% with 512.
     const F32Buffer B(bias, true);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < O; ++o) Y.data()[r * O + o] += B.data()[o];
+    for (int64_t r = 0; r < rows; ++r) std::copy(B.data(), B.data() + O, Y.data() + r * O);
+    dense_sgemm(false, true, rows, O, I, 1.0f, X.data(), W.data(), 1.0f, Y.data());
+  } else {
+    dense_sgemm(false, true, rows, O, I, 1.0f, X.data(), W.data(), 0.0f, Y.data());
   }
   Y.store();
 }
