@@ -124,7 +124,9 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const F32Buffer X(qkv, true), O(out, true), DO(dout, true), DX(dqkv, false);
   const float* L = static_cast<const float*>(lse.data());
-  std::fill(DX.data(), DX.data() + dqkv.numel(), 0.0f);  // dq accumulates over key tiles
+  // Nothing of dqkv is zeroed first: dk and dv are copied out whole per key tile, and every query
+  // sees key 0, so each dq row's first term comes from the first key tile, which stores it (the
+  // later tiles add theirs).
   // D[b, h, t] = sum_i dout · out: the row sums of P ⊙ dP, from the output instead of P.
   std::vector<float> D(static_cast<std::size_t>(s.B * H * T));
   for (int64_t b = 0; b < s.B; ++b)
@@ -164,11 +166,11 @@ void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor
             const float* dyr = dy + first * HC;
             tile_gemm(rows, seen, hs, scale, qr, W, 1, kt.data() + c0, T, false, p.data(), bk);  // S
             tile_probabilities(p.data(), bk, rows, seen, first, c0, row_lse);
-            tile_gemm(seen, hs, rows, 1.0f, p.data(), 1, bk, dyr, HC, true, dv_tile.data(), hs);        // dv += P^T dy
-            tile_gemm(rows, seen, hs, 1.0f, dyr, HC, 1, vt.data() + c0, T, false, dp.data(), bk);       // dP = dy v^T
-            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);                 // dS
-            tile_gemm(rows, hs, seen, 1.0f, dp.data(), bk, 1, k + c0 * W, W, true, dq + first * W, W);  // dS k
-            tile_gemm(seen, hs, rows, 1.0f, dp.data(), 1, bk, qr, W, true, dk_tile.data(), hs);         // dk += dS^T q
+            tile_gemm(seen, hs, rows, 1.0f, p.data(), 1, bk, dyr, HC, true, dv_tile.data(), hs);   // dv += P^T dy
+            tile_gemm(rows, seen, hs, 1.0f, dyr, HC, 1, vt.data() + c0, T, false, dp.data(), bk);  // dP = dy v^T
+            tile_score_grads(p.data(), dp.data(), bk, rows, seen, first, row_d, scale);            // dS
+            tile_gemm(rows, hs, seen, 1.0f, dp.data(), bk, 1, k + c0 * W, W, c0 > 0, dq + first * W, W);  // dS k
+            tile_gemm(seen, hs, rows, 1.0f, dp.data(), 1, bk, qr, W, true, dk_tile.data(), hs);  // dk += dS^T q
           }
         }
         for (int64_t j = 0; j < cols; ++j)
