@@ -23,10 +23,11 @@
 #include <cstdio>
 #include <dnnl.hpp>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "common/random.h"
+#include "common/stats.h"
 #include "tutti/core/tensor.h"
 #include "tutti/kernels/elementwise.h"
 #include "tutti/kernels/linear.h"
@@ -41,19 +42,6 @@ double seconds_of(const std::function<void()>& f, int inner) {
   const auto t0 = Clock::now();
   for (int i = 0; i < inner; ++i) f();
   return std::chrono::duration<double>(Clock::now() - t0).count() / inner;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
 }
 
 // One oneDNN matmul C[M, N] = A[M, K] . B[K, N] with A, B given as plain row-major matrices that
@@ -121,7 +109,7 @@ int main(int argc, char** argv) {
 
   // The ceiling.
   const std::size_t cn = static_cast<std::size_t>(ceiling_n);
-  auto ca = random_floats(cn * cn, 1), cb = random_floats(cn * cn, 2);
+  auto ca = bench::uniform_floats(cn * cn, 1), cb = bench::uniform_floats(cn * cn, 2);
   std::vector<float> cc(cn * cn);
   OneDnnMatmul ceiling_dnnl(eng, stream, ceiling_n, ceiling_n, ceiling_n, false, false, ca.data(), cb.data(), cc.data(),
                             nullptr, false);
@@ -131,9 +119,9 @@ int main(int argc, char** argv) {
     ceil_blas.push_back(tutti::obs::measure_cpu_gemm_flops(ceiling_n, 0.05));
     ceil_dnnl.push_back(ceil_flops / seconds_of(ceiling_dnnl, 8));
   }
-  const double peak = median(ceil_blas);
+  const double peak = bench::median(ceil_blas);
   std::printf("ceiling (%d^3): tutti %.1f GFLOP/s, oneDNN %.1f GFLOP/s (%.2fx)\n", ceiling_n, peak / 1e9,
-              median(ceil_dnnl) / 1e9, median(ceil_dnnl) / peak);
+              bench::median(ceil_dnnl) / 1e9, bench::median(ceil_dnnl) / peak);
 
   const std::int64_t C = width;
   const std::vector<Layer> layers{{"attn.qkv", C, 3 * C, false},
@@ -147,8 +135,8 @@ int main(int argc, char** argv) {
   for (const Layer& l : layers) {
     const std::size_t R = static_cast<std::size_t>(rows), I = static_cast<std::size_t>(l.in),
                       O = static_cast<std::size_t>(l.out);
-    auto x = random_floats(R * I, 3), w = random_floats(O * I, 4), bias = random_floats(O, 5),
-         dy = random_floats(R * O, 6);
+    auto x = bench::uniform_floats(R * I, 3), w = bench::uniform_floats(O * I, 4), bias = bench::uniform_floats(O, 5),
+         dy = bench::uniform_floats(R * O, 6);
     std::vector<float> y(R * O), h(R * O), dx(R * I), dw(O * I);
     const tutti::Tensor tx = tutti::Tensor::wrap(x.data(), {rows, l.in}, tutti::DType::f32),
                         tw = tutti::Tensor::wrap(w.data(), {l.out, l.in}, tutti::DType::f32),
@@ -199,7 +187,7 @@ int main(int argc, char** argv) {
         tb.push_back(seconds_of(p.blas, 3));
         td.push_back(seconds_of(p.dnnl, 3));
       }
-      const double b = median(tb), d = median(td);
+      const double b = bench::median(tb), d = bench::median(td);
       total_blas += b;
       total_dnnl += d;
       total_flops += flops;

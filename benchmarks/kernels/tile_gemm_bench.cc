@@ -16,14 +16,15 @@
 //   OPENBLAS_NUM_THREADS=1 build/benchmarks/kernels/tile_gemm_bench --seq 128 --head-size 32 --query-tile 32 --key-tile
 //   128
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <vector>
 
-#include "benchmarks/common/stats.h"
+#include "common/random.h"
+#include "common/stats.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_gemm.h"
 
@@ -38,14 +39,6 @@ double seconds_of(const std::function<void()>& f, int inner) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < inner; ++i) f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / inner;
-}
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
 }
 
 }  // namespace
@@ -65,9 +58,9 @@ int main(int argc, char** argv) {
   bk = std::min(bk, T);
 
   const int64_t W = 3 * heads * hs, HC = heads * hs;  // qkv row, output row
-  const std::vector<float> qkv = random_floats(static_cast<std::size_t>(T * W), 1);
-  const std::vector<float> dout = random_floats(static_cast<std::size_t>(T * HC), 2);
-  const std::vector<float> p = random_floats(static_cast<std::size_t>(bq * bk), 3);
+  const std::vector<float> qkv = bench::uniform_floats(static_cast<std::size_t>(T * W), 1);
+  const std::vector<float> dout = bench::uniform_floats(static_cast<std::size_t>(T * HC), 2);
+  const std::vector<float> p = bench::uniform_floats(static_cast<std::size_t>(bq * bk), 3);
   std::vector<float> kt(static_cast<std::size_t>(hs * T)), s(static_cast<std::size_t>(bq * bk));
   std::vector<float> acc(static_cast<std::size_t>(bq * hs)), dkv(static_cast<std::size_t>(bk * hs));
   std::vector<float> dq(static_cast<std::size_t>(T * W));

@@ -47,13 +47,21 @@ __attribute__((always_inline)) inline void block(int64_t K, float alpha, const f
     }
 }
 
-// Columns [n, n + 8·V) of every row of C, in blocks of 6 rows and one of the rest.
+// Columns [n, n + 8·V) of every row of C, in blocks of 6 rows and then the rest. A block of 1 or 2
+// rows has too few accumulators to hide the multiply-add's latency (it runs at about half the
+// rate per row), so 7 or 8 rows left are done as 4 + 3 or 4 + 4 (32 queries: 6 x 4 + 4 + 4).
 template <int V>
 __attribute__((always_inline)) inline void column_panel(int64_t M, int64_t K, float alpha, const float* A,
                                                         int64_t a_row, int64_t a_col, const float* B, int64_t ldb,
                                                         bool accumulate, float* C, int64_t ldc) {
   int64_t i = 0;
-  for (; i + 6 <= M; i += 6) block<6, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
+  const int64_t sixes_end = M % 6 != 0 && M % 6 < 3 && M >= 6 ? M - M % 6 - 6 : M - M % 6;
+  for (; i < sixes_end; i += 6)
+    block<6, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
+  if (M - i > 6) {
+    block<4, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
+    i += 4;
+  }
   const float* a = A + i * a_row;
   float* c = C + i * ldc;
   switch (M - i) {
@@ -66,12 +74,12 @@ __attribute__((always_inline)) inline void column_panel(int64_t M, int64_t K, fl
   }
 }
 
-}  // namespace
-
 // B[0..K, 0..cols) copied to `panel` with rows `cols` apart.
 inline void pack_panel(const float* B, int64_t ldb, int64_t K, int64_t cols, float* panel) {
   for (int64_t k = 0; k < K; ++k) std::memcpy(panel + k * cols, B + k * ldb, static_cast<std::size_t>(cols) * 4);
 }
+
+}  // namespace
 
 TUTTI_CPU_SIMD_CLONES void tile_gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t a_row,
                                      int64_t a_col, const float* B, int64_t ldb, bool accumulate, float* C,
@@ -106,9 +114,8 @@ TUTTI_CPU_SIMD_CLONES void tile_gemm(int64_t M, int64_t N, int64_t K, float alph
 namespace {
 
 // dst's 8 x 8 block = the transpose of src's, in registers: 8 row loads, 24 shuffles (the
-// unpack / shuffle / permute pattern of an AVX transpose), 8 row stores. An element-wise loop
-// stores every float to another cache line, and its loads alias those stores (addresses equal
-// modulo 4 KiB): measured 1.5 ns a float, 15% of gpt-tiny's attention.
+// unpack / shuffle / permute pattern of an AVX transpose), 8 row stores. An element-wise loop,
+// which stores every float to another cache line, took 15% of gpt-tiny's attention (perf).
 __attribute__((always_inline)) inline void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   f32x8 r[8];
   for (int i = 0; i < 8; ++i) std::memcpy(&r[i], src + i * ld_src, sizeof(f32x8));
