@@ -3,11 +3,11 @@
 //
 // Why not sgemm: the tiles are small (32-64 queries x up to 256 keys, K = the head size, often
 // 32-96), and each OpenBLAS call packs both operands again and runs its micro-kernel over a K of
-// 32: at gpt-tiny's shapes it reached 40-70 GFLOP/s on a core whose 1024^3 sgemm runs at ~90.
+// 32: at gpt-tiny's tiles it ran 60-72 GFLOP/s on a core whose 1024^3 sgemm runs at ~90.
 // This kernel reads A in place through strides (so a transposed A costs nothing), takes B as rows
 // of contiguous columns (the caller packs k^T and v^T once per head, not per tile), and keeps a
-// 6 x 16 block of C in registers over the whole K: 80-94 GFLOP/s at the same shapes (AVX2,
-// measured side by side, docs/benchmarks.md).
+// 6 x 16 block of C in registers over the whole K: 83-88 GFLOP/s at the same tiles, 78-92 at
+// larger ones (AVX2, side by side: benchmarks/kernels/tile_gemm_bench, docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
