@@ -4,8 +4,8 @@
 // For each linear layer of the model (rows = batch x context tokens of one rank):
 //   forward   y[rows, O] = x[rows, I] . w[O, I]^T + bias (then GELU for the MLP's first layer)
 //   backward  dx[rows, I] = dy . w,  dw[O, I] = dy^T . x
-// The "tutti" column is what tutti runs today: its CPU kernels::linear_forward (OpenBLAS sgemm and
-// a bias pass) and kernels::gelu_forward; the backward GEMMs through kernels::matmul, as
+// The "tutti" column is what tutti runs today: its CPU kernels::linear_forward (OpenBLAS sgemm
+// accumulating onto the bias) and kernels::gelu_forward; the backward GEMMs through kernels::matmul, as
 // linear_backward runs them. oneDNN runs one matmul primitive per pass, the bias and GELU fused
 // as post-ops. The ceiling is obs::measure_cpu_gemm_flops, the one MFU is measured against
 // (--ceiling-n 384 as there). Medians of --repeats rounds, the two libraries interleaved within
@@ -17,7 +17,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,14 +34,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using dnnl::memory;
-
-double seconds_of(const std::function<void()>& f, int inner) {
-  const auto t0 = Clock::now();
-  for (int i = 0; i < inner; ++i) f();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / inner;
-}
 
 // One oneDNN matmul C[M, N] = A[M, K] . B[K, N] with A, B given as plain row-major matrices that
 // may be stored transposed (ta: A is [K, M]; tb: B is [N, K]), optionally with bias and GELU.
@@ -90,7 +82,8 @@ struct Layer {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"The GPT's CPU GEMMs: tutti's (OpenBLAS + separate passes) against oneDNN matmul with fused post-ops"};
+  CLI::App app{
+      "The GPT's CPU GEMMs: tutti's (OpenBLAS, GELU a separate pass) against oneDNN matmul with fused post-ops"};
   std::int64_t rows = 4096, width = 128, vocab = 256;
   int ceiling_n = 384;
   int repeats = 7;
@@ -117,7 +110,7 @@ int main(int argc, char** argv) {
   const double ceil_flops = 2.0 * ceiling_n * ceiling_n * ceiling_n;
   for (int r = 0; r < repeats; ++r) {
     ceil_blas.push_back(tutti::obs::measure_cpu_gemm_flops(ceiling_n, 0.05));
-    ceil_dnnl.push_back(ceil_flops / seconds_of(ceiling_dnnl, 8));
+    ceil_dnnl.push_back(ceil_flops / bench::seconds_per_call(ceiling_dnnl, 8));
   }
   const double peak = bench::median(ceil_blas);
   std::printf("ceiling (%d^3): tutti %.1f GFLOP/s, oneDNN %.1f GFLOP/s (%.2fx)\n", ceiling_n, peak / 1e9,
@@ -184,8 +177,8 @@ int main(int argc, char** argv) {
     for (const Pass& p : passes) {
       std::vector<double> tb, td;
       for (int r = 0; r < repeats; ++r) {
-        tb.push_back(seconds_of(p.blas, 3));
-        td.push_back(seconds_of(p.dnnl, 3));
+        tb.push_back(bench::seconds_per_call(p.blas, 3));
+        td.push_back(bench::seconds_per_call(p.dnnl, 3));
       }
       const double b = bench::median(tb), d = bench::median(td);
       total_blas += b;

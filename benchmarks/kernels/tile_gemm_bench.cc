@@ -17,7 +17,6 @@
 //   128
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -34,12 +33,6 @@ using std::int64_t;
 using tutti::kernels::cpu::sgemm;
 using tutti::kernels::cpu::tile_gemm;
 using tutti::kernels::cpu::transpose_into;
-
-double seconds_of(const std::function<void()>& f, int inner) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < inner; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / inner;
-}
 
 }  // namespace
 
@@ -98,8 +91,8 @@ int main(int argc, char** argv) {
     const int inner = inner_for(flops);
     std::vector<double> tiled, blas;
     for (int r = 0; r < rounds; ++r) {
-      tiled.push_back(seconds_of(pr.tiled, inner));
-      blas.push_back(seconds_of(pr.blas, inner));
+      tiled.push_back(bench::seconds_per_call(pr.tiled, inner));
+      blas.push_back(bench::seconds_per_call(pr.blas, inner));
     }
     const double a = bench::median(tiled), b = bench::median(blas);
     std::printf("%-16s %5lld %5lld %5lld %7.1f GF/s %7.1f GF/s %6.2fx\n", pr.name, static_cast<long long>(pr.M),
@@ -113,8 +106,8 @@ int main(int argc, char** argv) {
   const int inner = std::max(1, static_cast<int>(2e-3 / (1e-9 * static_cast<double>(T * hs))));
   std::vector<double> blocked, plain;
   for (int r = 0; r < rounds; ++r) {
-    blocked.push_back(seconds_of([&] { transpose_into(k, T, hs, W, kt.data(), T); }, inner));
-    plain.push_back(seconds_of(element_wise, inner));
+    blocked.push_back(bench::seconds_per_call([&] { transpose_into(k, T, hs, W, kt.data(), T); }, inner));
+    plain.push_back(bench::seconds_per_call(element_wise, inner));
   }
   const double a = bench::median(blocked), b = bench::median(plain);
   std::printf("%-16s %5lld %5lld %5s %7.2f ns/el %6.2f ns/el %6.2fx\n", "k^T (transpose)", static_cast<long long>(T),

@@ -54,11 +54,11 @@ template <int V>
 __attribute__((always_inline)) inline void column_panel(int64_t M, int64_t K, float alpha, const float* A,
                                                         int64_t a_row, int64_t a_col, const float* B, int64_t ldb,
                                                         bool accumulate, float* C, int64_t ldc) {
+  int64_t rest = M % 6;  // the rows after the blocks of 6
+  if ((rest == 1 || rest == 2) && M > 6) rest += 6;
   int64_t i = 0;
-  const int64_t sixes_end = M % 6 != 0 && M % 6 < 3 && M >= 6 ? M - M % 6 - 6 : M - M % 6;
-  for (; i < sixes_end; i += 6)
-    block<6, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
-  if (M - i > 6) {
+  for (; i < M - rest; i += 6) block<6, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
+  if (rest > 6) {
     block<4, V>(K, alpha, A + i * a_row, a_row, a_col, B, ldb, accumulate, C + i * ldc, ldc);
     i += 4;
   }
