@@ -54,11 +54,9 @@ def launch_and_kill_node1(c, run_flags):
     out = Lines(p)
     try:
         m = out.wait(r"step (\d+)/%d" % STEPS, 120, at_least=KILL_AT)
-        victims = c.pids("node1", holder_too=True)
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        victims = c.kill("node1", holder_too=True)
         killed = time.time()
-        print("killed %d process(es) of node1 (its holder too) after step %s" % (len(victims), m.group(1)))
+        print("killed %d process(es) of node1 (its holder too) after step %s" % (victims, m.group(1)))
         p.wait(timeout=120)
     finally:
         if p.poll() is None:
@@ -281,8 +279,7 @@ def launcher_spot_notice():
                     print("a notice for node1 after step %s" % m.group(1))
                     stopped = out.wait(r"attempt 1 stopped .*preemption notice", NOTICE_LEAD)
                     time.sleep(max(0.0, noticed + NOTICE_LEAD - time.time()))
-                    for pid in c.pids("node1", holder_too=True):
-                        os.kill(pid, signal.SIGKILL)
+                    c.kill("node1", holder_too=True)
                     p.wait(timeout=120)
                 finally:
                     if p.poll() is None:
