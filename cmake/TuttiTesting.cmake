@@ -49,6 +49,14 @@ function(tutti_test_slots out k)
   set(${out} ${k} PARENT_SCOPE)
 endfunction()
 
+# Tests whose processes mostly wait (for a deadline, a probe, a peer's end: 0.1-0.4 of a core
+# alone, over 2-8 s) take one slot whatever their rank count. As single-slot tests take each slot
+# that frees up, the tests of 2 slots all run after them, two at a time: with these among them,
+# that last part of the suite (213 of its 260 s) kept the cores 56% busy.
+function(tutti_test_mostly_waits)
+  set_tests_properties(${ARGN} PROPERTIES PROCESSORS 1)
+endfunction()
+
 # One GEMM thread per test process unless a test says otherwise (its env, or set_cpu_threads): idle
 # OpenBLAS threads wait in sched_yield loops, and under ctest -j4 on 2 cores those loops took the
 # cores from the other tests (train_memory_plan_test_emu: 11.0 s of system time in 12.6 s, 1.0 s

@@ -20,7 +20,10 @@ import uuid
 
 # Bound on "fault -> last process gone", seconds (issue 12: <= 5 s at np 2-4 on the CPU).
 BOUND = 5.0
-DEADLINE = 2.0  # TUTTI_TIMEOUT_S of the stall scenarios
+# TUTTI_TIMEOUT_S of the stall scenarios. The start-up (MPI_Init) has it too: at 2 s, 4 ranks
+# under ctest -j4 on 2 cores once spent all of it there (stall_group.np4, 2026-12-07, before its
+# fault), as throw_alike_catch_hangs once spent 2.1 s (it has 6 s).
+DEADLINE = 4.0
 
 
 class Job:
