@@ -5,9 +5,11 @@
 // 32-96), and each OpenBLAS call packs both operands again and runs its micro-kernel over a K of
 // 32: at gpt-tiny's tiles it ran 60-72 GFLOP/s on a core whose 1024^3 sgemm runs at ~90.
 // This kernel reads A in place through strides (so a transposed A costs nothing), takes B as rows
-// of contiguous columns (the caller packs k^T and v^T once per head, not per tile), and keeps a
-// 6 x 16 block of C in registers over the whole K: 83-88 GFLOP/s at the same tiles, 78-92 at
-// larger ones (AVX2, side by side: benchmarks/kernels/tile_gemm_bench, docs/benchmarks.md).
+// of contiguous columns (the caller transposes k^T and v^T once per head, not per tile), copies
+// each 16-column panel of B to a contiguous buffer on every call (so B is read twice: see
+// tile_gemm.cc for why), and keeps a 6 x 16 block of C in registers over the whole K: 83-88
+// GFLOP/s at the same tiles, 78-92 at larger ones (AVX2, side by side:
+// benchmarks/kernels/tile_gemm_bench, docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
